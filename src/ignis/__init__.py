@@ -1,0 +1,14 @@
+"""Ignis: a memory-safe GPU buffer runtime for Python."""
+
+from __future__ import annotations
+
+from . import dtypes, errors
+from .backends import backend_name, get_backend, set_backend
+from .dtypes import DType, dtype
+from .errors import *  # noqa: F401,F403
+from .errors import __all__ as _errors_all
+
+__version__ = "0.1.0"
+
+__all__ = ["__version__", "backend_name", "get_backend", "set_backend", "dtypes", "errors",
+           "DType", "dtype", *_errors_all]

@@ -1,0 +1,276 @@
+"""The backend protocol (layer 0).
+
+A backend is a thin set of driver-level operations over plain integers:
+device pointers, host addresses, stream and event handles, sizes. It keeps
+no policy and no bookkeeping beyond what the driver itself keeps; everything
+else (ownership, tracking, pooling) lives in the layers above.
+
+Rules every backend follows:
+- Handles are ints. Stream handle 0 is never a valid stream.
+- Every failure is a ``DriverError(status, name, call)`` carrying the CUDA
+  driver's status name and number, or ``UnsupportedError`` naming the backend.
+  Nothing is masked and nothing returns a silent success.
+- Asynchronous operations only enqueue; they never wait for the device.
+- ``inject_fault(op, nth)`` makes the nth future call of ``op`` fail with
+  the error the real driver gives, so every error path is testable. The
+  check costs one attribute test when no fault is armed.
+"""
+
+from __future__ import annotations
+
+import threading
+from dataclasses import dataclass, field
+from typing import Callable
+
+from ..errors import DriverError, UnsupportedError
+
+__all__ = ["Backend", "DeviceProperties", "CU_STATUS", "OPS", "driver_error"]
+
+# CUresult values for the statuses Ignis raises or injects (cuda.h).
+CU_STATUS: dict[str, int] = {
+    "CUDA_ERROR_INVALID_VALUE": 1,
+    "CUDA_ERROR_OUT_OF_MEMORY": 2,
+    "CUDA_ERROR_NOT_INITIALIZED": 3,
+    "CUDA_ERROR_DEINITIALIZED": 4,
+    "CUDA_ERROR_NO_DEVICE": 100,
+    "CUDA_ERROR_INVALID_DEVICE": 101,
+    "CUDA_ERROR_INVALID_CONTEXT": 201,
+    "CUDA_ERROR_INVALID_HANDLE": 400,
+    "CUDA_ERROR_NOT_FOUND": 500,
+    "CUDA_ERROR_NOT_READY": 600,
+    "CUDA_ERROR_ILLEGAL_ADDRESS": 700,
+    "CUDA_ERROR_LAUNCH_FAILED": 719,
+    "CUDA_ERROR_NOT_PERMITTED": 800,
+    "CUDA_ERROR_NOT_SUPPORTED": 801,
+    "CUDA_ERROR_UNKNOWN": 999,
+}
+
+# Backend operation name -> the driver entry point it stands for. Fault
+# injection and DriverError.call use these names on every backend.
+OPS: dict[str, str] = {
+    "init_device": "cuDevicePrimaryCtxRetain",
+    "rebuild_context": "cuDevicePrimaryCtxReset",
+    "mem_alloc": "cuMemAlloc",
+    "mem_free": "cuMemFree",
+    "mem_alloc_async": "cuMemAllocAsync",
+    "mem_free_async": "cuMemFreeAsync",
+    "mem_get_info": "cuMemGetInfo",
+    "mem_pool_trim": "cuMemPoolTrimTo",
+    "host_alloc": "cuMemHostAlloc",
+    "host_free": "cuMemFreeHost",
+    "memcpy_htod_async": "cuMemcpyHtoDAsync",
+    "memcpy_dtoh_async": "cuMemcpyDtoHAsync",
+    "memcpy_dtod_async": "cuMemcpyDtoDAsync",
+    "memset_d8_async": "cuMemsetD8Async",
+    "stream_create": "cuStreamCreateWithPriority",
+    "stream_destroy": "cuStreamDestroy",
+    "stream_wait_event": "cuStreamWaitEvent",
+    "stream_query": "cuStreamQuery",
+    "stream_synchronize": "cuStreamSynchronize",
+    "launch_host_func": "cuLaunchHostFunc",
+    "event_create": "cuEventCreate",
+    "event_destroy": "cuEventDestroy",
+    "event_record": "cuEventRecord",
+    "event_query": "cuEventQuery",
+    "event_synchronize": "cuEventSynchronize",
+    "event_elapsed_ms": "cuEventElapsedTime",
+    "device_synchronize": "cuCtxSynchronize",
+}
+
+
+def driver_error(name: str, call: str, detail: str = "") -> DriverError:
+    """A DriverError for the status ``name`` (e.g. "CUDA_ERROR_OUT_OF_MEMORY")."""
+    return DriverError(CU_STATUS.get(name, CU_STATUS["CUDA_ERROR_UNKNOWN"]), name, call, detail)
+
+
+@dataclass(frozen=True)
+class DeviceProperties:
+    """What a device is and can do."""
+
+    ordinal: int
+    name: str
+    total_memory: int
+    multiprocessor_count: int
+    compute_capability: tuple[int, int]
+    uuid: str
+    vmm_supported: bool
+    memory_pools_supported: bool
+    posix_fd_ipc_supported: bool
+    extra: dict = field(default_factory=dict, compare=False)
+
+    @property
+    def capabilities(self) -> dict[str, bool]:
+        return {
+            "vmm": self.vmm_supported,
+            "memory_pools": self.memory_pools_supported,
+            "posix_fd_ipc": self.posix_fd_ipc_supported,
+        }
+
+
+class Backend:
+    """Base of the backends. Subclasses override the operations they support;
+    the rest raise ``UnsupportedError`` naming the backend."""
+
+    name: str = "abstract"
+
+    def __init__(self) -> None:
+        # op -> [calls_until_failure, status name, remaining failures]
+        self._faults: dict[str, list] = {}
+        self._fault_lock = threading.Lock()
+
+    # -- fault injection ---------------------------------------------------
+    def inject_fault(self, op: str, nth: int = 1, error: str = "CUDA_ERROR_OUT_OF_MEMORY",
+                     times: int = 1) -> None:
+        """Make the ``nth`` next call of ``op`` (and ``times - 1`` calls after it) fail.
+
+        ``op`` is a key of ``OPS`` ("mem_alloc", "memcpy_htod_async", ...);
+        ``error`` is a CUDA status name.
+        """
+        if op not in OPS:
+            raise ValueError(f"unknown backend operation {op!r}; valid: {', '.join(sorted(OPS))}")
+        if error not in CU_STATUS:
+            raise ValueError(f"unknown driver status {error!r}; valid: {', '.join(CU_STATUS)}")
+        if nth < 1 or times < 1:
+            raise ValueError(f"nth and times must be >= 1, got nth={nth}, times={times}")
+        with self._fault_lock:
+            self._faults[op] = [nth, error, times]
+
+    def clear_faults(self) -> None:
+        """Disarm every injected fault."""
+        with self._fault_lock:
+            self._faults.clear()
+
+    def _fault(self, op: str) -> None:
+        """Raise the injected error if ``op`` is armed and its turn has come.
+        Callers test ``if self._faults:`` first so the unarmed cost is nil."""
+        with self._fault_lock:
+            entry = self._faults.get(op)
+            if entry is None:
+                return
+            entry[0] -= 1
+            if entry[0] > 0:
+                return
+            status = entry[1]
+            entry[2] -= 1
+            if entry[2] <= 0:
+                del self._faults[op]
+            else:
+                entry[0] = 1
+        raise driver_error(status, OPS[op], "injected fault")
+
+    def _unsupported(self, what: str, hint: str = "") -> UnsupportedError:
+        return UnsupportedError(what, self.name, hint)
+
+    # -- devices -----------------------------------------------------------
+    def device_count(self) -> int:
+        raise self._unsupported("device_count")
+
+    def device_properties(self, ordinal: int) -> DeviceProperties:
+        raise self._unsupported("device_properties")
+
+    def versions(self) -> dict[str, str]:
+        """Driver and library versions, for ``ignis doctor``."""
+        return {}
+
+    def init_device(self, ordinal: int) -> None:
+        """Make the device usable from this process (retain the primary context)."""
+        raise self._unsupported("init_device")
+
+    def set_current(self, ordinal: int) -> None:
+        """Make ``ordinal``'s context current on the calling thread (no-op where
+        the backend has no per-thread context)."""
+
+    def rebuild_context(self, ordinal: int) -> None:
+        """Destroy and recreate the device's context. Every pointer, stream and
+        event of the old context becomes invalid."""
+        raise self._unsupported("rebuild_context")
+
+    def device_synchronize(self, ordinal: int) -> None:
+        raise self._unsupported("device_synchronize")
+
+    # -- memory ------------------------------------------------------------
+    def mem_alloc(self, ordinal: int, nbytes: int) -> int:
+        raise self._unsupported("mem_alloc")
+
+    def mem_free(self, ordinal: int, ptr: int) -> None:
+        raise self._unsupported("mem_free")
+
+    def mem_alloc_async(self, ordinal: int, nbytes: int, stream: int) -> int:
+        """Allocate from the device's default memory pool, ordered on ``stream``."""
+        raise self._unsupported("mem_alloc_async")
+
+    def mem_free_async(self, ordinal: int, ptr: int, stream: int) -> None:
+        """Return ``ptr`` to the device's memory pool once ``stream`` reaches this point."""
+        raise self._unsupported("mem_free_async")
+
+    def mem_get_info(self, ordinal: int) -> tuple[int, int]:
+        """``(free, total)`` bytes of device memory."""
+        raise self._unsupported("mem_get_info")
+
+    def mem_pool_trim(self, ordinal: int, keep_bytes: int = 0) -> None:
+        """Release unused memory of the device's default pool back to the system."""
+        raise self._unsupported("mem_pool_trim")
+
+    def host_alloc(self, nbytes: int) -> int:
+        """Page-locked host memory; returns its host address."""
+        raise self._unsupported("host_alloc")
+
+    def host_free(self, ptr: int) -> None:
+        raise self._unsupported("host_free")
+
+    def memcpy_htod_async(self, dst: int, src_host: int, nbytes: int, stream: int) -> None:
+        raise self._unsupported("memcpy_htod_async")
+
+    def memcpy_dtoh_async(self, dst_host: int, src: int, nbytes: int, stream: int) -> None:
+        raise self._unsupported("memcpy_dtoh_async")
+
+    def memcpy_dtod_async(self, dst: int, src: int, nbytes: int, stream: int) -> None:
+        raise self._unsupported("memcpy_dtod_async")
+
+    def memset_d8_async(self, ptr: int, value: int, nbytes: int, stream: int) -> None:
+        raise self._unsupported("memset_d8_async")
+
+    # -- streams -----------------------------------------------------------
+    def stream_create(self, ordinal: int, priority: int = 0) -> int:
+        """A new non-blocking stream on the device; returns its handle (never 0)."""
+        raise self._unsupported("stream_create")
+
+    def stream_destroy(self, stream: int) -> None:
+        raise self._unsupported("stream_destroy")
+
+    def stream_wait_event(self, stream: int, event: int) -> None:
+        """Work queued on ``stream`` after this call waits for the event's
+        most recent record (as captured at call time). Blocks only ``stream``."""
+        raise self._unsupported("stream_wait_event")
+
+    def stream_query(self, stream: int) -> bool:
+        """True when all work queued on ``stream`` has finished."""
+        raise self._unsupported("stream_query")
+
+    def stream_synchronize(self, stream: int) -> None:
+        raise self._unsupported("stream_synchronize")
+
+    def launch_host_func(self, stream: int, fn: Callable[[], None]) -> None:
+        """Run ``fn()`` on a host thread when ``stream`` reaches this point; the
+        stream waits for it to return. ``fn`` must not call the backend."""
+        raise self._unsupported("launch_host_func")
+
+    # -- events ------------------------------------------------------------
+    def event_create(self, ordinal: int, timing: bool = False) -> int:
+        raise self._unsupported("event_create")
+
+    def event_destroy(self, event: int) -> None:
+        raise self._unsupported("event_destroy")
+
+    def event_record(self, event: int, stream: int) -> None:
+        raise self._unsupported("event_record")
+
+    def event_query(self, event: int) -> bool:
+        """True when the most recent record has been reached (or never recorded)."""
+        raise self._unsupported("event_query")
+
+    def event_synchronize(self, event: int) -> None:
+        raise self._unsupported("event_synchronize")
+
+    def event_elapsed_ms(self, start: int, end: int) -> float:
+        raise self._unsupported("event_elapsed_ms")

@@ -1,0 +1,245 @@
+"""The one error hierarchy of Ignis.
+
+Design rules:
+- ``IgnisError`` is the base of everything Ignis raises on purpose.
+- Each error keeps its facts as attributes (generation, bytes, owners,
+  streams, stacks) and builds a message that says what happened and what to
+  do about it.
+- Built-in bases are kept where their meaning fits: out-of-memory and
+  out-of-budget are ``MemoryError``; closed objects are ``RuntimeError``.
+- Every error pickles (the facts travel, the message is rebuilt as it was),
+  so errors cross process boundaries (multiprocessing, IPC, collectives).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+__all__ = [
+    "IgnisError",
+    "DriverError",
+    "UnsupportedError",
+    "ClosedError",
+    "StaleHandleError",
+    "UseAfterFreeError",
+    "DoubleFreeError",
+    "MemoryContractViolation",
+    "OutOfBudgetError",
+    "OutOfMemoryError",
+    "StreamMisuseError",
+    "OutOfBoundsError",
+    "RaceError",
+    "InvalidTransitionError",
+]
+
+
+def _rebuild(cls: type, message: str, state: dict[str, Any]) -> "IgnisError":
+    err = cls.__new__(cls)
+    Exception.__init__(err, message)
+    err.__dict__.update(state)
+    return err
+
+
+class IgnisError(Exception):
+    """Base of every error Ignis raises on purpose.
+
+    Subclasses pass their facts as keyword fields; each becomes an attribute.
+    """
+
+    def __init__(self, message: str, **fields: Any) -> None:
+        super().__init__(message)
+        self.message = message
+        self.__dict__.update(fields)
+
+    def __reduce__(self) -> tuple:
+        return (_rebuild, (type(self), self.message, dict(self.__dict__)))
+
+    def __str__(self) -> str:
+        return self.message
+
+
+# Hints for the driver statuses people actually meet; the message of a
+# DriverError ends with the hint when there is one.
+_DRIVER_HINTS = {
+    "CUDA_ERROR_OUT_OF_MEMORY": "free or trim cached memory, or ask for less",
+    "CUDA_ERROR_INVALID_VALUE": "an argument (pointer, size or handle) is not valid for this call",
+    "CUDA_ERROR_INVALID_HANDLE": "the stream, event or handle was destroyed or never created",
+    "CUDA_ERROR_LAUNCH_FAILED": "a kernel faulted; the context is unusable until Device.rebuild()",
+    "CUDA_ERROR_ILLEGAL_ADDRESS": "a kernel touched memory it does not own; the context must be rebuilt (Device.rebuild())",
+    "CUDA_ERROR_NOT_SUPPORTED": "this device or driver does not support the operation",
+    "CUDA_ERROR_NO_DEVICE": "no CUDA device is visible; use IGNIS_BACKEND=emulated to run without a GPU",
+    "CUDA_ERROR_INVALID_DEVICE": "the device ordinal is out of range",
+    "CUDA_ERROR_DEINITIALIZED": "the driver is shutting down",
+    "CUDA_ERROR_NOT_READY": "the work has not finished yet",
+}
+
+
+class DriverError(IgnisError):
+    """A driver call failed. ``status`` is the numeric CUresult, ``name`` its
+    symbolic name and ``call`` the driver function that returned it."""
+
+    def __init__(self, status: int, name: str, call: str, detail: str = "") -> None:
+        hint = _DRIVER_HINTS.get(name, "")
+        msg = f"{call} failed: {name} ({status})"
+        if detail:
+            msg += f": {detail}"
+        if hint:
+            msg += f" [{hint}]"
+        super().__init__(msg, status=status, name=name, call=call, detail=detail)
+
+
+class UnsupportedError(IgnisError, NotImplementedError):
+    """The active backend or device cannot do this; the message names which."""
+
+    def __init__(self, what: str, backend: str, hint: str = "") -> None:
+        msg = f"{what} is not supported by the {backend!r} backend"
+        if hint:
+            msg += f"; {hint}"
+        super().__init__(msg, what=what, backend=backend)
+
+
+class ClosedError(IgnisError, RuntimeError):
+    """An object was used after ``close()`` (streams, events, resources)."""
+
+    def __init__(self, what: str, hint: str = "") -> None:
+        msg = f"{what} is closed and cannot be used"
+        msg += f"; {hint}" if hint else "; create a new one"
+        super().__init__(msg, what=what)
+
+
+class StaleHandleError(IgnisError):
+    """A handle outlived the context or device it was made for.
+
+    ``reason`` is one of "device state dropped", "device shutting down",
+    "context rebuilt"."""
+
+    def __init__(
+        self,
+        reason: str,
+        *,
+        what: str = "handle",
+        generation: int | None = None,
+        current_generation: int | None = None,
+        device_id: int | None = None,
+    ) -> None:
+        msg = f"stale {what}: {reason}"
+        if generation is not None and current_generation is not None:
+            msg += f" (made at context generation {generation}, device {device_id} is now at {current_generation})"
+        msg += "; memory from before a context rebuild is gone: allocate again on the rebuilt device"
+        super().__init__(
+            msg,
+            reason=reason,
+            what=what,
+            generation=generation,
+            current_generation=current_generation,
+            device_id=device_id,
+        )
+
+
+class UseAfterFreeError(IgnisError):
+    """Memory was used after it was freed (or a stale BlockId was presented)."""
+
+    def __init__(self, detail: str, *, generation: int | None = None, ptr: int | None = None,
+                 array_id: int | None = None, **more: Any) -> None:
+        msg = f"use after free: {detail}"
+        if generation is not None:
+            msg += f" (generation {generation})"
+        super().__init__(msg, generation=generation, ptr=ptr, array_id=array_id, detail=detail, **more)
+
+
+class DoubleFreeError(UseAfterFreeError):
+    """The same memory was freed twice."""
+
+    def __init__(self, detail: str, *, generation: int | None = None, ptr: int | None = None,
+                 array_id: int | None = None, **more: Any) -> None:
+        super().__init__(detail, generation=generation, ptr=ptr, array_id=array_id, **more)
+        self.message = self.message.replace("use after free:", "double free:", 1)
+        self.args = (self.message,)
+
+
+class MemoryContractViolation(IgnisError):
+    """An ownership rule was broken: wrong owner, double acquire, free while shared."""
+
+    def __init__(self, detail: str, *, array_id: int | None = None, owner: str | None = None,
+                 caller: str | None = None, **more: Any) -> None:
+        super().__init__(f"memory contract violation: {detail}", array_id=array_id, owner=owner,
+                         caller=caller, detail=detail, **more)
+
+
+def _fmt_bytes(n: int | None) -> str:
+    if n is None:
+        return "?"
+    for unit, size in (("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):
+        if n >= size:
+            return f"{n / size:.2f} {unit}"
+    return f"{n} B"
+
+
+class OutOfBudgetError(IgnisError, MemoryError):
+    """A budget adaptor refused an allocation (deterministically)."""
+
+    def __init__(self, requested: int, remaining: int, limit: int | None = None) -> None:
+        msg = (f"out of budget: requested {requested} bytes ({_fmt_bytes(requested)}), "
+               f"remaining {remaining} bytes ({_fmt_bytes(remaining)})")
+        if limit is not None:
+            msg += f" of a {limit}-byte limit"
+        msg += "; free arrays you no longer need or raise the budget"
+        super().__init__(msg, requested=requested, remaining=remaining, limit=limit)
+
+
+class OutOfMemoryError(IgnisError, MemoryError):
+    """The device (or its driver) could not satisfy an allocation."""
+
+    def __init__(self, requested: int, *, device: int = 0, device_total: int | None = None,
+                 device_free: int | None = None, live_bytes: int | None = None,
+                 cached_bytes: int | None = None, largest_free_block: int | None = None,
+                 detail: str = "") -> None:
+        msg = (f"out of memory on device {device}: asked for {_fmt_bytes(requested)} ({requested} bytes); "
+               f"device total {_fmt_bytes(device_total)}, free {_fmt_bytes(device_free)}; "
+               f"Ignis holds {_fmt_bytes(live_bytes)} live and {_fmt_bytes(cached_bytes)} cached "
+               f"(largest free cached block {_fmt_bytes(largest_free_block)})")
+        if detail:
+            msg += f"; {detail}"
+        msg += ("; try: free arrays you no longer need, resource.trim() to return cached memory, "
+                "a smaller batch, or a BudgetResource to find who allocates")
+        super().__init__(msg, requested=requested, device=device, device_total=device_total,
+                         device_free=device_free, live_bytes=live_bytes, cached_bytes=cached_bytes,
+                         largest_free_block=largest_free_block)
+
+
+class StreamMisuseError(IgnisError):
+    """The stream-ordered contract was violated, or cross-stream tracking was
+    asked of a resource that cannot do it."""
+
+    def __init__(self, detail: str, **more: Any) -> None:
+        super().__init__(f"stream misuse: {detail}", detail=detail, **more)
+
+
+class OutOfBoundsError(IgnisError):
+    """Bytes outside a block were written (guard canaries) or would be accessed."""
+
+    def __init__(self, detail: str, *, generation: int | None = None, ptr: int | None = None,
+                 tag: str | None = None, side: str | None = None, offset: int | None = None,
+                 stack: str | None = None, **more: Any) -> None:
+        msg = f"out of bounds: {detail}"
+        if stack:
+            msg += f"\nallocated at:\n{stack}"
+        super().__init__(msg, generation=generation, ptr=ptr, tag=tag, side=side, offset=offset,
+                         stack=stack, detail=detail, **more)
+
+
+class RaceError(IgnisError):
+    """Two accesses to the same bytes on unordered streams (or a use racing a free)."""
+
+    def __init__(self, detail: str, *, first: Any = None, second: Any = None, kind: str = "race",
+                 **more: Any) -> None:
+        msg = f"{kind}: {detail}"
+        super().__init__(msg, first=first, second=second, kind=kind, detail=detail, **more)
+
+
+class InvalidTransitionError(IgnisError, RuntimeError):
+    """A lifecycle state change that the transition table does not allow."""
+
+    def __init__(self, what: str, state: str, attempted: str) -> None:
+        super().__init__(f"{what}: cannot go from {state} to {attempted}", what=what, state=state,
+                         attempted=attempted)

@@ -1,0 +1,39 @@
+"""Shared test setup.
+
+The suite runs on whichever backend the process selects (``IGNIS_BACKEND``,
+default ``auto``: the emulated backend on a machine without a GPU). Tests
+that need a real GPU are marked ``@pytest.mark.gpu`` and are skipped, with
+the reason, elsewhere.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+import ignis as ig
+from ignis.backends import get_backend
+
+
+def pytest_collection_modifyitems(config, items):
+    if get_backend().name == "cuda":
+        return
+    skip = pytest.mark.skip(reason="needs a CUDA GPU (the active backend is emulated)")
+    for item in items:
+        if "gpu" in item.keywords:
+            item.add_marker(skip)
+
+
+@pytest.fixture
+def backend():
+    """The active backend, with any injected faults cleared afterwards."""
+    b = get_backend()
+    yield b
+    b.clear_faults()
+
+
+@pytest.fixture
+def on_emulated():
+    """Skip unless the active backend is the emulator."""
+    if get_backend().name != "emulated":
+        pytest.skip("emulated-backend behaviour")
+    return get_backend()
