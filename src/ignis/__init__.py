@@ -7,8 +7,13 @@ from .backends import backend_name, get_backend, set_backend
 from .dtypes import DType, dtype
 from .errors import *  # noqa: F401,F403
 from .errors import __all__ as _errors_all
+from .runtime import Device, DeviceState, Event, Stream, device_count
+from . import memory
+from .memory import *  # noqa: F401,F403
+from .memory import __all__ as _memory_all
 
 __version__ = "0.1.0"
 
 __all__ = ["__version__", "backend_name", "get_backend", "set_backend", "dtypes", "errors",
-           "DType", "dtype", *_errors_all]
+           "DType", "dtype", "Device", "DeviceState", "Event", "Stream", "device_count",
+           "memory", *_errors_all, *_memory_all]

@@ -34,7 +34,7 @@ __all__ = [
 
 
 def _rebuild(cls: type, message: str, state: dict[str, Any]) -> "IgnisError":
-    err = cls.__new__(cls)
+    err = BaseException.__new__(cls)
     Exception.__init__(err, message)
     err.__dict__.update(state)
     return err

@@ -1,0 +1,20 @@
+"""Memory resources (layer 2): stream-ordered allocators, adaptors and cross-stream tracking."""
+
+from .adaptors import (LOG_HEADER, BudgetResource, Counter, LoggingResource, ResourceAdaptor, Statistics,
+                       StatisticsResource, TrackingResource)
+from .async_resource import AsyncResource
+from .current import get_current_resource, set_current_resource
+from .direct import DirectResource
+from .pinned import PinnedBuffer, PinnedHostResource
+from .pool import PoolResource
+from .resource import DeviceMemoryResource, TrackedResource
+from .types import (TRANSITIONS, UNTAGGED, Access, AllocTag, BlockId, BlockState, DeviceBlock, Generation,
+                    StreamId)
+
+__all__ = [
+    "Access", "AllocTag", "UNTAGGED", "Generation", "BlockId", "BlockState", "DeviceBlock", "TRANSITIONS",
+    "StreamId", "DeviceMemoryResource", "TrackedResource", "DirectResource", "AsyncResource", "PoolResource",
+    "PinnedHostResource", "PinnedBuffer", "ResourceAdaptor", "BudgetResource", "LoggingResource",
+    "StatisticsResource", "TrackingResource", "Counter", "Statistics", "LOG_HEADER",
+    "get_current_resource", "set_current_resource",
+]

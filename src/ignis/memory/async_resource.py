@@ -1,0 +1,93 @@
+"""AsyncResource: the driver's stream-ordered memory pool (cuMemAllocAsync / cuMemFreeAsync).
+
+Tracks cross-stream uses with events (see ``resource.py``). A deallocated
+block is RETIRED and still counted in ``bytes_outstanding`` until
+``reap_pending()`` synchronizes the streams with queued frees; then it is
+FREED. ``trim()`` hands the pool's unused memory back to the system.
+"""
+
+from __future__ import annotations
+
+from ..errors import DriverError, UnsupportedError
+from ..runtime import Device, Stream
+from .resource import TrackedResource, check_request
+from .types import UNTAGGED, BlockState, DeviceBlock, _next_generation
+
+__all__ = ["AsyncResource"]
+
+
+class AsyncResource(TrackedResource):
+    """Stream-ordered allocation from the device's default memory pool."""
+
+    def __init__(self, device: "Device | int | None" = None) -> None:
+        super().__init__(device)
+        if not self.device.capabilities.get("memory_pools", False):
+            raise UnsupportedError(f"stream-ordered memory pools on device {self.device.ordinal}",
+                                   self._backend.name, "use DirectResource (or PoolResource(DirectResource()))")
+        self._bytes = 0
+        self._pending: dict[Stream, list[DeviceBlock]] = {}
+        self._pending_bytes = 0
+
+    def allocate(self, nbytes: int, stream: Stream | None = None, tag: str = UNTAGGED) -> DeviceBlock:
+        if stream is None:
+            stream = self.device.default_stream
+        if type(nbytes) is not int or nbytes <= 0 or type(stream) is not Stream:
+            check_request(nbytes, stream)
+        if self._generation != self.device.state.generation or self._closed:
+            self._check_alive()
+        try:
+            ptr = self._backend.mem_alloc_async(self.device.ordinal, nbytes, stream._check())
+        except DriverError as e:
+            if e.name == "CUDA_ERROR_OUT_OF_MEMORY":
+                raise self._oom(nbytes, e, **self.memory_numbers()) from e
+            raise
+        block = DeviceBlock(ptr, self.device.ordinal, stream, nbytes, nbytes, 256, tag, _next_generation())
+        with self._lock:
+            self._live[ptr] = block
+            self._bytes += nbytes
+        return block
+
+    def deallocate(self, block: DeviceBlock) -> None:
+        with self._lock:
+            if self._live.get(block.ptr) is not block:
+                self._check_dealloc(block, self._live)
+            del self._live[block.ptr]
+            self._bytes -= block.bytes
+            if self.device.state.generation != self._generation:
+                block.state = BlockState.FREED  # the context that held it is gone
+                return
+            self._order_release(block)
+            stream = block.alloc_stream
+            if stream._closed:
+                # The alloc stream is gone: order the free after everything on the device.
+                self._backend.device_synchronize(self.device.ordinal)
+                self._backend.mem_free(self.device.ordinal, block.ptr)
+                block.state = BlockState.FREED
+                return
+            self._backend.mem_free_async(self.device.ordinal, block.ptr, stream.handle)
+            block.state = BlockState.RETIRED
+            self._pending.setdefault(stream, []).append(block)
+            self._pending_bytes += block.bytes
+
+    @property
+    def bytes_outstanding(self) -> int:
+        return self._bytes + self._pending_bytes
+
+    def reap_pending(self) -> None:
+        """Synchronize the streams that have queued frees, then count those bytes as freed."""
+        with self._lock:
+            pending, self._pending = self._pending, {}
+        for stream, blocks in pending.items():
+            if not stream._closed and stream._generation == self.device.state.generation:
+                self._backend.stream_synchronize(stream.handle)
+            with self._lock:
+                for b in blocks:
+                    b.state = BlockState.FREED
+                    self._pending_bytes -= b.bytes
+
+    def trim(self, keep_bytes: int = 0) -> None:
+        """Return the driver pool's unused memory to the system."""
+        self._backend.mem_pool_trim(self.device.ordinal, keep_bytes)
+
+    def memory_numbers(self) -> dict[str, int]:
+        return {"live_bytes": self._bytes, "cached_bytes": self._pending_bytes, "largest_free_block": 0}

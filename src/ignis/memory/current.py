@@ -1,0 +1,69 @@
+"""The per-device current resource.
+
+``get_current_resource(device)`` returns what ``set_current_resource`` set,
+or a default made on first use: ``PoolResource(AsyncResource(device))`` where
+the device has stream-ordered memory pools, ``PoolResource(DirectResource(device))``
+elsewhere. A default made before a context rebuild is replaced by a fresh one.
+"""
+
+from __future__ import annotations
+
+import threading
+
+from ..runtime import Device
+from .resource import DeviceMemoryResource
+
+__all__ = ["get_current_resource", "set_current_resource", "default_upstream"]
+
+_current: dict[tuple[int, int], DeviceMemoryResource] = {}
+_explicit: set[tuple[int, int]] = set()
+_lock = threading.Lock()
+
+
+def default_upstream(device: Device) -> DeviceMemoryResource:
+    if device.capabilities.get("memory_pools", False):
+        from .async_resource import AsyncResource
+        return AsyncResource(device)
+    from .direct import DirectResource
+    return DirectResource(device)
+
+
+def _key(device: "Device | int | None") -> tuple[Device, tuple[int, int]]:
+    dev = Device(0 if device is None else device)
+    return dev, (id(dev.backend), dev.ordinal)
+
+
+def get_current_resource(device: "Device | int | None" = None) -> DeviceMemoryResource:
+    """The resource that allocations on ``device`` use when none is named."""
+    dev, key = _key(device)
+    mr = _current.get(key)
+    if mr is not None and (mr._generation == dev.state.generation or key in _explicit):
+        return mr
+    with _lock:
+        mr = _current.get(key)
+        if mr is None or (mr._generation != dev.state.generation and key not in _explicit):
+            from .pool import PoolResource
+            mr = _current[key] = PoolResource(default_upstream(dev))
+        return mr
+
+
+def set_current_resource(mr: DeviceMemoryResource | None, device: "Device | int | None" = None
+                         ) -> DeviceMemoryResource | None:
+    """Make ``mr`` the current resource of its device (or of ``device``); ``None``
+    restores the default. Returns the previous resource."""
+    if mr is not None and not isinstance(mr, DeviceMemoryResource):
+        raise TypeError(f"expected a DeviceMemoryResource, got {type(mr).__name__}")
+    if device is None and mr is not None:
+        device = mr.device
+    dev, key = _key(device)
+    if mr is not None and mr.device is not dev:
+        raise ValueError(f"{mr!r} serves device {mr.device.ordinal}, not device {dev.ordinal}")
+    with _lock:
+        prev = _current.get(key)
+        if mr is None:
+            _current.pop(key, None)
+            _explicit.discard(key)
+        else:
+            _current[key] = mr
+            _explicit.add(key)
+        return prev

@@ -1,0 +1,60 @@
+"""DirectResource: plain synchronous alloc / free, one driver call each.
+
+It does not track cross-stream uses (as seeds/004 specifies): the tracking
+methods raise ``StreamMisuseError``, so a launch or copy that needs tracking
+refuses to start rather than silently racing. Use it as the upstream of a
+``PoolResource`` (which tracks on its own) or where the caller orders
+streams itself.
+"""
+
+from __future__ import annotations
+
+import threading
+
+from ..errors import DriverError
+from ..runtime import Device, Stream
+from .resource import DeviceMemoryResource, check_request
+from .types import UNTAGGED, BlockState, DeviceBlock, _next_generation
+
+__all__ = ["DirectResource"]
+
+
+class DirectResource(DeviceMemoryResource):
+    """``cuMemAlloc`` / ``cuMemFree``. The stream only labels the block."""
+
+    def __init__(self, device: "Device | int | None" = None) -> None:
+        super().__init__(device)
+        self._lock = threading.Lock()
+        self._live: dict[int, DeviceBlock] = {}
+        self._bytes = 0
+
+    def allocate(self, nbytes: int, stream: Stream | None = None, tag: str = UNTAGGED) -> DeviceBlock:
+        stream = self._stream(stream)
+        if type(nbytes) is not int or nbytes <= 0 or type(stream) is not Stream:
+            check_request(nbytes, stream)
+        self._check_alive()
+        try:
+            ptr = self._backend.mem_alloc(self.device.ordinal, nbytes)
+        except DriverError as e:
+            if e.name == "CUDA_ERROR_OUT_OF_MEMORY":
+                raise self._oom(nbytes, e, **self.memory_numbers()) from e
+            raise
+        block = DeviceBlock(ptr, self.device.ordinal, stream, nbytes, nbytes, 256, tag, _next_generation())
+        with self._lock:
+            self._live[ptr] = block
+            self._bytes += nbytes
+        return block
+
+    def deallocate(self, block: DeviceBlock) -> None:
+        with self._lock:
+            if self._live.get(block.ptr) is not block:
+                self._check_dealloc(block, self._live)
+            del self._live[block.ptr]
+            self._bytes -= block.bytes
+        if self.device.state.generation == self._generation:
+            self._backend.mem_free(self.device.ordinal, block.ptr)
+        block.transition(BlockState.FREED)
+
+    @property
+    def bytes_outstanding(self) -> int:
+        return self._bytes

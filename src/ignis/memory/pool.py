@@ -1,0 +1,388 @@
+"""PoolResource: a caching allocator over any upstream resource.
+
+Design:
+- Requests are rounded up to 512 bytes. Small requests (<= 1 MiB) are carved
+  from 2 MiB segments; large ones from 20 MiB segments (<= 10 MiB) or from
+  a segment of their own size rounded to 2 MiB.
+- Free blocks live in per-stream free lists, each a sorted list of keys
+  ``size << 64 | ptr`` (best fit is one bisect) plus a key -> block map.
+- A block is split when the remainder is worth keeping (512 B small, 1 MiB
+  large). Freed neighbours are coalesced lazily: when a request misses, and
+  on ``trim()``; so the common free-then-allocate-the-same-size cycle makes
+  no split and no merge.
+- Reuse on the stream that freed a block needs nothing (stream order). Reuse
+  on another stream records an event on the freeing stream and queues a wait
+  on the new stream: never a host synchronization on the hot path.
+- The pool tracks cross-stream uses itself (``TrackedResource``), whatever
+  its upstream does; deallocate makes the alloc stream wait for the block's
+  uses on other streams before the block goes back on its free list.
+- On out-of-memory the pool returns its cache upstream and retries once.
+"""
+
+from __future__ import annotations
+
+import bisect
+from typing import Any
+
+from ..errors import DriverError, OutOfMemoryError
+from ..runtime import Device, Stream
+from .resource import DeviceMemoryResource, TrackedResource, check_request
+from .types import UNTAGGED, BlockState, DeviceBlock, _next_generation
+
+__all__ = ["PoolResource"]
+
+_ALIGN = 512
+_SMALL_MAX = 1 << 20
+_SMALL_SEGMENT = 2 << 20
+_LARGE_SEGMENT = 20 << 20
+_LARGE_DIRECT = 10 << 20
+_ROUND_LARGE = 2 << 20
+_MIN_SPLIT_SMALL = _ALIGN
+_MIN_SPLIT_LARGE = 1 << 20
+_SHIFT = 64
+
+
+class _Segment:
+    __slots__ = ("block", "ptr", "size", "small")
+
+    def __init__(self, block: DeviceBlock, size: int, small: bool) -> None:
+        self.block = block
+        self.ptr = block.ptr
+        self.size = size
+        self.small = small
+
+
+class _Block:
+    """A range of a segment: handed out or free on one stream's list."""
+
+    __slots__ = ("ptr", "size", "seg", "prev", "next", "free", "stream")
+
+    def __init__(self, ptr: int, size: int, seg: _Segment, prev: "_Block | None", nxt: "_Block | None",
+                 stream: Stream) -> None:
+        self.ptr = ptr
+        self.size = size
+        self.seg = seg
+        self.prev = prev
+        self.next = nxt
+        self.free = False
+        self.stream = stream
+
+
+class _FreeList:
+    """Free blocks of one stream: sorted keys per size class + key -> block."""
+
+    __slots__ = ("small", "large", "blocks", "dirty")
+
+    def __init__(self) -> None:
+        self.small: list[int] = []
+        self.large: list[int] = []
+        self.blocks: dict[int, _Block] = {}
+        self.dirty = False  # some free blocks may have free neighbours (coalescing pending)
+
+    def add(self, b: _Block) -> None:
+        key = (b.size << _SHIFT) | b.ptr
+        bisect.insort(self.small if b.seg.small else self.large, key)
+        self.blocks[key] = b
+        b.free = True
+
+    def remove(self, b: _Block) -> None:
+        key = (b.size << _SHIFT) | b.ptr
+        keys = self.small if b.seg.small else self.large
+        i = bisect.bisect_left(keys, key)
+        del keys[i]
+        del self.blocks[key]
+        b.free = False
+
+    def take(self, size: int, small: bool) -> _Block | None:
+        keys = self.small if small else self.large
+        i = bisect.bisect_left(keys, size << _SHIFT)
+        if i == len(keys):
+            return None
+        b = self.blocks.pop(keys.pop(i))
+        b.free = False
+        return b
+
+    def largest(self) -> int:
+        sizes = [k >> _SHIFT for k in (self.small[-1:] + self.large[-1:])]
+        return max(sizes, default=0)
+
+    def __len__(self) -> int:
+        return len(self.blocks)
+
+
+def _segment_size(size: int) -> tuple[int, bool]:
+    if size <= _SMALL_MAX:
+        return _SMALL_SEGMENT, True
+    if size <= _LARGE_DIRECT:
+        return _LARGE_SEGMENT, False
+    return (size + _ROUND_LARGE - 1) // _ROUND_LARGE * _ROUND_LARGE, False
+
+
+class PoolResource(TrackedResource):
+    """Caching allocator with per-stream free lists over ``upstream``."""
+
+    def __init__(self, upstream: DeviceMemoryResource | None = None, *, device: "Device | int | None" = None) -> None:
+        if upstream is None:
+            from .current import default_upstream
+            upstream = default_upstream(Device(0 if device is None else device))
+        super().__init__(upstream.device)
+        self.upstream = upstream
+        self._free: dict[Stream, _FreeList] = {}
+        self._segments: dict[int, _Segment] = {}
+        self._live_bytes = 0
+        self._reserved = 0
+        self.num_alloc_retries = 0
+        self.num_ooms = 0
+        self.num_segment_allocs = 0
+        self.num_segment_frees = 0
+
+    # -- hot path ------------------------------------------------------------
+    def allocate(self, nbytes: int, stream: Stream | None = None, tag: str = UNTAGGED) -> DeviceBlock:
+        if stream is None:
+            stream = self.device.default_stream
+        if type(nbytes) is not int or nbytes <= 0 or type(stream) is not Stream:
+            check_request(nbytes, stream)
+        if stream._closed or stream._generation != self._generation or stream.device is not self.device \
+                or self._closed:
+            self._bad_stream(stream)
+        size = (nbytes + _ALIGN - 1) & -_ALIGN
+        small = size <= _SMALL_MAX
+        with self._lock:
+            fl = self._free.get(stream)
+            b = fl.take(size, small) if fl is not None else None
+            if b is None:
+                b = self._slow_take(size, small, stream)
+            rest = b.size - size
+            if rest >= (_MIN_SPLIT_SMALL if small else _MIN_SPLIT_LARGE):
+                self._split(b, size)
+            block = DeviceBlock(b.ptr, self.device.ordinal, stream, b.size, nbytes, _ALIGN, tag,
+                                _next_generation(), b)
+            self._live[b.ptr] = block
+            self._live_bytes += b.size
+        return block
+
+    def deallocate(self, block: DeviceBlock) -> None:
+        with self._lock:
+            if self._live.get(block.ptr) is not block:
+                self._check_dealloc(block, self._live)
+            del self._live[block.ptr]
+            b = block._impl
+            self._live_bytes -= b.size
+            if self._generation != self.device.state.generation:
+                block.state = BlockState.FREED
+                return
+            if block._rd or block._ws is not block.alloc_stream:
+                self._order_release(block)
+            else:
+                we = block._we
+                if we:
+                    self._events.put(we)
+                block._ws = None
+                block._we = 0
+            stream = block.alloc_stream
+            b.stream = stream
+            fl = self._free.get(stream)
+            if fl is None:
+                fl = self._free[stream] = _FreeList()
+            fl.add(b)
+            if (b.prev is not None and b.prev.free) or (b.next is not None and b.next.free):
+                fl.dirty = True
+            block.state = BlockState.RETIRED
+
+    # -- slow paths (lock held) ---------------------------------------------------
+    def _bad_stream(self, stream: Any) -> None:
+        if not isinstance(stream, Stream):
+            check_request(1, stream)
+        stream._check()
+        self._check_alive()
+        if stream.device is not self.device:
+            raise ValueError(f"{stream!r} belongs to device {stream.device.ordinal}, but this "
+                             f"{type(self).__name__} serves device {self.device.ordinal}")
+
+    def _slow_take(self, size: int, small: bool, stream: Stream) -> _Block:
+        if self._generation != self.device.state.generation or self._closed:
+            self._check_alive()
+        fl = self._free.get(stream)
+        if fl is not None and fl.dirty:
+            self._coalesce(fl)
+            b = fl.take(size, small)
+            if b is not None:
+                return b
+        b = self._steal(size, small, stream)
+        if b is not None:
+            return b
+        return self._grow(size, small, stream)
+
+    def _steal(self, size: int, small: bool, stream: Stream) -> _Block | None:
+        """Best fit from another stream's free list, behind an event wait on ``stream``."""
+        best: tuple[int, _FreeList, Stream] | None = None
+        for owner, fl in self._free.items():
+            if owner is stream or not fl.blocks:
+                continue
+            if fl.dirty:
+                self._coalesce(fl)
+            keys = fl.small if small else fl.large
+            i = bisect.bisect_left(keys, size << _SHIFT)
+            if i < len(keys) and (best is None or keys[i] < best[0]):
+                best = (keys[i], fl, owner)
+        if best is None:
+            return None
+        key, fl, owner = best
+        b = fl.blocks[key]
+        fl.remove(b)
+        ev = self._wait(stream, owner, 0)
+        if ev:
+            self._events.put(ev)
+        b.stream = stream
+        return b
+
+    def _grow(self, size: int, small: bool, stream: Stream) -> _Block:
+        seg_size, seg_small = _segment_size(size)
+        try:
+            up = self._upstream_allocate(seg_size, stream)
+        except (OutOfMemoryError, DriverError) as e:
+            if isinstance(e, DriverError) and e.name != "CUDA_ERROR_OUT_OF_MEMORY":
+                raise
+            # Free the cache and retry once.
+            self.num_alloc_retries += 1
+            self._release_cached()
+            self.upstream.reap_pending()  # the OOM path may wait: let queued frees land
+            try:
+                up = self._upstream_allocate(seg_size, stream)
+            except (OutOfMemoryError, DriverError) as e2:
+                if isinstance(e2, DriverError) and e2.name != "CUDA_ERROR_OUT_OF_MEMORY":
+                    raise
+                self.num_ooms += 1
+                raise self._oom(size, e2, **self._numbers_locked()) from e2
+        seg = _Segment(up, seg_size, seg_small)
+        self._segments[seg.ptr] = seg
+        self._reserved += seg_size
+        self.num_segment_allocs += 1
+        return _Block(seg.ptr, seg_size, seg, None, None, stream)
+
+    def _upstream_allocate(self, seg_size: int, stream: Stream) -> DeviceBlock:
+        return self.upstream.allocate(seg_size, stream, "ignis.pool.segment")
+
+    def _split(self, b: _Block, size: int) -> None:
+        rest = _Block(b.ptr + size, b.size - size, b.seg, b, b.next, b.stream)
+        if b.next is not None:
+            b.next.prev = rest
+        b.next = rest
+        b.size = size
+        fl = self._free.get(b.stream)
+        if fl is None:
+            fl = self._free[b.stream] = _FreeList()
+        fl.add(rest)
+
+    def _coalesce(self, fl: _FreeList) -> None:
+        """Merge adjacent free blocks of this free list's stream."""
+        fl.dirty = False
+        for b in list(fl.blocks.values()):
+            if not b.free or (b.prev is not None and b.prev.free and b.prev.stream is b.stream):
+                continue  # merged already, or not the head of a free run
+            nxt = b.next
+            if nxt is None or not nxt.free or nxt.stream is not b.stream:
+                continue
+            fl.remove(b)
+            while nxt is not None and nxt.free and nxt.stream is b.stream:
+                fl.remove(nxt)
+                b.size += nxt.size
+                b.next = nxt.next
+                if nxt.next is not None:
+                    nxt.next.prev = b
+                nxt = b.next
+            fl.add(b)
+
+    def _release_cached(self) -> int:
+        """Return every segment with no live block upstream, whichever streams its
+        free pieces are on. Lock held. Returns bytes released."""
+        free_by_seg: dict[_Segment, list[tuple[_Block, _FreeList]]] = {}
+        for fl in self._free.values():
+            for b in fl.blocks.values():
+                free_by_seg.setdefault(b.seg, []).append((b, fl))
+        released = 0
+        for seg, pieces in free_by_seg.items():
+            if sum(b.size for b, _ in pieces) != seg.size:
+                continue  # some of it is live
+            up = seg.block
+            owners = {b.stream for b, _ in pieces}
+            for b, fl in pieces:
+                fl.remove(b)
+            for owner in owners:
+                if owner is up.alloc_stream:
+                    continue
+                if self.upstream.supports_block_use_tracking:
+                    self.upstream.record_block_use(up, owner)
+                elif not owner._closed:
+                    self._backend.stream_synchronize(owner.handle)
+            self.upstream.deallocate(up)
+            del self._segments[seg.ptr]
+            self._reserved -= seg.size
+            self.num_segment_frees += 1
+            released += seg.size
+        for owner in [o for o, fl in self._free.items() if not fl.blocks]:
+            del self._free[owner]
+        return released
+
+    # -- public queries and maintenance -------------------------------------------
+    def trim(self) -> int:
+        """Return all cached memory that no live block uses to the upstream resource.
+        Returns the number of bytes released."""
+        with self._lock:
+            released = self._release_cached()
+        trim_up = getattr(self.upstream, "trim", None)
+        if trim_up is not None:
+            trim_up()
+        return released
+
+    @property
+    def bytes_outstanding(self) -> int:
+        return self._live_bytes
+
+    @property
+    def bytes_reserved(self) -> int:
+        """Bytes held from the upstream resource (live + cached)."""
+        return self._reserved
+
+    @property
+    def bytes_cached(self) -> int:
+        return self._reserved - self._live_bytes
+
+    def _numbers_locked(self) -> dict[str, int]:
+        largest = max((fl.largest() for fl in self._free.values()), default=0)
+        return {"live_bytes": self._live_bytes, "cached_bytes": self._reserved - self._live_bytes,
+                "largest_free_block": largest}
+
+    def memory_numbers(self) -> dict[str, int]:
+        with self._lock:
+            return self._numbers_locked()
+
+    def reap_pending(self) -> None:
+        self.upstream.reap_pending()
+
+    def segments(self) -> list[dict[str, Any]]:
+        """The pool's segments and their blocks, in address order (for snapshots and tests)."""
+        with self._lock:
+            blocks: dict[int, list[_Block]] = {ptr: [] for ptr in self._segments}
+            for live in self._live.values():
+                blocks[live._impl.seg.ptr].append(live._impl)
+            for fl in self._free.values():
+                for b in fl.blocks.values():
+                    blocks[b.seg.ptr].append(b)
+            out = []
+            for ptr, seg in self._segments.items():
+                out.append({"ptr": ptr, "size": seg.size, "small": seg.small,
+                            "stream": seg.block.alloc_stream.id,
+                            "blocks": [{"ptr": b.ptr, "size": b.size, "free": b.free, "stream": b.stream.id}
+                                       for b in sorted(blocks[ptr], key=lambda b: b.ptr)]})
+            return out
+
+    def close(self) -> None:
+        """Release the cache upstream; live blocks stay valid until deallocated."""
+        self.trim()
+        super().close()
+
+    def __repr__(self) -> str:
+        return (f"<PoolResource device={self.device.ordinal} live={self._live_bytes} "
+                f"reserved={self._reserved} upstream={type(self.upstream).__name__}>")
+

@@ -1,0 +1,315 @@
+"""The DeviceMemoryResource contract and its cross-stream hazard tracking.
+
+Contract (after seeds/004):
+- ``allocate(nbytes, stream, tag)`` returns a LIVE ``DeviceBlock`` ordered on
+  ``stream``; ``deallocate(block)`` hands it back, ordered on its alloc stream.
+  A second deallocate raises ``DoubleFreeError``; a block from elsewhere,
+  ``ValueError``.
+- Tracking (``prepare_block_use`` / ``finish_block_use`` / ``record_block_use``):
+  a resource that cannot track raises ``StreamMisuseError``, never a silent
+  success; a stale or unknown ``BlockId`` raises ``UseAfterFreeError``.
+
+Hazard record, kept on each block (``TrackedResource``):
+- the last writer (stream + event) and the readers since ({stream: event});
+- READ waits on a write from another stream; WRITE / READ_WRITE also wait on
+  every read from another stream; deallocate makes the alloc stream wait on
+  every use from another stream before the memory can be reused.
+- Uses on the block's alloc stream record nothing: their entry is "lazy" (event
+  0) and an event is recorded only when another stream must wait for them.
+  Uses on other streams record one event at finish, while that stream is
+  certainly alive. So same-stream code makes no driver call at all.
+- Events come from a per-device pool and go back when superseded (a wait
+  captures an event's state when queued, so re-recording it later is safe).
+- If a lazily-ordered alloc stream was closed meanwhile, ordering falls back
+  to a device synchronization (correct, slow, and only on that misuse).
+"""
+
+from __future__ import annotations
+
+import threading
+from typing import TYPE_CHECKING, Any
+
+from ..errors import (ClosedError, DoubleFreeError, OutOfMemoryError, StaleHandleError, StreamMisuseError,
+                      UseAfterFreeError)
+from ..runtime import Device, Stream
+from .types import UNTAGGED, Access, BlockId, BlockState, DeviceBlock
+
+if TYPE_CHECKING:
+    from ..backends import Backend
+
+__all__ = ["DeviceMemoryResource", "TrackedResource", "EventPool", "check_request"]
+
+
+def check_request(nbytes: Any, stream: Any) -> None:
+    """Validate an allocation request (called only on the error path or by
+    resources without a faster inline check)."""
+    if isinstance(nbytes, bool) or not isinstance(nbytes, int):
+        raise TypeError(f"allocation size must be an int number of bytes, got {type(nbytes).__name__}")
+    if nbytes < 0:
+        raise ValueError(f"allocation size must be positive, got {nbytes} bytes")
+    if nbytes == 0:
+        raise ValueError("zero-byte allocation requested; ask for at least 1 byte "
+                         "(an empty array needs no device memory)")
+    if not isinstance(stream, Stream):
+        raise TypeError(f"stream must be an ignis.Stream, got {type(stream).__name__}; "
+                        "use device.default_stream or device.create_stream()")
+
+
+class EventPool:
+    """Reusable timing-free events of one device and context generation."""
+
+    __slots__ = ("_backend", "_ordinal", "_free", "_lock", "generation")
+
+    def __init__(self, device: Device) -> None:
+        self._backend = device.backend
+        self._ordinal = device.ordinal
+        self._free: list[int] = []
+        self._lock = threading.Lock()
+        self.generation = device.state.generation
+
+    def get(self) -> int:
+        try:
+            return self._free.pop()
+        except IndexError:
+            return self._backend.event_create(self._ordinal, False)
+
+    def put(self, event: int) -> None:
+        self._free.append(event)
+
+    def close(self) -> None:
+        while self._free:
+            try:
+                self._backend.event_destroy(self._free.pop())
+            except Exception:
+                pass
+
+
+_pools: dict[tuple[int, int], EventPool] = {}
+_pools_lock = threading.Lock()
+
+
+def event_pool(device: Device) -> EventPool:
+    key = (id(device), device.state.generation)
+    pool = _pools.get(key)
+    if pool is None:
+        with _pools_lock:
+            pool = _pools.get(key)
+            if pool is None:
+                pool = _pools[key] = EventPool(device)
+    return pool
+
+
+class DeviceMemoryResource:
+    """Base of every device memory resource. Thread-safe.
+
+    Subclasses implement ``allocate`` / ``deallocate``; resources that track
+    cross-stream uses derive from ``TrackedResource`` instead.
+    """
+
+    device: Device
+
+    def __init__(self, device: "Device | int | None" = None) -> None:
+        self.device = Device(0 if device is None else device)
+        self._backend: "Backend" = self.device.backend
+        self._generation = self.device.state.generation
+        self._closed = False
+
+    # -- the contract ------------------------------------------------------
+    def allocate(self, nbytes: int, stream: Stream | None = None, tag: str = UNTAGGED) -> DeviceBlock:
+        raise NotImplementedError
+
+    def deallocate(self, block: DeviceBlock) -> None:
+        raise NotImplementedError
+
+    @property
+    def device_ordinal(self) -> int:
+        return self.device.ordinal
+
+    @property
+    def bytes_outstanding(self) -> int:
+        """Bytes live plus retired-but-not-yet-freed."""
+        raise NotImplementedError
+
+    def reap_pending(self) -> None:
+        """Finish retired frees whose stream work is done and re-count; a no-op where nothing is pending."""
+
+    @property
+    def supports_block_use_tracking(self) -> bool:
+        return False
+
+    def _no_tracking(self, op: str) -> StreamMisuseError:
+        return StreamMisuseError(
+            f"{op} is not supported by {type(self).__name__}: it does not track cross-stream uses. "
+            "Allocate from a tracking resource (PoolResource or AsyncResource) or order the streams "
+            "yourself with events", resource=type(self).__name__)
+
+    def record_block_use(self, block: "DeviceBlock | BlockId", stream: Stream) -> None:
+        raise self._no_tracking("record_block_use")
+
+    def prepare_block_use(self, block: "DeviceBlock | BlockId", stream: Stream, access: Access) -> None:
+        raise self._no_tracking("prepare_block_use")
+
+    def finish_block_use(self, block: "DeviceBlock | BlockId", stream: Stream, access: Access) -> None:
+        raise self._no_tracking("finish_block_use")
+
+    # -- helpers -----------------------------------------------------------
+    def _stream(self, stream: Stream | None) -> Stream:
+        return self.device.default_stream if stream is None else stream
+
+    def _check_alive(self) -> None:
+        if self._closed:
+            raise ClosedError(f"{type(self).__name__} on device {self.device.ordinal}")
+        state = self.device.state
+        if state.generation != self._generation:
+            raise StaleHandleError("context rebuilt", what=f"{type(self).__name__}",
+                                   generation=self._generation, current_generation=state.generation,
+                                   device_id=self.device.ordinal)
+
+    def _check_dealloc(self, block: DeviceBlock, live: dict) -> None:
+        """Raise the right error for a block that is not live here."""
+        if not isinstance(block, DeviceBlock):
+            raise TypeError(f"deallocate expects a DeviceBlock, got {type(block).__name__}")
+        if block.state is not BlockState.LIVE:
+            raise DoubleFreeError(f"block {block.ptr:#x} ({block.bytes} B, tag {block.tag!r}) was already "
+                                  f"deallocated (state {block.state.name})", generation=block.generation,
+                                  ptr=block.ptr)
+        raise ValueError(f"block {block.ptr:#x} (generation {block.generation}) was not allocated by this "
+                         f"{type(self).__name__}; deallocate it through the resource that made it")
+
+    def _oom(self, nbytes: int, cause: BaseException | None = None, **numbers: Any) -> OutOfMemoryError:
+        while isinstance(cause, OutOfMemoryError) and cause.__cause__ is not None:
+            cause = cause.__cause__  # report the driver's words, not a nested report
+        try:
+            free, total = self._backend.mem_get_info(self.device.ordinal)
+        except Exception:
+            free = total = None
+        return OutOfMemoryError(nbytes, device=self.device.ordinal, device_total=total, device_free=free,
+                                detail=str(cause) if cause else "", **numbers)
+
+    def memory_numbers(self) -> dict[str, int]:
+        """``live_bytes``, ``cached_bytes``, ``largest_free_block`` for reports."""
+        return {"live_bytes": self.bytes_outstanding, "cached_bytes": 0, "largest_free_block": 0}
+
+    def close(self) -> None:
+        self._closed = True
+
+    def __repr__(self) -> str:
+        return f"<{type(self).__name__} device={self.device.ordinal}>"
+
+
+class TrackedResource(DeviceMemoryResource):
+    """A resource that keeps a live map and the per-block hazard record."""
+
+    def __init__(self, device: "Device | int | None" = None) -> None:
+        super().__init__(device)
+        self._lock = threading.Lock()
+        self._live: dict[int, DeviceBlock] = {}
+        self._events = event_pool(self.device)
+        self.cross_stream_waits = 0  # statistics: waits queued by tracking
+
+    @property
+    def supports_block_use_tracking(self) -> bool:
+        return True
+
+    # -- events ------------------------------------------------------------
+    def _record(self, stream: Stream) -> int:
+        """An event at the current end of ``stream``; 0 when the stream is gone
+        (then the device is synchronized, so everything before is complete)."""
+        if stream._closed or stream._generation != stream.device.state.generation:
+            self._backend.device_synchronize(self.device.ordinal)
+            return 0
+        ev = self._events.get()
+        self._backend.event_record(ev, stream.handle)
+        return ev
+
+    def _wait(self, stream: Stream, other: Stream, event: int) -> int:
+        """Make ``stream`` wait for ``other`` at ``event`` (recorded now if 0). Returns the event."""
+        if not event:
+            event = self._record(other)
+            if not event:
+                return 0
+        self._backend.stream_wait_event(stream.handle, event)
+        self.cross_stream_waits += 1
+        return event
+
+    def _resolve(self, block: "DeviceBlock | BlockId") -> DeviceBlock:
+        b = self._live.get(block.ptr)
+        if b is None or b.generation != block.generation:
+            raise UseAfterFreeError(
+                f"block {block.ptr:#x} is not live in this {type(self).__name__} (freed, reused or never "
+                f"allocated here); the memory may now belong to another allocation",
+                generation=block.generation, ptr=block.ptr,
+                live_generation=None if b is None else b.generation)
+        return b
+
+    # -- tracking ----------------------------------------------------------
+    def prepare_block_use(self, block: "DeviceBlock | BlockId", stream: Stream, access: Access) -> None:
+        """Queue on ``stream`` the waits that ``access`` needs. Call before enqueuing the work."""
+        with self._lock:
+            b = self._resolve(block)
+            ws = b._ws
+            if ws is not None and ws is not stream:
+                b._we = self._wait(stream, ws, b._we)
+            if access.writes and b._rd:
+                rd = b._rd
+                for s, ev in rd.items():
+                    if s is not stream:
+                        rd[s] = self._wait(stream, s, ev)
+
+    def finish_block_use(self, block: "DeviceBlock | BlockId", stream: Stream, access: Access) -> None:
+        """Record the use just enqueued on ``stream``. Call after enqueuing the work."""
+        with self._lock:
+            b = self._resolve(block)
+            ev = 0 if stream is b.alloc_stream else self._record(stream)
+            put = self._events.put
+            if access.writes:
+                if b._we:
+                    put(b._we)
+                if b._rd:
+                    for old in b._rd.values():
+                        if old:
+                            put(old)
+                    b._rd = None
+                b._ws = stream
+                b._we = ev
+            else:
+                rd = b._rd
+                if rd is None:
+                    b._rd = {stream: ev}
+                else:
+                    old = rd.get(stream)
+                    if old:
+                        put(old)
+                    rd[stream] = ev
+
+    def record_block_use(self, block: "DeviceBlock | BlockId", stream: Stream) -> None:
+        """Note that work on ``stream`` touches the block, so its deallocation
+        waits for that work (queues no wait now)."""
+        self.finish_block_use(block, stream, Access.READ)
+
+    def _order_release(self, b: DeviceBlock) -> None:
+        """Make the alloc stream wait for every recorded use from another stream,
+        then return the block's events to the pool. Caller holds the lock."""
+        a = b.alloc_stream
+        put = self._events.put
+        ws, we = b._ws, b._we
+        if ws is not None and ws is not a:
+            we = self._wait(a, ws, we)
+        if we:
+            put(we)
+        if b._rd:
+            for s, ev in b._rd.items():
+                if s is not a:
+                    ev = self._wait(a, s, ev)
+                if ev:
+                    put(ev)
+        b._ws = None
+        b._we = 0
+        b._rd = None
+
+    def _forget_all(self) -> None:
+        """Drop every live block (the context that held them is gone)."""
+        with self._lock:
+            for b in self._live.values():
+                b.state = BlockState.FREED
+            self._live.clear()

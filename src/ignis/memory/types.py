@@ -1,0 +1,155 @@
+"""Value types of the memory layer: generations, access kinds, block identity and state.
+
+Rules:
+- A ``Generation`` is process-wide and strictly increasing; every allocation
+  gets a fresh one, so a reused address never looks like the old block.
+- ``BlockId`` is the frozen, copyable identity ``(ptr, generation,
+  alloc_stream, device_ordinal)``; resources validate it against their live
+  map and raise ``UseAfterFreeError`` when it names memory that is gone.
+- Block states change only along ``TRANSITIONS``; anything else raises
+  ``InvalidTransitionError`` naming the block, its state and the attempt.
+"""
+
+from __future__ import annotations
+
+import enum
+import itertools
+from typing import TYPE_CHECKING, Any, NamedTuple
+
+from ..errors import InvalidTransitionError
+
+if TYPE_CHECKING:
+    from ..runtime import Stream
+
+__all__ = ["Access", "AllocTag", "UNTAGGED", "Generation", "BlockId", "BlockState", "DeviceBlock",
+           "TRANSITIONS", "StreamId"]
+
+# next() on itertools.count is atomic under the GIL: concurrent callers get distinct values.
+_next_generation = itertools.count(1).__next__
+
+
+class Generation(int):
+    """A generation number. ``Generation.next()`` returns a fresh, larger one."""
+
+    __slots__ = ()
+
+    @staticmethod
+    def next() -> "Generation":
+        return Generation(_next_generation())
+
+    def __repr__(self) -> str:
+        return f"Generation({int(self)})"
+
+
+class AllocTag(str):
+    """A caller's label for an allocation, shown in logs, statistics and reports.
+    Any ``str`` is accepted where a tag is expected."""
+
+    __slots__ = ()
+    UNTAGGED: "AllocTag"
+
+
+UNTAGGED = AllocTag("untagged")
+AllocTag.UNTAGGED = UNTAGGED
+
+# Streams are identified by the ``Stream`` objects themselves.
+StreamId = Any
+
+
+class Access(enum.Enum):
+    """What a use does to a block's bytes.
+
+    READ waits on a prior write from another stream. WRITE and READ_WRITE
+    also wait on every outstanding read from another stream, and become the
+    block's last write."""
+
+    READ = (True, False)
+    WRITE = (False, True)
+    READ_WRITE = (True, True)
+
+    def __init__(self, reads: bool, writes: bool) -> None:
+        self.reads = reads
+        self.writes = writes
+
+    @classmethod
+    def parse(cls, x: "Access | str") -> "Access":
+        if isinstance(x, Access):
+            return x
+        try:
+            return cls[str(x).upper().replace("-", "_")]
+        except KeyError:
+            raise ValueError(f"unknown access {x!r}; use Access.READ, Access.WRITE or Access.READ_WRITE") from None
+
+
+class BlockState(enum.Enum):
+    LIVE = "live"                # handed out; usable on alloc_stream (or after ordering)
+    RETIRED = "retired"          # deallocated; reuse waits for stream order
+    QUARANTINED = "quarantined"  # held back by a debug guard before reuse
+    FREED = "freed"              # returned to the system; any use is a bug
+
+
+TRANSITIONS: dict[BlockState, frozenset[BlockState]] = {
+    BlockState.LIVE: frozenset({BlockState.RETIRED, BlockState.QUARANTINED, BlockState.FREED}),
+    BlockState.RETIRED: frozenset({BlockState.QUARANTINED, BlockState.FREED}),
+    BlockState.QUARANTINED: frozenset({BlockState.RETIRED, BlockState.FREED}),
+    BlockState.FREED: frozenset(),
+}
+
+
+class BlockId(NamedTuple):
+    """The copyable identity of a block."""
+
+    ptr: int
+    generation: int
+    alloc_stream: "Stream"
+    device_ordinal: int
+
+    @classmethod
+    def from_block(cls, block: "DeviceBlock") -> "BlockId":
+        return cls(block.ptr, block.generation, block.alloc_stream, block.device_ordinal)
+
+
+class DeviceBlock:
+    """One allocation, owned by the caller until handed back to the resource that made it.
+
+    ``bytes`` may exceed the request (rounding); ``requested`` is what was asked.
+    The ``_w*`` / ``_rd`` slots hold the cross-stream hazard record (see
+    ``ignis.memory.resource``); ``_impl`` belongs to the resource that made it.
+    """
+
+    __slots__ = ("ptr", "device_ordinal", "alloc_stream", "bytes", "requested", "align", "tag",
+                 "generation", "state", "_ws", "_we", "_rd", "_impl", "__weakref__")
+
+    def __init__(self, ptr: int, device_ordinal: int, alloc_stream: "Stream", nbytes: int,
+                 requested: int, align: int, tag: str, generation: int, impl: Any = None) -> None:
+        self.ptr = ptr
+        self.device_ordinal = device_ordinal
+        self.alloc_stream = alloc_stream
+        self.bytes = nbytes
+        self.requested = requested
+        self.align = align
+        self.tag = tag
+        self.generation = generation
+        self.state = BlockState.LIVE
+        # Hazard record: last writer stream, its event (0 = not recorded yet),
+        # readers {stream: event or 0}. A new block counts as written by its
+        # alloc stream, so a first use elsewhere waits for the allocation.
+        self._ws = alloc_stream
+        self._we = 0
+        self._rd: dict | None = None
+        self._impl = impl
+
+    @property
+    def id(self) -> BlockId:
+        return BlockId(self.ptr, self.generation, self.alloc_stream, self.device_ordinal)
+
+    def transition(self, new: BlockState) -> None:
+        """Move to ``new`` along the transition table, or raise."""
+        if new not in TRANSITIONS[self.state]:
+            raise InvalidTransitionError(f"block {self.ptr:#x} (generation {self.generation}, tag {self.tag!r})",
+                                         self.state.name, new.name)
+        self.state = new
+
+    def __repr__(self) -> str:
+        return (f"<DeviceBlock {self.ptr:#x} {self.bytes} B gen={self.generation} dev={self.device_ordinal} "
+                f"stream=#{getattr(self.alloc_stream, 'id', '?')} tag={self.tag!r} {self.state.name}>")

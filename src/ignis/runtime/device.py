@@ -1,0 +1,193 @@
+"""Devices and their state.
+
+``Device(n)`` returns the one ``Device`` object for ordinal ``n`` on the
+current backend. Its ``DeviceState`` carries the context ``generation``
+(bumped by ``rebuild()``) and ``accepting_ops`` (false once ``shutdown()``
+began); streams, events, blocks and GpuRefs remember the generation they
+were made in and refuse to work across a rebuild.
+"""
+
+from __future__ import annotations
+
+import threading
+from typing import Any
+
+from ..backends import Backend, DeviceProperties, get_backend
+from ..errors import StaleHandleError
+from .event import Event
+from .stream import Stream
+
+__all__ = ["Device", "DeviceState", "device_count"]
+
+
+class DeviceState:
+    """Generation counter and shutdown flag of one device. Thread-safe."""
+
+    __slots__ = ("device_id", "generation", "accepting_ops", "_lock", "__weakref__")
+
+    def __init__(self, device_id: int) -> None:
+        self.device_id = device_id
+        self.generation = 0
+        self.accepting_ops = True
+        self._lock = threading.Lock()
+
+    def bump_generation(self) -> int:
+        with self._lock:
+            self.generation += 1
+            return self.generation
+
+    def begin_shutdown(self) -> None:
+        self.accepting_ops = False
+
+
+_devices: dict[tuple[int, int], "Device"] = {}
+_devices_lock = threading.Lock()
+
+
+def device_count() -> int:
+    """How many devices the current backend sees."""
+    return get_backend().device_count()
+
+
+class Device:
+    """One device of the current backend. ``Device(n)`` always returns the same object for ``n``."""
+
+    backend: Backend
+    ordinal: int
+    state: DeviceState
+
+    def __new__(cls, ordinal: "int | Device" = 0) -> "Device":
+        if isinstance(ordinal, Device):
+            return ordinal
+        backend = get_backend()
+        if isinstance(ordinal, bool) or not isinstance(ordinal, int):
+            raise TypeError(f"device ordinal must be an int, got {type(ordinal).__name__}")
+        key = (id(backend), ordinal)
+        dev = _devices.get(key)
+        if dev is not None:
+            return dev
+        with _devices_lock:
+            dev = _devices.get(key)
+            if dev is None:
+                count = backend.device_count()
+                if not 0 <= ordinal < count:
+                    valid = f"0..{count - 1}" if count else "none"
+                    raise ValueError(f"device ordinal {ordinal} is out of range: the {backend.name} "
+                                     f"backend has {count} device(s) (valid: {valid})")
+                backend.init_device(ordinal)
+                dev = object.__new__(cls)
+                dev.backend = backend
+                dev.ordinal = ordinal
+                dev.state = DeviceState(ordinal)
+                dev._props = None
+                dev._default_stream = None
+                dev._lock = threading.Lock()
+                _devices[key] = dev
+        return dev
+
+    # -- identity and properties ---------------------------------------------
+    @property
+    def properties(self) -> DeviceProperties:
+        if self._props is None:
+            self._props = self.backend.device_properties(self.ordinal)
+        return self._props
+
+    @property
+    def name(self) -> str:
+        return self.properties.name
+
+    @property
+    def total_memory(self) -> int:
+        return self.properties.total_memory
+
+    @property
+    def uuid(self) -> str:
+        return self.properties.uuid
+
+    @property
+    def capabilities(self) -> dict[str, bool]:
+        """``{"vmm": ..., "memory_pools": ..., "posix_fd_ipc": ...}``."""
+        return self.properties.capabilities
+
+    @property
+    def generation(self) -> int:
+        return self.state.generation
+
+    @property
+    def accepting_ops(self) -> bool:
+        return self.state.accepting_ops
+
+    def __index__(self) -> int:
+        return self.ordinal
+
+    def __repr__(self) -> str:
+        return f"<ignis.Device {self.ordinal} ({self.backend.name}) generation={self.state.generation}>"
+
+    # -- checks ------------------------------------------------------------
+    def _check_usable(self, what: str) -> None:
+        if not self.state.accepting_ops:
+            raise StaleHandleError("device shutting down", what=f"device {self.ordinal} (cannot {what})",
+                                   device_id=self.ordinal)
+
+    # -- streams and events ----------------------------------------------------
+    def create_stream(self, *, priority: int = 0) -> Stream:
+        """A new stream on this device, owned by the caller (``close()`` it)."""
+        self._check_usable("create a stream")
+        self.backend.set_current(self.ordinal)
+        return Stream(self, self.backend.stream_create(self.ordinal, priority), owned=True)
+
+    def create_event(self, *, timing: bool = False) -> Event:
+        return Event(self, timing=timing)
+
+    @property
+    def default_stream(self) -> Stream:
+        """This device's Ignis default stream (made on first use, remade after a rebuild).
+        Work that names no stream goes here."""
+        s = self._default_stream
+        if s is None or s._generation != self.state.generation or s._closed:
+            with self._lock:
+                s = self._default_stream
+                if s is None or s._generation != self.state.generation or s._closed:
+                    s = self.create_stream()
+                    self._default_stream = s
+        return s
+
+    def set_current(self) -> "Device":
+        """Make this device current for the calling thread (what CUDA libraries expect)."""
+        self.backend.set_current(self.ordinal)
+        return self
+
+    # -- whole-device operations -------------------------------------------------
+    def synchronize(self) -> None:
+        """Block the host until all work on this device has finished."""
+        self._check_usable("synchronize")
+        self.backend.device_synchronize(self.ordinal)
+
+    def memory_info(self) -> tuple[int, int]:
+        """``(free, total)`` bytes as the driver sees them."""
+        return self.backend.mem_get_info(self.ordinal)
+
+    def rebuild(self) -> int:
+        """Reset the device's context and bump its generation. Every stream,
+        event, block and handle made before becomes stale. Returns the new generation."""
+        with self._lock:
+            self.backend.rebuild_context(self.ordinal)
+            self._default_stream = None
+            gen = self.state.bump_generation()
+        for hook in list(_rebuild_hooks):
+            hook(self)
+        return gen
+
+    def shutdown(self) -> None:
+        """Stop accepting work: finish what is queued, then refuse further operations."""
+        if not self.state.accepting_ops:
+            return
+        try:
+            self.backend.device_synchronize(self.ordinal)
+        finally:
+            self.state.begin_shutdown()
+
+
+# Layers above register callbacks that run after a context rebuild (the memory
+# layer forgets blocks of the old context, for instance).
+_rebuild_hooks: list[Any] = []

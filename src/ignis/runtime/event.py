@@ -1,0 +1,97 @@
+"""Events: points in a stream's work that the host or other streams can wait for.
+
+An ``Event`` belongs to one device and one context generation; using it after
+``close()`` raises ``ClosedError``, after a context rebuild ``StaleHandleError``.
+"""
+
+from __future__ import annotations
+
+import sys
+from typing import TYPE_CHECKING
+
+from ..errors import ClosedError, StaleHandleError
+
+if TYPE_CHECKING:
+    from .device import Device
+    from .stream import Stream
+
+__all__ = ["Event"]
+
+
+class Event:
+    """A recorded point in a stream. Made by ``Stream.record()`` or ``Device.create_event()``."""
+
+    __slots__ = ("handle", "device", "timing", "_generation", "_closed", "__weakref__")
+
+    def __init__(self, device: "Device", *, timing: bool = False) -> None:
+        device._check_usable("create an event")
+        self.device = device
+        self.timing = bool(timing)
+        self._generation = device.state.generation
+        self._closed = True  # until the handle exists, so __del__ does nothing
+        self.handle = device.backend.event_create(device.ordinal, self.timing)
+        self._closed = False
+
+    # -- checks ------------------------------------------------------------
+    def _check(self) -> int:
+        if self._closed:
+            raise ClosedError(f"{self!r}")
+        state = self.device.state
+        if state.generation != self._generation:
+            raise StaleHandleError("context rebuilt", what="event", generation=self._generation,
+                                   current_generation=state.generation, device_id=self.device.ordinal)
+        return self.handle
+
+    @property
+    def is_closed(self) -> bool:
+        return self._closed
+
+    # -- operations --------------------------------------------------------
+    def record(self, stream: "Stream") -> "Event":
+        """Record this event at the current end of ``stream``'s work."""
+        self.device.backend.event_record(self._check(), stream._check())
+        return self
+
+    def query(self) -> bool:
+        """True when the work before the most recent record has finished."""
+        return self.device.backend.event_query(self._check())
+
+    def synchronize(self) -> None:
+        """Block the host until the most recent record is reached."""
+        self.device.backend.event_synchronize(self._check())
+
+    @property
+    def is_done(self) -> bool:
+        return self.query()
+
+    def elapsed_ms(self, end: "Event") -> float:
+        """Milliseconds from this event to ``end``; both need ``timing=True``."""
+        if not (self.timing and end.timing):
+            raise ValueError("both events must be created with timing enabled to measure time "
+                             "between them; use stream.record(timing=True)")
+        return self.device.backend.event_elapsed_ms(self._check(), end._check())
+
+    def close(self) -> None:
+        """Destroy the event. Idempotent."""
+        if self._closed:
+            return
+        self._closed = True
+        if self.device.state.generation == self._generation:
+            self.device.backend.event_destroy(self.handle)
+
+    def __enter__(self) -> "Event":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def __del__(self) -> None:
+        if not self._closed and not sys.is_finalizing():
+            try:
+                self.close()
+            except Exception:
+                pass
+
+    def __repr__(self) -> str:
+        state = "closed" if self._closed else "open"
+        return f"<ignis.Event {self.handle:#x} device={self.device.ordinal} {state}>"

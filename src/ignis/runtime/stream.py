@@ -1,0 +1,137 @@
+"""Streams: ordered queues of device work.
+
+A ``Stream`` is made by ``Device.create_stream()`` (it owns its handle and
+destroys it on ``close()``) or adopted with ``Stream.from_handle()`` (it
+never destroys a foreign handle). Every use checks that the stream is open
+and that its device's context has not been rebuilt since it was made.
+``Stream`` objects are the stream identity the memory layer orders work by.
+"""
+
+from __future__ import annotations
+
+import itertools
+import sys
+from typing import TYPE_CHECKING, Callable
+
+from ..errors import ClosedError, StaleHandleError
+from .event import Event
+
+if TYPE_CHECKING:
+    from .device import Device
+
+__all__ = ["Stream"]
+
+_ids = itertools.count(1)
+
+
+class Stream:
+    """An ordered queue of device work on one device."""
+
+    __slots__ = ("handle", "device", "id", "_generation", "_closed", "_owned", "_keepalive",
+                 "ordering", "__weakref__")
+
+    def __init__(self, device: "Device", handle: int, *, owned: bool, keepalive: object = None) -> None:
+        self.device = device
+        self.handle = handle
+        self.id = next(_ids)  # process-unique, small: for logs and reports
+        self._generation = device.state.generation
+        self._closed = False
+        self._owned = owned
+        self._keepalive = keepalive
+        self.ordering: str | None = None  # per-stream ordering policy override (safety layer)
+
+    @classmethod
+    def from_handle(cls, handle: int, device: "Device | int" = 0, *, owner: object = None) -> "Stream":
+        """Adopt a stream made by someone else (PyTorch, CuPy, ...). The handle
+        is never destroyed by Ignis; ``owner`` is kept alive as long as the Stream."""
+        from .device import Device
+
+        dev = device if isinstance(device, Device) else Device(device)
+        dev._check_usable("adopt a stream")
+        if not isinstance(handle, int) or handle <= 0:
+            raise ValueError(f"stream handle must be a positive int, got {handle!r}")
+        return cls(dev, handle, owned=False, keepalive=owner)
+
+    def _check(self) -> int:
+        """The live handle, or an error saying why it cannot be used."""
+        if self._closed:
+            raise ClosedError(f"{self!r}", "create a new stream with Device.create_stream()")
+        state = self.device.state
+        if state.generation != self._generation:
+            raise StaleHandleError("context rebuilt", what="stream", generation=self._generation,
+                                   current_generation=state.generation, device_id=self.device.ordinal)
+        if not state.accepting_ops:
+            raise StaleHandleError("device shutting down", what="stream", device_id=self.device.ordinal)
+        return self.handle
+
+    @property
+    def is_closed(self) -> bool:
+        return self._closed
+
+    # -- operations --------------------------------------------------------
+    def record(self, event: Event | None = None, *, timing: bool = False) -> Event:
+        """Record an event (a new one unless ``event`` is given) at the current end of this stream."""
+        self._check()
+        ev = event if event is not None else Event(self.device, timing=timing)
+        return ev.record(self)
+
+    def wait(self, other: "Event | Stream") -> None:
+        """Make work queued on this stream from now on wait for ``other``
+        (an event's latest record, or everything queued on another stream so far).
+        Only this stream waits; the host does not."""
+        handle = self._check()
+        backend = self.device.backend
+        if isinstance(other, Event):
+            backend.stream_wait_event(handle, other._check())
+        elif isinstance(other, Stream):
+            if other is self:
+                return
+            with Event(other.device) as ev:
+                ev.record(other)
+                backend.stream_wait_event(handle, ev.handle)
+        else:
+            raise TypeError(f"Stream.wait expects an Event or a Stream, got {type(other).__name__}")
+
+    def query(self) -> bool:
+        """True when all work queued on this stream has finished."""
+        return self.device.backend.stream_query(self._check())
+
+    def synchronize(self) -> None:
+        """Block the host until all work queued on this stream has finished."""
+        self.device.backend.stream_synchronize(self._check())
+
+    def launch_host_func(self, fn: Callable[[], None]) -> None:
+        """Run ``fn()`` on a host thread when the stream gets here; the stream
+        waits for it. ``fn`` must not call Ignis or the driver."""
+        if not callable(fn):
+            raise TypeError(f"launch_host_func needs a callable, got {type(fn).__name__}")
+        self.device.backend.launch_host_func(self._check(), fn)
+
+    def __cuda_stream__(self) -> tuple[int, int]:
+        """The CUDA stream protocol: ``(version, handle)``."""
+        return (0, self._check())
+
+    def close(self) -> None:
+        """Destroy the stream (queued work still completes). Idempotent."""
+        if self._closed:
+            return
+        self._closed = True
+        if self._owned and self.device.state.generation == self._generation:
+            self.device.backend.stream_destroy(self.handle)
+
+    def __enter__(self) -> "Stream":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def __del__(self) -> None:
+        if self._owned and not self._closed and not sys.is_finalizing():
+            try:
+                self.close()
+            except Exception:
+                pass
+
+    def __repr__(self) -> str:
+        state = "closed" if self._closed else "open"
+        return f"<ignis.Stream #{self.id} handle={self.handle:#x} device={self.device.ordinal} {state}>"

@@ -1,0 +1,499 @@
+"""Memory resources and adaptors (layer 2), parametrized over every base and adaptor."""
+
+from __future__ import annotations
+
+import csv
+import io
+import threading
+
+import numpy as np
+import pytest
+
+import ignis as ig
+from helpers import read, read_into, sleep_on, write
+from ignis.memory import Access, BlockState
+
+R, W, RW = Access.READ, Access.WRITE, Access.READ_WRITE
+
+
+@pytest.fixture
+def dev():
+    return ig.Device(0)
+
+
+def _bases(dev):
+    out = {"direct": lambda: ig.DirectResource(dev), "pool_direct": lambda: ig.PoolResource(ig.DirectResource(dev))}
+    if dev.capabilities["memory_pools"]:
+        out["async"] = lambda: ig.AsyncResource(dev)
+        out["pool_async"] = lambda: ig.PoolResource(ig.AsyncResource(dev))
+    return out
+
+
+BASES = ["direct", "async", "pool_direct", "pool_async"]
+ADAPTORS = {
+    "plain": lambda up: up,
+    "budget": lambda up: ig.BudgetResource(up, 1 << 34),
+    "logging": lambda up: ig.LoggingResource(up, io.StringIO(), extra_columns=True),
+    "statistics": lambda up: ig.StatisticsResource(up),
+    "tracking": lambda up: ig.TrackingResource(up, capture_stacks=True),
+    "stack": lambda up: ig.TrackingResource(ig.StatisticsResource(ig.LoggingResource(
+        ig.BudgetResource(up, 1 << 34), io.StringIO()))),
+}
+
+
+def make(dev, base, adaptor="plain"):
+    bases = _bases(dev)
+    if base not in bases:
+        pytest.skip(f"{base} needs memory pools")
+    return ADAPTORS[adaptor](bases[base]())
+
+
+def tracks(mr) -> bool:
+    return mr.supports_block_use_tracking
+
+
+@pytest.fixture(params=[(b, a) for b in BASES for a in ADAPTORS], ids=lambda p: f"{p[1]}-{p[0]}")
+def mr(request, dev):
+    return make(dev, *request.param)
+
+
+@pytest.fixture
+def streams(dev):
+    ss = [dev.create_stream() for _ in range(3)]
+    yield ss
+    dev.synchronize()
+    for s in ss:
+        s.close()
+
+
+# -- the contract -----------------------------------------------------------------
+
+def test_allocate_deallocate_states_and_counts(mr, streams):
+    s = streams[0]
+    before = mr.bytes_outstanding
+    b = mr.allocate(1000, s, tag="weights")
+    assert b.state is BlockState.LIVE and b.bytes >= 1000 and b.requested == 1000
+    assert b.tag == "weights" and b.alloc_stream is s and b.device_ordinal == 0
+    assert b.ptr % 256 == 0 and b.align >= 256
+    assert mr.bytes_outstanding >= before + 1000
+    bid = b.id
+    assert bid == ig.BlockId.from_block(b) and bid.generation == b.generation
+    with pytest.raises(AttributeError):
+        bid.ptr = 0  # frozen
+    mr.deallocate(b)
+    assert b.state in (BlockState.RETIRED, BlockState.FREED)
+    mr.reap_pending()
+    assert mr.bytes_outstanding == before
+    with pytest.raises(ig.DoubleFreeError) as ei:
+        mr.deallocate(b)
+    assert ei.value.generation == b.generation
+
+
+def test_bytes_round_trip(mr, streams):
+    s = streams[0]
+    b = mr.allocate(3000, s)
+    data = np.random.default_rng(1).integers(0, 256, 3000, dtype=np.uint8)
+    keep = write(b.ptr, data, s)
+    assert read(b.ptr, 3000, s) == data.tobytes()
+    del keep
+    mr.deallocate(b)
+
+
+@pytest.mark.parametrize("bad,exc,msg", [(0, ValueError, "zero-byte"), (-5, ValueError, "positive"),
+                                         (1.5, TypeError, "int"), (True, TypeError, "int")])
+def test_bad_sizes_are_clear_errors(mr, streams, bad, exc, msg):
+    before = mr.bytes_outstanding
+    with pytest.raises(exc, match=msg):
+        mr.allocate(bad, streams[0])
+    assert mr.bytes_outstanding == before
+
+
+def test_stream_must_be_a_stream(mr):
+    with pytest.raises(TypeError, match="Stream"):
+        mr.allocate(64, "stream0")
+
+
+def test_foreign_block_is_refused(dev, streams):
+    a, b = make(dev, "pool_direct"), make(dev, "pool_direct")
+    blk = a.allocate(64, streams[0])
+    with pytest.raises(ValueError, match="not allocated by this"):
+        b.deallocate(blk)
+    a.deallocate(blk)
+
+
+def test_generations_are_distinct_across_threads():
+    got: list[int] = []
+    lock = threading.Lock()
+
+    def work():
+        mine = [ig.Generation.next() for _ in range(2000)]
+        with lock:
+            got.extend(mine)
+
+    ts = [threading.Thread(target=work) for _ in range(8)]
+    [t.start() for t in ts]
+    [t.join() for t in ts]
+    assert len(set(got)) == len(got)
+    assert ig.Generation.next() > max(got)
+
+
+def test_transition_table_refuses_illegal_moves(mr, streams):
+    b = mr.allocate(64, streams[0])
+    mr.deallocate(b)
+    mr.reap_pending()
+    with pytest.raises(ig.InvalidTransitionError) as ei:
+        b.transition(BlockState.LIVE)
+    assert ei.value.state in ("RETIRED", "FREED") and ei.value.attempted == "LIVE"
+    assert f"{b.ptr:#x}" in str(ei.value)
+
+
+# -- tracking ---------------------------------------------------------------------
+
+def test_tracking_support_is_explicit(mr, streams):
+    b = mr.allocate(64, streams[0])
+    try:
+        if tracks(mr):
+            mr.prepare_block_use(b.id, streams[1], R)
+            mr.finish_block_use(b.id, streams[1], R)
+            mr.record_block_use(b, streams[2])
+        else:
+            for call in (lambda: mr.prepare_block_use(b.id, streams[1], R),
+                         lambda: mr.finish_block_use(b.id, streams[1], R),
+                         lambda: mr.record_block_use(b, streams[1])):
+                with pytest.raises(ig.StreamMisuseError, match="does not track"):
+                    call()
+    finally:
+        mr.deallocate(b)
+
+
+def test_stale_block_id_is_use_after_free(mr, streams):
+    if not tracks(mr):
+        pytest.skip("resource does not track")
+    b = mr.allocate(64, streams[0])
+    bid = b.id
+    mr.deallocate(b)
+    b2 = mr.allocate(64, streams[0])  # likely the same address, new generation
+    with pytest.raises(ig.UseAfterFreeError) as ei:
+        mr.prepare_block_use(bid, streams[1], R)
+    assert ei.value.generation == bid.generation
+    with pytest.raises(ig.UseAfterFreeError):
+        mr.finish_block_use(bid, streams[1], W)
+    mr.deallocate(b2)
+
+
+def test_same_stream_use_makes_no_driver_call(dev, streams, monkeypatch):
+    mr = make(dev, "pool_direct")
+    s = streams[0]
+    b = mr.allocate(256, s)
+    calls = []
+    backend = dev.backend
+    for name in ("event_record", "stream_wait_event", "event_create", "stream_synchronize"):
+        orig = getattr(backend, name)
+        monkeypatch.setattr(backend, name, lambda *a, _n=name, _o=orig: (calls.append(_n), _o(*a))[1])
+    for acc in (R, W, RW, R):
+        mr.prepare_block_use(b, s, acc)
+        mr.finish_block_use(b, s, acc)
+    mr.deallocate(b)
+    b = mr.allocate(256, s)
+    mr.deallocate(b)
+    assert calls == []
+
+
+def test_read_on_other_stream_waits_for_write(dev, streams):
+    mr = make(dev, "pool_async") if dev.capabilities["memory_pools"] else make(dev, "pool_direct")
+    a, b = streams[0], streams[1]
+    blk = mr.allocate(4096, a)
+    sleep_on(a, 0.2)
+    keep = write(blk.ptr, b"\x07" * 4096, a)
+    mr.finish_block_use(blk, a, W)
+    mr.prepare_block_use(blk, b, R)
+    out = np.zeros(4096, np.uint8)
+    read_into(out, blk.ptr, b)
+    mr.finish_block_use(blk, b, R)
+    b.synchronize()
+    assert (out == 7).all(), "the read on stream B ran before the write on stream A"
+    a.synchronize()
+    del keep
+    mr.deallocate(blk)
+
+
+def _free_while_read_elsewhere(mr, a, b, tracked: bool) -> np.ndarray:
+    """Stream B reads a block late; A frees it and reuses the memory at once."""
+    blk = mr.allocate(4096, a)
+    k1 = write(blk.ptr, b"\x01" * 4096, a)
+    if tracked:
+        mr.finish_block_use(blk, a, W)
+        mr.prepare_block_use(blk, b, R)
+    else:
+        b.wait(a)  # the read itself is ordered after the write
+    out = np.zeros(4096, np.uint8)
+    sleep_on(b, 0.25)
+    read_into(out, blk.ptr, b)
+    if tracked:
+        mr.finish_block_use(blk, b, R)
+    mr.deallocate(blk)
+    blk2 = mr.allocate(4096, a)
+    assert blk2.ptr == blk.ptr, "the pool should reuse the freed block on the same stream"
+    k2 = write(blk2.ptr, b"\x02" * 4096, a)
+    a.synchronize()
+    b.synchronize()
+    mr.deallocate(blk2)
+    del k1, k2
+    return out
+
+
+def test_free_while_other_stream_reads_is_ordered(dev, streams):
+    mr = make(dev, "pool_direct")
+    out = _free_while_read_elsewhere(mr, streams[0], streams[1], tracked=True)
+    assert (out == 1).all(), "the block was reused before stream B's read finished"
+
+
+def test_untracked_free_while_read_shows_the_race(dev, streams):
+    # The control: without tracking the same program reads the new owner's bytes,
+    # which proves the test above can fail.
+    mr = make(dev, "pool_direct")
+    out = _free_while_read_elsewhere(mr, streams[0], streams[1], tracked=False)
+    assert (out == 2).all()
+
+
+def test_cross_stream_reuse_waits_for_the_freeing_stream(dev, streams):
+    mr = make(dev, "pool_direct")
+    a, b = streams[0], streams[1]
+    blk = mr.allocate(4096, a)
+    sleep_on(a, 0.2)
+    k1 = write(blk.ptr, b"\x03" * 4096, a)  # late write on A
+    mr.deallocate(blk)
+    blk2 = mr.allocate(4096, b)  # steals A's block: must wait for A
+    assert blk2.ptr == blk.ptr
+    k2 = write(blk2.ptr, b"\x04" * 4096, b)
+    b.synchronize()
+    a.synchronize()
+    assert read(blk2.ptr, 4096, b) == b"\x04" * 4096
+    mr.deallocate(blk2)
+    del k1, k2
+
+
+def test_writer_waits_for_all_readers(dev, streams):
+    mr = make(dev, "pool_direct")
+    a, b, c = streams
+    blk = mr.allocate(1024, a)
+    k = write(blk.ptr, b"\x05" * 1024, a)
+    mr.finish_block_use(blk, a, W)
+    outs = []
+    for s in (b, c):
+        mr.prepare_block_use(blk, s, R)
+        sleep_on(s, 0.15)
+        o = np.zeros(1024, np.uint8)
+        read_into(o, blk.ptr, s)
+        outs.append(o)
+        mr.finish_block_use(blk, s, R)
+    mr.prepare_block_use(blk, a, W)
+    k2 = write(blk.ptr, b"\x06" * 1024, a)
+    mr.finish_block_use(blk, a, W)
+    dev.synchronize()
+    assert all((o == 5).all() for o in outs)
+    assert read(blk.ptr, 1024, a) == b"\x06" * 1024
+    mr.deallocate(blk)
+    del k, k2
+
+
+# -- pool behaviour -----------------------------------------------------------------
+
+def test_pool_split_coalesce_and_trim(dev, streams):
+    mr = ig.PoolResource(ig.DirectResource(dev))
+    s = streams[0]
+    blocks = [mr.allocate(100_000, s) for _ in range(10)]
+    assert mr.bytes_reserved == 2 << 20  # one small segment holds them all
+    ptrs = sorted(b.ptr for b in blocks)
+    assert all(q - p >= 100_000 for p, q in zip(ptrs, ptrs[1:]))
+    for b in blocks:
+        mr.deallocate(b)
+    big = mr.allocate(1 << 20, s)  # needs the freed neighbours merged
+    assert mr.bytes_reserved == 2 << 20
+    mr.deallocate(big)
+    segs = mr.segments()
+    assert len(segs) == 1
+    assert mr.trim() == 2 << 20
+    assert mr.bytes_reserved == 0 and mr.upstream.bytes_outstanding == 0
+
+
+def test_pool_large_requests(dev, streams):
+    mr = ig.PoolResource(ig.DirectResource(dev))
+    s = streams[0]
+    b = mr.allocate(12 << 20, s)
+    assert b.bytes == 12 << 20 and mr.bytes_reserved == 12 << 20
+    c = mr.allocate(3 << 20, s)
+    assert mr.bytes_reserved == (12 << 20) + (20 << 20)
+    mr.deallocate(b)
+    mr.deallocate(c)
+    assert mr.trim() == (32 << 20)
+
+
+def test_pool_oom_frees_cache_and_retries(streams):
+    be = ig.backends.emulated.EmulatedBackend(devices=1, memory="64MiB")
+    prev = ig.get_backend()
+    ig.set_backend(be)
+    try:
+        d = ig.Device(0)
+        s = d.create_stream()
+        mr = ig.PoolResource(ig.AsyncResource(d))
+        a = mr.allocate(40 << 20, s)
+        mr.deallocate(a)  # 40 MiB cached
+        b = mr.allocate(50 << 20, s)  # does not fit next to the cache: trim and retry
+        assert mr.num_alloc_retries == 1
+        with pytest.raises(ig.OutOfMemoryError) as ei:
+            mr.allocate(60 << 20, s)
+        e = ei.value
+        assert isinstance(e, MemoryError)
+        assert e.requested == 60 << 20 and e.device_total == 64 << 20
+        assert e.live_bytes == 50 << 20 and e.device_free is not None
+        assert "trim" in str(e)
+        mr.deallocate(b)
+        s.close()
+    finally:
+        ig.set_backend(prev)
+
+
+def test_failing_upstream_leaves_adaptor_counters_exact(dev, streams, backend):
+    for base in ("pool_direct", "direct"):
+        stats = ig.StatisticsResource(make(dev, base))
+        budget = ig.BudgetResource(stats, 1 << 30)
+        logbuf = io.StringIO()
+        log = ig.LoggingResource(budget, logbuf)
+        track = ig.TrackingResource(log)
+        keep = track.allocate(64, streams[0])
+        op = "mem_alloc"
+        backend.inject_fault(op, nth=1, error="CUDA_ERROR_OUT_OF_MEMORY", times=2)  # the pool retries once
+        with pytest.raises(MemoryError):
+            track.allocate(8 << 20, streams[0])
+        backend.clear_faults()
+        assert budget.used_bytes == 64
+        assert stats.statistics.bytes.value == 64 and stats.statistics.count.value == 1
+        assert len(track.outstanding()) == 1
+        rows = list(csv.reader(io.StringIO(logbuf.getvalue())))
+        assert [r[2] for r in rows[1:]] == ["allocate", "allocate failure"]
+        track.deallocate(keep)
+        assert budget.used_bytes == 0 and stats.statistics.bytes.value == 0
+
+
+def test_budget_refuses_deterministically(dev, streams):
+    mr = ig.BudgetResource(make(dev, "pool_direct"), 10_000)
+    a = mr.allocate(6000, streams[0])
+    for _ in range(3):
+        with pytest.raises(ig.OutOfBudgetError) as ei:
+            mr.allocate(5000, streams[0])
+        assert (ei.value.requested, ei.value.remaining) == (5000, 4000)
+    b = mr.allocate(4000, streams[0])
+    assert mr.remaining_bytes == 0
+    mr.deallocate(a), mr.deallocate(b)
+    assert mr.remaining_bytes == 10_000
+
+
+def test_logging_csv_is_rmm_shaped(dev, streams, tmp_path):
+    path = tmp_path / "log.csv"
+    mr = ig.LoggingResource(make(dev, "pool_direct"), path, extra_columns=True)
+    a = mr.allocate(100, streams[0], tag="kv")
+    mr.deallocate(a)
+    mr.close()
+    rows = list(csv.DictReader(open(path)))
+    assert list(rows[0]) == ["Thread", "Time", "Action", "Pointer", "Size", "Stream", "Tag", "Generation"]
+    assert [r["Action"] for r in rows] == ["allocate", "free"]
+    assert rows[0]["Pointer"] == f"{a.ptr:#x}" and rows[0]["Size"] == "100"
+    assert rows[0]["Tag"] == "kv" and rows[0]["Generation"] == str(a.generation)
+    assert rows[0]["Stream"] == f"{streams[0].handle:#x}"
+
+
+def test_statistics_nested_and_by_tag(dev, streams):
+    mr = ig.StatisticsResource(make(dev, "pool_direct"))
+    s = streams[0]
+    a = mr.allocate(100, s, tag="a")
+    mr.push_counters()
+    b = mr.allocate(300, s, tag="b")
+    mr.deallocate(b)
+    inner = mr.pop_counters()
+    assert (inner.bytes.value, inner.bytes.peak, inner.bytes.total) == (0, 300, 300)
+    outer = mr.statistics
+    assert (outer.bytes.value, outer.bytes.peak, outer.bytes.total) == (100, 400, 400)
+    assert outer.count.total == 2
+    tags = mr.by_tag()
+    assert tags["a"]["current_bytes"] == 100 and tags["b"]["peak_bytes"] == 300
+    with pytest.raises(RuntimeError):
+        mr.pop_counters()
+    mr.deallocate(a)
+
+
+def test_tracking_report_names_stacks(dev, streams):
+    mr = ig.TrackingResource(make(dev, "pool_direct"), capture_stacks=True)
+    a = mr.allocate(123, streams[0], tag="leaky")
+
+    assert "leaky" in mr.report() and "test_tracking_report_names_stacks" in mr.report()
+    assert "test_memory.py" in (mr.stack_of(a) or "")
+    mr.deallocate(a)
+    assert mr.report() == "no outstanding allocations"
+
+
+def test_adaptor_keeps_upstream_and_forwards_tracking(dev):
+    up = make(dev, "pool_direct")
+    ad = ig.StatisticsResource(up)
+    assert ad.upstream is up and ad.supports_block_use_tracking
+    assert not ig.StatisticsResource(ig.DirectResource(dev)).supports_block_use_tracking
+
+
+def test_pinned_host_pool(dev, streams):
+    ph = ig.PinnedHostResource()
+    buf = ph.allocate(10_000)
+    assert buf.capacity == 16384 and buf.array.nbytes == 10_000
+    buf.array[:] = 9
+    ptr = buf.ptr
+    buf.release(streams[0])
+    again = ph.allocate(12_000)
+    streams[0].synchronize()
+    assert again.ptr == ptr or ph.bytes_cached == 16384
+    again.release()
+    with pytest.raises(ig.DoubleFreeError):
+        again.release()
+    assert ph.trim() >= 16384
+
+
+def test_current_resource(dev):
+    default = ig.get_current_resource(dev)
+    assert isinstance(default, ig.PoolResource)
+    assert ig.get_current_resource(0) is default
+    mine = ig.StatisticsResource(default)
+    prev = ig.set_current_resource(mine)
+    try:
+        assert prev is default and ig.get_current_resource(0) is mine
+    finally:
+        ig.set_current_resource(None, device=0)
+    with pytest.raises(TypeError):
+        ig.set_current_resource("pool")
+
+
+def test_many_threads_end_with_nothing_outstanding(dev):
+    mr = ig.StatisticsResource(ig.PoolResource(ig.DirectResource(dev)))
+    errors = []
+
+    def work(seed):
+        rng = np.random.default_rng(seed)
+        s = dev.create_stream()
+        held = []
+        try:
+            for _ in range(300):
+                if held and rng.random() < 0.5:
+                    mr.deallocate(held.pop(rng.integers(len(held))))
+                else:
+                    held.append(mr.allocate(int(rng.integers(1, 3 << 20)), s))
+            for b in held:
+                mr.deallocate(b)
+        except Exception as e:  # pragma: no cover
+            errors.append(e)
+        finally:
+            s.synchronize()
+
+    ts = [threading.Thread(target=work, args=(i,)) for i in range(8)]
+    [t.start() for t in ts]
+    [t.join() for t in ts]
+    assert not errors
+    assert mr.bytes_outstanding == 0 and mr.statistics.bytes.value == 0
+    mr.upstream.trim()
+    assert mr.upstream.upstream.bytes_outstanding == 0

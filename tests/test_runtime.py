@@ -1,0 +1,213 @@
+"""Runtime objects (layer 1) on the active backend: devices, streams, events."""
+
+from __future__ import annotations
+
+import pickle
+import threading
+import time
+
+import numpy as np
+import pytest
+
+import ignis as ig
+from helpers import read, sleep_on, write
+
+
+@pytest.fixture
+def dev():
+    return ig.Device(0)
+
+
+def test_device_is_a_singleton_per_ordinal(dev):
+    assert ig.Device(0) is dev
+    assert ig.Device(dev) is dev
+    assert dev.ordinal == 0 and int(dev.__index__()) == 0
+
+
+def test_device_properties(dev):
+    assert isinstance(dev.name, str) and dev.name
+    assert dev.total_memory > 0
+    caps = dev.capabilities
+    assert set(caps) == {"vmm", "memory_pools", "posix_fd_ipc"}
+    assert dev.properties.multiprocessor_count > 0
+    assert dev.uuid
+
+
+@pytest.mark.parametrize("bad", [-1, 1000])
+def test_invalid_ordinal_is_a_clear_error(bad):
+    with pytest.raises(ValueError, match="out of range"):
+        ig.Device(bad)
+
+
+def test_ordinal_must_be_int():
+    with pytest.raises(TypeError, match="int"):
+        ig.Device("0")
+
+
+def test_stream_copy_round_trip(dev):
+    with dev.create_stream() as s:
+        mr = ig.DirectResource(dev)
+        b = mr.allocate(4096, s)
+        data = np.arange(4096, dtype=np.uint8)
+        keep = write(b.ptr, data, s)
+        assert read(b.ptr, 4096, s) == data.tobytes()
+        del keep
+        mr.deallocate(b)
+
+
+def test_stream_protocol_and_repr(dev):
+    s = dev.create_stream()
+    assert s.__cuda_stream__() == (0, s.handle)
+    assert "Stream" in repr(s)
+    s.close()
+    s.close()  # idempotent
+    assert s.is_closed
+
+
+def test_closed_stream_and_event_are_refused(dev):
+    s = dev.create_stream()
+    s.close()
+    with pytest.raises(ig.ClosedError, match="closed"):
+        s.synchronize()
+    with pytest.raises(ig.ClosedError):
+        s.record()
+    e = dev.create_event()
+    e.close()
+    with pytest.raises(ig.ClosedError):
+        e.query()
+
+
+def test_event_orders_another_stream(dev):
+    a, b = dev.create_stream(), dev.create_stream()
+    seen = []
+    sleep_on(a, 0.2)
+    a.launch_host_func(lambda: seen.append("a"))
+    ev = a.record()
+    assert not ev.query()
+    b.wait(ev)
+    b.launch_host_func(lambda: seen.append("b"))
+    b.synchronize()
+    assert seen == ["a", "b"]
+    assert ev.query()
+    a.close(), b.close(), ev.close()
+
+
+def test_stream_wait_on_stream(dev):
+    a, b = dev.create_stream(), dev.create_stream()
+    seen = []
+    sleep_on(a, 0.1)
+    a.launch_host_func(lambda: seen.append("a"))
+    b.wait(a)
+    b.launch_host_func(lambda: seen.append("b"))
+    dev.synchronize()
+    assert seen == ["a", "b"]
+    with pytest.raises(TypeError):
+        b.wait(42)
+    a.close(), b.close()
+
+
+def test_timing_events(dev):
+    s = dev.create_stream()
+    start = s.record(timing=True)
+    sleep_on(s, 0.05)
+    end = s.record(timing=True)
+    end.synchronize()
+    assert start.elapsed_ms(end) >= 0.0
+    untimed = s.record()
+    with pytest.raises(ValueError, match="timing"):
+        start.elapsed_ms(untimed)
+    s.close()
+
+
+def test_host_func_needs_callable(dev):
+    with dev.create_stream() as s:
+        with pytest.raises(TypeError):
+            s.launch_host_func(3)
+
+
+def test_default_stream_is_reused(dev):
+    assert dev.default_stream is dev.default_stream
+
+
+def test_shutdown_refuses_new_work():
+    # Use the last device so other tests keep a working device 0.
+    d = ig.Device(ig.device_count() - 1)
+    if d.ordinal == 0:
+        pytest.skip("needs a second device")
+    s = d.create_stream()
+    d.shutdown()
+    try:
+        assert not d.accepting_ops
+        with pytest.raises(ig.StaleHandleError, match="shutting down"):
+            d.create_stream()
+        with pytest.raises(ig.StaleHandleError, match="shutting down"):
+            s.synchronize()
+    finally:
+        d.state.accepting_ops = True  # restore for other tests
+        s.close()
+
+
+def test_rebuild_bumps_generation_and_stales_streams():
+    d = ig.Device(ig.device_count() - 1)
+    s = d.create_stream()
+    gen = d.generation
+    assert d.rebuild() == gen + 1
+    assert d.generation == gen + 1
+    with pytest.raises(ig.StaleHandleError, match="context rebuilt") as ei:
+        s.synchronize()
+    assert ei.value.generation == gen and ei.value.current_generation == gen + 1
+    # New work goes on working.
+    with d.create_stream() as s2:
+        mr = ig.DirectResource(d)
+        b = mr.allocate(64, s2)
+        write(b.ptr, b"x" * 64, s2)
+        assert read(b.ptr, 64, s2) == b"x" * 64
+        mr.deallocate(b)
+    s.close()
+
+
+def test_errors_pickle_with_their_fields():
+    errs = [
+        ig.DriverError(2, "CUDA_ERROR_OUT_OF_MEMORY", "cuMemAlloc"),
+        ig.OutOfBudgetError(10, 5, 20),
+        ig.OutOfMemoryError(100, device=0, device_total=1000, device_free=10, live_bytes=5,
+                            cached_bytes=3, largest_free_block=2),
+        ig.DoubleFreeError("twice", generation=7, ptr=16),
+        ig.StaleHandleError("context rebuilt", generation=1, current_generation=2, device_id=0),
+        ig.MemoryContractViolation("x", array_id=1, owner="io", caller="compute"),
+    ]
+    for e in errs:
+        e2 = pickle.loads(pickle.dumps(e))
+        assert type(e2) is type(e) and str(e2) == str(e)
+        assert e2.__dict__ == e.__dict__
+    assert isinstance(errs[1], MemoryError) and isinstance(errs[2], MemoryError)
+    assert isinstance(errs[3], ig.UseAfterFreeError)
+    assert "cuMemAlloc failed: CUDA_ERROR_OUT_OF_MEMORY (2)" in str(errs[0])
+
+
+def test_threads_create_and_use_streams(dev):
+    errors = []
+
+    def work():
+        try:
+            for _ in range(20):
+                with dev.create_stream() as s:
+                    s.record().synchronize()
+        except Exception as e:  # pragma: no cover - reported below
+            errors.append(e)
+
+    ts = [threading.Thread(target=work) for _ in range(8)]
+    [t.start() for t in ts]
+    [t.join() for t in ts]
+    assert not errors
+
+
+def test_streams_overlap(dev):
+    a, b = dev.create_stream(), dev.create_stream()
+    sleep_on(a, 0.4)
+    t0 = time.perf_counter()
+    b.launch_host_func(lambda: None)
+    b.synchronize()
+    assert time.perf_counter() - t0 < 0.3, "stream B waited for stream A"
+    a.synchronize()
+    a.close(), b.close()
