@@ -1,0 +1,831 @@
+"""The emulated backend: a real asynchronous model of a CUDA device on the host.
+
+Design:
+- Device memory is host memory. Each allocation is an ``np.empty`` uint8
+  buffer (untouched pages cost nothing) placed at a fake 64-bit device address
+  in a 1 TiB window per device (``0x7e00_0000_0000 + (ordinal << 40)``),
+  256-byte aligned; the host buffer has the same alignment, so pointer
+  arithmetic, interior pointers and views behave as on a GPU. Freed addresses
+  are reused (same rounded size, last freed first), as a driver would.
+- Every stream is a FIFO worked by its own daemon thread. Copies, memsets,
+  event records, event waits, host functions and async frees are queue items;
+  the enqueueing call only validates and appends. Copies run as
+  ``ctypes.memmove`` / ``ctypes.memset``, which drop the GIL, so streams
+  really overlap.
+- A stream counts items submitted and completed. An event record is
+  (stream, ticket): it is reached when the stream has completed that many
+  items. Waits, queries and synchronizes compare those counters, so a wait on
+  an event blocks only the waiting stream's worker.
+- Optional jitter (``IGNIS_EMU_JITTER=SEED[:MAX_US]``): each item sleeps a
+  seeded random time before it runs, to widen race windows.
+
+Rules:
+- Ranges are checked at enqueue time: every byte of (ptr, nbytes) must lie in
+  one live allocation, else ``CUDA_ERROR_INVALID_VALUE`` naming the call. A
+  pointer whose async free is queued is no longer live for new work, but its
+  bytes stay counted until the stream reaches the free.
+- Queued items hold references to the buffers they touch, so a free or a
+  context rebuild never leaves a worker writing to released host memory.
+- An exception in a queued item (a host function) makes the stream's error
+  sticky, and the device's: every later synchronize or query of that stream,
+  of events recorded on it, and ``device_synchronize`` raise
+  ``CUDA_ERROR_LAUNCH_FAILED`` with the exception text, until
+  ``rebuild_context``. Later items still run, so nothing waiting on them hangs.
+- Handles are never reused. A destroyed stream drains its queue, then its
+  worker exits; a context rebuild drops queued work at once.
+- Timings are host ``time.perf_counter()`` readings taken when a worker
+  reaches a record; they say nothing about a GPU.
+"""
+
+from __future__ import annotations
+
+import bisect
+import ctypes
+import itertools
+import os
+import random
+import re
+import threading
+import time
+import uuid
+from collections import deque
+from typing import Any, Callable
+
+import numpy as np
+
+from .base import OPS, Backend, DeviceProperties, driver_error
+
+__all__ = ["EmulatedBackend"]
+
+ALIGNMENT = 256                      # device allocation alignment (cudaMalloc gives >= 256)
+HOST_ALIGNMENT = 4096                # pinned host memory is page aligned
+_ADDRESS_BASE = 0x7E00_0000_0000     # first device's address window
+_WINDOW_BITS = 40                    # 1 TiB of address space per device
+_MAX_DEVICES = 64
+_DEFAULT_DEVICES = 2
+_DEFAULT_MEMORY = 4 << 30
+_DEFAULT_JITTER_US = 200.0
+
+_UNITS = {"": 1, "b": 1, "k": 1 << 10, "m": 1 << 20, "g": 1 << 30, "t": 1 << 40,
+          "kib": 1 << 10, "mib": 1 << 20, "gib": 1 << 30, "tib": 1 << 40,
+          "kb": 10**3, "mb": 10**6, "gb": 10**9, "tb": 10**12}
+
+
+def _parse_bytes(text: str, var: str) -> int:
+    m = re.fullmatch(r"\s*([0-9][0-9_]*(?:\.[0-9]+)?)\s*([A-Za-z]*)\s*", text)
+    unit = m and m.group(2).lower()
+    if not m or unit not in _UNITS:
+        raise ValueError(f"{var}={text!r} is not a byte count; use e.g. 4294967296, 512MiB or 4GiB")
+    number = m.group(1).replace("_", "")
+    return int(float(number) * _UNITS[unit]) if "." in number else int(number) * _UNITS[unit]
+
+
+def _parse_jitter(text: str) -> tuple[int, float]:
+    seed, _, max_us = text.partition(":")
+    try:
+        jitter = int(seed), float(max_us) if max_us else _DEFAULT_JITTER_US
+        if jitter[1] >= 0:
+            return jitter
+    except ValueError:
+        pass
+    raise ValueError(f"IGNIS_EMU_JITTER={text!r} is not valid; use SEED or SEED:MAX_US, "
+                     f"e.g. 1234 or 1234:500")
+
+
+class _Alloc:
+    __slots__ = ("base", "nbytes", "span", "buf", "host", "freeing")
+
+    def __init__(self, base: int, nbytes: int, span: int, buf: np.ndarray, host: int) -> None:
+        self.base, self.nbytes, self.span, self.buf, self.host = base, nbytes, span, buf, host
+        self.freeing = False  # an async free is queued: no new work may touch it
+
+
+class _Device:
+    """One device's memory: allocations by base address, and its streams."""
+
+    def __init__(self, ordinal: int, total: int) -> None:
+        self.ordinal = ordinal
+        self.total = total
+        self.window = _ADDRESS_BASE + (ordinal << _WINDOW_BITS)
+        self.limit = self.window + (1 << _WINDOW_BITS)
+        self.lock = threading.Lock()
+        self.streams: set[_Stream] = set()  # live and draining
+        self.error: str | None = None       # sticky: first failure on any stream
+        self.reset()
+
+    def reset(self) -> None:
+        self.live = 0
+        self.allocs: dict[int, _Alloc] = {}
+        self.bases: list[int] = []              # sorted keys of allocs
+        self.free_addrs: dict[int, list[int]] = {}  # span -> reusable addresses
+        self.bump = self.window
+
+    def allocate(self, nbytes: int, call: str) -> int:
+        if type(nbytes) is not int or nbytes <= 0:
+            raise driver_error("CUDA_ERROR_INVALID_VALUE", call, f"cannot allocate {nbytes!r} bytes")
+        span = (nbytes + ALIGNMENT - 1) & ~(ALIGNMENT - 1)
+        with self.lock:
+            if self.live + nbytes > self.total:
+                raise driver_error("CUDA_ERROR_OUT_OF_MEMORY", call,
+                                   f"device {self.ordinal}: {nbytes} bytes requested, "
+                                   f"{self.total - self.live} of {self.total} free")
+            addr = self._address(span, call)
+            try:
+                buf = np.empty(nbytes + ALIGNMENT - 1, dtype=np.uint8)
+            except MemoryError:
+                self.free_addrs.setdefault(span, []).append(addr)
+                raise driver_error("CUDA_ERROR_OUT_OF_MEMORY", call,
+                                   f"the host could not back {nbytes} bytes") from None
+            host = buf.ctypes.data
+            skip = -host % ALIGNMENT
+            buf = buf[skip:skip + nbytes]
+            self.allocs[addr] = _Alloc(addr, nbytes, span, buf, host + skip)
+            bisect.insort(self.bases, addr)
+            self.live += nbytes
+        return addr
+
+    def _address(self, span: int, call: str) -> int:
+        reuse = self.free_addrs.get(span)
+        if reuse:
+            return reuse.pop()
+        addr = self.bump
+        if addr + span > self.limit:
+            # Window exhausted: forget the free lists, restart above the top
+            # live allocation, and as a last resort take the first gap.
+            self.free_addrs.clear()
+            top = self.window
+            if self.bases:
+                last = self.allocs[self.bases[-1]]
+                top = last.base + last.span
+            addr = top
+            if addr + span > self.limit:
+                addr = self._first_gap(span, call)
+                return addr
+        self.bump = addr + span
+        return addr
+
+    def _first_gap(self, span: int, call: str) -> int:
+        prev_end = self.window
+        for base in self.bases:
+            if base - prev_end >= span:
+                return prev_end
+            prev_end = base + self.allocs[base].span
+        raise driver_error("CUDA_ERROR_OUT_OF_MEMORY", call,
+                           f"device {self.ordinal}: address space exhausted")
+
+    def _base(self, ptr: int, call: str) -> _Alloc:
+        alloc = self.allocs.get(ptr)
+        if alloc is None or alloc.freeing:
+            why = "its free is already queued" if alloc else "it is not a live allocation of this device"
+            raise driver_error("CUDA_ERROR_INVALID_VALUE", call,
+                               f"cannot free {ptr!r} on device {self.ordinal}: {why}")
+        return alloc
+
+    def free(self, ptr: int, call: str) -> None:
+        with self.lock:
+            self._drop(self._base(ptr, call))
+
+    def retire(self, ptr: int, call: str) -> _Alloc:
+        """Mark ``ptr`` as having a queued free: no new work, bytes still counted."""
+        with self.lock:
+            alloc = self._base(ptr, call)
+            alloc.freeing = True
+            return alloc
+
+    def release(self, alloc: _Alloc) -> None:
+        """Forget ``alloc`` (no-op if a context rebuild already dropped it)."""
+        with self.lock:
+            if self.allocs.get(alloc.base) is alloc:
+                self._drop(alloc)
+
+    def _drop(self, alloc: _Alloc) -> None:
+        del self.allocs[alloc.base]
+        del self.bases[bisect.bisect_left(self.bases, alloc.base)]
+        self.live -= alloc.nbytes
+        self.free_addrs.setdefault(alloc.span, []).append(alloc.base)
+
+    def find(self, ptr: int, nbytes: int, call: str) -> _Alloc:
+        """The live allocation holding every byte of [ptr, ptr + nbytes)."""
+        with self.lock:
+            i = bisect.bisect_right(self.bases, ptr) - 1
+            alloc = self.allocs[self.bases[i]] if i >= 0 else None
+        if alloc is None or ptr + nbytes > alloc.base + alloc.nbytes:
+            if alloc is not None and ptr < alloc.base + alloc.nbytes:
+                what = (f"runs {ptr + nbytes - alloc.base - alloc.nbytes} bytes past the end of "
+                        f"the {alloc.nbytes}-byte allocation at {alloc.base:#x}")
+            else:
+                what = "is not inside a live allocation"
+            raise driver_error("CUDA_ERROR_INVALID_VALUE", call,
+                               f"device range [{ptr:#x}, +{nbytes}) on device {self.ordinal} {what}")
+        if alloc.freeing:
+            raise driver_error("CUDA_ERROR_INVALID_VALUE", call,
+                               f"device pointer {ptr:#x} is in an allocation whose free is queued")
+        return alloc
+
+
+class _Stream:
+    """A FIFO of (func, args, keepalive) items worked by one daemon thread."""
+
+    __slots__ = ("handle", "device", "priority", "closed", "dead", "error", "_lock", "_has_work",
+                 "_progress", "_queue", "_submitted", "_completed", "_idle", "_waiters", "_rng",
+                 "_max_s")
+
+    def __init__(self, handle: int, device: _Device, priority: int,
+                 jitter: tuple[int, float] | None) -> None:
+        self.handle = handle
+        self.device = device
+        self.priority = priority
+        self.closed = False        # destroyed: no new work; the worker exits once drained
+        self.dead = False          # context rebuilt: queued work dropped
+        self.error: str | None = None
+        self._lock = threading.Lock()
+        self._has_work = threading.Condition(self._lock)
+        self._progress = threading.Condition(self._lock)
+        self._queue: deque[tuple[Callable[..., Any], tuple, Any]] = deque()
+        self._submitted = 0
+        self._completed = 0
+        self._idle = False
+        self._waiters = 0
+        self._rng = random.Random(f"{jitter[0]}/{handle}") if jitter else None
+        self._max_s = jitter[1] / 1e6 if jitter else 0.0
+        threading.Thread(target=self._work, name=f"ignis-emulated-stream-{handle}",
+                         daemon=True).start()
+
+    def enqueue(self, func: Callable[..., Any], args: tuple, keep: Any = None) -> int:
+        """Append an item; returns its ticket (1-based), or 0 if the stream is closed."""
+        with self._lock:
+            if self.closed:
+                return 0
+            self._queue.append((func, args, keep))
+            self._submitted = n = self._submitted + 1
+            if self._idle:
+                self._has_work.notify()
+        return n
+
+    def reached(self, ticket: int) -> bool:
+        return self._completed >= ticket
+
+    def drained(self) -> bool:
+        with self._lock:
+            return self._completed == self._submitted
+
+    def submitted(self) -> int:
+        return self._submitted
+
+    def wait_for(self, ticket: int) -> bool:
+        """Block until ``ticket`` is reached; False if the stream died first."""
+        if self._completed >= ticket:
+            return True
+        with self._lock:
+            self._waiters += 1
+            try:
+                while self._completed < ticket and not self.dead:
+                    self._progress.wait()
+            finally:
+                self._waiters -= 1
+            return self._completed >= ticket
+
+    def close(self) -> None:
+        with self._lock:
+            self.closed = True
+            self._has_work.notify()
+
+    def kill(self) -> None:
+        with self._lock:
+            self.closed = self.dead = True
+            self._queue.clear()
+            self._has_work.notify()
+            self._progress.notify_all()
+
+    def _work(self) -> None:
+        lock, queue, rng, max_s = self._lock, self._queue, self._rng, self._max_s
+        while True:
+            with lock:
+                while not queue:
+                    if self.closed:
+                        with self.device.lock:
+                            self.device.streams.discard(self)
+                        return
+                    self._idle = True
+                    self._has_work.wait()
+                    self._idle = False
+                func, args, keep = queue.popleft()
+            if rng is not None:
+                time.sleep(rng.random() * max_s)
+            try:
+                func(*args)
+            except BaseException as exc:  # any failure becomes the stream's sticky error
+                if self.error is None:
+                    name = getattr(func, "__qualname__", None) or repr(func)
+                    self.error = f"{name} raised {type(exc).__name__}: {exc}"
+                    if self.device.error is None and not self.dead:  # not into a rebuilt context
+                        self.device.error = f"stream {self.handle}: {self.error}"
+            del func, args, keep
+            with lock:
+                self._completed += 1
+                if self._waiters:
+                    self._progress.notify_all()
+
+
+class _Record:
+    """One event record: reached when its stream completes ``ticket`` items."""
+
+    __slots__ = ("stream", "ticket", "time")
+
+    def __init__(self, stream: _Stream) -> None:
+        self.stream = stream
+        self.ticket = 1 << 62   # set right after the enqueue, before anyone sees it
+        self.time: float | None = None
+
+    def reach(self) -> None:
+        self.time = time.perf_counter()
+
+    def done(self) -> bool:
+        return self.stream.reached(self.ticket)
+
+
+class _Event:
+    __slots__ = ("handle", "device", "timing", "latest")
+
+    def __init__(self, handle: int, device: _Device, timing: bool) -> None:
+        self.handle = handle
+        self.device = device
+        self.timing = timing
+        self.latest: _Record | None = None
+
+
+class EmulatedBackend(Backend):
+    """CUDA-like devices emulated on the host; see the module docstring.
+
+    ``devices`` (default ``IGNIS_EMULATED_DEVICES`` or 2), ``memory`` (bytes per
+    device, default ``IGNIS_EMULATED_MEMORY`` or 4 GiB; "512MiB" style strings
+    accepted) and ``jitter`` (``(seed, max_us)``, a bare seed, ``False`` for
+    none; default ``IGNIS_EMU_JITTER``) override the environment.
+    Emulated timings (``event_elapsed_ms``) are host times and mean nothing
+    about a GPU.
+    """
+
+    name = "emulated"
+
+    def __init__(self, devices: int | None = None, memory: int | str | None = None,
+                 jitter: tuple[int, float] | int | bool | None = None) -> None:
+        super().__init__()
+        if devices is None:
+            text = os.environ.get("IGNIS_EMULATED_DEVICES", "").strip()
+            try:
+                devices = int(text) if text else _DEFAULT_DEVICES
+            except ValueError:
+                raise ValueError(f"IGNIS_EMULATED_DEVICES={text!r} is not an integer") from None
+        if not 0 <= devices <= _MAX_DEVICES:
+            raise ValueError(f"the emulated backend supports 0 to {_MAX_DEVICES} devices, got {devices}")
+        if memory is None:
+            text = os.environ.get("IGNIS_EMULATED_MEMORY", "").strip()
+            memory = _parse_bytes(text, "IGNIS_EMULATED_MEMORY") if text else _DEFAULT_MEMORY
+        elif isinstance(memory, str):
+            memory = _parse_bytes(memory, "memory")
+        if not 0 < memory <= 1 << _WINDOW_BITS:
+            raise ValueError(f"emulated device memory must be 1 byte to 1 TiB, got {memory}")
+        if jitter is None:
+            text = os.environ.get("IGNIS_EMU_JITTER", "").strip()
+            jitter = _parse_jitter(text) if text else None
+        elif jitter is False:
+            jitter = None
+        elif isinstance(jitter, int) and not isinstance(jitter, bool):
+            jitter = (jitter, _DEFAULT_JITTER_US)
+        elif isinstance(jitter, tuple) and len(jitter) == 2 and float(jitter[1]) >= 0:
+            jitter = (int(jitter[0]), float(jitter[1]))
+        else:
+            raise ValueError(f"jitter must be (seed, max_us), a seed, False or None; got {jitter!r}")
+        self.jitter: tuple[int, float] | None = jitter
+        self._devices = [_Device(i, memory) for i in range(devices)]
+        self._lock = threading.Lock()
+        self._streams: dict[int, _Stream] = {}
+        self._events: dict[int, _Event] = {}
+        self._stream_ids = itertools.count(1)
+        self._event_ids = itertools.count(1)
+        self._pinned: dict[int, np.ndarray] = {}
+
+    # -- lookups -------------------------------------------------------------
+    def _device(self, ordinal: int, call: str) -> _Device:
+        if type(ordinal) is int and 0 <= ordinal < len(self._devices):
+            return self._devices[ordinal]
+        raise driver_error("CUDA_ERROR_INVALID_DEVICE", call,
+                           f"device {ordinal!r} does not exist; {len(self._devices)} emulated "
+                           f"device(s) (IGNIS_EMULATED_DEVICES)")
+
+    def _stream(self, handle: int, call: str) -> _Stream:
+        s = self._streams.get(handle)
+        if s is None:
+            raise driver_error("CUDA_ERROR_INVALID_HANDLE", call,
+                               f"stream {handle!r} was destroyed or never created")
+        return s
+
+    def _event(self, handle: int, call: str) -> _Event:
+        e = self._events.get(handle)
+        if e is None:
+            raise driver_error("CUDA_ERROR_INVALID_HANDLE", call,
+                               f"event {handle!r} was destroyed or never created")
+        return e
+
+    def _owner(self, ptr: int, call: str) -> _Device:
+        if type(ptr) is int:
+            i = (ptr - _ADDRESS_BASE) >> _WINDOW_BITS
+            if 0 <= i < len(self._devices):
+                return self._devices[i]
+        raise driver_error("CUDA_ERROR_INVALID_VALUE", call,
+                           f"{ptr!r} is not an emulated device pointer")
+
+    def _find(self, ptr: int, nbytes: int, call: str) -> _Alloc:
+        return self._owner(ptr, call).find(ptr, nbytes, call)
+
+    @staticmethod
+    def _check_size(nbytes: int, call: str) -> None:
+        if type(nbytes) is not int or nbytes < 0:
+            raise driver_error("CUDA_ERROR_INVALID_VALUE", call, f"byte count {nbytes!r} is not valid")
+
+    def _put(self, s: _Stream, call: str, func: Callable[..., Any], args: tuple,
+             keep: Any = None) -> int:
+        ticket = s.enqueue(func, args, keep)
+        if not ticket:
+            raise driver_error("CUDA_ERROR_INVALID_HANDLE", call, f"stream {s.handle} was destroyed")
+        return ticket
+
+    @staticmethod
+    def _raise_sticky(error: str | None, call: str) -> None:
+        if error is not None:
+            raise driver_error("CUDA_ERROR_LAUNCH_FAILED", call, error)
+
+    # -- emulator-only helpers -------------------------------------------------
+    def host_view(self, ptr: int, nbytes: int) -> np.ndarray:
+        """A writable uint8 NumPy view of ``nbytes`` of device memory at ``ptr``
+        (kernels and debug guards use it). Raises ``DriverError``
+        CUDA_ERROR_INVALID_VALUE unless the range lies in one live allocation."""
+        self._check_size(nbytes, "host_view")
+        if nbytes == 0:
+            return np.empty(0, dtype=np.uint8)
+        alloc = self._find(ptr, nbytes, "host_view")
+        off = ptr - alloc.base
+        return alloc.buf[off:off + nbytes]
+
+    def host_address(self, ptr: int) -> int:
+        """The host address backing device pointer ``ptr`` (interior pointers too)."""
+        alloc = self._find(ptr, 0, "host_address")
+        return alloc.host + (ptr - alloc.base)
+
+    # -- devices ---------------------------------------------------------------
+    def device_count(self) -> int:
+        return len(self._devices)
+
+    def device_properties(self, ordinal: int) -> DeviceProperties:
+        dev = self._device(ordinal, "cuDeviceGet")
+        ident = uuid.uuid5(uuid.NAMESPACE_URL, f"ignis-emulated-device/{ordinal}")
+        return DeviceProperties(
+            ordinal=ordinal, name=f"Ignis Emulated Device {ordinal}", total_memory=dev.total,
+            multiprocessor_count=4, compute_capability=(9, 0), uuid=f"GPU-{ident}",
+            vmm_supported=True, memory_pools_supported=True, posix_fd_ipc_supported=True,
+            extra={"emulated": True, "address_window": dev.window, "alignment": ALIGNMENT,
+                   "jitter": self.jitter})
+
+    def versions(self) -> dict[str, str]:
+        return {"emulator": "1", "numpy": np.__version__}
+
+    def init_device(self, ordinal: int) -> None:
+        if self._faults:
+            self._fault("init_device")
+        self._device(ordinal, OPS["init_device"])
+
+    def set_current(self, ordinal: int) -> None:
+        """No-op: the emulator has no per-thread context."""
+
+    def rebuild_context(self, ordinal: int) -> None:
+        """Like a primary-context reset: free every allocation of the device,
+        invalidate its streams and events (queued work is dropped; an item
+        already running finishes) and clear its sticky error. Pinned host
+        memory is process-wide and survives."""
+        if self._faults:
+            self._fault("rebuild_context")
+        dev = self._device(ordinal, OPS["rebuild_context"])
+        # Lock order everywhere: stream lock, then device lock, then self._lock.
+        with dev.lock:
+            with self._lock:
+                for h in [h for h, s in self._streams.items() if s.device is dev]:
+                    del self._streams[h]
+                for h in [h for h, e in self._events.items() if e.device is dev]:
+                    del self._events[h]
+            streams = list(dev.streams)
+            dev.streams.clear()
+            dev.reset()
+            dev.error = None
+        for s in streams:
+            s.kill()
+
+    def device_synchronize(self, ordinal: int) -> None:
+        """Wait for all work queued on the device's streams (destroyed ones still
+        draining included). Raises CUDA_ERROR_LAUNCH_FAILED if any stream of the
+        device has failed since the last context rebuild."""
+        if self._faults:
+            self._fault("device_synchronize")
+        dev = self._device(ordinal, OPS["device_synchronize"])
+        with dev.lock:
+            streams = list(dev.streams)
+        targets = [(s, s.submitted()) for s in streams]
+        for s, ticket in targets:
+            s.wait_for(ticket)
+        self._raise_sticky(dev.error, OPS["device_synchronize"])
+
+    # -- memory ------------------------------------------------------------------
+    def mem_alloc(self, ordinal: int, nbytes: int) -> int:
+        if self._faults:
+            self._fault("mem_alloc")
+        call = OPS["mem_alloc"]
+        return self._device(ordinal, call).allocate(nbytes, call)
+
+    def mem_free(self, ordinal: int, ptr: int) -> None:
+        if self._faults:
+            self._fault("mem_free")
+        call = OPS["mem_free"]
+        self._device(ordinal, call).free(ptr, call)
+
+    def mem_alloc_async(self, ordinal: int, nbytes: int, stream: int) -> int:
+        """The address is reserved at once; the emulator has no pool to order."""
+        if self._faults:
+            self._fault("mem_alloc_async")
+        call = OPS["mem_alloc_async"]
+        dev = self._device(ordinal, call)
+        self._same_device(self._stream(stream, call), dev, call)
+        return dev.allocate(nbytes, call)
+
+    def mem_free_async(self, ordinal: int, ptr: int, stream: int) -> None:
+        """The bytes stay counted, and the address unusable, until ``stream``
+        reaches the free; no work may be queued on ``ptr`` after this call."""
+        if self._faults:
+            self._fault("mem_free_async")
+        call = OPS["mem_free_async"]
+        dev = self._device(ordinal, call)
+        s = self._stream(stream, call)
+        self._same_device(s, dev, call)
+        alloc = dev.retire(ptr, call)
+        if not s.enqueue(dev.release, (alloc,)):
+            alloc.freeing = False
+            raise driver_error("CUDA_ERROR_INVALID_HANDLE", call, f"stream {stream} was destroyed")
+
+    @staticmethod
+    def _same_device(s: _Stream, dev: _Device, call: str) -> None:
+        if s.device is not dev:
+            raise driver_error("CUDA_ERROR_INVALID_VALUE", call,
+                               f"stream {s.handle} belongs to device {s.device.ordinal}, "
+                               f"not device {dev.ordinal}")
+
+    def mem_get_info(self, ordinal: int) -> tuple[int, int]:
+        if self._faults:
+            self._fault("mem_get_info")
+        dev = self._device(ordinal, OPS["mem_get_info"])
+        with dev.lock:
+            return dev.total - dev.live, dev.total
+
+    def mem_pool_trim(self, ordinal: int, keep_bytes: int = 0) -> None:
+        """No-op: the emulator caches nothing."""
+        if self._faults:
+            self._fault("mem_pool_trim")
+        self._device(ordinal, OPS["mem_pool_trim"])
+
+    def host_alloc(self, nbytes: int) -> int:
+        if self._faults:
+            self._fault("host_alloc")
+        call = OPS["host_alloc"]
+        if type(nbytes) is not int or nbytes <= 0:
+            raise driver_error("CUDA_ERROR_INVALID_VALUE", call, f"cannot allocate {nbytes!r} bytes")
+        try:
+            buf = np.empty(nbytes + HOST_ALIGNMENT - 1, dtype=np.uint8)
+        except MemoryError:
+            raise driver_error("CUDA_ERROR_OUT_OF_MEMORY", call,
+                               f"the host could not allocate {nbytes} bytes") from None
+        addr = buf.ctypes.data
+        skip = -addr % HOST_ALIGNMENT
+        with self._lock:
+            self._pinned[addr + skip] = buf
+        return addr + skip
+
+    def host_free(self, ptr: int) -> None:
+        if self._faults:
+            self._fault("host_free")
+        with self._lock:
+            buf = self._pinned.pop(ptr, None)
+        if buf is None:
+            raise driver_error("CUDA_ERROR_INVALID_VALUE", OPS["host_free"],
+                               f"{ptr!r} is not a live pinned host allocation")
+
+    # -- copies (ranges checked now, bytes moved when the stream gets there) -------
+    def memcpy_htod_async(self, dst: int, src_host: int, nbytes: int, stream: int) -> None:
+        if self._faults:
+            self._fault("memcpy_htod_async")
+        call = OPS["memcpy_htod_async"]
+        s = self._stream(stream, call)
+        self._check_size(nbytes, call)
+        if nbytes == 0:
+            return
+        self._check_host(src_host, call)
+        alloc = self._owner(dst, call).find(dst, nbytes, call)
+        self._put(s, call, ctypes.memmove, (alloc.host + (dst - alloc.base), src_host, nbytes),
+                  alloc.buf)
+
+    def memcpy_dtoh_async(self, dst_host: int, src: int, nbytes: int, stream: int) -> None:
+        if self._faults:
+            self._fault("memcpy_dtoh_async")
+        call = OPS["memcpy_dtoh_async"]
+        s = self._stream(stream, call)
+        self._check_size(nbytes, call)
+        if nbytes == 0:
+            return
+        self._check_host(dst_host, call)
+        alloc = self._owner(src, call).find(src, nbytes, call)
+        self._put(s, call, ctypes.memmove, (dst_host, alloc.host + (src - alloc.base), nbytes),
+                  alloc.buf)
+
+    def memcpy_dtod_async(self, dst: int, src: int, nbytes: int, stream: int) -> None:
+        if self._faults:
+            self._fault("memcpy_dtod_async")
+        call = OPS["memcpy_dtod_async"]
+        s = self._stream(stream, call)
+        self._check_size(nbytes, call)
+        if nbytes == 0:
+            return
+        d = self._owner(dst, call).find(dst, nbytes, call)
+        a = self._owner(src, call).find(src, nbytes, call)
+        self._put(s, call, ctypes.memmove,
+                  (d.host + (dst - d.base), a.host + (src - a.base), nbytes), (d.buf, a.buf))
+
+    def memset_d8_async(self, ptr: int, value: int, nbytes: int, stream: int) -> None:
+        if self._faults:
+            self._fault("memset_d8_async")
+        call = OPS["memset_d8_async"]
+        s = self._stream(stream, call)
+        self._check_size(nbytes, call)
+        if type(value) is not int or not 0 <= value <= 0xFF:
+            raise driver_error("CUDA_ERROR_INVALID_VALUE", call, f"byte value {value!r} is not in 0..255")
+        if nbytes == 0:
+            return
+        alloc = self._owner(ptr, call).find(ptr, nbytes, call)
+        self._put(s, call, ctypes.memset, (alloc.host + (ptr - alloc.base), value, nbytes),
+                  alloc.buf)
+
+    @staticmethod
+    def _check_host(addr: int, call: str) -> None:
+        if type(addr) is not int or addr <= 0:
+            raise driver_error("CUDA_ERROR_INVALID_VALUE", call, f"host address {addr!r} is not valid")
+
+    # -- streams -----------------------------------------------------------------
+    def stream_create(self, ordinal: int, priority: int = 0) -> int:
+        """A new stream with its own worker thread; ``priority`` is accepted and ignored."""
+        if self._faults:
+            self._fault("stream_create")
+        dev = self._device(ordinal, OPS["stream_create"])
+        handle = next(self._stream_ids)
+        s = _Stream(handle, dev, priority, self.jitter)
+        with dev.lock:  # atomic with respect to rebuild_context
+            dev.streams.add(s)
+            with self._lock:
+                self._streams[handle] = s
+        return handle
+
+    def stream_destroy(self, stream: int) -> None:
+        """The handle is invalid at once; queued work still runs, then the worker exits."""
+        if self._faults:
+            self._fault("stream_destroy")
+        with self._lock:
+            s = self._streams.pop(stream, None)
+        if s is None:
+            raise driver_error("CUDA_ERROR_INVALID_HANDLE", OPS["stream_destroy"],
+                               f"stream {stream!r} was destroyed or never created")
+        s.close()
+
+    def stream_wait_event(self, stream: int, event: int) -> None:
+        if self._faults:
+            self._fault("stream_wait_event")
+        call = OPS["stream_wait_event"]
+        s = self._stream(stream, call)
+        rec = self._event(event, call).latest
+        if rec is None or rec.stream is s or rec.done():
+            return  # nothing to wait for (never recorded, FIFO order, or already reached)
+        self._put(s, call, rec.stream.wait_for, (rec.ticket,), rec)
+
+    def stream_query(self, stream: int) -> bool:
+        """True when nothing is queued or running. A failed stream raises its
+        sticky CUDA_ERROR_LAUNCH_FAILED, as cuStreamQuery does."""
+        if self._faults:
+            self._fault("stream_query")
+        call = OPS["stream_query"]
+        s = self._stream(stream, call)
+        self._raise_sticky(s.error, call)
+        return s.drained()
+
+    def stream_synchronize(self, stream: int) -> None:
+        """Wait for everything queued before this call. Raises
+        CUDA_ERROR_LAUNCH_FAILED (with the exception text) if an item of this
+        stream raised; the error stays until ``rebuild_context``."""
+        if self._faults:
+            self._fault("stream_synchronize")
+        call = OPS["stream_synchronize"]
+        s = self._stream(stream, call)
+        if not s.wait_for(s.submitted()):
+            raise driver_error("CUDA_ERROR_INVALID_HANDLE", call,
+                               f"stream {stream} was lost to a context rebuild while waiting")
+        self._raise_sticky(s.error, call)
+
+    def launch_host_func(self, stream: int, fn: Callable[[], None]) -> None:
+        """Run ``fn()`` on the stream's worker thread. If it raises, the stream's
+        error becomes sticky (see ``stream_synchronize``). ``fn`` must not call
+        the backend (as in CUDA); a synchronize from it would deadlock."""
+        if self._faults:
+            self._fault("launch_host_func")
+        call = OPS["launch_host_func"]
+        if not callable(fn):
+            raise driver_error("CUDA_ERROR_INVALID_VALUE", call, f"{fn!r} is not callable")
+        self._put(self._stream(stream, call), call, fn, ())
+
+    # -- events ------------------------------------------------------------------
+    def event_create(self, ordinal: int, timing: bool = False) -> int:
+        if self._faults:
+            self._fault("event_create")
+        dev = self._device(ordinal, OPS["event_create"])
+        handle = next(self._event_ids)
+        with dev.lock, self._lock:
+            self._events[handle] = _Event(handle, dev, bool(timing))
+        return handle
+
+    def event_destroy(self, event: int) -> None:
+        """The handle is invalid at once; pending records still complete."""
+        if self._faults:
+            self._fault("event_destroy")
+        with self._lock:
+            e = self._events.pop(event, None)
+        if e is None:
+            raise driver_error("CUDA_ERROR_INVALID_HANDLE", OPS["event_destroy"],
+                               f"event {event!r} was destroyed or never created")
+
+    def event_record(self, event: int, stream: int) -> None:
+        if self._faults:
+            self._fault("event_record")
+        call = OPS["event_record"]
+        e = self._event(event, call)
+        s = self._stream(stream, call)
+        if s.device is not e.device:
+            raise driver_error("CUDA_ERROR_INVALID_HANDLE", call,
+                               f"event {event} is on device {e.device.ordinal} but stream "
+                               f"{stream} is on device {s.device.ordinal}")
+        rec = _Record(s)
+        rec.ticket = self._put(s, call, rec.reach, ())
+        e.latest = rec
+
+    def event_query(self, event: int) -> bool:
+        """True when the latest record is reached (or the event never recorded).
+        Raises the recording stream's sticky error once reached."""
+        if self._faults:
+            self._fault("event_query")
+        call = OPS["event_query"]
+        rec = self._event(event, call).latest
+        if rec is None:
+            return True
+        if not rec.done():
+            return False
+        self._raise_sticky(rec.stream.error, call)
+        return True
+
+    def event_synchronize(self, event: int) -> None:
+        """Wait for the latest record as of this call; raises the recording
+        stream's sticky CUDA_ERROR_LAUNCH_FAILED if it failed."""
+        if self._faults:
+            self._fault("event_synchronize")
+        call = OPS["event_synchronize"]
+        rec = self._event(event, call).latest
+        if rec is None:
+            return
+        if not rec.stream.wait_for(rec.ticket):
+            raise driver_error("CUDA_ERROR_INVALID_HANDLE", call,
+                               f"event {event} was lost to a context rebuild while waiting")
+        self._raise_sticky(rec.stream.error, call)
+
+    def event_elapsed_ms(self, start: int, end: int) -> float:
+        """Host milliseconds between the two records being reached by their
+        workers: meaningless as GPU timings. Both events need timing enabled
+        (else CUDA_ERROR_INVALID_HANDLE), a record (else CUDA_ERROR_INVALID_HANDLE,
+        as the driver) and a completed one (else CUDA_ERROR_NOT_READY)."""
+        if self._faults:
+            self._fault("event_elapsed_ms")
+        call = OPS["event_elapsed_ms"]
+        recs = []
+        for handle in (start, end):
+            e = self._event(handle, call)
+            if not e.timing:
+                raise driver_error("CUDA_ERROR_INVALID_HANDLE", call,
+                                   f"event {handle} was created without timing; create both "
+                                   f"events with timing=True to measure between them")
+            if e.latest is None:
+                raise driver_error("CUDA_ERROR_INVALID_HANDLE", call,
+                                   f"event {handle} was never recorded")
+            recs.append(e.latest)
+        for handle, rec in zip((start, end), recs):
+            if not rec.done():
+                raise driver_error("CUDA_ERROR_NOT_READY", call,
+                                   f"event {handle}'s latest record has not been reached")
+        return (recs[1].time - recs[0].time) * 1000.0

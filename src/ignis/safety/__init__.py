@@ -1,0 +1,10 @@
+"""Safety layer (layer 3): ownership contract and generation-checked handles.
+
+Cross-stream hazard records live with the blocks in the memory layer
+(``ignis.memory.resource``), which orders frees and reuse by them.
+"""
+
+from .contract import DEFAULT_OWNER, MemoryContract, contract, owners, register_owner
+from .gpuref import GpuRef
+
+__all__ = ["MemoryContract", "contract", "register_owner", "owners", "DEFAULT_OWNER", "GpuRef"]

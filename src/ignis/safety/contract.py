@@ -1,0 +1,163 @@
+"""MemoryContract: which layer owns a device array right now (after seeds/000).
+
+Rules:
+- Owners are names. ``"compute"`` is the default owner of every new array;
+  ``"collective"``, ``"io"`` and ``"ipc"`` are the built-in layers; more can be
+  added with ``register_owner``.
+- A layer ``acquire``s an array before it works on it and ``release``s it when
+  done (back to ``"compute"``). Acquiring an array that another layer holds,
+  acquiring twice, acquiring while the array is shared (``ref_count > 1``),
+  and releasing by anyone but the holder raise ``MemoryContractViolation``
+  naming the array, the owner and the caller.
+- Only the owner's rules allow a free: an array held by a layer cannot be freed
+  until it is released.
+- ``audit()`` lists tracked arrays older than a threshold: leak candidates.
+  Acquired arrays are tracked; ``track_all = True`` tracks every new array.
+  Tracking holds arrays weakly, so it never keeps memory alive.
+
+Thread-safe: one re-entrant lock per contract.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+import weakref
+from contextlib import contextmanager
+from typing import TYPE_CHECKING, Any, Iterator
+
+from ..errors import MemoryContractViolation
+
+if TYPE_CHECKING:
+    from ..array import NvArray
+
+__all__ = ["MemoryContract", "contract", "register_owner", "owners", "DEFAULT_OWNER"]
+
+DEFAULT_OWNER = "compute"
+_owners: set[str] = {DEFAULT_OWNER, "collective", "io", "ipc"}
+_owners_lock = threading.Lock()
+
+
+def register_owner(name: str) -> str:
+    """Add an owner name (a layer of your own). Idempotent."""
+    if not isinstance(name, str) or not name.strip():
+        raise ValueError(f"owner names are non-empty strings, got {name!r}")
+    with _owners_lock:
+        _owners.add(name)
+    return name
+
+
+def owners() -> list[str]:
+    """The registered owner names."""
+    return sorted(_owners)
+
+
+def validate_owner(owner: Any) -> str:
+    if owner not in _owners:
+        raise ValueError(f"unknown owner {owner!r}; valid owners are: {', '.join(sorted(_owners))} "
+                         "(add one with ig.register_owner)")
+    return owner
+
+
+class MemoryContract:
+    """Ownership of arrays passed between layers."""
+
+    def __init__(self) -> None:
+        self._lock = threading.RLock()
+        self._tracked: dict[int, tuple[weakref.ref, float]] = {}
+        self.track_all = False
+
+    # -- ownership ---------------------------------------------------------
+    def acquire(self, array: "NvArray", by: str) -> bool:
+        """Move ``array`` from the default owner to layer ``by``."""
+        validate_owner(by)
+        with self._lock, array._lock:
+            array._check_live("acquire")
+            cur = array.owner
+            if cur == by:
+                raise MemoryContractViolation(f"NvArray#{array.id} is already owned by {by!r}: double acquire",
+                                              array_id=array.id, owner=cur, caller=by)
+            if cur != DEFAULT_OWNER:
+                raise MemoryContractViolation(
+                    f"NvArray#{array.id} is held by {cur!r}; {by!r} cannot acquire it until {cur!r} "
+                    f"releases it", array_id=array.id, owner=cur, caller=by)
+            if array.ref_count > 1:
+                raise MemoryContractViolation(
+                    f"NvArray#{array.id} is shared (ref_count={array.ref_count}); {by!r} cannot acquire it "
+                    "until the other references are dropped (decref)", array_id=array.id, owner=cur, caller=by)
+            array.owner = by
+            self.track(array)
+            return True
+
+    def release(self, array: "NvArray", by: str) -> bool:
+        """Give ``array`` back to the default owner; only its holder may."""
+        validate_owner(by)
+        with self._lock, array._lock:
+            if array.owner != by:
+                raise MemoryContractViolation(
+                    f"NvArray#{array.id} is owned by {array.owner!r}, not {by!r}: cannot release",
+                    array_id=array.id, owner=array.owner, caller=by)
+            array.owner = DEFAULT_OWNER
+            return True
+
+    def assert_owner(self, array: "NvArray", owner: str) -> None:
+        validate_owner(owner)
+        actual = array.owner
+        if actual != owner:
+            raise MemoryContractViolation(f"NvArray#{array.id} expected owner {owner!r}, actual {actual!r}",
+                                          array_id=array.id, owner=actual, caller=owner)
+
+    @contextmanager
+    def holding(self, array: "NvArray", by: str) -> Iterator["NvArray"]:
+        """Acquire ``array`` for ``by`` and always release it."""
+        self.acquire(array, by)
+        try:
+            yield array
+        finally:
+            if array.owner == by:
+                self.release(array, by)
+
+    # -- tracking and audit --------------------------------------------------
+    def track(self, array: "NvArray") -> None:
+        with self._lock:
+            if array.id not in self._tracked:
+                self._tracked[array.id] = (weakref.ref(array), time.monotonic())
+
+    def untrack(self, array: "NvArray") -> None:
+        with self._lock:
+            self._tracked.pop(array.id, None)
+
+    @property
+    def tracked_count(self) -> int:
+        with self._lock:
+            self._prune()
+            return len(self._tracked)
+
+    def _prune(self) -> None:
+        dead = [k for k, (ref, _) in self._tracked.items() if ref() is None]
+        for k in dead:
+            del self._tracked[k]
+
+    def audit(self, older_than: float = 5.0) -> list[dict[str, Any]]:
+        """Tracked arrays alive for more than ``older_than`` seconds: id, owner,
+        age_ms, shape, dtype, freed, nbytes and the allocation tag."""
+        now = time.monotonic()
+        out = []
+        with self._lock:
+            self._prune()
+            for ref, t0 in self._tracked.values():
+                a = ref()
+                if a is None or now - t0 <= older_than:
+                    continue
+                out.append({"array_id": a.id, "owner": a.owner, "age_ms": round((now - t0) * 1000),
+                            "shape": a.shape, "dtype": a.dtype.name, "freed": a.freed, "nbytes": a.nbytes,
+                            "tag": a.tag})
+        return out
+
+    def reset(self) -> None:
+        """Forget every tracked array (tests)."""
+        with self._lock:
+            self._tracked.clear()
+
+
+contract = MemoryContract()

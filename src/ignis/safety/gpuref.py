@@ -1,0 +1,82 @@
+"""GpuRef: a process-local handle to an array's memory, checked on every access
+(after seeds/003).
+
+A GpuRef keeps the array (and so its memory) alive, holds the device state
+only weakly, and remembers the context generation it was made in. ``access()``
+raises ``StaleHandleError`` saying why when the device state is gone, the
+device is shutting down or its context was rebuilt, and
+``UseAfterFreeError`` when the array was freed explicitly.
+"""
+
+from __future__ import annotations
+
+import threading
+import weakref
+from typing import TYPE_CHECKING
+
+from ..errors import StaleHandleError
+
+if TYPE_CHECKING:
+    from ..array import NvArray
+    from ..runtime import Stream
+
+__all__ = ["GpuRef"]
+
+
+class GpuRef:
+    __slots__ = ("_array", "_state", "_generation", "_device_id", "_last_write", "_lock")
+
+    def __init__(self, array: "NvArray") -> None:
+        state = array.device.state
+        self._array = array
+        self._state = weakref.ref(state)
+        self._generation = state.generation
+        self._device_id = array.device.ordinal
+        self._last_write: "Stream | None" = None
+        self._lock = threading.Lock()
+
+    def access(self) -> "NvArray":
+        """The array, after checking the handle is still valid."""
+        state = self._state()
+        if state is None:
+            raise StaleHandleError("device state dropped", what="GpuRef", device_id=self._device_id)
+        if not state.accepting_ops:
+            raise StaleHandleError("device shutting down", what="GpuRef", device_id=self._device_id)
+        if state.generation != self._generation:
+            raise StaleHandleError("context rebuilt", what="GpuRef", generation=self._generation,
+                                   current_generation=state.generation, device_id=self._device_id)
+        self._array._check_live("access through a GpuRef")
+        return self._array
+
+    @property
+    def generation(self) -> int:
+        return self._generation
+
+    @property
+    def device_id(self) -> int | None:
+        """The device ordinal, or None once the device state is gone."""
+        return self._device_id if self._state() is not None else None
+
+    def record_write(self, stream: "Stream") -> None:
+        """Note that ``stream`` wrote the buffer last (for consumers that inject waits)."""
+        with self._lock:
+            self._last_write = stream
+
+    @property
+    def last_write_stream(self) -> "Stream | None":
+        with self._lock:
+            return self._last_write
+
+    def raw_device_ptr(self) -> int:
+        """The device address, after ``access()``'s checks."""
+        return self.access().device_ptr
+
+    def __len__(self) -> int:
+        return self._array.numel
+
+    def __reduce__(self):
+        raise TypeError("a GpuRef is process-local and cannot be pickled; share device memory between "
+                        "processes with ig.ipc.export(array)")
+
+    def __repr__(self) -> str:
+        return f"<GpuRef NvArray#{self._array.id} device={self._device_id} generation={self._generation}>"
