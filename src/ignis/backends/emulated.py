@@ -472,6 +472,32 @@ class EmulatedBackend(Backend):
         alloc = self._find(ptr, 0, "host_address")
         return alloc.host + (ptr - alloc.base)
 
+    def adopt_host_memory(self, ordinal: int, host: int, nbytes: int) -> int:
+        """Emulator only: make ``nbytes`` of existing host memory at ``host`` addressable
+        as device memory of ``ordinal`` (so foreign CPU arrays can be adopted zero-copy
+        through DLPack). Memory that already backs an emulated allocation maps back to
+        its device address. Counted as used until ``release_host_memory``; the caller
+        keeps the host memory alive."""
+        dev = self._device(ordinal, "adopt_host_memory")
+        self._check_size(nbytes, "adopt_host_memory")
+        with dev.lock:
+            for alloc in dev.allocs.values():
+                if alloc.host <= host and host + nbytes <= alloc.host + alloc.nbytes and not alloc.freeing:
+                    return alloc.base + (host - alloc.host)
+        span = (max(nbytes, 1) + ALIGNMENT - 1) & ~(ALIGNMENT - 1)
+        buf = (np.ctypeslib.as_array((ctypes.c_ubyte * nbytes).from_address(host)) if nbytes
+               else np.empty(0, np.uint8))
+        with dev.lock:
+            addr = dev._address(span, "adopt_host_memory")
+            dev.allocs[addr] = _Alloc(addr, nbytes, span, buf, host)
+            bisect.insort(dev.bases, addr)
+            dev.live += nbytes
+        return addr
+
+    def release_host_memory(self, ordinal: int, ptr: int) -> None:
+        """Forget memory adopted with ``adopt_host_memory``."""
+        self._device(ordinal, "release_host_memory").free(ptr, "release_host_memory")
+
     # -- devices ---------------------------------------------------------------
     def device_count(self) -> int:
         return len(self._devices)

@@ -1,0 +1,595 @@
+"""The ``cuda`` backend: the Backend protocol over NVIDIA's driver API
+(``cuda.bindings.driver``, cuda-bindings 12.x and 13.x).
+
+Design and rules:
+- Every driver status goes through ``_check`` (or ``_ready`` for the two
+  query calls, where CUDA_ERROR_NOT_READY means "not yet"), which turns it
+  into ``DriverError(status, name, call)`` naming the cu* function. Nothing
+  is masked, retried or downgraded.
+- Handles are plain ints at the protocol boundary. Streams and events made
+  here are remembered as ``handle -> (device, binding object)`` so hot calls
+  pass the binding's own object (no re-wrapping) and know their context.
+- Contexts: each device's primary context is retained once (``init_device``,
+  or lazily by the first op that needs it). A thread-local remembers which
+  context this backend made current on the calling thread, so
+  ``cuCtxSetCurrent`` runs only when the device changes. Ops that take only
+  a stream or event handle make that handle's device current, so they work
+  from a fresh thread. Handles this backend did not make run in the thread's
+  current context (device 0's if none); code that changes the thread's
+  context behind the backend's back calls ``set_current(ordinal)`` after.
+- Host functions: one ctypes trampoline is registered with the driver; each
+  ``launch_host_func`` passes a token as userData, and the Python callable
+  stays in a table until it has run. An exception raised by the callable
+  never reaches the driver's thread: it is recorded and raised by the next
+  ``stream_synchronize`` of that stream (or ``device_synchronize`` of its
+  device), once, as ``DriverError`` CUDA_ERROR_LAUNCH_FAILED naming that
+  synchronize call, with the exception in the detail and as ``__cause__``.
+  (The driver itself never fails a host function; the stream goes on.)
+- Fault injection: each operation of ``OPS`` starts with
+  ``if self._faults: self._fault(op)``.
+- Thread-safe: binding calls release the GIL; the tables are changed under
+  the GIL (single dict operations) or ``self._lock``.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import itertools
+import threading
+from typing import Any, Callable
+
+from ..errors import DriverError
+from .base import CU_STATUS, Backend, DeviceProperties, driver_error
+
+try:
+    from cuda.bindings import driver as cu
+except ImportError:  # pragma: no cover - cuda-python < 12.6 layout, or not installed
+    try:
+        from cuda import cuda as cu  # type: ignore[no-redef]
+    except ImportError:
+        cu = None  # type: ignore[assignment]
+
+__all__ = ["CudaBackend"]
+
+_NOT_READY = CU_STATUS["CUDA_ERROR_NOT_READY"]
+
+
+# -- status checking: the one place where driver statuses become errors -----
+def _describe(err: Any) -> str:
+    """The driver's own description of ``err`` ("" when it has none)."""
+    try:
+        res = cu.cuGetErrorString(err)
+    except Exception:
+        return ""
+    if res[0] or not res[1]:
+        return ""
+    text = res[1]
+    return text.decode(errors="replace") if isinstance(text, bytes) else str(text)
+
+
+def _error(err: Any, call: str, detail: str = "") -> DriverError:
+    status = int(err)
+    name = getattr(err, "name", None) or f"CUDA_ERROR_{status}"
+    return DriverError(status, name, call, detail or _describe(err))
+
+
+def _check(res: tuple, call: str) -> tuple:
+    """Raise DriverError unless ``res`` (a binding's result tuple) is CUDA_SUCCESS."""
+    if res[0]:
+        raise _error(res[0], call)
+    return res
+
+
+def _ready(res: tuple, call: str) -> bool:
+    """For cuStreamQuery / cuEventQuery: NOT_READY -> False, success -> True."""
+    if res[0] == _NOT_READY:
+        return False
+    _check(res, call)
+    return True
+
+
+# -- host functions ------------------------------------------------------------
+# token -> (backend, stream handle, the stream's record or None, callable).
+# Entries live until the driver calls the trampoline (or the launch fails, or
+# the context is rebuilt).
+_PENDING: dict[int, tuple["CudaBackend", int, Any, Callable[[], None]]] = {}
+_TOKENS = itertools.count(1)  # 0 would arrive as None through c_void_p
+
+
+def _run_host_fn(user_data: int | None) -> None:
+    """Runs on the driver's callback thread; must never raise."""
+    entry = _PENDING.pop(user_data or 0, None)
+    if entry is None:
+        return
+    backend, stream, rec, fn = entry
+    try:
+        fn()
+    except BaseException as exc:  # noqa: BLE001 - surfaced at the next synchronize
+        try:
+            backend._record_host_error(stream, rec, fn, exc)
+        except BaseException:  # noqa: BLE001 - interpreter shutdown; nothing to report to
+            pass
+
+
+_HOST_FN_TYPE = ctypes.CFUNCTYPE(None, ctypes.c_void_p)
+_TRAMPOLINE = _HOST_FN_TYPE(_run_host_fn)  # kept alive for the life of the process
+_TRAMPOLINE_ADDR: int = ctypes.cast(_TRAMPOLINE, ctypes.c_void_p).value or 0
+
+
+class _Device:
+    """A retained device: its CUdevice, primary context and default pool.
+    ``ctx`` is replaced (a new object) on every retain, so a thread-local
+    identity test tells whether a thread's current context is still valid."""
+
+    __slots__ = ("ordinal", "handle", "ctx", "pool")
+
+    def __init__(self, ordinal: int, handle: Any, ctx: Any) -> None:
+        self.ordinal = ordinal
+        self.handle = handle
+        self.ctx = ctx
+        self.pool: Any = None
+
+
+class _Current(threading.local):
+    ctx: Any = None  # the context object this backend last made current here
+
+
+def _attr(*names: str) -> Any:
+    """The first CUdevice_attribute of ``names`` these bindings know (None if none)."""
+    for name in names:
+        value = getattr(cu.CUdevice_attribute, name, None)
+        if value is not None:
+            return value
+    return None
+
+
+def _cstr(raw: Any) -> str:
+    if isinstance(raw, (bytes, bytearray)):
+        raw = bytes(raw).split(b"\0", 1)[0].decode(errors="replace")
+    return str(raw).split("\0", 1)[0].strip()
+
+
+def _format_uuid(raw: Any) -> str:
+    if isinstance(raw, str):
+        raw = raw.encode("latin-1")
+    b = bytes(x & 0xFF for x in raw) if not isinstance(raw, (bytes, bytearray)) else bytes(raw)
+    h = b[:16].hex()
+    return f"GPU-{h[:8]}-{h[8:12]}-{h[12:16]}-{h[16:20]}-{h[20:32]}"
+
+
+class CudaBackend(Backend):
+    """The Backend protocol on a real GPU through the CUDA driver API.
+
+    Raises ``DriverError`` on construction when the driver library cannot be
+    loaded or ``cuInit`` fails (no device, driver too old), and ImportError
+    when cuda-bindings is not installed.
+    """
+
+    name = "cuda"
+
+    def __init__(self) -> None:
+        super().__init__()
+        if cu is None:
+            raise ImportError("the cuda backend needs cuda-bindings (pip install cuda-bindings); "
+                              "set IGNIS_BACKEND=emulated to run without a GPU")
+        try:
+            res = cu.cuInit(0)
+        except Exception as exc:  # cuda.pathfinder: DynamicLibNotFoundError (a RuntimeError)
+            raise driver_error("CUDA_ERROR_NOT_INITIALIZED", "cuInit",
+                               f"the CUDA driver library (libcuda.so.1) could not be loaded: {str(exc).rstrip('.')}; "
+                               "install the NVIDIA driver or set IGNIS_BACKEND=emulated") from exc
+        _check(res, "cuInit")
+        self._lock = threading.RLock()
+        self._cur = _Current()
+        self._devs: dict[int, _Device] = {}
+        self._count: int | None = None
+        self._props: dict[int, DeviceProperties] = {}
+        # handle -> (device, binding object), for streams and events made here
+        self._streams: dict[int, tuple[_Device, Any]] = {}
+        self._events: dict[int, tuple[_Device, Any]] = {}
+        # host-function exceptions not yet surfaced: stream -> [...], and per
+        # device for streams destroyed before they were synchronized
+        self._host_errors: dict[int, list[tuple[Callable, BaseException]]] = {}
+        self._orphan_errors: dict[int, list[tuple[Callable, BaseException]]] = {}
+        self._host_fn = cu.CUhostFn(_TRAMPOLINE_ADDR)
+        self._non_blocking = int(cu.CUstream_flags.CU_STREAM_NON_BLOCKING)
+        self._no_timing = int(cu.CUevent_flags.CU_EVENT_DISABLE_TIMING)
+        # bound driver entry points (hot paths)
+        self._cuCtxSetCurrent = cu.cuCtxSetCurrent
+        self._cuMemAlloc = cu.cuMemAlloc
+        self._cuMemFree = cu.cuMemFree
+        self._cuMemAllocAsync = cu.cuMemAllocAsync
+        self._cuMemFreeAsync = cu.cuMemFreeAsync
+        self._cuMemcpyHtoDAsync = cu.cuMemcpyHtoDAsync
+        self._cuMemcpyDtoHAsync = cu.cuMemcpyDtoHAsync
+        self._cuMemcpyDtoDAsync = cu.cuMemcpyDtoDAsync
+        self._cuMemsetD8Async = cu.cuMemsetD8Async
+        self._cuStreamWaitEvent = cu.cuStreamWaitEvent
+        self._cuStreamQuery = cu.cuStreamQuery
+        self._cuStreamSynchronize = cu.cuStreamSynchronize
+        self._cuLaunchHostFunc = cu.cuLaunchHostFunc
+        self._cuEventRecord = cu.cuEventRecord
+        self._cuEventQuery = cu.cuEventQuery
+        self._cuEventSynchronize = cu.cuEventSynchronize
+
+    # -- contexts ----------------------------------------------------------
+    def _retain(self, ordinal: int) -> _Device:
+        with self._lock:
+            dev = self._devs.get(ordinal)
+            if dev is None:
+                handle = _check(cu.cuDeviceGet(ordinal), "cuDeviceGet")[1]
+                ctx = _check(cu.cuDevicePrimaryCtxRetain(handle), "cuDevicePrimaryCtxRetain")[1]
+                dev = self._devs[ordinal] = _Device(ordinal, handle, ctx)
+            return dev
+
+    def _make_current(self, dev: _Device) -> None:
+        ctx = dev.ctx
+        _check(self._cuCtxSetCurrent(ctx), "cuCtxSetCurrent")
+        self._cur.ctx = ctx
+
+    def _enter(self, ordinal: int) -> _Device:
+        """The device, with its primary context current on this thread."""
+        dev = self._devs.get(ordinal)
+        if dev is None:
+            dev = self._retain(ordinal)
+        if self._cur.ctx is not dev.ctx:
+            self._make_current(dev)
+        return dev
+
+    def _enter_any(self) -> None:
+        """Some context current: the one this backend set here, else whatever
+        foreign code made current, else device 0's primary context."""
+        if self._cur.ctx is not None:
+            return
+        ctx = _check(cu.cuCtxGetCurrent(), "cuCtxGetCurrent")[1]
+        if ctx is None or not int(ctx):
+            self._enter(0)
+
+    def _enter_stream(self, stream: int) -> Any:
+        """The binding object for ``stream``, with its context current."""
+        rec = self._streams.get(stream)
+        if rec is None:
+            self._enter_any()
+            return stream
+        dev, obj = rec
+        if self._cur.ctx is not dev.ctx:
+            self._make_current(dev)
+        return obj
+
+    def _enter_event(self, event: int) -> Any:
+        rec = self._events.get(event)
+        if rec is None:
+            self._enter_any()
+            return event
+        dev, obj = rec
+        if self._cur.ctx is not dev.ctx:
+            self._make_current(dev)
+        return obj
+
+    def set_current(self, ordinal: int) -> None:
+        """Make ``ordinal``'s primary context current on the calling thread
+        (always calls cuCtxSetCurrent, so it also repairs the thread after
+        foreign code changed its context)."""
+        dev = self._devs.get(ordinal) or self._retain(ordinal)
+        self._make_current(dev)
+
+    def init_device(self, ordinal: int) -> None:
+        if self._faults:
+            self._fault("init_device")
+        self._enter(ordinal)
+
+    def rebuild_context(self, ordinal: int) -> None:
+        """Reset the primary context (cuDevicePrimaryCtxReset) and retain it
+        again. Every pointer, stream, event and pending host function of the
+        device is gone afterwards; so are unsurfaced host-function errors."""
+        if self._faults:
+            self._fault("rebuild_context")
+        with self._lock:
+            dev = self._devs.get(ordinal) or self._retain(ordinal)
+            _check(cu.cuDevicePrimaryCtxReset(dev.handle), "cuDevicePrimaryCtxReset")
+            for table in (self._streams, self._events):
+                for handle in [h for h, (d, _) in list(table.items()) if d is dev]:
+                    table.pop(handle, None)
+                    self._host_errors.pop(handle, None)
+            for token in [t for t, (b, _, rec, _) in list(_PENDING.items())
+                          if b is self and rec is not None and rec[0] is dev]:
+                _PENDING.pop(token, None)
+            self._orphan_errors.pop(ordinal, None)
+            dev.pool = None
+            # Reset does not release our reference; the retain re-activates the
+            # context. The new object makes every thread's cached context stale.
+            dev.ctx = _check(cu.cuDevicePrimaryCtxRetain(dev.handle), "cuDevicePrimaryCtxRetain")[1]
+        self._make_current(dev)
+
+    def device_synchronize(self, ordinal: int) -> None:
+        """cuCtxSynchronize on the device, then raise the first host-function
+        exception not yet surfaced on any of its streams."""
+        if self._faults:
+            self._fault("device_synchronize")
+        dev = self._enter(ordinal)
+        _check(cu.cuCtxSynchronize(), "cuCtxSynchronize")
+        if self._host_errors or self._orphan_errors:
+            with self._lock:
+                errors = self._orphan_errors.pop(ordinal, [])
+                for handle in [h for h, (d, _) in list(self._streams.items()) if d is dev]:
+                    errors.extend(self._host_errors.pop(handle, ()))
+            self._raise_host_errors(errors, "cuCtxSynchronize")
+
+    # -- devices -----------------------------------------------------------
+    def device_count(self) -> int:
+        if self._count is None:
+            self._count = int(_check(cu.cuDeviceGetCount(), "cuDeviceGetCount")[1])
+        return self._count
+
+    def device_properties(self, ordinal: int) -> DeviceProperties:
+        props = self._props.get(ordinal)
+        if props is not None:
+            return props
+        handle = _check(cu.cuDeviceGet(ordinal), "cuDeviceGet")[1]
+
+        def attr(*names: str) -> int:
+            which = _attr(*names)
+            if which is None:
+                return 0
+            return int(_check(cu.cuDeviceGetAttribute(which, handle), "cuDeviceGetAttribute")[1])
+
+        uuid = _check(cu.cuDeviceGetUuid(handle), "cuDeviceGetUuid")[1]
+        props = DeviceProperties(
+            ordinal=ordinal,
+            name=_cstr(_check(cu.cuDeviceGetName(256, handle), "cuDeviceGetName")[1]),
+            total_memory=int(_check(cu.cuDeviceTotalMem(handle), "cuDeviceTotalMem")[1]),
+            multiprocessor_count=attr("CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT"),
+            compute_capability=(attr("CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR"),
+                                attr("CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR")),
+            uuid=_format_uuid(uuid.bytes),
+            vmm_supported=bool(attr("CU_DEVICE_ATTRIBUTE_VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED",
+                                    "CU_DEVICE_ATTRIBUTE_VIRTUAL_ADDRESS_MANAGEMENT_SUPPORTED")),
+            memory_pools_supported=bool(attr("CU_DEVICE_ATTRIBUTE_MEMORY_POOLS_SUPPORTED")),
+            posix_fd_ipc_supported=bool(attr("CU_DEVICE_ATTRIBUTE_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR_SUPPORTED")),
+            extra={
+                "pci_bus_id": _cstr(_check(cu.cuDeviceGetPCIBusId(64, handle), "cuDeviceGetPCIBusId")[1]),
+                "integrated": bool(attr("CU_DEVICE_ATTRIBUTE_INTEGRATED")),
+                "unified_addressing": bool(attr("CU_DEVICE_ATTRIBUTE_UNIFIED_ADDRESSING")),
+                "async_engine_count": attr("CU_DEVICE_ATTRIBUTE_ASYNC_ENGINE_COUNT"),
+                "l2_cache_bytes": attr("CU_DEVICE_ATTRIBUTE_L2_CACHE_SIZE"),
+                "memory_bus_width_bits": attr("CU_DEVICE_ATTRIBUTE_GLOBAL_MEMORY_BUS_WIDTH"),
+                "max_threads_per_multiprocessor": attr("CU_DEVICE_ATTRIBUTE_MAX_THREADS_PER_MULTIPROCESSOR"),
+                "managed_memory": bool(attr("CU_DEVICE_ATTRIBUTE_MANAGED_MEMORY")),
+                "concurrent_managed_access": bool(attr("CU_DEVICE_ATTRIBUTE_CONCURRENT_MANAGED_ACCESS")),
+            },
+        )
+        with self._lock:
+            return self._props.setdefault(ordinal, props)
+
+    def versions(self) -> dict[str, str]:
+        v = int(_check(cu.cuDriverGetVersion(), "cuDriverGetVersion")[1])
+        try:
+            import cuda.bindings as bindings
+            bindings_version = str(bindings.__version__)
+        except (ImportError, AttributeError):
+            from importlib.metadata import PackageNotFoundError, version
+            try:
+                bindings_version = version("cuda-bindings")
+            except PackageNotFoundError:
+                bindings_version = "unknown"
+        return {"backend": self.name, "driver": f"{v // 1000}.{(v % 1000) // 10}",
+                "cuda-bindings": bindings_version}
+
+    # -- memory ------------------------------------------------------------
+    def mem_alloc(self, ordinal: int, nbytes: int) -> int:
+        if self._faults:
+            self._fault("mem_alloc")
+        self._enter(ordinal)
+        return int(_check(self._cuMemAlloc(nbytes), "cuMemAlloc")[1])
+
+    def mem_free(self, ordinal: int, ptr: int) -> None:
+        if self._faults:
+            self._fault("mem_free")
+        self._enter(ordinal)
+        _check(self._cuMemFree(ptr), "cuMemFree")
+
+    def _stream_on(self, dev: _Device, stream: int, call: str) -> Any:
+        """``stream``'s binding object, refusing a stream of another device
+        (the driver would serve that device's pool instead)."""
+        rec = self._streams.get(stream)
+        if rec is None:
+            return stream
+        if rec[0] is not dev:
+            raise driver_error("CUDA_ERROR_INVALID_VALUE", call,
+                               f"stream {stream:#x} belongs to device {rec[0].ordinal}, not device {dev.ordinal}")
+        return rec[1]
+
+    def mem_alloc_async(self, ordinal: int, nbytes: int, stream: int) -> int:
+        """From the device's current memory pool (the default pool unless
+        foreign code replaced it with cuDeviceSetMemPool), ordered on ``stream``."""
+        if self._faults:
+            self._fault("mem_alloc_async")
+        dev = self._enter(ordinal)
+        s = self._stream_on(dev, stream, "cuMemAllocAsync")
+        return int(_check(self._cuMemAllocAsync(nbytes, s), "cuMemAllocAsync")[1])
+
+    def mem_free_async(self, ordinal: int, ptr: int, stream: int) -> None:
+        if self._faults:
+            self._fault("mem_free_async")
+        dev = self._enter(ordinal)
+        s = self._stream_on(dev, stream, "cuMemFreeAsync")
+        _check(self._cuMemFreeAsync(ptr, s), "cuMemFreeAsync")
+
+    def mem_get_info(self, ordinal: int) -> tuple[int, int]:
+        if self._faults:
+            self._fault("mem_get_info")
+        self._enter(ordinal)
+        _, free, total = _check(cu.cuMemGetInfo(), "cuMemGetInfo")
+        return int(free), int(total)
+
+    def mem_pool_trim(self, ordinal: int, keep_bytes: int = 0) -> None:
+        if self._faults:
+            self._fault("mem_pool_trim")
+        dev = self._enter(ordinal)
+        pool = dev.pool
+        if pool is None:
+            pool = dev.pool = _check(cu.cuDeviceGetDefaultMemPool(dev.handle), "cuDeviceGetDefaultMemPool")[1]
+        _check(cu.cuMemPoolTrimTo(pool, keep_bytes), "cuMemPoolTrimTo")
+
+    def host_alloc(self, nbytes: int) -> int:
+        """Page-locked host memory (cuMemHostAlloc, flags 0: with unified
+        addressing it is pinned for every context)."""
+        if self._faults:
+            self._fault("host_alloc")
+        self._enter_any()
+        return int(_check(cu.cuMemHostAlloc(nbytes, 0), "cuMemHostAlloc")[1])
+
+    def host_free(self, ptr: int) -> None:
+        if self._faults:
+            self._fault("host_free")
+        self._enter_any()
+        _check(cu.cuMemFreeHost(ptr), "cuMemFreeHost")
+
+    def memcpy_htod_async(self, dst: int, src_host: int, nbytes: int, stream: int) -> None:
+        if self._faults:
+            self._fault("memcpy_htod_async")
+        s = self._enter_stream(stream)
+        _check(self._cuMemcpyHtoDAsync(dst, src_host, nbytes, s), "cuMemcpyHtoDAsync")
+
+    def memcpy_dtoh_async(self, dst_host: int, src: int, nbytes: int, stream: int) -> None:
+        if self._faults:
+            self._fault("memcpy_dtoh_async")
+        s = self._enter_stream(stream)
+        _check(self._cuMemcpyDtoHAsync(dst_host, src, nbytes, s), "cuMemcpyDtoHAsync")
+
+    def memcpy_dtod_async(self, dst: int, src: int, nbytes: int, stream: int) -> None:
+        if self._faults:
+            self._fault("memcpy_dtod_async")
+        s = self._enter_stream(stream)
+        _check(self._cuMemcpyDtoDAsync(dst, src, nbytes, s), "cuMemcpyDtoDAsync")
+
+    def memset_d8_async(self, ptr: int, value: int, nbytes: int, stream: int) -> None:
+        if self._faults:
+            self._fault("memset_d8_async")
+        s = self._enter_stream(stream)
+        _check(self._cuMemsetD8Async(ptr, value, nbytes, s), "cuMemsetD8Async")
+
+    # -- streams -----------------------------------------------------------
+    def stream_create(self, ordinal: int, priority: int = 0) -> int:
+        if self._faults:
+            self._fault("stream_create")
+        dev = self._enter(ordinal)
+        obj = _check(cu.cuStreamCreateWithPriority(self._non_blocking, priority), "cuStreamCreateWithPriority")[1]
+        handle = int(obj)
+        self._streams[handle] = (dev, obj)
+        return handle
+
+    def stream_destroy(self, stream: int) -> None:
+        """Destroy ``stream`` (queued work still completes). Host-function
+        exceptions not yet surfaced move to the device's next device_synchronize."""
+        if self._faults:
+            self._fault("stream_destroy")
+        s = self._enter_stream(stream)
+        _check(cu.cuStreamDestroy(s), "cuStreamDestroy")
+        with self._lock:
+            rec = self._streams.pop(stream, None)
+            errors = self._host_errors.pop(stream, None)
+            if errors and rec is not None:
+                self._orphan_errors.setdefault(rec[0].ordinal, []).extend(errors)
+
+    def stream_wait_event(self, stream: int, event: int) -> None:
+        if self._faults:
+            self._fault("stream_wait_event")
+        s = self._enter_stream(stream)
+        rec = self._events.get(event)
+        _check(self._cuStreamWaitEvent(s, event if rec is None else rec[1], 0), "cuStreamWaitEvent")
+
+    def stream_query(self, stream: int) -> bool:
+        if self._faults:
+            self._fault("stream_query")
+        return _ready(self._cuStreamQuery(self._enter_stream(stream)), "cuStreamQuery")
+
+    def stream_synchronize(self, stream: int) -> None:
+        """Wait for ``stream``; then raise the first exception a host function
+        of this stream raised since the last synchronize, as DriverError
+        CUDA_ERROR_LAUNCH_FAILED (call "cuStreamSynchronize")."""
+        if self._faults:
+            self._fault("stream_synchronize")
+        _check(self._cuStreamSynchronize(self._enter_stream(stream)), "cuStreamSynchronize")
+        if self._host_errors:
+            with self._lock:
+                errors = self._host_errors.pop(stream, None)
+            if errors:
+                self._raise_host_errors(errors, "cuStreamSynchronize")
+
+    def launch_host_func(self, stream: int, fn: Callable[[], None]) -> None:
+        """Run ``fn()`` on the driver's host thread when ``stream`` gets here.
+        ``fn`` must not call the backend (the driver forbids CUDA calls there);
+        its exceptions surface at the next synchronize (see stream_synchronize)."""
+        if self._faults:
+            self._fault("launch_host_func")
+        if not callable(fn):
+            raise driver_error("CUDA_ERROR_INVALID_VALUE", "cuLaunchHostFunc", f"{fn!r} is not callable")
+        s = self._enter_stream(stream)
+        token = next(_TOKENS)
+        _PENDING[token] = (self, stream, self._streams.get(stream), fn)
+        try:
+            _check(self._cuLaunchHostFunc(s, self._host_fn, token), "cuLaunchHostFunc")
+        except BaseException:
+            _PENDING.pop(token, None)
+            raise
+
+    def _record_host_error(self, stream: int, rec: Any, fn: Callable, exc: BaseException) -> None:
+        with self._lock:
+            if rec is not None and self._streams.get(stream) is not rec:
+                # the stream was destroyed before fn ran: report with its device
+                self._orphan_errors.setdefault(rec[0].ordinal, []).append((fn, exc))
+            else:
+                self._host_errors.setdefault(stream, []).append((fn, exc))
+
+    @staticmethod
+    def _raise_host_errors(errors: list[tuple[Callable, BaseException]], call: str) -> None:
+        if not errors:
+            return
+        fn, exc = errors[0]
+        name = getattr(fn, "__qualname__", None) or repr(fn)
+        detail = f"host function {name} (cuLaunchHostFunc) raised {type(exc).__name__}: {exc}"
+        if len(errors) > 1:
+            detail += f"; {len(errors) - 1} more host function(s) also raised"
+        raise driver_error("CUDA_ERROR_LAUNCH_FAILED", call, detail) from exc
+
+    # -- events ------------------------------------------------------------
+    def event_create(self, ordinal: int, timing: bool = False) -> int:
+        if self._faults:
+            self._fault("event_create")
+        dev = self._enter(ordinal)
+        obj = _check(cu.cuEventCreate(0 if timing else self._no_timing), "cuEventCreate")[1]
+        handle = int(obj)
+        self._events[handle] = (dev, obj)
+        return handle
+
+    def event_destroy(self, event: int) -> None:
+        if self._faults:
+            self._fault("event_destroy")
+        _check(cu.cuEventDestroy(self._enter_event(event)), "cuEventDestroy")
+        self._events.pop(event, None)
+
+    def event_record(self, event: int, stream: int) -> None:
+        if self._faults:
+            self._fault("event_record")
+        s = self._enter_stream(stream)
+        rec = self._events.get(event)
+        _check(self._cuEventRecord(event if rec is None else rec[1], s), "cuEventRecord")
+
+    def event_query(self, event: int) -> bool:
+        if self._faults:
+            self._fault("event_query")
+        return _ready(self._cuEventQuery(self._enter_event(event)), "cuEventQuery")
+
+    def event_synchronize(self, event: int) -> None:
+        if self._faults:
+            self._fault("event_synchronize")
+        _check(self._cuEventSynchronize(self._enter_event(event)), "cuEventSynchronize")
+
+    def event_elapsed_ms(self, start: int, end: int) -> float:
+        """Milliseconds between two completed records of timing events."""
+        if self._faults:
+            self._fault("event_elapsed_ms")
+        a = self._enter_event(start)
+        rec = self._events.get(end)
+        return float(_check(cu.cuEventElapsedTime(a, end if rec is None else rec[1]), "cuEventElapsedTime")[1])
