@@ -402,7 +402,8 @@ def test_stream_wait_event_orders_streams(be, res):
     s1, s2 = res.stream(), res.stream()
     e = res.event()
     p = res.alloc(n)
-    out = np.zeros(n, np.uint8)
+    out = pinned_array(res.pinned(n), n)  # pageable destinations make the copy synchronous
+    out[:] = 0
     gate = Gate()
     be.memset_d8_async(p, 1, n, s1)
     be.launch_host_func(s1, gate)

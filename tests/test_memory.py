@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 import ignis as ig
-from helpers import read, read_into, sleep_on, write
+from helpers import pinned, read, read_into, sleep_on, write
 from ignis.memory import Access, BlockState
 
 R, W, RW = Access.READ, Access.WRITE, Access.READ_WRITE
@@ -207,7 +207,7 @@ def test_read_on_other_stream_waits_for_write(dev, streams):
     keep = write(blk.ptr, b"\x07" * 4096, a)
     mr.finish_block_use(blk, a, W)
     mr.prepare_block_use(blk, b, R)
-    out = np.zeros(4096, np.uint8)
+    out = pinned(4096)
     read_into(out, blk.ptr, b)
     mr.finish_block_use(blk, b, R)
     b.synchronize()
@@ -226,7 +226,7 @@ def _free_while_read_elsewhere(mr, a, b, tracked: bool) -> np.ndarray:
         mr.prepare_block_use(blk, b, R)
     else:
         b.wait(a)  # the read itself is ordered after the write
-    out = np.zeros(4096, np.uint8)
+    out = pinned(4096)
     sleep_on(b, 0.25)
     read_into(out, blk.ptr, b)
     if tracked:
@@ -283,7 +283,7 @@ def test_writer_waits_for_all_readers(dev, streams):
     for s in (b, c):
         mr.prepare_block_use(blk, s, R)
         sleep_on(s, 0.15)
-        o = np.zeros(1024, np.uint8)
+        o = pinned(1024)
         read_into(o, blk.ptr, s)
         outs.append(o)
         mr.finish_block_use(blk, s, R)

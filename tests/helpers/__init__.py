@@ -1,4 +1,8 @@
-"""Helpers shared by the tests: byte-level device I/O through the backend protocol."""
+"""Helpers shared by the tests: byte-level device I/O through the backend protocol.
+
+Host buffers are pinned: a copy to or from pageable memory is synchronous on
+CUDA (the driver stages it), which would hide the ordering the tests check.
+"""
 
 from __future__ import annotations
 
@@ -7,30 +11,57 @@ import time
 import numpy as np
 
 import ignis as ig
+from ignis.memory import PinnedBuffer, PinnedHostResource
+
+_pools: dict[int, PinnedHostResource] = {}
+
+
+def _pool() -> PinnedHostResource:
+    b = ig.get_backend()
+    if id(b) not in _pools:
+        _pools[id(b)] = PinnedHostResource(b)
+    return _pools[id(b)]
+
+
+def pinned(nbytes: int, fill: int = 0) -> np.ndarray:
+    """A pinned uint8 array of ``nbytes`` (kept alive by the returned array)."""
+    buf = _pool().allocate(nbytes)
+    arr = buf.array
+    arr[:] = fill
+    _keep[id(arr)] = buf
+    return arr
+
+
+_keep: dict[int, PinnedBuffer] = {}
 
 
 def write(ptr: int, data: bytes | np.ndarray, stream: "ig.Stream") -> np.ndarray:
     """Queue a host->device copy of ``data`` to ``ptr`` on ``stream``. Returns the
-    host buffer, which must stay alive until the stream has passed the copy."""
-    host = np.frombuffer(bytes(data), np.uint8).copy() if isinstance(data, (bytes, bytearray)) \
+    pinned host buffer, which must stay alive until the stream has passed the copy."""
+    src = np.frombuffer(bytes(data), np.uint8) if isinstance(data, (bytes, bytearray)) \
         else np.ascontiguousarray(data).view(np.uint8).reshape(-1)
+    host = pinned(src.nbytes)
+    host[:] = src
     stream.device.backend.memcpy_htod_async(ptr, host.ctypes.data, host.nbytes, stream.handle)
     return host
 
 
 def read_into(out: np.ndarray, ptr: int, stream: "ig.Stream") -> None:
-    """Queue a device->host copy of ``out.nbytes`` bytes from ``ptr`` into ``out``."""
+    """Queue a device->host copy of ``out.nbytes`` bytes from ``ptr`` into ``out``
+    (make ``out`` with ``pinned()`` for a truly asynchronous copy)."""
     stream.device.backend.memcpy_dtoh_async(out.ctypes.data, ptr, out.nbytes, stream.handle)
 
 
 def read(ptr: int, nbytes: int, stream: "ig.Stream") -> bytes:
     """Copy ``nbytes`` from ``ptr`` to the host on ``stream`` and wait for it."""
-    out = np.empty(nbytes, np.uint8)
+    out = pinned(nbytes)
     read_into(out, ptr, stream)
     stream.synchronize()
     return out.tobytes()
 
 
 def sleep_on(stream: "ig.Stream", seconds: float) -> None:
-    """Hold ``stream`` for ``seconds`` (a host function that sleeps)."""
+    """Hold ``stream`` for ``seconds`` (a host function that sleeps). On CUDA, host
+    functions of all streams run on one driver thread, so this delays other
+    streams' host functions too (not their copies)."""
     stream.launch_host_func(lambda: time.sleep(seconds))

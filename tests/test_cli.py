@@ -1,0 +1,141 @@
+"""The ``ignis`` command line: doctor, doctor --json and demo, in-process through
+``main`` and as ``python -m ignis``; usage errors exit 2."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+import ignis as ig
+from ignis.cli import main
+
+SRC = Path(__file__).resolve().parents[1] / "src"
+SMALL_PROBE = ["--size-mib", "4", "--repeats", "2"]
+
+
+def run_module(*args: str) -> subprocess.CompletedProcess:
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(SRC), env.get("PYTHONPATH")) if p)
+    return subprocess.run([sys.executable, "-m", "ignis", *args], env=env, capture_output=True,
+                          text=True, timeout=300)
+
+
+def check_doctor_text(out: str) -> None:
+    assert f"backend: {ig.backend_name()}" in out
+    assert f"devices: {ig.device_count()}" in out
+    for key in ("device 0:", "total memory", "multiprocessors", "compute capability", "uuid",
+                "capabilities        vmm:", "versions:", "python", "numpy", "ml_dtypes", "cuda-bindings",
+                "host<->device copy bandwidth"):
+        assert key in out, key
+    for case in ("pinned    htod", "pinned    dtoh", "pageable  htod", "pageable  dtoh"):
+        assert case in out, case
+    assert ("mean nothing about a GPU" in out) == (ig.backend_name() == "emulated")
+    assert "problems:" not in out
+
+
+def check_doctor_json(text: str) -> None:
+    report = json.loads(text)
+    assert report["backend"] == ig.backend_name()
+    assert report["device_count"] == ig.device_count() == len(report["devices"])
+    assert report["problems"] == []
+    dev = report["devices"][0]
+    assert dev["ordinal"] == 0 and dev["total_memory"] > 0 and dev["uuid"]
+    assert set(dev["capabilities"]) == {"vmm", "memory_pools", "posix_fd_ipc"}
+    assert {"python", "numpy", "ml_dtypes", "cuda-bindings", "backend"} <= set(report["versions"])
+    bw = report["bandwidth"]
+    assert {(r["host_memory"], r["direction"]) for r in bw["results"]} == {
+        ("pinned", "htod"), ("pinned", "dtoh"), ("pageable", "htod"), ("pageable", "dtoh")}
+    for r in bw["results"]:
+        assert len(r["ms"]) == bw["repeats"]
+        assert r["gbps_median"] is None or r["gbps_median"] > 0
+    assert ("note" in bw) == (report["backend"] == "emulated")
+
+
+def check_demo(out: str) -> None:
+    for key in ("created streams A", "tracked WRITE", "B waits on it", "src -> dst",
+                "bytes match", "the pool handed back", "DoubleFreeError: double free",
+                "pool statistics: reserved", "cross-stream waits", "demo passed"):
+        assert key in out, key
+    assert "FAILED" not in out
+
+
+# -- in-process -------------------------------------------------------------------------------
+def test_doctor(capsys):
+    assert main(["doctor", *SMALL_PROBE]) == 0
+    check_doctor_text(capsys.readouterr().out)
+
+
+def test_doctor_json(capsys):
+    assert main(["doctor", "--json", *SMALL_PROBE]) == 0
+    check_doctor_json(capsys.readouterr().out)
+
+
+def test_doctor_without_probe(capsys):
+    assert main(["doctor", "--json", "--no-bandwidth"]) == 0
+    assert json.loads(capsys.readouterr().out)["bandwidth"] is None
+
+
+def test_doctor_reports_a_missing_device(capsys):
+    assert main(["doctor", "--json", "--device", str(ig.device_count())]) == 1
+    problems = json.loads(capsys.readouterr().out)["problems"]
+    assert len(problems) == 1 and "does not exist" in problems[0]
+
+
+def test_demo(capsys):
+    assert main(["demo"]) == 0
+    check_demo(capsys.readouterr().out)
+
+
+def test_demo_twice_in_one_process(capsys):
+    assert main(["demo"]) == 0
+    assert main(["demo"]) == 0
+    check_demo(capsys.readouterr().out)
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["bogus"], "invalid choice: 'bogus'"),
+    ([], "required: COMMAND"),
+    (["doctor", "--repeats", "0"], "expected a positive integer"),
+    (["doctor", "--size-mib", "x"], "expected a positive integer"),
+    (["demo", "--device", "-1"], "expected a device ordinal"),
+    (["demo", "--frobnicate"], "unrecognized arguments: --frobnicate"),
+])
+def test_usage_errors_exit_2(capsys, argv, message):
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("usage: ignis") and message in err
+
+
+def test_version(capsys):
+    assert main(["--version"]) == 0
+    assert capsys.readouterr().out.strip() == f"ignis {ig.__version__}"
+
+
+# -- as a program ------------------------------------------------------------------------------
+def test_module_doctor():
+    p = run_module("doctor")  # the default probe size
+    assert p.returncode == 0, p.stdout + p.stderr
+    check_doctor_text(p.stdout)
+
+
+def test_module_doctor_json():
+    p = run_module("doctor", "--json", *SMALL_PROBE)
+    assert p.returncode == 0, p.stdout + p.stderr
+    check_doctor_json(p.stdout)  # stdout is pure JSON: backend notices go to stderr
+
+
+def test_module_demo():
+    p = run_module("demo")
+    assert p.returncode == 0, p.stdout + p.stderr
+    check_demo(p.stdout)
+
+
+def test_module_bad_subcommand():
+    p = run_module("bogus")
+    assert p.returncode == 2
+    assert "usage: ignis" in p.stderr and "invalid choice" in p.stderr
