@@ -472,18 +472,19 @@ class EmulatedBackend(Backend):
         alloc = self._find(ptr, 0, "host_address")
         return alloc.host + (ptr - alloc.base)
 
-    def adopt_host_memory(self, ordinal: int, host: int, nbytes: int) -> int:
+    def adopt_host_memory(self, ordinal: int, host: int, nbytes: int) -> tuple[int, bool]:
         """Emulator only: make ``nbytes`` of existing host memory at ``host`` addressable
         as device memory of ``ordinal`` (so foreign CPU arrays can be adopted zero-copy
         through DLPack). Memory that already backs an emulated allocation maps back to
         its device address. Counted as used until ``release_host_memory``; the caller
-        keeps the host memory alive."""
+        keeps the host memory alive. Returns ``(device_ptr, adopted)``: ``adopted`` is
+        False when the memory already was emulated device memory (nothing to release)."""
         dev = self._device(ordinal, "adopt_host_memory")
         self._check_size(nbytes, "adopt_host_memory")
         with dev.lock:
             for alloc in dev.allocs.values():
                 if alloc.host <= host and host + nbytes <= alloc.host + alloc.nbytes and not alloc.freeing:
-                    return alloc.base + (host - alloc.host)
+                    return alloc.base + (host - alloc.host), False
         span = (max(nbytes, 1) + ALIGNMENT - 1) & ~(ALIGNMENT - 1)
         buf = (np.ctypeslib.as_array((ctypes.c_ubyte * nbytes).from_address(host)) if nbytes
                else np.empty(0, np.uint8))
@@ -492,7 +493,7 @@ class EmulatedBackend(Backend):
             dev.allocs[addr] = _Alloc(addr, nbytes, span, buf, host)
             bisect.insort(dev.bases, addr)
             dev.live += nbytes
-        return addr
+        return addr, True
 
     def release_host_memory(self, ordinal: int, ptr: int) -> None:
         """Forget memory adopted with ``adopt_host_memory``."""

@@ -16,6 +16,7 @@ from .resource import DeviceMemoryResource
 __all__ = ["get_current_resource", "set_current_resource", "default_upstream"]
 
 _current: dict[tuple[int, int], DeviceMemoryResource] = {}
+epoch = 0  # bumped whenever a current resource changes (callers cache against it)
 _explicit: set[tuple[int, int]] = set()
 _lock = threading.Lock()
 
@@ -43,7 +44,9 @@ def get_current_resource(device: "Device | int | None" = None) -> DeviceMemoryRe
         mr = _current.get(key)
         if mr is None or (mr._generation != dev.state.generation and key not in _explicit):
             from .pool import PoolResource
+            global epoch
             mr = _current[key] = PoolResource(default_upstream(dev))
+            epoch += 1
         return mr
 
 
@@ -58,7 +61,9 @@ def set_current_resource(mr: DeviceMemoryResource | None, device: "Device | int 
     dev, key = _key(device)
     if mr is not None and mr.device is not dev:
         raise ValueError(f"{mr!r} serves device {mr.device.ordinal}, not device {dev.ordinal}")
+    global epoch
     with _lock:
+        epoch += 1
         prev = _current.get(key)
         if mr is None:
             _current.pop(key, None)

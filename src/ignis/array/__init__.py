@@ -1,0 +1,65 @@
+"""Arrays (layer 4): NvArray and its factories."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from .. import dtypes as _dt
+from ..memory import DeviceMemoryResource
+from ..memory.types import UNTAGGED
+from ..runtime import Device, Stream
+from .nvarray import NvArray
+
+__all__ = ["NvArray", "empty", "zeros", "full", "from_numpy", "asarray", "from_dlpack"]
+
+
+def empty(shape: Any, dtype: Any = _dt.float32, *, device: "Device | int | None" = None,
+          stream: Stream | None = None, owner: str = "compute", mr: DeviceMemoryResource | None = None,
+          tag: str = UNTAGGED) -> NvArray:
+    """An uninitialized array from ``mr`` (default: the device's current resource)."""
+    return NvArray(shape, dtype, device=device, stream=stream, owner=owner, mr=mr, tag=tag)
+
+
+def zeros(shape: Any, dtype: Any = _dt.float32, **kw: Any) -> NvArray:
+    """An array of zeros (a device memset)."""
+    return NvArray(shape, dtype, **kw).zero_()
+
+
+def full(shape: Any, value: Any, dtype: Any = _dt.float32, **kw: Any) -> NvArray:
+    """An array with every element equal to ``value`` (filled on the device)."""
+    return NvArray(shape, dtype, **kw).fill_(value)
+
+
+def from_numpy(a: np.ndarray, *, dtype: Any = None, **kw: Any) -> NvArray:
+    """Copy a NumPy array (any layout) to a new device array of the same shape."""
+    a = np.asarray(a)
+    dt = _dt.dtype(a.dtype if dtype is None else dtype)
+    out = NvArray(a.shape, dt, **kw)
+    try:
+        out.from_host(a)
+    except BaseException:
+        out.free()
+        raise
+    return out
+
+
+def asarray(obj: Any, *, dtype: Any = None, **kw: Any) -> NvArray:
+    """An NvArray for ``obj``: itself, a zero-copy adoption of a DLPack / CUDA array
+    interface object, or a copy of host data (NumPy arrays, sequences, scalars)."""
+    if isinstance(obj, NvArray):
+        if dtype is not None and _dt.dtype(dtype) is not obj.dtype:
+            raise ValueError(f"asarray: array is {obj.dtype.name}, not {_dt.dtype(dtype).name}; "
+                             "dtype conversion needs a copy")
+        return obj
+    if not isinstance(obj, np.ndarray) and (hasattr(obj, "__dlpack__") or hasattr(obj, "__cuda_array_interface__")):
+        from ..interop import from_dlpack as _from_dlpack
+        return _from_dlpack(obj)
+    return from_numpy(np.asarray(obj, dtype=None if dtype is None else _dt.dtype(dtype).numpy), **kw)
+
+
+def from_dlpack(x: Any, *, stream: Stream | None = None, owner: str = "compute") -> NvArray:
+    """Adopt ``x``'s memory without copying (a non-owning array that keeps ``x`` alive)."""
+    from ..interop import from_dlpack as _from_dlpack
+    return _from_dlpack(x, stream=stream, owner=owner)

@@ -1,0 +1,616 @@
+"""NvArray: the one canonical device tensor (after seeds/001).
+
+Design and rules:
+- An NvArray either owns a block from a memory resource, or is a view into
+  its parent's block (``base``), or adopts foreign memory (``from_dlpack``).
+  Only an owning array frees memory; a view keeps its parent alive and never
+  frees; a parent with live views refuses ``free()``.
+- Every operation that touches device bytes is a tracked use of the block
+  (``prepare_block_use`` before, ``finish_block_use`` after) on the stream it
+  runs on, so an array written on stream A and read on stream B gets the event
+  wait it needs without the user doing anything. On a resource that cannot
+  track, work is allowed only on the block's own stream.
+- ``free()`` refuses while ``ref_count > 0`` or while a layer other than the
+  caller owns the array; a second free is a ``DoubleFreeError``; any use after
+  free is a ``UseAfterFreeError`` naming the array id and generation.
+- An owning array that is garbage-collected returns its block in stream order;
+  an explicit ``free()`` cancels that. Nothing is freed while the interpreter
+  is shutting down.
+- Owner transitions, ref counts and free are guarded by a per-array lock.
+"""
+
+from __future__ import annotations
+
+import itertools
+import operator
+import sys
+import threading
+import time
+import weakref
+from contextlib import contextmanager
+from typing import TYPE_CHECKING, Any, Iterator
+
+import numpy as np
+
+from .. import backends
+from .. import dtypes as _dt
+from ..dtypes import DType
+from ..errors import DoubleFreeError, MemoryContractViolation, StreamMisuseError, UseAfterFreeError
+from ..memory import Access, DeviceMemoryResource, current, get_current_resource
+from ..memory.types import UNTAGGED, DeviceBlock
+from ..runtime import Device, Stream
+from ..safety.contract import DEFAULT_OWNER, contract, validate_owner
+from . import hostcopy
+
+if TYPE_CHECKING:
+    from ..memory import PinnedBuffer
+    from ..safety import GpuRef
+
+__all__ = ["NvArray"]
+
+_ids = itertools.count()
+# Per-array locks are striped: arrays are many and short-lived; a lock is only
+# held for a few attribute updates and never while another array's is held.
+_LOCKS = tuple(threading.Lock() for _ in range(64))
+_READ, _WRITE, _RW = Access.READ, Access.WRITE, Access.READ_WRITE
+
+
+def _shape(shape: Any) -> tuple[int, ...]:
+    if type(shape) is int and shape >= 0:
+        return (shape,)
+    if type(shape) is tuple and all(type(d) is int and d >= 0 for d in shape):
+        return shape
+    if isinstance(shape, (int, np.integer)) and not isinstance(shape, bool):
+        shape = (shape,)
+    try:
+        dims = tuple(operator.index(d) for d in shape)
+    except TypeError:
+        raise ValueError(f"shape must be a sequence of non-negative ints, got {shape!r}") from None
+    bad = [d for d in dims if d < 0]
+    if bad:
+        raise ValueError(f"shape {dims} has negative dimension(s) {bad}; dimensions must be >= 0")
+    return dims
+
+
+def _numel(shape: tuple[int, ...]) -> int:
+    n = 1
+    for d in shape:
+        n *= d
+    return n
+
+
+_fast = [None]  # (backend, device, stream, mr, generation, resource epoch) for device 0 defaults
+
+
+def _defaults() -> tuple[Device, Stream, DeviceMemoryResource]:
+    """Device 0, its default stream and current resource, cached until any of them changes."""
+    f = _fast[0]
+    if f is not None and f[0] is backends._backend and f[1].state.generation == f[4] \
+            and f[5] == current.epoch and not f[2]._closed:
+        return f[1], f[2], f[3]
+    dev = Device(0)
+    mr = get_current_resource(dev)
+    _fast[0] = f = (dev.backend, dev, dev.default_stream, mr, dev.state.generation, current.epoch)
+    return f[1], f[2], f[3]
+
+
+class NvArray:
+    """A device tensor with an owner, a stream, a ref count and a generation-checked identity."""
+
+    __slots__ = ("id", "shape", "dtype", "device", "stream", "owner", "ref_count", "created_at", "numel",
+                 "nbytes", "_ptr", "_block", "_mr", "_tracks", "_base", "_views", "_freed",
+                 "_pinned", "_keepalive", "__weakref__")
+
+    @property
+    def _lock(self) -> threading.Lock:
+        return _LOCKS[self.id & 63]
+
+    def __init__(self, shape: Any, dtype: Any = _dt.float32, *, device: "Device | int | None" = None,
+                 stream: Stream | None = None, owner: str = DEFAULT_OWNER,
+                 mr: DeviceMemoryResource | None = None, tag: str = UNTAGGED) -> None:
+        """Allocate an uninitialized array (same as ``ig.empty``)."""
+        self._freed = True  # until memory is in hand, so __del__ does nothing
+        shape = _shape(shape)
+        dt = dtype if type(dtype) is DType else _dt.dtype(dtype)
+        if owner != DEFAULT_OWNER:
+            validate_owner(owner)
+        if stream is None and mr is None and (device is None or device == 0):
+            dev, stream, mr = _defaults()
+        else:
+            if stream is not None:
+                if type(stream) is not Stream:
+                    raise TypeError(f"stream must be an ignis.Stream, got {type(stream).__name__}")
+                dev = stream.device
+                if device is not None and Device(device) is not dev:
+                    raise ValueError(f"stream {stream!r} is on device {dev.ordinal}, not device {device}")
+            else:
+                dev = Device(0 if device is None else device)
+                stream = dev.default_stream
+            if mr is None:
+                mr = get_current_resource(dev)
+        numel = _numel(shape)
+        nbytes = numel * dt.itemsize
+        self.id = next(_ids)
+        self.shape = shape
+        self.dtype = dt
+        self.device = dev
+        self.stream = stream
+        self.owner = owner
+        self.ref_count = 0
+        self.created_at = time.time()
+        self.numel = numel
+        self.nbytes = nbytes
+        self._base = None
+        self._views = None
+        self._pinned = None
+        self._keepalive = None
+        self._mr = mr
+        if nbytes:
+            block = mr.allocate(nbytes, stream, tag)
+            self._ptr = block.ptr
+            self._block = block
+            self._tracks = mr.supports_block_use_tracking
+        else:
+            self._ptr = 0
+            self._block = None
+            self._tracks = False
+        self._freed = False
+        if contract.track_all:
+            contract.track(self)
+
+    @classmethod
+    def _wrap(cls, shape: tuple[int, ...], dt: DType, device: Device, stream: Stream, ptr: int,
+              block: DeviceBlock | None, mr: DeviceMemoryResource | None, owner: str,
+              base: "NvArray | None" = None, keepalive: Any = None) -> "NvArray":
+        """An array over memory it does not allocate (a view or foreign memory)."""
+        a = object.__new__(cls)
+        a.id = next(_ids)
+        a.shape = shape
+        a.dtype = dt
+        a.device = device
+        a.stream = stream
+        a.owner = owner
+        a.ref_count = 0
+        a.created_at = time.time()
+        a.numel = _numel(shape)
+        a.nbytes = a.numel * dt.itemsize
+        a._ptr = ptr
+        a._block = block
+        a._mr = mr
+        a._tracks = bool(mr is not None and block is not None and mr.supports_block_use_tracking)
+        a._base = base
+        a._views = None
+        a._freed = False
+        a._pinned = None
+        a._keepalive = keepalive
+        return a
+
+    # -- identity ------------------------------------------------------------
+    @property
+    def ndim(self) -> int:
+        return len(self.shape)
+
+    @property
+    def freed(self) -> bool:
+        return self._freed
+
+    @property
+    def is_view(self) -> bool:
+        return self._base is not None
+
+    @property
+    def base(self) -> "NvArray | None":
+        return self._base
+
+    @property
+    def owns_memory(self) -> bool:
+        return self._base is None and self._block is not None and self._keepalive is None
+
+    @property
+    def generation(self) -> int | None:
+        """The generation of the block this array's bytes live in (None for foreign memory)."""
+        return None if self._block is None else self._block.generation
+
+    @property
+    def tag(self) -> str | None:
+        return None if self._block is None else self._block.tag
+
+    @property
+    def device_id(self) -> int:
+        return self.device.ordinal
+
+    @property
+    def device_ptr(self) -> int:
+        """The device address (for FFI). Raises if the array was freed."""
+        if self._freed:
+            self._check_live("take the device pointer of")
+        return self._ptr
+
+    @property
+    def resource(self) -> DeviceMemoryResource | None:
+        return self._mr
+
+    def __len__(self) -> int:
+        if not self.shape:
+            raise TypeError("len() of a 0-d NvArray")
+        return self.shape[0]
+
+    def __repr__(self) -> str:
+        return (f"<ignis.NvArray id={self.id} shape={list(self.shape)} dtype={self.dtype.name} "
+                f"device={self.device.ordinal} owner={self.owner} ref_count={self.ref_count} "
+                f"freed={str(self._freed).lower()}>")
+
+    # -- liveness and tracked use ------------------------------------------------
+    def _check_live(self, what: str = "use") -> None:
+        if self._freed:
+            raise UseAfterFreeError(f"cannot {what} NvArray#{self.id}: it was freed", array_id=self.id,
+                                    generation=self.generation, ptr=self._ptr)
+        base = self._base
+        while base is not None:
+            if base._freed:
+                raise UseAfterFreeError(f"cannot {what} NvArray#{self.id}: its base NvArray#{base.id} was freed",
+                                        array_id=self.id, generation=self.generation, ptr=self._ptr)
+            base = base._base
+
+    def _begin(self, stream: Stream, access: Access) -> None:
+        """Checks and waits before queuing work that touches the bytes."""
+        if self._freed or self._base is not None:
+            self._check_live()
+        if self._tracks:
+            self._mr.prepare_block_use(self._block, stream, access)
+        elif self._block is not None and stream is not self._block.alloc_stream:
+            raise StreamMisuseError(
+                f"NvArray#{self.id} lives in a {type(self._mr).__name__}, which cannot track cross-stream "
+                f"uses, so it can only be used on its own stream #{self._block.alloc_stream.id} "
+                f"(asked: stream #{stream.id}); allocate it from a PoolResource or AsyncResource")
+
+    def _end(self, stream: Stream, access: Access) -> None:
+        if self._tracks:
+            self._mr.finish_block_use(self._block, stream, access)
+
+    @contextmanager
+    def use(self, stream: Stream | None = None, access: "Access | str" = Access.READ_WRITE) -> Iterator[int]:
+        """Use the raw pointer in foreign work (PyTorch, CuPy, Triton, custom CUDA)
+        queued on ``stream`` inside the ``with`` block: the waits it needs are
+        queued before, and the use is recorded after."""
+        s = self.stream if stream is None else stream
+        acc = Access.parse(access)
+        self._begin(s, acc)
+        try:
+            yield self._ptr
+        finally:
+            self._end(s, acc)
+
+    # -- ownership and reference counts -------------------------------------------
+    def incref(self) -> int:
+        with self._lock:
+            self._check_live("incref")
+            self.ref_count += 1
+            return self.ref_count
+
+    def decref(self) -> int:
+        with self._lock:
+            self._check_live("decref")
+            if self.ref_count <= 0:
+                raise MemoryContractViolation(f"NvArray#{self.id} ref_count is already 0: decref without incref",
+                                              array_id=self.id, owner=self.owner)
+            self.ref_count -= 1
+            return self.ref_count
+
+    def transfer_ownership(self, new_owner: str) -> str:
+        """Hand the array to ``new_owner`` directly (``contract.acquire`` / ``release``
+        are the checked way for layers)."""
+        validate_owner(new_owner)
+        with self._lock:
+            self._check_live("transfer ownership of")
+            if self.ref_count > 1:
+                raise MemoryContractViolation(
+                    f"cannot transfer ownership of NvArray#{self.id} while ref_count={self.ref_count} > 1",
+                    array_id=self.id, owner=self.owner, caller=new_owner)
+            self.owner = new_owner
+        return new_owner
+
+    def ref(self) -> "GpuRef":
+        """A generation-checked handle that keeps this array's memory alive."""
+        from ..safety import GpuRef
+        self._check_live("take a GpuRef to")
+        return GpuRef(self)
+
+    # -- free ------------------------------------------------------------------
+    def free(self, by: str = DEFAULT_OWNER) -> None:
+        """Give the memory back (stream-ordered). Views only mark themselves freed."""
+        with self._lock:
+            if self._freed:
+                raise DoubleFreeError(f"NvArray#{self.id} was already freed", array_id=self.id,
+                                      generation=self.generation, ptr=self._ptr)
+            if self.ref_count > 0:
+                raise MemoryContractViolation(
+                    f"cannot free NvArray#{self.id} while ref_count={self.ref_count} > 0 (another component "
+                    "holds it; it must decref first)", array_id=self.id, owner=self.owner, caller=by)
+            if self.owner != by:
+                raise MemoryContractViolation(
+                    f"NvArray#{self.id} is owned by {self.owner!r}; {by!r} cannot free it (the owner must "
+                    "release it first)", array_id=self.id, owner=self.owner, caller=by)
+            views = self._views
+            if views:
+                live = [v for v in (r() for r in views) if v is not None and not v._freed]
+                if live:
+                    raise MemoryContractViolation(
+                        f"cannot free NvArray#{self.id}: {len(live)} view(s) of it are still alive "
+                        f"(NvArray#{', #'.join(str(v.id) for v in live[:5])}); free or drop the views first",
+                        array_id=self.id, owner=self.owner, caller=by)
+            self._freed = True
+            pinned, self._pinned = self._pinned, None
+        if pinned is not None:
+            pinned.release(self.stream)
+        if self._base is None and self._block is not None and self._keepalive is None:
+            self._mr.deallocate(self._block)
+        self._keepalive = None
+
+    def __del__(self) -> None:
+        if self._freed or sys.is_finalizing():
+            return
+        self._freed = True
+        try:
+            if self._pinned is not None:
+                self._pinned.release()
+            if self._base is None and self._block is not None and self._keepalive is None:
+                self._mr.deallocate(self._block)
+        except Exception:
+            pass
+
+    # -- views -------------------------------------------------------------------
+    def _view(self, shape: tuple[int, ...], offset: int) -> "NvArray":
+        self._check_live("view")
+        v = NvArray._wrap(shape, self.dtype, self.device, self.stream, self._ptr + offset, self._block,
+                          self._mr, self.owner, base=self)
+        v._keepalive = None
+        with self._lock:
+            if self._views is None:
+                self._views = []
+            elif len(self._views) > 64:
+                self._views = [r for r in self._views if r() is not None]
+            self._views.append(weakref.ref(v))
+        return v
+
+    def slice(self, dim: int, start: int, length: int) -> "NvArray":
+        """A zero-copy view of ``[start, start + length)`` along ``dim``; only contiguous slices."""
+        nd = len(self.shape)
+        if not (isinstance(dim, int) and -nd <= dim < nd):
+            raise ValueError(f"dimension {dim} out of range for shape {self.shape}")
+        dim %= nd
+        size = self.shape[dim]
+        if not (isinstance(start, int) and isinstance(length, int)) or start < 0 or length < 0 \
+                or start + length > size:
+            raise ValueError(f"slice [{start}, {start}+{length}) exceeds dimension {dim} of size {size} "
+                             f"in shape {self.shape}")
+        leading = _numel(self.shape[:dim])
+        if leading > 1 and length != size:
+            raise ValueError(f"slice(dim={dim}) of shape {self.shape} would be strided (non-contiguous), which "
+                             "a view cannot represent; use a copy (e.g. a gather kernel, or to_numpy() and "
+                             "from_numpy()) for strided slices")
+        trailing = _numel(self.shape[dim + 1:])
+        shape = self.shape[:dim] + (length,) + self.shape[dim + 1:]
+        return self._view(shape, start * trailing * self.dtype.itemsize)
+
+    def reshape(self, *shape: Any) -> "NvArray":
+        """A zero-copy view with another shape of the same number of elements (one -1 allowed)."""
+        if len(shape) == 1 and not isinstance(shape[0], (int, np.integer)):
+            shape = tuple(shape[0])
+        dims = [operator.index(d) for d in shape]
+        if dims.count(-1) > 1:
+            raise ValueError("only one dimension can be -1 in reshape")
+        if -1 in dims:
+            known = _numel(tuple(d for d in dims if d != -1))
+            if known == 0 or self.numel % known:
+                raise ValueError(f"cannot reshape {self.shape} ({self.numel} elements) into {tuple(shape)}")
+            dims[dims.index(-1)] = self.numel // known
+        new = _shape(tuple(dims))
+        if _numel(new) != self.numel:
+            raise ValueError(f"cannot reshape {self.shape} ({self.numel} elements) into {new} "
+                             f"({_numel(new)} elements)")
+        return self._view(new, 0)
+
+    def __getitem__(self, key: Any) -> "NvArray":
+        if not self.shape:
+            raise IndexError("a 0-d NvArray cannot be indexed")
+        n = self.shape[0]
+        if isinstance(key, (int, np.integer)) and not isinstance(key, bool):
+            i = operator.index(key)
+            if not -n <= i < n:
+                raise IndexError(f"index {i} out of range for dimension 0 of size {n}")
+            i %= n
+            return self.slice(0, i, 1).reshape(self.shape[1:]) if self.ndim > 1 else self.slice(0, i, 1).reshape(())
+        if isinstance(key, slice):
+            start, stop, step = key.indices(n)
+            if step != 1:
+                raise ValueError("only contiguous slices (step 1) are views; use a copy for strided selection")
+            return self.slice(0, start, max(0, stop - start))
+        raise TypeError(f"NvArray supports int and contiguous slice indexing on the first dimension, "
+                        f"not {type(key).__name__}")
+
+    # -- device-side writes -------------------------------------------------------------
+    def _stream_arg(self, stream: Stream | None) -> Stream:
+        return self.stream if stream is None else stream
+
+    def zero_(self, *, stream: Stream | None = None) -> "NvArray":
+        """Set every byte to zero with a device memset."""
+        s = self._stream_arg(stream)
+        self._begin(s, _WRITE)
+        if self.nbytes:
+            self.device.backend.memset_d8_async(self._ptr, 0, self.nbytes, s.handle)
+        self._end(s, _WRITE)
+        return self
+
+    def fill_(self, value: Any, *, stream: Stream | None = None) -> "NvArray":
+        """Set every element to ``value``, on the device (a memset when all bytes
+        of the element are equal, otherwise one element written and doubled by
+        device-to-device copies)."""
+        elem = np.array(value, dtype=self.dtype.numpy).tobytes()
+        s = self._stream_arg(stream)
+        backend = self.device.backend
+        self._begin(s, _WRITE)
+        try:
+            if not self.nbytes:
+                return self
+            if elem.count(elem[0]) == len(elem):
+                backend.memset_d8_async(self._ptr, elem[0], self.nbytes, s.handle)
+                return self
+            seed = min(self.nbytes, 4096)
+            hostcopy.htod(np.frombuffer(elem * (seed // len(elem)), np.uint8), self._ptr, s)
+            done = seed
+            while done < self.nbytes:
+                n = min(done, self.nbytes - done)
+                backend.memcpy_dtod_async(self._ptr + done, self._ptr, n, s.handle)
+                done += n
+            return self
+        finally:
+            self._end(s, _WRITE)
+
+    def _check_peer(self, src: "NvArray", what: str) -> None:
+        if not isinstance(src, NvArray):
+            raise TypeError(f"{what} needs an NvArray, got {type(src).__name__}")
+        if src.device is not self.device:
+            raise ValueError(f"{what}: source is on device {src.device.ordinal}, destination on device "
+                             f"{self.device.ordinal}; copy through the host or a peer copy")
+
+    def copy_(self, src: "NvArray", *, stream: Stream | None = None) -> "NvArray":
+        """Copy ``src``'s bytes into this array (same shape and dtype), device to device."""
+        self._check_peer(src, "copy_")
+        if src.shape != self.shape or src.dtype is not self.dtype:
+            raise ValueError(f"copy_ needs the same shape and dtype: destination {self.shape} {self.dtype.name}, "
+                             f"source {src.shape} {src.dtype.name}")
+        s = self._stream_arg(stream)
+        self._dtod(src, 0, s)
+        return self
+
+    def _dtod(self, src: "NvArray", dst_offset: int, s: Stream) -> None:
+        src._begin(s, _READ)
+        try:
+            self._begin(s, _WRITE)
+            try:
+                if src.nbytes:
+                    self.device.backend.memcpy_dtod_async(self._ptr + dst_offset, src._ptr, src.nbytes, s.handle)
+            finally:
+                self._end(s, _WRITE)
+        finally:
+            src._end(s, _READ)
+
+    def clone(self, *, stream: Stream | None = None) -> "NvArray":
+        """An independent, owned copy with the same shape, dtype, owner and bytes."""
+        self._check_live("clone")
+        s = self._stream_arg(stream)
+        mr = self._mr if self._mr is not None else None
+        out = NvArray(self.shape, self.dtype, stream=s, owner=self.owner, mr=mr)
+        out._dtod(self, 0, s)
+        return out
+
+    def write_rows(self, src: "NvArray", start_row: int, *, stream: Stream | None = None) -> "NvArray":
+        """Copy ``src`` (rows of the same width) into this buffer from row ``start_row``
+        on (the KV-cache append): O(rows written), device to device."""
+        self._check_peer(src, "write_rows")
+        if not self.shape or self.shape[0] == 0:
+            raise ValueError(f"write_rows needs an array with rows, got shape {self.shape}")
+        if src.dtype is not self.dtype:
+            raise ValueError(f"write_rows: dtype {src.dtype.name} does not match {self.dtype.name}")
+        row_bytes = self.nbytes // self.shape[0]
+        if src.nbytes % row_bytes if row_bytes else src.nbytes:
+            raise ValueError(f"write_rows: source of {src.nbytes} bytes is not a whole number of "
+                             f"{row_bytes}-byte rows (row shape {self.shape[1:]})")
+        if not isinstance(start_row, int) or start_row < 0:
+            raise ValueError(f"start_row must be a non-negative int, got {start_row!r}")
+        offset = start_row * row_bytes
+        if offset + src.nbytes > self.nbytes:
+            raise ValueError(f"write_rows overflow: writing {src.nbytes} bytes at row {start_row} (offset "
+                             f"{offset}) exceeds the {self.nbytes}-byte buffer")
+        self._dtod(src, offset, self._stream_arg(stream))
+        return self
+
+    # -- host copies ---------------------------------------------------------------
+    def from_host_raw(self, data: Any, *, stream: Stream | None = None) -> "NvArray":
+        """Copy bytes already in this dtype's little-endian layout to the device, with no
+        per-element conversion (exact for bfloat16 / float16)."""
+        mv = memoryview(data).cast("B")
+        if mv.nbytes != self.nbytes:
+            raise ValueError(f"from_host_raw: expected {self.nbytes} bytes for shape {self.shape} "
+                             f"{self.dtype.name}, got {mv.nbytes} bytes")
+        self._upload(np.frombuffer(mv, np.uint8), stream)
+        return self
+
+    def from_host(self, data: Any, *, stream: Stream | None = None) -> "NvArray":
+        """Copy host values (a sequence or NumPy array of ``numel`` elements, any shape) to the device."""
+        arr = np.asarray(data)
+        if arr.size != self.numel:
+            raise ValueError(f"from_host: expected {self.numel} elements for shape {self.shape}, "
+                             f"got {arr.size}")
+        arr = np.ascontiguousarray(arr, dtype=self.dtype.numpy).reshape(-1)
+        self._upload(arr.view(np.uint8), stream)
+        return self
+
+    def _upload(self, raw: np.ndarray, stream: Stream | None) -> None:
+        s = self._stream_arg(stream)
+        self._begin(s, _WRITE)
+        try:
+            hostcopy.htod(raw, self._ptr, s)
+        finally:
+            self._end(s, _WRITE)
+
+    def to_numpy(self, *, stream: Stream | None = None) -> np.ndarray:
+        """Copy to a new NumPy array (waits for the copy). Large results live in pinned memory."""
+        s = self._stream_arg(stream)
+        self._begin(s, _READ)
+        try:
+            npd = self.dtype.numpy
+            if self.nbytes >= hostcopy.PINNED_RESULT_MIN:
+                return hostcopy.dtoh_pinned(self._ptr, self.nbytes, npd, self.shape, s)
+            out = np.empty(self.shape, npd)
+            if self.nbytes:
+                self.device.backend.memcpy_dtoh_async(out.ctypes.data, self._ptr, self.nbytes, s.handle)
+                s.synchronize()
+            return out
+        finally:
+            self._end(s, _READ)
+
+    to_host = to_numpy
+
+    def tolist(self) -> Any:
+        return self.to_numpy().tolist()
+
+    def pin(self) -> "PinnedBuffer":
+        """Give the array its own pinned host staging buffer (``pinned_host``)."""
+        with self._lock:
+            self._check_live("pin")
+            if self._pinned is not None:
+                raise RuntimeError(f"NvArray#{self.id} is already pinned; unpin() first")
+            self._pinned = hostcopy.pinned_pool().allocate(self.nbytes)
+            return self._pinned
+
+    def unpin(self) -> None:
+        with self._lock:
+            self._check_live("unpin")
+            if self._pinned is None:
+                raise RuntimeError(f"NvArray#{self.id} has no pinned memory; pin() first")
+            buf, self._pinned = self._pinned, None
+        buf.release(self.stream)
+
+    @property
+    def pinned_host(self) -> np.ndarray | None:
+        """The pinned staging buffer as uint8, or None when not pinned."""
+        return None if self._pinned is None else self._pinned.array
+
+    # -- interop (DLPack, CUDA array interface) --------------------------------------------
+    def __dlpack__(self, *, stream: Any = None, max_version: Any = None, dl_device: Any = None,
+                   copy: Any = None) -> Any:
+        from ..interop import dlpack
+        return dlpack.export(self, stream=stream, max_version=max_version, dl_device=dl_device, copy=copy)
+
+    def __dlpack_device__(self) -> tuple[int, int]:
+        from ..interop import dlpack
+        return dlpack.device_of(self)
+
+    @property
+    def __cuda_array_interface__(self) -> dict[str, Any]:
+        from ..interop import dlpack
+        return dlpack.cuda_array_interface(self)
+
+

@@ -1,0 +1,329 @@
+"""DLPack and the CUDA array interface, in pure Python (ctypes).
+
+Export (``NvArray.__dlpack__``): a legacy ``"dltensor"`` capsule whose
+manager context keeps the array alive until the consumer calls the deleter
+(or the capsule dies unconsumed). The stream handshake is honoured: the
+consumer's stream is made to wait for the array's pending writes, recorded
+as a tracked use, so no host synchronization is needed. On the emulated
+backend the tensor is a CPU tensor at the emulator's host address, so NumPy
+imports it zero-copy.
+
+Import (``from_dlpack``): the producer is asked to order its work before our
+stream; the capsule is consumed, and the resulting non-owning array keeps the
+producer's memory alive and calls its deleter when it dies. Only contiguous
+tensors are adopted.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import threading
+from typing import TYPE_CHECKING, Any
+
+from .. import dtypes as _dt
+from ..errors import UnsupportedError
+from ..memory import Access
+from ..runtime import Device, Stream
+
+if TYPE_CHECKING:
+    from ..array import NvArray
+
+__all__ = ["export", "device_of", "from_dlpack", "cuda_array_interface", "KDL_CPU", "KDL_CUDA"]
+
+KDL_CPU, KDL_CUDA, KDL_CUDA_HOST = 1, 2, 3
+
+
+class _DLDevice(ctypes.Structure):
+    _fields_ = [("device_type", ctypes.c_int32), ("device_id", ctypes.c_int32)]
+
+
+class _DLDataType(ctypes.Structure):
+    _fields_ = [("code", ctypes.c_uint8), ("bits", ctypes.c_uint8), ("lanes", ctypes.c_uint16)]
+
+
+class _DLTensor(ctypes.Structure):
+    _fields_ = [("data", ctypes.c_void_p), ("device", _DLDevice), ("ndim", ctypes.c_int32),
+                ("dtype", _DLDataType), ("shape", ctypes.POINTER(ctypes.c_int64)),
+                ("strides", ctypes.POINTER(ctypes.c_int64)), ("byte_offset", ctypes.c_uint64)]
+
+
+class _DLManagedTensor(ctypes.Structure):
+    pass
+
+
+_DELETER = ctypes.CFUNCTYPE(None, ctypes.c_void_p)
+_DLManagedTensor._fields_ = [("dl_tensor", _DLTensor), ("manager_ctx", ctypes.c_void_p),
+                             ("deleter", _DELETER)]
+
+
+class _DLPackVersion(ctypes.Structure):
+    _fields_ = [("major", ctypes.c_uint32), ("minor", ctypes.c_uint32)]
+
+
+class _DLManagedTensorVersioned(ctypes.Structure):
+    _fields_ = [("version", _DLPackVersion), ("manager_ctx", ctypes.c_void_p), ("deleter", _DELETER),
+                ("flags", ctypes.c_uint64), ("dl_tensor", _DLTensor)]
+
+
+_FLAG_READ_ONLY = 1
+_LEGACY, _VERSIONED = b"dltensor", b"dltensor_versioned"
+
+
+def _api(name: str, restype: Any, *argtypes: Any) -> Any:
+    return ctypes.PYFUNCTYPE(restype, *argtypes)((name, ctypes.pythonapi))
+
+
+_PyCapsule_New = _api("PyCapsule_New", ctypes.py_object, ctypes.c_void_p, ctypes.c_char_p, ctypes.c_void_p)
+_PyCapsule_GetPointer = _api("PyCapsule_GetPointer", ctypes.c_void_p, ctypes.py_object, ctypes.c_char_p)
+_PyCapsule_IsValid = _api("PyCapsule_IsValid", ctypes.c_int, ctypes.py_object, ctypes.c_char_p)
+_PyCapsule_SetName = _api("PyCapsule_SetName", ctypes.c_int, ctypes.py_object, ctypes.c_char_p)
+# The capsule destructor gets a borrowed pointer to a capsule being destroyed:
+# these variants take it as a raw address (never touching its refcount).
+_RawIsValid = _api("PyCapsule_IsValid", ctypes.c_int, ctypes.c_void_p, ctypes.c_char_p)
+_RawGetPointer = _api("PyCapsule_GetPointer", ctypes.c_void_p, ctypes.c_void_p, ctypes.c_char_p)
+_CAPSULE_DESTRUCTOR = ctypes.CFUNCTYPE(None, ctypes.c_void_p)
+
+# Exported tensors not yet deleted: struct address -> (struct, shape array, array).
+_exports: dict[int, tuple[Any, Any, Any]] = {}
+_exports_lock = threading.Lock()
+
+
+@_DELETER
+def _delete(addr: int) -> None:
+    with _exports_lock:
+        _exports.pop(addr, None)
+
+
+def _capsule_destructor_impl(capsule: int) -> None:
+    # A capsule nobody consumed (its name unchanged) must run the producer's deleter.
+    for name in (_LEGACY, _VERSIONED):
+        if _RawIsValid(capsule, name):
+            addr = _RawGetPointer(capsule, name)
+            with _exports_lock:
+                _exports.pop(addr, None)
+            return
+
+
+_capsule_destructor = _CAPSULE_DESTRUCTOR(_capsule_destructor_impl)
+
+
+def _is_emulated(a: "NvArray") -> bool:
+    return a.device.backend.name == "emulated"
+
+
+def device_of(a: "NvArray") -> tuple[int, int]:
+    """``(device_type, device_id)``: CUDA for the cuda backend, CPU for the emulator."""
+    return (KDL_CPU, 0) if _is_emulated(a) else (KDL_CUDA, a.device.ordinal)
+
+
+def _consumer_stream(a: "NvArray", stream: Any) -> Stream | None:
+    """The consumer's stream as an ignis Stream, or None when no ordering is asked."""
+    if stream is None or stream == -1:
+        return None
+    if isinstance(stream, Stream):
+        return stream
+    if isinstance(stream, int):
+        if stream in (1, 2):  # legacy / per-thread default streams: order against the array's stream
+            return None
+        return Stream.from_handle(stream, a.device)
+    handle = getattr(stream, "__cuda_stream__", None)
+    if handle is not None:
+        return Stream.from_handle(handle()[1], a.device)
+    raise TypeError(f"__dlpack__(stream=...) expects an int stream handle, got {type(stream).__name__}")
+
+
+def export(a: "NvArray", *, stream: Any = None, max_version: Any = None, dl_device: Any = None,
+           copy: Any = None) -> Any:
+    """The ``__dlpack__`` protocol for an NvArray."""
+    a._check_live("export through DLPack")
+    if copy:
+        raise UnsupportedError("__dlpack__(copy=True)", a.device.backend.name, "call clone() first")
+    dev_type, dev_id = device_of(a)
+    if dl_device is not None and tuple(dl_device) != (dev_type, dev_id):
+        raise UnsupportedError(f"export to DLPack device {tuple(dl_device)}", a.device.backend.name,
+                               f"this array lives on {(dev_type, dev_id)}")
+    if dev_type == KDL_CPU:
+        if stream not in (None, -1):
+            raise ValueError("the emulated backend exports CPU tensors; DLPack requires stream=None for them")
+        # A CPU consumer reads at once: make the bytes current first.
+        s = a.stream
+        a._begin(s, Access.READ_WRITE)
+        a._end(s, Access.READ_WRITE)
+        s.synchronize()
+        data = a.device.backend.host_address(a._ptr) if a.nbytes else 0
+    else:
+        consumer = _consumer_stream(a, stream)
+        if consumer is None and stream != -1:
+            consumer = a.stream
+            a._begin(consumer, Access.READ_WRITE)
+            a._end(consumer, Access.READ_WRITE)
+            consumer.synchronize()  # a legacy-default-stream consumer: only a host sync orders it
+        elif consumer is not None:
+            a._begin(consumer, Access.READ_WRITE)
+            a._end(consumer, Access.READ_WRITE)
+        data = a._ptr
+    versioned = max_version is not None and tuple(max_version)[0] >= 1
+    ndim = a.ndim
+    shape = (ctypes.c_int64 * max(ndim, 1))(*a.shape)
+    managed: Any = _DLManagedTensorVersioned() if versioned else _DLManagedTensor()
+    t = managed.dl_tensor
+    t.data = data
+    t.device = _DLDevice(dev_type, dev_id)
+    t.ndim = ndim
+    code, bits, lanes = a.dtype.dlpack
+    t.dtype = _DLDataType(code, bits, lanes)
+    t.shape = ctypes.cast(shape, ctypes.POINTER(ctypes.c_int64))
+    t.strides = None
+    t.byte_offset = 0
+    managed.manager_ctx = None
+    managed.deleter = _delete
+    if versioned:
+        managed.version = _DLPackVersion(1, 1)
+        managed.flags = 0
+    addr = ctypes.addressof(managed)
+    with _exports_lock:
+        _exports[addr] = (managed, shape, a)
+    return _PyCapsule_New(addr, _VERSIONED if versioned else _LEGACY,
+                          ctypes.cast(_capsule_destructor, ctypes.c_void_p))
+
+
+class _Imported:
+    """Keeps a consumed DLPack tensor's producer alive; calls its deleter on death."""
+
+    __slots__ = ("managed", "owner")
+
+    def __init__(self, managed: Any, owner: Any) -> None:
+        self.managed = managed
+        self.owner = owner
+
+    def __del__(self) -> None:
+        m = self.managed
+        if m is not None:
+            self.managed = None
+            try:
+                if m.deleter:
+                    m.deleter(ctypes.addressof(m))
+            except Exception:
+                pass
+
+
+def from_dlpack(x: Any, *, stream: Stream | None = None, owner: str = "compute") -> "NvArray":
+    """Adopt a DLPack-capable object's memory as a non-owning NvArray (zero-copy)."""
+    from ..array import NvArray
+
+    if isinstance(x, NvArray):
+        return x
+    if not hasattr(x, "__dlpack__"):
+        if hasattr(x, "__cuda_array_interface__"):
+            return _from_cai(x, owner)
+        raise TypeError(f"from_dlpack needs an object with __dlpack__ (or __cuda_array_interface__), "
+                        f"got {type(x).__name__}")
+    dev_type, dev_id = x.__dlpack_device__() if hasattr(x, "__dlpack_device__") else (KDL_CUDA, 0)
+    dev_type, dev_id = int(dev_type), int(dev_id)
+    from ..backends import get_backend
+    backend = get_backend()
+    if backend.name == "emulated":
+        if dev_type not in (KDL_CPU, KDL_CUDA_HOST):
+            raise UnsupportedError(f"importing DLPack device type {dev_type}", "emulated",
+                                   "the emulator adopts CPU tensors only")
+        device = Device(0)
+        kwargs: dict[str, Any] = {}
+    else:
+        if dev_type != KDL_CUDA:
+            raise ValueError(f"from_dlpack: the tensor lives on DLPack device type {dev_type}, not on a CUDA "
+                             "device; copy it with ig.from_numpy / ig.asarray instead")
+        device = Device(dev_id)
+        kwargs = {"stream": (stream if stream is not None else device.default_stream).handle}
+    try:
+        capsule = x.__dlpack__(max_version=(1, 1), **kwargs)
+    except TypeError:
+        try:
+            capsule = x.__dlpack__(**kwargs)
+        except TypeError:
+            capsule = x.__dlpack__()
+            if backend.name != "emulated":
+                device.synchronize()
+    if _PyCapsule_IsValid(capsule, _VERSIONED):
+        managed: Any = _DLManagedTensorVersioned.from_address(_PyCapsule_GetPointer(capsule, _VERSIONED))
+        used = b"used_dltensor_versioned"
+    elif _PyCapsule_IsValid(capsule, _LEGACY):
+        managed = _DLManagedTensor.from_address(_PyCapsule_GetPointer(capsule, _LEGACY))
+        used = b"used_dltensor"
+    else:
+        raise TypeError("from_dlpack: the producer returned a capsule that is not a DLPack tensor")
+    t = managed.dl_tensor
+    keep = _Imported(managed, x)
+    _PyCapsule_SetName(capsule, used)
+    ndim = t.ndim
+    shape = tuple(int(t.shape[i]) for i in range(ndim))
+    dt = _dt.from_dlpack(t.dtype.code, t.dtype.bits, t.dtype.lanes)
+    if t.strides and ndim:
+        expect, acc = [], 1
+        for d in reversed(shape):
+            expect.append(acc)
+            acc *= d
+        got = [int(t.strides[i]) for i in range(ndim)]
+        if any(g != e for g, e, d in zip(got, reversed(expect), shape) if d > 1):
+            raise ValueError(f"from_dlpack: only contiguous tensors can be adopted (strides {got} for shape "
+                             f"{shape}); make it contiguous first")
+    nbytes = dt.itemsize
+    for d in shape:
+        nbytes *= d
+    data = (t.data or 0) + t.byte_offset
+    if backend.name == "emulated" and nbytes:
+        ptr, adopted = backend.adopt_host_memory(device.ordinal, data, nbytes)
+        if adopted:
+            keep = _EmuAdopted(keep, backend, device.ordinal, ptr)
+    else:
+        ptr = data
+    s = stream if stream is not None else device.default_stream
+    return NvArray._wrap(shape, dt, device, s, ptr, None, None, owner, keepalive=keep)
+
+
+class _EmuAdopted:
+    """Releases host memory adopted into the emulator when the array dies."""
+
+    __slots__ = ("inner", "backend", "ordinal", "ptr")
+
+    def __init__(self, inner: Any, backend: Any, ordinal: int, ptr: int) -> None:
+        self.inner, self.backend, self.ordinal, self.ptr = inner, backend, ordinal, ptr
+
+    def __del__(self) -> None:
+        try:
+            self.backend.release_host_memory(self.ordinal, self.ptr)
+        except Exception:
+            pass
+
+
+def _from_cai(x: Any, owner: str) -> "NvArray":
+    from ..array import NvArray
+
+    cai = x.__cuda_array_interface__
+    if cai.get("strides") not in (None, ()):
+        raise ValueError("from_dlpack: only contiguous __cuda_array_interface__ arrays can be adopted")
+    import numpy as np
+    dt = _dt.dtype(np.dtype(cai["typestr"]))
+    ptr = int(cai["data"][0])
+    shape = tuple(int(d) for d in cai["shape"])
+    device = Device(0)
+    s = device.default_stream
+    if cai.get("stream") not in (None, -1, 1, 2):
+        ev = device.backend.event_create(device.ordinal, False)
+        device.backend.event_record(ev, int(cai["stream"]))
+        device.backend.stream_wait_event(s.handle, ev)
+        device.backend.event_destroy(ev)
+    return NvArray._wrap(shape, dt, device, s, ptr, None, None, owner, keepalive=x)
+
+
+def cuda_array_interface(a: "NvArray") -> dict[str, Any]:
+    """``__cuda_array_interface__`` version 3, with the array's stream (the consumer
+    must order its work after it, as the protocol says)."""
+    if _is_emulated(a):
+        raise AttributeError("__cuda_array_interface__ is CUDA-only; the emulated backend exports "
+                             "through __dlpack__ (a CPU tensor) instead")
+    a._check_live("export through __cuda_array_interface__")
+    s = a.stream
+    a._begin(s, Access.READ_WRITE)
+    a._end(s, Access.READ_WRITE)
+    return {"shape": a.shape, "typestr": a.dtype.numpy.str, "data": (a._ptr, False), "version": 3,
+            "strides": None, "stream": s.handle}

@@ -1,0 +1,468 @@
+"""NvArray, MemoryContract and GpuRef (layers 3 and 4) on the active backend."""
+
+from __future__ import annotations
+
+import gc
+import threading
+
+import ml_dtypes
+import numpy as np
+import pytest
+
+import ignis as ig
+from ignis import dtypes as D
+
+
+@pytest.fixture
+def dev():
+    return ig.Device(0)
+
+
+ALL_DTYPES = [D.bool_, D.uint8, D.int8, D.int16, D.uint16, D.float16, D.bfloat16, D.int32, D.uint32,
+              D.float32, D.float64, D.int64, D.uint64, D.float8_e4m3fn, D.float8_e5m2, D.complex64]
+
+
+def sample(dt: ig.DType, n: int, seed: int = 0) -> np.ndarray:
+    rng = np.random.default_rng(seed)
+    raw = rng.integers(0, 256, n * dt.itemsize, dtype=np.uint8)
+    if dt is D.bool_:
+        raw = raw & 1
+    return raw.view(dt.numpy)
+
+
+# -- construction and attributes -----------------------------------------------------
+
+def test_attributes(dev):
+    a = ig.empty((2, 3, 4), "float16")
+    assert a.shape == (2, 3, 4) and a.dtype is D.float16 and a.ndim == 3
+    assert a.numel == 24 and a.nbytes == 48 and a.device_id == 0 and a.owner == "compute"
+    assert a.ref_count == 0 and not a.freed and not a.is_view and a.base is None
+    assert a.device_ptr % 256 == 0 and a.created_at > 0 and isinstance(a.id, int)
+    assert a.stream is dev.default_stream and a.generation is not None
+    b = ig.empty(4)
+    assert b.id != a.id
+    assert repr(a) == (f"<ignis.NvArray id={a.id} shape=[2, 3, 4] dtype=float16 device=0 owner=compute "
+                       "ref_count=0 freed=false>")
+
+
+@pytest.mark.parametrize("shape", [(-1,), (2, -3), "abc", (1.5,), [None]])
+def test_bad_shapes_are_clear(shape):
+    with pytest.raises(ValueError, match="shape|dimension"):
+        ig.empty(shape)
+
+
+def test_bad_dtype_lists_valid_names():
+    with pytest.raises(ValueError) as ei:
+        ig.empty(3, "float128")
+    assert "float32" in str(ei.value) and "bfloat16" in str(ei.value)
+
+
+def test_bad_owner_lists_valid_owners():
+    with pytest.raises(ValueError) as ei:
+        ig.empty(3, owner="nobody")
+    assert "compute" in str(ei.value) and "collective" in str(ei.value)
+
+
+def test_dtype_table():
+    assert D.dtype("F8_E4M3") is D.float8_e4m3fn
+    assert D.dtype(np.float32) is D.float32 and D.dtype(ml_dtypes.bfloat16) is D.bfloat16
+    assert D.bfloat16.dlpack == (4, 16, 1) and D.float16.safetensors == "F16"
+    assert D.from_dlpack(2, 32) is D.float32
+    with pytest.raises(ValueError):
+        D.from_safetensors("F4")
+
+
+def test_empty_and_zero_d_arrays():
+    e = ig.zeros((0, 5))
+    assert e.nbytes == 0 and e.to_numpy().shape == (0, 5)
+    s = ig.full((), 2.5, "float64")
+    assert s.shape == () and s.numel == 1 and s.to_numpy() == 2.5
+    e.free()
+    s.free()
+
+
+# -- host copies ------------------------------------------------------------------
+
+@pytest.mark.parametrize("dt", ALL_DTYPES, ids=lambda d: d.name)
+def test_round_trip_every_dtype(dt):
+    host = sample(dt, 1000).reshape(10, 100)
+    a = ig.from_numpy(host)
+    assert a.dtype is dt and a.shape == (10, 100)
+    back = a.to_numpy()
+    assert back.dtype == dt.numpy and back.tobytes() == host.tobytes()
+    raw = ig.empty((10, 100), dt).from_host_raw(host.tobytes())
+    assert raw.to_numpy().tobytes() == host.tobytes()
+
+
+def test_from_host_raw_is_exact_for_bfloat16():
+    vals = np.array([1.0, -2.5, 3.140625, 65280.0], dtype=ml_dtypes.bfloat16)
+    a = ig.empty(4, "bfloat16").from_host_raw(vals.tobytes())
+    assert a.to_numpy().tobytes() == vals.tobytes()
+    with pytest.raises(ValueError, match="expected 8 bytes.*got 6 bytes"):
+        a.from_host_raw(b"x" * 6)
+
+
+def test_from_host_checks_element_count():
+    a = ig.empty(4, "int32").from_host([1, 2, 3, 4])
+    assert a.tolist() == [1, 2, 3, 4]
+    with pytest.raises(ValueError, match=r"expected 4 elements for shape \(4,\), got 3"):
+        a.from_host([1, 2, 3])
+
+
+def test_large_copies_go_through_pinned_staging():
+    host = np.random.default_rng(2).random((3 << 20) // 8 * 3)  # ~9 MiB: chunked staging
+    a = ig.from_numpy(host)
+    back = a.to_numpy()
+    np.testing.assert_array_equal(back, host)
+    assert not back.flags.owndata  # lives in a pinned buffer from the pool
+    a.free()
+
+
+def test_asarray(dev):
+    a = ig.asarray([[1, 2], [3, 4]], dtype="int64")
+    assert a.shape == (2, 2) and a.to_numpy().tolist() == [[1, 2], [3, 4]]
+    assert ig.asarray(a) is a
+
+
+# -- device-side operations ----------------------------------------------------------
+
+def test_zero_fill_clone_copy():
+    a = ig.full((1000,), 1.25, "float32")
+    assert (a.to_numpy() == 1.25).all()
+    a.zero_()
+    assert (a.to_numpy() == 0).all()
+    a.fill_(7)
+    c = a.clone()
+    assert c.device_ptr != a.device_ptr and c.owner == a.owner and c.to_numpy().tobytes() == a.to_numpy().tobytes()
+    a.fill_(-3)
+    assert (c.to_numpy() == 7).all()  # independent
+    c.copy_(a)
+    assert (c.to_numpy() == -3).all()
+    with pytest.raises(ValueError, match="same shape and dtype"):
+        c.copy_(ig.empty(10))
+
+
+@pytest.mark.parametrize("dt,val", [(D.int64, -123456789), (D.bfloat16, 1.5), (D.float16, -0.25), (D.uint8, 200),
+                                    (D.complex64, 1 + 2j), (D.bool_, True)])
+def test_fill_every_pattern(dt, val):
+    a = ig.full((777,), val, dt)
+    assert (a.to_numpy() == np.array(val, dt.numpy)).all()
+
+
+def test_clone_is_exact_bytes():
+    host = sample(D.bfloat16, 4096)
+    a = ig.from_numpy(host)
+    assert a.clone().to_numpy().tobytes() == host.tobytes()
+
+
+def test_write_rows_kv_cache():
+    cache = ig.zeros((8, 4), "float32")
+    rows = ig.from_numpy(np.arange(8, dtype=np.float32).reshape(2, 4))
+    cache.write_rows(rows, 3)
+    out = cache.to_numpy()
+    assert (out[3:5] == np.arange(8).reshape(2, 4)).all() and (out[:3] == 0).all() and (out[5:] == 0).all()
+    with pytest.raises(ValueError, match=r"overflow: writing 32 bytes at row 7 \(offset 112\) exceeds the 128-byte"):
+        cache.write_rows(rows, 7)
+    with pytest.raises(ValueError, match="whole number"):
+        cache.write_rows(ig.empty(3, "float32"), 0)
+
+
+# -- views ----------------------------------------------------------------------------
+
+def test_slice_is_zero_copy_and_keeps_parent_alive():
+    host = np.arange(24, dtype=np.int32).reshape(4, 6)
+    a = ig.from_numpy(host)
+    v = a.slice(0, 1, 2)
+    assert v.is_view and v.base is a and v.shape == (2, 6)
+    assert v.device_ptr == a.device_ptr + 6 * 4
+    assert (v.to_numpy() == host[1:3]).all()
+    v.fill_(-1)
+    assert (a.to_numpy()[1:3] == -1).all()
+    pid = a.id
+    del a
+    gc.collect()
+    assert v.base.id == pid and (v.to_numpy() == -1).all()  # parent still alive
+
+
+def test_strided_slice_is_refused_with_advice():
+    a = ig.empty((4, 6))
+    with pytest.raises(ValueError, match="strided.*copy"):
+        a.slice(1, 2, 2)
+    assert a.slice(1, 0, 6).shape == (4, 6)  # whole dimension is contiguous
+    assert ig.empty((1, 6)).slice(1, 2, 2).shape == (1, 2)
+
+
+def test_getitem_and_reshape():
+    host = np.arange(12, dtype=np.int16).reshape(3, 4)
+    a = ig.from_numpy(host)
+    assert (a[1].to_numpy() == host[1]).all() and a[-1].shape == (4,)
+    assert (a[1:3].to_numpy() == host[1:3]).all()
+    assert (a.reshape(4, 3).to_numpy() == host.reshape(4, 3)).all()
+    assert a.reshape(-1).shape == (12,)
+    with pytest.raises(ValueError, match="cannot reshape"):
+        a.reshape(5, 3)
+    with pytest.raises(ValueError, match="contiguous"):
+        a[::2]
+    with pytest.raises(IndexError):
+        a[3]
+
+
+def test_parent_with_live_views_refuses_free():
+    a = ig.empty((4, 4))
+    v = a[0:2]
+    with pytest.raises(ig.MemoryContractViolation, match="view"):
+        a.free()
+    v.free()  # a view never frees memory
+    assert not a.freed
+    a.free()
+    with pytest.raises(ig.UseAfterFreeError):
+        v.to_numpy()
+
+
+# -- free, refs, ownership ----------------------------------------------------------------
+
+def test_free_rules():
+    a = ig.empty(16)
+    a.incref()
+    with pytest.raises(ig.MemoryContractViolation, match="ref_count=1"):
+        a.free()
+    assert a.decref() == 0
+    with pytest.raises(ig.MemoryContractViolation, match="already 0"):
+        a.decref()
+    gen = a.generation
+    a.free()
+    assert a.freed
+    with pytest.raises(ig.DoubleFreeError) as ei:
+        a.free()
+    assert ei.value.array_id == a.id and ei.value.generation == gen
+    for op in (a.to_numpy, a.zero_, a.clone, lambda: a.device_ptr, a.ref, a.incref):
+        with pytest.raises(ig.UseAfterFreeError) as ei:
+            op()
+        assert ei.value.array_id == a.id and ei.value.generation == gen
+
+
+def test_garbage_collected_arrays_return_memory():
+    mr = ig.PoolResource(ig.DirectResource(0))
+    before = mr.bytes_outstanding
+    for _ in range(50):
+        ig.empty((1024,), mr=mr)
+    gc.collect()
+    assert mr.bytes_outstanding == before
+    x = ig.empty(256, mr=mr)
+    x.free()
+    del x  # the explicit free cancelled the collection-time free: no double free
+    gc.collect()
+    assert mr.bytes_outstanding == before
+
+
+def test_transfer_ownership():
+    a = ig.empty(4)
+    assert a.transfer_ownership("io") == "io" and a.owner == "io"
+    a.incref(), a.incref()
+    with pytest.raises(ig.MemoryContractViolation, match="ref_count=2"):
+        a.transfer_ownership("compute")
+    a.decref(), a.decref()
+    with pytest.raises(ig.MemoryContractViolation, match="owned by 'io'"):
+        a.free()
+    a.free(by="io")
+
+
+def test_contract_acquire_release():
+    c = ig.MemoryContract()
+    a = ig.empty(8)
+    assert c.acquire(a, by="io")
+    c.assert_owner(a, "io")
+    with pytest.raises(ig.MemoryContractViolation, match="double acquire") as ei:
+        c.acquire(a, by="io")
+    assert (ei.value.array_id, ei.value.owner, ei.value.caller) == (a.id, "io", "io")
+    with pytest.raises(ig.MemoryContractViolation, match="held by 'io'"):
+        c.acquire(a, by="collective")
+    with pytest.raises(ig.MemoryContractViolation, match="not 'collective'"):
+        c.release(a, by="collective")
+    with pytest.raises(ValueError, match="unknown owner"):
+        c.acquire(a, by="gpu-thing")
+    assert c.release(a, by="io") and a.owner == "compute"
+    with pytest.raises(ig.MemoryContractViolation):
+        c.assert_owner(a, "io")
+    a.incref(), a.incref()
+    with pytest.raises(ig.MemoryContractViolation, match="shared"):
+        c.acquire(a, by="io")
+
+
+def test_contract_holding_always_releases():
+    a = ig.empty(8)
+    with pytest.raises(RuntimeError):
+        with ig.contract.holding(a, by="collective"):
+            assert a.owner == "collective"
+            raise RuntimeError("boom")
+    assert a.owner == "compute"
+
+
+def test_contract_audit_and_tracking(monkeypatch):
+    c = ig.MemoryContract()
+    a = ig.empty((3, 3), "int8")
+    c.track(a)
+    assert c.tracked_count == 1
+    assert c.audit(older_than=3600) == []
+    rows = c.audit(older_than=0.0)
+    assert rows[0]["array_id"] == a.id and rows[0]["owner"] == "compute" and rows[0]["shape"] == (3, 3)
+    assert rows[0]["dtype"] == "int8" and rows[0]["freed"] is False and rows[0]["age_ms"] >= 0
+    c.untrack(a)
+    assert c.tracked_count == 0
+    c.track(a)
+    del a
+    gc.collect()
+    assert c.tracked_count == 0  # tracking is weak: it never keeps memory alive
+    ig.register_owner("my-layer")
+    b = ig.empty(2)
+    c.acquire(b, by="my-layer")
+    c.reset()
+    assert c.tracked_count == 0
+
+
+def test_contract_threads():
+    c = ig.MemoryContract()
+    arrays = [ig.empty(4) for _ in range(16)]
+    errors = []
+
+    def work(i):
+        try:
+            for _ in range(200):
+                a = arrays[(i * 7) % 16]
+                try:
+                    c.acquire(a, by="io")
+                except ig.MemoryContractViolation:
+                    continue
+                c.release(a, by="io")
+        except Exception as e:  # pragma: no cover
+            errors.append(e)
+
+    ts = [threading.Thread(target=work, args=(i,)) for i in range(8)]
+    [t.start() for t in ts]
+    [t.join() for t in ts]
+    assert not errors and all(a.owner == "compute" for a in arrays)
+
+
+def test_ref_counts_threads():
+    a = ig.empty(4)
+
+    def work():
+        for _ in range(500):
+            a.incref()
+            a.decref()
+
+    ts = [threading.Thread(target=work) for _ in range(8)]
+    [t.start() for t in ts]
+    [t.join() for t in ts]
+    assert a.ref_count == 0
+
+
+# -- GpuRef ---------------------------------------------------------------------------------
+
+def test_gpuref():
+    a = ig.full(4, 1.0)
+    r = a.ref()
+    assert r.access() is a and r.generation == a.device.generation and r.device_id == 0
+    assert r.raw_device_ptr() == a.device_ptr and len(r) == 4
+    s = a.device.create_stream()
+    r.record_write(s)
+    assert r.last_write_stream is s
+    import pickle
+    with pytest.raises(TypeError, match="process-local"):
+        pickle.dumps(r)
+    a.free()
+    with pytest.raises(ig.UseAfterFreeError):
+        r.access()
+    s.close()
+
+
+def test_gpuref_stale_after_rebuild_and_shutdown():
+    d = ig.Device(ig.device_count() - 1)
+    a = ig.empty(4, device=d)
+    r = a.ref()
+    d.rebuild()
+    with pytest.raises(ig.StaleHandleError, match="context rebuilt") as ei:
+        r.access()
+    assert ei.value.reason == "context rebuilt"
+    b = ig.empty(4, device=d)  # the default resource is remade for the new context
+    r2 = b.ref()
+    d.state.begin_shutdown()
+    try:
+        with pytest.raises(ig.StaleHandleError, match="shutting down"):
+            r2.access()
+    finally:
+        d.state.accepting_ops = True
+
+
+def test_gpuref_keeps_memory_alive():
+    r = ig.full(8, 3.0).ref()
+    gc.collect()
+    assert (r.access().to_numpy() == 3.0).all()
+
+
+# -- tracked use across streams -------------------------------------------------------------
+
+def test_cross_stream_use_is_ordered_automatically(dev):
+    a_s, b_s = dev.create_stream(), dev.create_stream()
+    x = ig.empty(1 << 16, "uint8", stream=a_s)
+    a_s.launch_host_func(lambda: __import__("time").sleep(0.2))
+    x.fill_(9)  # queued on a_s behind the sleep
+    y = x.clone(stream=b_s)  # must wait for the fill
+    assert (y.to_numpy(stream=b_s) == 9).all()
+    a_s.synchronize()
+    a_s.close(), b_s.close()
+
+
+def test_use_context_manager(dev):
+    x = ig.zeros(16, "uint8")
+    with x.use(access="write") as ptr:
+        assert ptr == x.device_ptr
+        dev.backend.memset_d8_async(ptr, 5, 16, x.stream.handle)
+    assert (x.to_numpy() == 5).all()
+    with pytest.raises(ValueError):
+        with x.use(access="sideways"):
+            pass
+
+
+def test_untracked_resource_only_on_own_stream(dev):
+    direct = ig.DirectResource(dev)
+    s2 = dev.create_stream()
+    x = ig.zeros(16, mr=direct)
+    with pytest.raises(ig.StreamMisuseError, match="own stream"):
+        x.clone(stream=s2)
+    x.free()
+    s2.close()
+
+
+def test_pin_unpin():
+    a = ig.empty(1000, "uint8")
+    a.pin()
+    assert a.pinned_host.nbytes == 1000
+    with pytest.raises(RuntimeError, match="already pinned"):
+        a.pin()
+    a.unpin()
+    with pytest.raises(RuntimeError, match="no pinned"):
+        a.unpin()
+    a.pin()
+    a.free()  # releases the pinned buffer too
+
+
+# -- DLPack ----------------------------------------------------------------------------------------
+
+def test_dlpack_round_trip_zero_copy():
+    a = ig.from_numpy(np.arange(10, dtype=np.float32))
+    if ig.backend_name() == "emulated":
+        n = np.from_dlpack(a)
+        assert n.flags.writeable and (n == np.arange(10)).all()
+        n[0] = 42  # the same bytes
+        assert a.to_numpy()[0] == 42
+        b = ig.from_dlpack(n)
+        assert b.device_ptr == a.device_ptr
+        h = np.arange(6, dtype=np.int64)
+        c = ig.from_dlpack(h)
+        h[2] = -1
+        assert c.to_numpy()[2] == -1 and not c.owns_memory
+        c.free()
+    else:
+        assert a.__dlpack_device__() == (2, 0)
+        assert a.__cuda_array_interface__["data"][0] == a.device_ptr
