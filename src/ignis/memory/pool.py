@@ -39,7 +39,6 @@ _LARGE_DIRECT = 10 << 20
 _ROUND_LARGE = 2 << 20
 _MIN_SPLIT_SMALL = _ALIGN
 _MIN_SPLIT_LARGE = 1 << 20
-_SHIFT = 64
 
 
 class _Segment:
@@ -68,46 +67,86 @@ class _Block:
         self.stream = stream
 
 
-class _FreeList:
-    """Free blocks of one stream: sorted keys per size class + key -> block."""
+class _SizeClass:
+    """Free blocks of one size class: exact-size bins (LIFO) plus the sorted list
+    of sizes that have (or recently had) a bin, for best fit."""
 
-    __slots__ = ("small", "large", "blocks", "dirty")
+    __slots__ = ("bins", "sizes")
 
     def __init__(self) -> None:
-        self.small: list[int] = []
-        self.large: list[int] = []
-        self.blocks: dict[int, _Block] = {}
+        self.bins: dict[int, list[_Block]] = {}
+        self.sizes: list[int] = []
+
+    def best(self, size: int) -> list[_Block] | None:
+        """The non-empty bin of the smallest size >= ``size``."""
+        bins, sizes = self.bins, self.sizes
+        i = bisect.bisect_left(sizes, size)
+        empties = 0
+        while i < len(sizes):
+            b = bins[sizes[i]]
+            if b:
+                break
+            empties += 1
+            i += 1
+        else:
+            b = None
+        if empties > 8:  # forget sizes whose bins stay empty
+            self.sizes = [sz for sz in sizes if bins[sz]]
+            for sz in [sz for sz, lst in bins.items() if not lst]:
+                del bins[sz]
+        return b
+
+
+class _FreeList:
+    """Free blocks of one stream, by size class."""
+
+    __slots__ = ("small", "large", "count", "dirty")
+
+    def __init__(self) -> None:
+        self.small = _SizeClass()
+        self.large = _SizeClass()
+        self.count = 0
         self.dirty = False  # some free blocks may have free neighbours (coalescing pending)
 
     def add(self, b: _Block) -> None:
-        key = (b.size << _SHIFT) | b.ptr
-        bisect.insort(self.small if b.seg.small else self.large, key)
-        self.blocks[key] = b
+        cls = self.small if b.seg.small else self.large
+        lst = cls.bins.get(b.size)
+        if lst is None:
+            cls.bins[b.size] = [b]
+            bisect.insort(cls.sizes, b.size)
+        else:
+            lst.append(b)
         b.free = True
+        self.count += 1
 
     def remove(self, b: _Block) -> None:
-        key = (b.size << _SHIFT) | b.ptr
-        keys = self.small if b.seg.small else self.large
-        i = bisect.bisect_left(keys, key)
-        del keys[i]
-        del self.blocks[key]
+        (self.small if b.seg.small else self.large).bins[b.size].remove(b)
         b.free = False
+        self.count -= 1
 
     def take(self, size: int, small: bool) -> _Block | None:
-        keys = self.small if small else self.large
-        i = bisect.bisect_left(keys, size << _SHIFT)
-        if i == len(keys):
+        cls = self.small if small else self.large
+        lst = cls.bins.get(size) or cls.best(size)
+        if not lst:
             return None
-        b = self.blocks.pop(keys.pop(i))
+        b = lst.pop()
         b.free = False
+        self.count -= 1
         return b
 
+    def best_size(self, size: int, small: bool) -> int | None:
+        lst = (self.small if small else self.large).best(size)
+        return lst[-1].size if lst else None
+
+    @property
+    def blocks(self) -> list[_Block]:
+        return [b for cls in (self.small, self.large) for lst in cls.bins.values() for b in lst]
+
     def largest(self) -> int:
-        sizes = [k >> _SHIFT for k in (self.small[-1:] + self.large[-1:])]
-        return max(sizes, default=0)
+        return max((sz for cls in (self.small, self.large) for sz, lst in cls.bins.items() if lst), default=0)
 
     def __len__(self) -> int:
-        return len(self.blocks)
+        return self.count
 
 
 def _segment_size(size: int) -> tuple[int, bool]:
@@ -217,19 +256,17 @@ class PoolResource(TrackedResource):
         """Best fit from another stream's free list, behind an event wait on ``stream``."""
         best: tuple[int, _FreeList, Stream] | None = None
         for owner, fl in self._free.items():
-            if owner is stream or not fl.blocks:
+            if owner is stream or not fl.count:
                 continue
             if fl.dirty:
                 self._coalesce(fl)
-            keys = fl.small if small else fl.large
-            i = bisect.bisect_left(keys, size << _SHIFT)
-            if i < len(keys) and (best is None or keys[i] < best[0]):
-                best = (keys[i], fl, owner)
+            found = fl.best_size(size, small)
+            if found is not None and (best is None or found < best[0]):
+                best = (found, fl, owner)
         if best is None:
             return None
-        key, fl, owner = best
-        b = fl.blocks[key]
-        fl.remove(b)
+        _, fl, owner = best
+        b = fl.take(size, small)
         ev = self._wait(stream, owner, 0)
         if ev:
             self._events.put(ev)
@@ -277,7 +314,7 @@ class PoolResource(TrackedResource):
     def _coalesce(self, fl: _FreeList) -> None:
         """Merge adjacent free blocks of this free list's stream."""
         fl.dirty = False
-        for b in list(fl.blocks.values()):
+        for b in fl.blocks:
             if not b.free or (b.prev is not None and b.prev.free and b.prev.stream is b.stream):
                 continue  # merged already, or not the head of a free run
             nxt = b.next
@@ -298,7 +335,7 @@ class PoolResource(TrackedResource):
         free pieces are on. Lock held. Returns bytes released."""
         free_by_seg: dict[_Segment, list[tuple[_Block, _FreeList]]] = {}
         for fl in self._free.values():
-            for b in fl.blocks.values():
+            for b in fl.blocks:
                 free_by_seg.setdefault(b.seg, []).append((b, fl))
         released = 0
         for seg, pieces in free_by_seg.items():
@@ -320,7 +357,7 @@ class PoolResource(TrackedResource):
             self._reserved -= seg.size
             self.num_segment_frees += 1
             released += seg.size
-        for owner in [o for o, fl in self._free.items() if not fl.blocks]:
+        for owner in [o for o, fl in self._free.items() if not fl.count]:
             del self._free[owner]
         return released
 
@@ -367,7 +404,7 @@ class PoolResource(TrackedResource):
             for live in self._live.values():
                 blocks[live._impl.seg.ptr].append(live._impl)
             for fl in self._free.values():
-                for b in fl.blocks.values():
+                for b in fl.blocks:
                     blocks[b.seg.ptr].append(b)
             out = []
             for ptr, seg in self._segments.items():
