@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from ..errors import DriverError, UnsupportedError
 from ..runtime import Device, Stream
+from . import history as _history
 from .resource import TrackedResource, check_request
 from .types import UNTAGGED, BlockState, DeviceBlock, _next_generation
 
@@ -45,6 +46,9 @@ class AsyncResource(TrackedResource):
         with self._lock:
             self._live[ptr] = block
             self._bytes += nbytes
+        rec = _history.recorder
+        if rec is not None:
+            rec("alloc", self, ptr, nbytes, stream, block)
         return block
 
     def deallocate(self, block: DeviceBlock) -> None:
@@ -68,6 +72,9 @@ class AsyncResource(TrackedResource):
             block.state = BlockState.RETIRED
             self._pending.setdefault(stream, []).append(block)
             self._pending_bytes += block.bytes
+        rec = _history.recorder
+        if rec is not None:
+            rec("free_requested", self, block.ptr, block.bytes, stream, block)
 
     @property
     def bytes_outstanding(self) -> int:
@@ -84,6 +91,10 @@ class AsyncResource(TrackedResource):
                 for b in blocks:
                     b.state = BlockState.FREED
                     self._pending_bytes -= b.bytes
+            rec = _history.recorder
+            if rec is not None:
+                for b in blocks:
+                    rec("free_completed", self, b.ptr, b.bytes, stream, b)
 
     def trim(self, keep_bytes: int = 0) -> None:
         """Return the driver pool's unused memory to the system."""

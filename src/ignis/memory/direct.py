@@ -13,6 +13,7 @@ import threading
 
 from ..errors import DriverError
 from ..runtime import Device, Stream
+from . import history as _history
 from .resource import DeviceMemoryResource, check_request
 from .types import UNTAGGED, BlockState, DeviceBlock, _next_generation
 
@@ -43,6 +44,9 @@ class DirectResource(DeviceMemoryResource):
         with self._lock:
             self._live[ptr] = block
             self._bytes += nbytes
+        rec = _history.recorder
+        if rec is not None:
+            rec("alloc", self, ptr, nbytes, stream, block)
         return block
 
     def deallocate(self, block: DeviceBlock) -> None:
@@ -54,6 +58,10 @@ class DirectResource(DeviceMemoryResource):
         if self.device.state.generation == self._generation:
             self._backend.mem_free(self.device.ordinal, block.ptr)
         block.transition(BlockState.FREED)
+        rec = _history.recorder
+        if rec is not None:
+            rec("free_requested", self, block.ptr, block.bytes, block.alloc_stream, block)
+            rec("free_completed", self, block.ptr, block.bytes, block.alloc_stream, block)
 
     @property
     def bytes_outstanding(self) -> int:

@@ -26,6 +26,7 @@ from typing import Any
 
 from ..errors import DriverError, OutOfMemoryError
 from ..runtime import Device, Stream
+from . import history as _history
 from .resource import DeviceMemoryResource, TrackedResource, check_request
 from .types import UNTAGGED, BlockState, DeviceBlock, _next_generation
 
@@ -198,6 +199,9 @@ class PoolResource(TrackedResource):
                                 _next_generation(), b)
             self._live[b.ptr] = block
             self._live_bytes += b.size
+        rec = _history.recorder
+        if rec is not None:
+            rec("alloc", self, b.ptr, b.size, stream, block)
         return block
 
     def deallocate(self, block: DeviceBlock) -> None:
@@ -227,6 +231,10 @@ class PoolResource(TrackedResource):
             if (b.prev is not None and b.prev.free) or (b.next is not None and b.next.free):
                 fl.dirty = True
             block.state = BlockState.RETIRED
+        rec = _history.recorder
+        if rec is not None:
+            rec("free_requested", self, b.ptr, b.size, stream, block)
+            rec("free_completed", self, b.ptr, b.size, stream, block)  # reusable at once, in stream order
 
     # -- slow paths (lock held) ---------------------------------------------------
     def _bad_stream(self, stream: Any) -> None:
@@ -290,11 +298,17 @@ class PoolResource(TrackedResource):
                 if isinstance(e2, DriverError) and e2.name != "CUDA_ERROR_OUT_OF_MEMORY":
                     raise
                 self.num_ooms += 1
+                rec = _history.recorder
+                if rec is not None:
+                    rec("oom", self, 0, size, stream, None)
                 raise self._oom(size, e2, **self._numbers_locked()) from e2
         seg = _Segment(up, seg_size, seg_small)
         self._segments[seg.ptr] = seg
         self._reserved += seg_size
         self.num_segment_allocs += 1
+        rec = _history.recorder
+        if rec is not None:
+            rec("segment_alloc", self, seg.ptr, seg_size, stream, up)
         return _Block(seg.ptr, seg_size, seg, None, None, stream)
 
     def _upstream_allocate(self, seg_size: int, stream: Stream) -> DeviceBlock:
@@ -357,6 +371,9 @@ class PoolResource(TrackedResource):
             self._reserved -= seg.size
             self.num_segment_frees += 1
             released += seg.size
+            rec = _history.recorder
+            if rec is not None:
+                rec("segment_free", self, seg.ptr, seg.size, up.alloc_stream, up)
         for owner in [o for o, fl in self._free.items() if not fl.count]:
             del self._free[owner]
         return released
