@@ -1,0 +1,275 @@
+"""The ``ignis`` command line (layer 7).
+
+    ignis doctor [--json] [--device N] [--size-mib N] [--repeats N] [--no-bandwidth]
+    ignis demo [--device N]
+
+``main(argv)`` returns the exit status instead of exiting (argparse's usage
+errors give 2), so it can be called in-process; the console script and
+``python -m ignis`` hand it to ``sys.exit``.
+
+``doctor`` reports; it does not stop at the first problem. Each problem it
+meets is listed at the end, and any problem makes the exit status 1.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import platform
+import statistics
+import sys
+from typing import Any, Sequence, TextIO
+
+__all__ = ["main", "doctor_report"]
+
+EMULATED_NOTE = ("emulated backend: these are host memcpy speeds and mean nothing about a GPU "
+                 "(run on a CUDA machine for real numbers)")
+
+
+# -- doctor: gathering -------------------------------------------------------------
+def _library_versions() -> dict[str, str | None]:
+    import ml_dtypes
+    import numpy as np
+
+    from . import __version__
+
+    try:
+        import cuda.bindings as bindings
+        cuda_bindings: str | None = str(getattr(bindings, "__version__", "unknown"))
+    except ImportError:
+        cuda_bindings = None
+    return {"ignis": __version__, "python": platform.python_version(), "numpy": np.__version__,
+            "ml_dtypes": getattr(ml_dtypes, "__version__", "unknown"), "cuda-bindings": cuda_bindings}
+
+
+def _device_entry(backend: Any, ordinal: int) -> dict[str, Any]:
+    p = backend.device_properties(ordinal)
+    return {"ordinal": p.ordinal, "name": p.name, "total_memory": p.total_memory,
+            "multiprocessor_count": p.multiprocessor_count,
+            "compute_capability": list(p.compute_capability), "uuid": p.uuid,
+            "capabilities": p.capabilities, "extra": dict(p.extra)}
+
+
+def _gbps(nbytes: int, ms: float) -> float | None:
+    return nbytes / (ms * 1e6) if ms > 0 else None
+
+
+def probe_bandwidth(ordinal: int, nbytes: int, repeats: int) -> dict[str, Any]:
+    """Time host<->device copies of ``nbytes`` on one stream with timing events:
+    pinned and pageable host memory, both directions, after one warm-up copy each."""
+    import numpy as np
+
+    from .memory import DirectResource, PinnedHostResource
+    from .runtime import Device
+
+    dev = Device(ordinal)
+    backend = dev.backend
+    # DirectResource: the probe's block must not stay cached in the current pool.
+    mr = DirectResource(dev)
+    pinned = PinnedHostResource(backend)
+    stream = dev.create_stream()
+    start = dev.create_event(timing=True)
+    end = dev.create_event(timing=True)
+    block = buf = None
+    results = []
+    try:
+        block = mr.allocate(nbytes, stream, tag="ignis.doctor")
+        buf = pinned.allocate(nbytes)
+        buf.array.fill(1)
+        pageable = np.ones(nbytes, np.uint8)
+        for host, host_ptr in (("pinned", buf.ptr), ("pageable", pageable.ctypes.data)):
+            for direction in ("htod", "dtoh"):
+                times = []
+                for i in range(repeats + 1):
+                    start.record(stream)
+                    if direction == "htod":
+                        backend.memcpy_htod_async(block.ptr, host_ptr, nbytes, stream.handle)
+                    else:
+                        backend.memcpy_dtoh_async(host_ptr, block.ptr, nbytes, stream.handle)
+                    end.record(stream)
+                    end.synchronize()
+                    if i:  # the first copy is a warm-up
+                        times.append(start.elapsed_ms(end))
+                rates = [r for r in (_gbps(nbytes, ms) for ms in times) if r is not None]
+                results.append({"host_memory": host, "direction": direction,
+                                "gbps_median": statistics.median(rates) if rates else None,
+                                "gbps_best": max(rates, default=None),
+                                "ms": times})
+    finally:
+        stream.synchronize()
+        if buf is not None:
+            buf.release()
+        pinned.close()
+        if block is not None:
+            mr.deallocate(block)
+        start.close()
+        end.close()
+        stream.close()
+    report: dict[str, Any] = {"device": ordinal, "bytes": nbytes, "repeats": repeats, "results": results}
+    if backend.name == "emulated":
+        report["note"] = EMULATED_NOTE
+    return report
+
+
+def doctor_report(*, device: int = 0, nbytes: int = 64 << 20, repeats: int = 5,
+                  bandwidth: bool = True) -> dict[str, Any]:
+    """What ``ignis doctor`` reports, as a JSON-ready dict. Problems met on the
+    way are listed under ``"problems"`` rather than raised."""
+    problems: list[str] = []
+    report: dict[str, Any] = {"backend": None, "device_count": 0, "devices": [],
+                              "versions": _library_versions(), "bandwidth": None, "problems": problems}
+    try:
+        from .backends import get_backend
+        backend = get_backend()
+    except Exception as e:  # bad IGNIS_BACKEND, or IGNIS_BACKEND=cuda without a driver
+        problems.append(f"the backend could not start: {type(e).__name__}: {e}")
+        return report
+    report["backend"] = backend.name
+    try:
+        report["versions"]["backend"] = dict(backend.versions())
+    except Exception as e:
+        problems.append(f"backend versions: {type(e).__name__}: {e}")
+    try:
+        count = backend.device_count()
+    except Exception as e:
+        problems.append(f"device count: {type(e).__name__}: {e}")
+        return report
+    report["device_count"] = count
+    if count == 0:
+        problems.append(f"the {backend.name} backend sees no device")
+    for ordinal in range(count):
+        try:
+            report["devices"].append(_device_entry(backend, ordinal))
+        except Exception as e:
+            problems.append(f"device {ordinal} properties: {type(e).__name__}: {e}")
+    if bandwidth and count:
+        if not 0 <= device < count:
+            problems.append(f"bandwidth probe: device {device} does not exist (valid: 0..{count - 1})")
+        else:
+            try:
+                report["bandwidth"] = probe_bandwidth(device, nbytes, repeats)
+            except Exception as e:
+                problems.append(f"bandwidth probe on device {device}: {type(e).__name__}: {e}")
+    return report
+
+
+# -- doctor: printing ----------------------------------------------------------------
+def _yes(flag: bool) -> str:
+    return "yes" if flag else "no"
+
+
+def _print_doctor(report: dict[str, Any], out: TextIO) -> None:
+    from .demo import format_bytes
+
+    def say(line: str = "") -> None:
+        print(line, file=out)
+
+    v = report["versions"]
+    say(f"ignis {v['ignis']} doctor")
+    say(f"backend: {report['backend'] or 'none'}")
+    say(f"devices: {report['device_count']}")
+    for d in report["devices"]:
+        caps = d["capabilities"]
+        say(f"  device {d['ordinal']}: {d['name']}")
+        say(f"    total memory        {format_bytes(d['total_memory'])} ({d['total_memory']} bytes)")
+        say(f"    multiprocessors     {d['multiprocessor_count']}")
+        say(f"    compute capability  {'.'.join(map(str, d['compute_capability']))}")
+        say(f"    uuid                {d['uuid']}")
+        say(f"    capabilities        vmm: {_yes(caps['vmm'])}, memory pools: {_yes(caps['memory_pools'])}, "
+            f"POSIX-fd IPC: {_yes(caps['posix_fd_ipc'])}")
+    say("versions:")
+    backend_versions = v.get("backend")
+    if backend_versions is not None:
+        text = ", ".join(f"{k} {val}" for k, val in backend_versions.items()) or "(none reported)"
+        say(f"  {report['backend']} backend: {text}")
+    for name in ("python", "numpy", "ml_dtypes", "cuda-bindings"):
+        say(f"  {name:<14}{v[name] or 'not installed'}")
+    bw = report["bandwidth"]
+    if bw is not None:
+        say(f"host<->device copy bandwidth (device {bw['device']}, {format_bytes(bw['bytes'])} per copy, "
+            f"median of {bw['repeats']}):")
+        for r in bw["results"]:
+            rate = f"{r['gbps_median']:.2f} GB/s" if r["gbps_median"] is not None else "not measurable"
+            say(f"  {r['host_memory']:<9} {r['direction']}  {rate}")
+        if "note" in bw:
+            say(f"  note: {bw['note']}")
+    if report["problems"]:
+        say("problems:")
+        for p in report["problems"]:
+            say(f"  - {p}")
+
+
+# -- commands ----------------------------------------------------------------------------
+def _cmd_doctor(args: argparse.Namespace) -> int:
+    report = doctor_report(device=args.device, nbytes=args.size_mib << 20, repeats=args.repeats,
+                           bandwidth=not args.no_bandwidth)
+    if args.json:
+        print(json.dumps(report, indent=2, default=str))
+    else:
+        _print_doctor(report, sys.stdout)
+    return 1 if report["problems"] else 0
+
+
+def _cmd_demo(args: argparse.Namespace) -> int:
+    from .demo import run
+    return run(sys.stdout, device=args.device)
+
+
+def _positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {value}")
+    return value
+
+
+def _ordinal(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a device ordinal (0, 1, ...), got {text!r}") from None
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"expected a device ordinal (0, 1, ...), got {value}")
+    return value
+
+
+def build_parser() -> argparse.ArgumentParser:
+    from . import __version__
+
+    parser = argparse.ArgumentParser(
+        prog="ignis", description="Ignis: a memory-safe GPU buffer runtime.",
+        epilog="The backend is chosen by IGNIS_BACKEND=auto|cuda|emulated (default auto).")
+    parser.add_argument("--version", action="version", version=f"ignis {__version__}")
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    doctor = sub.add_parser("doctor", help="report the backend, devices, versions and copy bandwidth",
+                            description="Report the backend, its devices, driver and library versions, "
+                                        "and a short host<->device copy bandwidth probe.")
+    doctor.add_argument("--json", action="store_true", help="print the report as JSON")
+    doctor.add_argument("--device", type=_ordinal, default=0, help="device to probe (default 0)")
+    doctor.add_argument("--size-mib", type=_positive_int, default=64, metavar="N",
+                        help="bytes per probe copy, in MiB (default 64)")
+    doctor.add_argument("--repeats", type=_positive_int, default=5, metavar="N",
+                        help="timed copies per case, after one warm-up (default 5)")
+    doctor.add_argument("--no-bandwidth", action="store_true", help="skip the bandwidth probe")
+    doctor.set_defaults(func=_cmd_doctor)
+
+    demo = sub.add_parser("demo", help="a short end-to-end run: streams, events, tracked copies, pool reuse",
+                          description="Copy bytes host -> device -> device -> host across two streams "
+                                      "with cross-stream tracking, check them, show pool reuse across "
+                                      "streams and a caught double free.")
+    demo.add_argument("--device", type=_ordinal, default=0, help="device to run on (default 0)")
+    demo.set_defaults(func=_cmd_demo)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Run the ``ignis`` command line with ``argv`` (default ``sys.argv[1:]``); return the exit status."""
+    parser = build_parser()
+    try:
+        args = parser.parse_args(argv)
+    except SystemExit as e:  # --help, --version, or a usage error (already printed)
+        return e.code if isinstance(e.code, int) else 2
+    return args.func(args)
