@@ -37,6 +37,7 @@ from .. import dtypes as _dt
 from ..dtypes import DType
 from ..errors import DoubleFreeError, MemoryContractViolation, StreamMisuseError, UseAfterFreeError
 from ..memory import Access, DeviceMemoryResource, current, get_current_resource
+from ..memory import ordering as _ord
 from ..memory.types import UNTAGGED, DeviceBlock
 from ..runtime import Device, Stream
 from ..safety.contract import DEFAULT_OWNER, contract, validate_owner
@@ -252,17 +253,27 @@ class NvArray:
                                         array_id=self.id, generation=self.generation, ptr=self._ptr)
             base = base._base
 
-    def _begin(self, stream: Stream, access: Access) -> None:
-        """Checks and waits before queuing work that touches the bytes."""
+    def _begin(self, stream: Stream, access: Access, op: str = "use", off: int = 0, n: int = -1) -> None:
+        """Checks and waits before queuing work that touches bytes ``[off, off + n)``
+        of this array (``n < 0``: all of them)."""
         if self._freed or self._base is not None:
             self._check_live()
+        chk = _ord.checker
+        block = self._block
         if self._tracks:
-            self._mr.prepare_block_use(self._block, stream, access)
-        elif self._block is not None and stream is not self._block.alloc_stream:
+            if chk is None:
+                self._mr.prepare_block_use(block, stream, access)
+            else:
+                self._mr.prepare_block_use(block, stream, access,
+                                           (self._ptr - block.ptr + off, self.nbytes if n < 0 else n, op))
+            return
+        if block is not None and stream is not block.alloc_stream:
             raise StreamMisuseError(
                 f"NvArray#{self.id} lives in a {type(self._mr).__name__}, which cannot track cross-stream "
-                f"uses, so it can only be used on its own stream #{self._block.alloc_stream.id} "
+                f"uses, so it can only be used on its own stream #{block.alloc_stream.id} "
                 f"(asked: stream #{stream.id}); allocate it from a PoolResource or AsyncResource")
+        if chk is not None and block is not None:
+            chk.access(block, stream, access, (self._ptr - block.ptr + off, self.nbytes if n < 0 else n, op))
 
     def _end(self, stream: Stream, access: Access) -> None:
         if self._tracks:
@@ -275,7 +286,7 @@ class NvArray:
         queued before, and the use is recorded after."""
         s = self.stream if stream is None else stream
         acc = Access.parse(access)
-        self._begin(s, acc)
+        self._begin(s, acc, "use()")
         try:
             yield self._ptr
         finally:
@@ -436,7 +447,7 @@ class NvArray:
     def zero_(self, *, stream: Stream | None = None) -> "NvArray":
         """Set every byte to zero with a device memset."""
         s = self._stream_arg(stream)
-        self._begin(s, _WRITE)
+        self._begin(s, _WRITE, "zero_")
         if self.nbytes:
             self.device.backend.memset_d8_async(self._ptr, 0, self.nbytes, s.handle)
         self._end(s, _WRITE)
@@ -449,7 +460,7 @@ class NvArray:
         elem = np.array(value, dtype=self.dtype.numpy).tobytes()
         s = self._stream_arg(stream)
         backend = self.device.backend
-        self._begin(s, _WRITE)
+        self._begin(s, _WRITE, "fill_")
         try:
             if not self.nbytes:
                 return self
@@ -481,13 +492,13 @@ class NvArray:
             raise ValueError(f"copy_ needs the same shape and dtype: destination {self.shape} {self.dtype.name}, "
                              f"source {src.shape} {src.dtype.name}")
         s = self._stream_arg(stream)
-        self._dtod(src, 0, s)
+        self._dtod(src, 0, s, "copy_")
         return self
 
-    def _dtod(self, src: "NvArray", dst_offset: int, s: Stream) -> None:
-        src._begin(s, _READ)
+    def _dtod(self, src: "NvArray", dst_offset: int, s: Stream, op: str = "copy") -> None:
+        src._begin(s, _READ, op)
         try:
-            self._begin(s, _WRITE)
+            self._begin(s, _WRITE, op, dst_offset, src.nbytes)
             try:
                 if src.nbytes:
                     self.device.backend.memcpy_dtod_async(self._ptr + dst_offset, src._ptr, src.nbytes, s.handle)
@@ -502,7 +513,7 @@ class NvArray:
         s = self._stream_arg(stream)
         mr = self._mr if self._mr is not None else None
         out = NvArray(self.shape, self.dtype, stream=s, owner=self.owner, mr=mr)
-        out._dtod(self, 0, s)
+        out._dtod(self, 0, s, "clone")
         return out
 
     def write_rows(self, src: "NvArray", start_row: int, *, stream: Stream | None = None) -> "NvArray":
@@ -523,7 +534,7 @@ class NvArray:
         if offset + src.nbytes > self.nbytes:
             raise ValueError(f"write_rows overflow: writing {src.nbytes} bytes at row {start_row} (offset "
                              f"{offset}) exceeds the {self.nbytes}-byte buffer")
-        self._dtod(src, offset, self._stream_arg(stream))
+        self._dtod(src, offset, self._stream_arg(stream), "write_rows")
         return self
 
     # -- host copies ---------------------------------------------------------------
@@ -549,7 +560,7 @@ class NvArray:
 
     def _upload(self, raw: np.ndarray, stream: Stream | None) -> None:
         s = self._stream_arg(stream)
-        self._begin(s, _WRITE)
+        self._begin(s, _WRITE, "host-to-device copy")
         try:
             hostcopy.htod(raw, self._ptr, s)
         finally:
@@ -558,7 +569,7 @@ class NvArray:
     def to_numpy(self, *, stream: Stream | None = None) -> np.ndarray:
         """Copy to a new NumPy array (waits for the copy). Large results live in pinned memory."""
         s = self._stream_arg(stream)
-        self._begin(s, _READ)
+        self._begin(s, _READ, "device-to-host copy")
         try:
             npd = self.dtype.numpy
             if self.nbytes >= hostcopy.PINNED_RESULT_MIN:

@@ -147,7 +147,7 @@ def export(a: "NvArray", *, stream: Any = None, max_version: Any = None, dl_devi
             raise ValueError("the emulated backend exports CPU tensors; DLPack requires stream=None for them")
         # A CPU consumer reads at once: make the bytes current first.
         s = a.stream
-        a._begin(s, Access.READ_WRITE)
+        a._begin(s, Access.READ_WRITE, "DLPack export")
         a._end(s, Access.READ_WRITE)
         s.synchronize()
         data = a.device.backend.host_address(a._ptr) if a.nbytes else 0
@@ -155,11 +155,11 @@ def export(a: "NvArray", *, stream: Any = None, max_version: Any = None, dl_devi
         consumer = _consumer_stream(a, stream)
         if consumer is None and stream != -1:
             consumer = a.stream
-            a._begin(consumer, Access.READ_WRITE)
+            a._begin(consumer, Access.READ_WRITE, "DLPack export")
             a._end(consumer, Access.READ_WRITE)
             consumer.synchronize()  # a legacy-default-stream consumer: only a host sync orders it
         elif consumer is not None:
-            a._begin(consumer, Access.READ_WRITE)
+            a._begin(consumer, Access.READ_WRITE, "DLPack export")
             a._end(consumer, Access.READ_WRITE)
         data = a._ptr
     versioned = max_version is not None and tuple(max_version)[0] >= 1
@@ -323,7 +323,7 @@ def cuda_array_interface(a: "NvArray") -> dict[str, Any]:
                              "through __dlpack__ (a CPU tensor) instead")
     a._check_live("export through __cuda_array_interface__")
     s = a.stream
-    a._begin(s, Access.READ_WRITE)
+    a._begin(s, Access.READ_WRITE, "__cuda_array_interface__ export")
     a._end(s, Access.READ_WRITE)
     return {"shape": a.shape, "typestr": a.dtype.numpy.str, "data": (a._ptr, False), "version": 3,
             "strides": None, "stream": s.handle}

@@ -11,6 +11,7 @@ from __future__ import annotations
 from ..errors import DriverError, UnsupportedError
 from ..runtime import Device, Stream
 from . import history as _history
+from . import ordering as _ord
 from .resource import TrackedResource, check_request
 from .types import UNTAGGED, BlockState, DeviceBlock, _next_generation
 
@@ -55,6 +56,8 @@ class AsyncResource(TrackedResource):
         with self._lock:
             if self._live.get(block.ptr) is not block:
                 self._check_dealloc(block, self._live)
+            if _ord.checker is not None:
+                _ord.checker.free(block)
             del self._live[block.ptr]
             self._bytes -= block.bytes
             if self.device.state.generation != self._generation:

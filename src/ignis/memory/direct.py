@@ -14,6 +14,7 @@ import threading
 from ..errors import DriverError
 from ..runtime import Device, Stream
 from . import history as _history
+from . import ordering as _ord
 from .resource import DeviceMemoryResource, check_request
 from .types import UNTAGGED, BlockState, DeviceBlock, _next_generation
 
@@ -53,6 +54,8 @@ class DirectResource(DeviceMemoryResource):
         with self._lock:
             if self._live.get(block.ptr) is not block:
                 self._check_dealloc(block, self._live)
+            if _ord.checker is not None:
+                _ord.checker.free(block)
             del self._live[block.ptr]
             self._bytes -= block.bytes
         if self.device.state.generation == self._generation:

@@ -27,6 +27,7 @@ from typing import Any
 from ..errors import DriverError, OutOfMemoryError
 from ..runtime import Device, Stream
 from . import history as _history
+from . import ordering as _ord
 from .resource import DeviceMemoryResource, TrackedResource, check_request
 from .types import UNTAGGED, BlockState, DeviceBlock, _next_generation
 
@@ -208,6 +209,8 @@ class PoolResource(TrackedResource):
         with self._lock:
             if self._live.get(block.ptr) is not block:
                 self._check_dealloc(block, self._live)
+            if _ord.checker is not None:
+                _ord.checker.free(block)
             del self._live[block.ptr]
             b = block._impl
             self._live_bytes -= b.size

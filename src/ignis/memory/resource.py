@@ -32,6 +32,7 @@ from typing import TYPE_CHECKING, Any
 from ..errors import (ClosedError, DoubleFreeError, OutOfMemoryError, StaleHandleError, StreamMisuseError,
                       UseAfterFreeError)
 from ..runtime import Device, Stream
+from . import ordering as _ord
 from .types import UNTAGGED, Access, BlockId, BlockState, DeviceBlock
 
 if TYPE_CHECKING:
@@ -146,7 +147,8 @@ class DeviceMemoryResource:
     def record_block_use(self, block: "DeviceBlock | BlockId", stream: Stream) -> None:
         raise self._no_tracking("record_block_use")
 
-    def prepare_block_use(self, block: "DeviceBlock | BlockId", stream: Stream, access: Access) -> None:
+    def prepare_block_use(self, block: "DeviceBlock | BlockId", stream: Stream, access: Access,
+                          span: tuple | None = None) -> None:
         raise self._no_tracking("prepare_block_use")
 
     def finish_block_use(self, block: "DeviceBlock | BlockId", stream: Stream, access: Access) -> None:
@@ -243,18 +245,25 @@ class TrackedResource(DeviceMemoryResource):
         return b
 
     # -- tracking ----------------------------------------------------------
-    def prepare_block_use(self, block: "DeviceBlock | BlockId", stream: Stream, access: Access) -> None:
-        """Queue on ``stream`` the waits that ``access`` needs. Call before enqueuing the work."""
+    def prepare_block_use(self, block: "DeviceBlock | BlockId", stream: Stream, access: Access,
+                          span: tuple | None = None) -> None:
+        """Queue on ``stream`` the waits that ``access`` needs (under ``auto`` ordering).
+        Call before enqueuing the work. ``span`` = (offset, nbytes, op) narrows what
+        the sanitizer checks."""
         with self._lock:
             b = self._resolve(block)
-            ws = b._ws
-            if ws is not None and ws is not stream:
-                b._we = self._wait(stream, ws, b._we)
-            if access.writes and b._rd:
-                rd = b._rd
-                for s, ev in rd.items():
-                    if s is not stream:
-                        rd[s] = self._wait(stream, s, ev)
+            if not _ord.any_manual or _ord.policy(stream) == _ord.AUTO:
+                ws = b._ws
+                if ws is not None and ws is not stream:
+                    b._we = self._wait(stream, ws, b._we)
+                if access.writes and b._rd:
+                    rd = b._rd
+                    for s, ev in rd.items():
+                        if s is not stream:
+                            rd[s] = self._wait(stream, s, ev)
+        chk = _ord.checker
+        if chk is not None:
+            chk.access(b, stream, access, span)
 
     def finish_block_use(self, block: "DeviceBlock | BlockId", stream: Stream, access: Access) -> None:
         """Record the use just enqueued on ``stream``. Call after enqueuing the work."""
@@ -293,13 +302,14 @@ class TrackedResource(DeviceMemoryResource):
         a = b.alloc_stream
         put = self._events.put
         ws, we = b._ws, b._we
-        if ws is not None and ws is not a:
+        order = not _ord.any_manual or _ord.policy(a) == _ord.AUTO
+        if order and ws is not None and ws is not a:
             we = self._wait(a, ws, we)
         if we:
             put(we)
         if b._rd:
             for s, ev in b._rd.items():
-                if s is not a:
+                if order and s is not a:
                     ev = self._wait(a, s, ev)
                 if ev:
                     put(ev)

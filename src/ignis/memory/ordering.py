@@ -1,0 +1,79 @@
+"""Ordering policy of tracked uses, and the hook the sanitizer checks through.
+
+- ``auto`` (the default): every tracked use queues the event waits it needs
+  and a deallocation waits for every recorded use, so tracked code cannot race.
+- ``manual``: tracked uses and deallocations queue nothing; the program's own
+  events, stream waits and synchronizations must order them (as in plain CUDA
+  or PyTorch). Run it under the sanitizer to have that verified.
+
+The policy is chosen per stream (``stream.ordering``), per context (the
+``ordering(...)`` context manager) or per process (``set_ordering``), most
+specific first. While nothing ever asked for ``manual``, looking it up costs
+one global test.
+
+(The design puts ordering in the safety layer; it lives here because the
+memory layer applies it on every tracked use. ``ignis.safety`` re-exports it.)
+"""
+
+from __future__ import annotations
+
+from contextlib import contextmanager
+from contextvars import ContextVar
+from typing import TYPE_CHECKING, Any, Iterator
+
+if TYPE_CHECKING:
+    from ..runtime import Stream
+
+__all__ = ["AUTO", "MANUAL", "policy", "set_ordering", "get_ordering", "ordering"]
+
+AUTO, MANUAL = "auto", "manual"
+_VALID = (AUTO, MANUAL)
+_process = AUTO
+_context: ContextVar[str | None] = ContextVar("ignis_ordering", default=None)
+any_manual = False  # becomes True the first time anything asks for manual ordering
+
+# The sanitizer installs itself here: an object with
+#   access(block, stream, access, span)  -- span = (offset, nbytes, op) or None
+#   free(block)
+checker: Any = None
+
+
+def _valid(p: str) -> str:
+    if p not in _VALID:
+        raise ValueError(f"unknown ordering policy {p!r}; use 'auto' or 'manual'")
+    return p
+
+
+def policy(stream: "Stream") -> str:
+    """The policy that applies to a use on ``stream`` now."""
+    if not any_manual:
+        return AUTO
+    return stream.ordering or _context.get() or _process
+
+
+def set_ordering(p: str, stream: "Stream | None" = None) -> None:
+    """Set the process-wide policy, or one stream's (``None`` clears a stream's override)."""
+    global _process, any_manual
+    if stream is not None:
+        stream.ordering = None if p is None else _valid(p)
+    else:
+        _process = _valid(p)
+    if p == MANUAL:
+        any_manual = True
+
+
+def get_ordering(stream: "Stream | None" = None) -> str:
+    return policy(stream) if stream is not None else (_context.get() or _process)
+
+
+@contextmanager
+def ordering(p: str) -> Iterator[None]:
+    """Use policy ``p`` for tracked uses made inside the ``with`` block (this thread / task)."""
+    global any_manual
+    token = _context.set(_valid(p))
+    if p == MANUAL:
+        any_manual = True
+    try:
+        yield
+    finally:
+        _context.reset(token)
