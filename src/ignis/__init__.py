@@ -11,8 +11,11 @@ from .runtime import Device, DeviceState, Event, Stream, device_count
 from . import memory
 from .memory import *  # noqa: F401,F403
 from .memory import __all__ as _memory_all
-from .safety import DEFAULT_OWNER, GpuRef, MemoryContract, contract, owners, register_owner
-from .array import NvArray, asarray, empty, from_dlpack, from_numpy, full, zeros
+from .safety import (DEFAULT_OWNER, GpuRef, MemoryContract, contract, get_ordering, ordering, owners,
+                     register_owner, sanitizer, set_ordering)
+from .array import NvArray, asarray, empty, from_dlpack, from_numpy, full, launch, zeros
+from .array import builtins as kernels
+from .runtime import Kernel, RawPtr
 from . import interop
 
 __version__ = "0.1.0"
@@ -20,5 +23,11 @@ __version__ = "0.1.0"
 __all__ = ["__version__", "backend_name", "get_backend", "set_backend", "dtypes", "errors",
            "DType", "dtype", "Device", "DeviceState", "Event", "Stream", "device_count",
            "memory", "interop", "MemoryContract", "contract", "register_owner", "owners", "DEFAULT_OWNER",
-           "GpuRef", "NvArray", "empty", "zeros", "full", "from_numpy", "asarray", "from_dlpack",
+           "GpuRef", "NvArray", "launch", "Kernel", "RawPtr", "kernels", "sanitizer", "ordering", "set_ordering",
+           "get_ordering", "empty", "zeros", "full", "from_numpy", "asarray", "from_dlpack",
            *_errors_all, *_memory_all]
+
+import os as _os
+
+if _os.environ.get("IGNIS_SANITIZE", "").strip() not in ("", "0"):
+    sanitizer.enable(_os.environ.get("IGNIS_SANITIZE_MODE", "raise"))

@@ -10,9 +10,10 @@ from .. import dtypes as _dt
 from ..memory import DeviceMemoryResource
 from ..memory.types import UNTAGGED
 from ..runtime import Device, Stream
+from .launch import launch
 from .nvarray import NvArray
 
-__all__ = ["NvArray", "empty", "zeros", "full", "from_numpy", "asarray", "from_dlpack"]
+__all__ = ["NvArray", "launch", "empty", "zeros", "full", "from_numpy", "asarray", "from_dlpack"]
 
 
 def empty(shape: Any, dtype: Any = _dt.float32, *, device: "Device | int | None" = None,

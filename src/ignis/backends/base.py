@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import threading
 from dataclasses import dataclass, field
-from typing import Callable
+from typing import Any, Callable, Sequence
 
 from ..errors import DriverError, UnsupportedError
 
@@ -75,6 +75,18 @@ OPS: dict[str, str] = {
     "event_synchronize": "cuEventSynchronize",
     "event_elapsed_ms": "cuEventElapsedTime",
     "device_synchronize": "cuCtxSynchronize",
+    "vmm_granularity": "cuMemGetAllocationGranularity",
+    "vmm_create": "cuMemCreate",
+    "vmm_release": "cuMemRelease",
+    "vmm_export_fd": "cuMemExportToShareableHandle",
+    "vmm_import_fd": "cuMemImportFromShareableHandle",
+    "vmm_reserve": "cuMemAddressReserve",
+    "vmm_free_address": "cuMemAddressFree",
+    "vmm_map": "cuMemMap",
+    "vmm_unmap": "cuMemUnmap",
+    "vmm_set_access": "cuMemSetAccess",
+    "kernel_compile": "nvrtcCompileProgram",
+    "kernel_launch": "cuLaunchKernel",
 }
 
 
@@ -274,3 +286,54 @@ class Backend:
 
     def event_elapsed_ms(self, start: int, end: int) -> float:
         raise self._unsupported("event_elapsed_ms")
+
+    # -- virtual memory (exportable allocations, seeds/002) ----------------------
+    def vmm_granularity(self, ordinal: int, recommended: bool = False) -> int:
+        """Allocation granularity in bytes for a POSIX-fd-exportable device allocation."""
+        raise self._unsupported("vmm_granularity")
+
+    def vmm_create(self, ordinal: int, nbytes: int) -> int:
+        """Physical memory (a multiple of the granularity), exportable as a POSIX fd.
+        Returns the allocation handle."""
+        raise self._unsupported("vmm_create")
+
+    def vmm_release(self, handle: int) -> None:
+        raise self._unsupported("vmm_release")
+
+    def vmm_export_fd(self, handle: int) -> int:
+        """A new POSIX file descriptor for the allocation (the caller closes it)."""
+        raise self._unsupported("vmm_export_fd")
+
+    def vmm_import_fd(self, fd: int) -> int:
+        """An allocation handle for memory exported by another process (fd stays the caller's)."""
+        raise self._unsupported("vmm_import_fd")
+
+    def vmm_reserve(self, ordinal: int, nbytes: int, alignment: int = 0) -> int:
+        """Reserve a device virtual address range; returns its start."""
+        raise self._unsupported("vmm_reserve")
+
+    def vmm_free_address(self, ptr: int, nbytes: int) -> None:
+        raise self._unsupported("vmm_free_address")
+
+    def vmm_map(self, ptr: int, nbytes: int, handle: int, offset: int = 0) -> None:
+        raise self._unsupported("vmm_map")
+
+    def vmm_unmap(self, ptr: int, nbytes: int) -> None:
+        """Unmap a range. Does not order itself against queued work: synchronize first."""
+        raise self._unsupported("vmm_unmap")
+
+    def vmm_set_access(self, ordinal: int, ptr: int, nbytes: int) -> None:
+        """Give ``ordinal`` read-write access to a mapped range."""
+        raise self._unsupported("vmm_set_access")
+
+    # -- kernels -----------------------------------------------------------------
+    def kernel_compile(self, ordinal: int, source: str, name: str, options: tuple = ()) -> Any:
+        """Compile CUDA C ``source`` for the device and return a launchable handle for
+        the ``extern "C"`` function ``name``."""
+        raise self._unsupported("kernel_compile")
+
+    def kernel_launch(self, function: Any, grid: tuple, block: tuple, shared_mem: int, stream: int,
+                      params: Sequence[Any]) -> None:
+        """Queue ``function`` on ``stream``. ``params`` are ctypes values, one per kernel
+        parameter (the emulator takes a Python callable as ``function`` and no params)."""
+        raise self._unsupported("kernel_launch")

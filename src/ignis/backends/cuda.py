@@ -593,3 +593,58 @@ class CudaBackend(Backend):
         a = self._enter_event(start)
         rec = self._events.get(end)
         return float(_check(cu.cuEventElapsedTime(a, end if rec is None else rec[1]), "cuEventElapsedTime")[1])
+
+    # -- kernels -----------------------------------------------------------
+    def kernel_compile(self, ordinal: int, source: str, name: str, options: tuple = ()) -> Any:
+        """NVRTC-compile ``source`` to a cubin for this device's architecture, load it,
+        and return the CUfunction ``name``. Compile errors carry NVRTC's log."""
+        if self._faults:
+            self._fault("kernel_compile")
+        from cuda.bindings import nvrtc
+
+        def nv(res: tuple, call: str, prog: Any = None) -> tuple:
+            err = res[0]
+            if int(err) != 0:
+                log = ""
+                if prog is not None:
+                    try:
+                        size = nv(nvrtc.nvrtcGetProgramLogSize(prog), "nvrtcGetProgramLogSize")[1]
+                        buf = b" " * size
+                        nvrtc.nvrtcGetProgramLog(prog, buf)
+                        log = buf.decode(errors="replace").strip("\0 \n")
+                    except Exception:
+                        pass
+                raise DriverError(int(err), getattr(err, "name", f"NVRTC_ERROR_{int(err)}"), call,
+                                  f"kernel {name!r}: {log}" if log else f"kernel {name!r}")
+            return res
+
+        self._enter(ordinal)
+        major, minor = self.device_properties(ordinal).compute_capability
+        prog = nv(nvrtc.nvrtcCreateProgram(source.encode(), f"{name}.cu".encode(), 0, [], []),
+                  "nvrtcCreateProgram")[1]
+        try:
+            opts = [f"--gpu-architecture=sm_{major}{minor}".encode(), b"--std=c++17",
+                    *[o.encode() for o in options]]
+            nv(nvrtc.nvrtcCompileProgram(prog, len(opts), opts), "nvrtcCompileProgram", prog)
+            size = nv(nvrtc.nvrtcGetCUBINSize(prog), "nvrtcGetCUBINSize")[1]
+            image = b" " * size
+            nv(nvrtc.nvrtcGetCUBIN(prog, image), "nvrtcGetCUBIN")
+        finally:
+            nvrtc.nvrtcDestroyProgram(prog)
+        holder = ctypes.create_string_buffer(image, len(image))
+        module = _check(cu.cuModuleLoadData(ctypes.addressof(holder)), "cuModuleLoadData")[1]
+        func = _check(cu.cuModuleGetFunction(module, name.encode()), "cuModuleGetFunction")[1]
+        with self._lock:
+            self.__dict__.setdefault("_modules", []).append(module)  # loaded for the context's life
+        return func
+
+    def kernel_launch(self, function: Any, grid: tuple, block: tuple, shared_mem: int, stream: int,
+                      params: Any = ()) -> None:
+        """cuLaunchKernel with ``params`` (ctypes values, one per kernel parameter)."""
+        if self._faults:
+            self._fault("kernel_launch")
+        s = self._enter_stream(stream)
+        n = len(params)
+        ptrs = (ctypes.c_void_p * max(n, 1))(*[ctypes.addressof(p) for p in params])
+        _check(cu.cuLaunchKernel(function, grid[0], grid[1], grid[2], block[0], block[1], block[2],
+                                 shared_mem, s, ctypes.addressof(ptrs), 0), "cuLaunchKernel")

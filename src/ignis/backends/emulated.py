@@ -499,6 +499,31 @@ class EmulatedBackend(Backend):
         """Forget memory adopted with ``adopt_host_memory``."""
         self._device(ordinal, "release_host_memory").free(ptr, "release_host_memory")
 
+    def allocation_view(self, ptr: int) -> tuple[np.ndarray, int]:
+        """Emulator only: the whole allocation holding ``ptr`` as uint8, and ``ptr``'s
+        offset in it (kernels' raw pointers are bounded by their allocation, as on a GPU)."""
+        alloc = self._find(ptr, 0, "allocation_view")
+        return alloc.buf, ptr - alloc.base
+
+    # -- kernels -------------------------------------------------------------------
+    def kernel_compile(self, ordinal: int, source: str, name: str, options: tuple = ()) -> Any:
+        if self._faults:
+            self._fault("kernel_compile")
+        raise self._unsupported(f"compiling CUDA source (kernel {name!r})",
+                                "the emulator runs a Kernel's host_impl instead")
+
+    def kernel_launch(self, function: Any, grid: tuple, block: tuple, shared_mem: int, stream: int,
+                      params: Any = ()) -> None:
+        """Queue ``function`` (a Python callable: a Kernel's host_impl bound to its
+        arguments) on the stream. An exception in it fails the stream like a faulting
+        kernel (a sticky CUDA_ERROR_LAUNCH_FAILED)."""
+        if self._faults:
+            self._fault("kernel_launch")
+        call = OPS["kernel_launch"]
+        if not callable(function):
+            raise driver_error("CUDA_ERROR_INVALID_HANDLE", call, f"{function!r} is not a host kernel")
+        self._put(self._stream(stream, call), call, function, ())
+
     # -- devices ---------------------------------------------------------------
     def device_count(self) -> int:
         return len(self._devices)

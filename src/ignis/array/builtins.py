@@ -1,0 +1,140 @@
+"""Built-in kernels: fill, copy, strided gather, axpy.
+
+Each is a real CUDA kernel (grid-stride loop, compiled once per device) with a
+NumPy ``host_impl`` for the emulated backend, launched through ``launch`` so
+every use is tracked. fill / copy / gather move element bits and work for
+every dtype; axpy is for float32 and float64. They double as the kernels the
+bug zoo and the sanitizer tests use.
+"""
+
+from __future__ import annotations
+
+import threading
+from typing import Any
+
+import numpy as np
+
+from ..memory import Access
+from ..runtime import Kernel, Stream
+from .launch import launch
+from .nvarray import NvArray
+
+__all__ = ["fill", "copy", "gather", "axpy", "kernel"]
+
+_BITS = {1: ("unsigned char", "uint8"), 2: ("unsigned short", "uint16"), 4: ("unsigned int", "uint32"),
+         8: ("unsigned long long", "uint64")}
+_FLOAT = {"float32": "float", "float64": "double"}
+_BLOCK = 256
+_kernels: dict[tuple[str, str], Kernel] = {}
+_lock = threading.Lock()
+
+_LOOP = "for (long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x; i < n; " \
+        "i += (long long)gridDim.x * blockDim.x)"
+
+
+def _grid(n: int) -> int:
+    return max(1, min((n + _BLOCK - 1) // _BLOCK, 8192))
+
+
+def _make(op: str, key: str) -> Kernel:
+    R, W, RW = Access.READ, Access.WRITE, Access.READ_WRITE
+    if op == "fill":
+        ctype, bits = _BITS[int(key)]
+        name = f"ignis_fill_{bits}"
+        src = f'extern "C" __global__ void {name}({ctype}* dst, {ctype} value, long long n) {{ {_LOOP} dst[i] = value; }}'
+
+        def host(dst: Any, value: Any, n: Any) -> None:
+            dst[0:int(n)].view(bits)[:] = value
+
+        return Kernel(src, name, ((W, lambda d, v, n: (0, n * d.dtype.itemsize)), bits, "int64"), host)
+    if op == "copy":
+        ctype, bits = _BITS[int(key)]
+        name = f"ignis_copy_{bits}"
+        src = (f'extern "C" __global__ void {name}({ctype}* dst, const {ctype}* src, long long n) '
+               f'{{ {_LOOP} dst[i] = src[i]; }}')
+
+        def host(dst: Any, src_: Any, n: Any) -> None:
+            dst[0:int(n)] = src_[0:int(n)]
+
+        size = lambda d, s, n: (0, n * d.dtype.itemsize)  # noqa: E731
+        return Kernel(src, name, ((W, size), (R, size), "int64"), host)
+    if op == "gather":
+        ctype, bits = _BITS[int(key)]
+        name = f"ignis_gather_{bits}"
+        src = (f'extern "C" __global__ void {name}({ctype}* dst, const {ctype}* src, long long n, '
+               f'long long stride, long long offset) {{ {_LOOP} dst[i] = src[offset + i * stride]; }}')
+
+        def host(dst: Any, src_: Any, n: Any, stride: Any, offset: Any) -> None:
+            n, stride, offset = int(n), int(stride), int(offset)
+            if n:
+                dst[0:n] = src_[offset:offset + (n - 1) * stride + 1:stride]
+
+        def src_range(d: NvArray, s: NvArray, n: int, stride: int, offset: int) -> tuple[int, int]:
+            isz = s.dtype.itemsize
+            return (offset * isz, (offset + (n - 1) * stride + 1) * isz) if n else (0, 0)
+
+        return Kernel(src, name, ((W, lambda d, s, n, st, o: (0, n * d.dtype.itemsize)), (R, src_range),
+                                  "int64", "int64", "int64"), host)
+    if op == "axpy":
+        ctype = _FLOAT[key]
+        name = f"ignis_axpy_{key}"
+        src = (f'extern "C" __global__ void {name}({ctype}* y, const {ctype}* x, {ctype} a, long long n) '
+               f'{{ {_LOOP} y[i] = a * x[i] + y[i]; }}')
+
+        def host(y: Any, x: Any, a: Any, n: Any) -> None:
+            n = int(n)
+            y[0:n] = a * x[0:n] + y[0:n]
+
+        size = lambda y, x, a, n: (0, n * y.dtype.itemsize)  # noqa: E731
+        return Kernel(src, name, ((RW, size), (R, size), key, "int64"), host)
+    raise ValueError(f"unknown built-in kernel {op!r}")
+
+
+def kernel(op: str, dtype_or_size: Any) -> Kernel:
+    """The built-in ``Kernel`` for ``op`` ("fill", "copy", "gather": by item size;
+    "axpy": by float dtype name)."""
+    key = str(dtype_or_size)
+    k = _kernels.get((op, key))
+    if k is None:
+        with _lock:
+            k = _kernels.get((op, key))
+            if k is None:
+                k = _kernels[(op, key)] = _make(op, key)
+    return k
+
+
+def fill(dst: NvArray, value: Any, *, stream: Stream | None = None) -> NvArray:
+    """Set every element of ``dst`` to ``value`` with a kernel."""
+    isz = dst.dtype.itemsize
+    bits = np.array(value, dtype=dst.dtype.numpy).view(_BITS[isz][1]).item()
+    launch(kernel("fill", isz), _grid(dst.numel), _BLOCK, dst, bits, dst.numel, stream=stream)
+    return dst
+
+
+def copy(dst: NvArray, src: NvArray, n: int | None = None, *, stream: Stream | None = None) -> NvArray:
+    """Copy ``n`` elements (default: all of ``src``) from ``src`` to ``dst`` with a kernel."""
+    if src.dtype.itemsize != dst.dtype.itemsize:
+        raise ValueError(f"copy: element sizes differ ({src.dtype.name} -> {dst.dtype.name})")
+    n = src.numel if n is None else n
+    launch(kernel("copy", dst.dtype.itemsize), _grid(n), _BLOCK, dst, src, n, stream=stream)
+    return dst
+
+
+def gather(dst: NvArray, src: NvArray, stride: int, offset: int = 0, *, stream: Stream | None = None) -> NvArray:
+    """``dst[i] = src[offset + i * stride]`` for every element of ``dst`` (a strided copy)."""
+    if src.dtype.itemsize != dst.dtype.itemsize:
+        raise ValueError(f"gather: element sizes differ ({src.dtype.name} -> {dst.dtype.name})")
+    launch(kernel("gather", dst.dtype.itemsize), _grid(dst.numel), _BLOCK, dst, src, dst.numel, stride, offset,
+           stream=stream)
+    return dst
+
+
+def axpy(y: NvArray, x: NvArray, a: float, *, stream: Stream | None = None) -> NvArray:
+    """``y = a * x + y`` (float32 / float64)."""
+    if x.dtype is not y.dtype or y.dtype.name not in _FLOAT:
+        raise ValueError(f"axpy needs x and y of the same float32 or float64 dtype, got {x.dtype.name}, "
+                         f"{y.dtype.name}")
+    if x.numel < y.numel:
+        raise ValueError(f"axpy: x has {x.numel} elements, y has {y.numel}")
+    launch(kernel("axpy", y.dtype.name), _grid(y.numel), _BLOCK, y, x, a, y.numel, stream=stream)
+    return y

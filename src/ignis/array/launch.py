@@ -1,0 +1,114 @@
+"""``launch``: queue a Kernel with tracked access to its array arguments.
+
+Preflight first (nothing is queued if any check fails): argument count and
+kinds, arrays alive and on one device, every array in a resource that can
+track cross-stream use (seeds/004's preflight), declared byte ranges inside
+their arrays. Then ``prepare_block_use`` for each array (waits under ``auto``
+ordering, sanitizer checks on the declared ranges), the launch, and
+``finish_block_use``.
+"""
+
+from __future__ import annotations
+
+import ctypes
+from typing import Any, Callable, Sequence
+
+from ..errors import OutOfBoundsError, StreamMisuseError, UnsupportedError
+from ..runtime import Device, Stream
+from ..runtime.kernel import SCALAR_CTYPES as _CTYPES
+from ..runtime.kernel import Kernel, RawPtr
+from .nvarray import NvArray
+
+__all__ = ["launch"]
+
+
+def _dim3(x: Any, what: str) -> tuple[int, int, int]:
+    t = (x,) if isinstance(x, int) else tuple(x)
+    if not 1 <= len(t) <= 3 or not all(isinstance(v, int) and v > 0 for v in t):
+        raise ValueError(f"{what} must be a positive int or 1 to 3 positive ints, got {x!r}")
+    return (t + (1, 1))[:3]
+
+
+def launch(kernel: Kernel, grid: Any, block: Any, *args: Any, stream: Stream | None = None,
+           shared_mem: int = 0) -> None:
+    """Queue ``kernel`` on ``stream`` with tracked access to every array argument."""
+    if not isinstance(kernel, Kernel):
+        raise TypeError(f"launch expects an ignis.Kernel, got {type(kernel).__name__}")
+    if len(args) != len(kernel.specs):
+        raise TypeError(f"kernel {kernel.name} declares {len(kernel.specs)} argument(s), got {len(args)}")
+    g, b = _dim3(grid, "grid"), _dim3(block, "block")
+    arrays: list[tuple[NvArray, Any, int, int]] = []
+    device = None
+    for i, ((what, spec, rng), arg) in enumerate(zip(kernel.specs, args)):
+        if what != "array":
+            continue
+        if not isinstance(arg, NvArray):
+            raise TypeError(f"kernel {kernel.name} argument {i} is declared {spec.name} (an array), "
+                            f"got {type(arg).__name__}")
+        arg._check_live(f"pass to kernel {kernel.name}")
+        if device is None:
+            device = arg.device
+        elif arg.device is not device:
+            raise ValueError(f"kernel {kernel.name}: arrays on devices {device.ordinal} and {arg.device.ordinal}")
+        if arg._block is not None and not arg._mr.supports_block_use_tracking:
+            raise StreamMisuseError(
+                f"kernel {kernel.name} refused before launch: argument {i} (NvArray#{arg.id}) lives in a "
+                f"{type(arg._mr).__name__}, which cannot track cross-stream uses; allocate it from a "
+                "PoolResource or AsyncResource")
+        lo, hi = (0, arg.nbytes) if rng is None else (int(v) for v in rng(*args))
+        if lo < 0 or hi > arg.nbytes or hi < lo:
+            raise OutOfBoundsError(
+                f"kernel {kernel.name} argument {i} declares bytes [{lo}, {hi}) of NvArray#{arg.id}, which has "
+                f"{arg.nbytes} bytes", ptr=arg.device_ptr, generation=arg.generation, tag=arg.tag,
+                side="before" if lo < 0 else "after", offset=lo if lo < 0 else hi)
+        arrays.append((arg, spec, lo, hi))
+    if device is None:
+        device = Device(0)
+    s = stream if stream is not None else (arrays[0][0].stream if arrays else device.default_stream)
+    if s.device is not device:
+        raise ValueError(f"kernel {kernel.name}: stream is on device {s.device.ordinal}, arrays on {device.ordinal}")
+    backend = device.backend
+    started = []
+    try:
+        for arr, acc, lo, hi in arrays:
+            arr._begin(s, acc, kernel.name, lo, hi - lo)
+            started.append((arr, acc))
+        if backend.name == "emulated":
+            fn = _host_call(kernel, backend, args)
+            backend.kernel_launch(fn, g, b, shared_mem, s._check(), ())
+        else:
+            params = _params(kernel, args)
+            backend.kernel_launch(kernel._function(device), g, b, shared_mem, s._check(), params)
+    finally:
+        for arr, acc in started:
+            arr._end(s, acc)
+
+
+def _params(kernel: Kernel, args: Sequence[Any]) -> list:
+    out = []
+    for (what, spec, _), arg in zip(kernel.specs, args):
+        if what == "array":
+            out.append(ctypes.c_void_p(arg._ptr))
+        else:
+            out.append(_CTYPES[spec.name](arg))
+    return out
+
+
+def _host_call(kernel: Kernel, backend: Any, args: Sequence[Any]) -> Callable[[], None]:
+    if kernel.host_impl is None:
+        raise UnsupportedError(f"kernel {kernel.name!r} without host_impl", "emulated",
+                               "give the Kernel a host_impl= to run it without a GPU")
+    conv: list[Any] = []
+    for (what, spec, _), arg in zip(kernel.specs, args):
+        if what == "array":
+            buf, off = backend.allocation_view(arg._ptr)
+            conv.append(RawPtr(buf, off, arg.dtype.numpy))
+        else:
+            conv.append(spec.numpy.type(arg))
+    impl = kernel.host_impl
+
+    def run() -> None:
+        impl(*conv)
+
+    run.__qualname__ = f"kernel {kernel.name}"
+    return run

@@ -1,0 +1,134 @@
+"""Kernels with declared access (``launch`` lives in the array layer, ``ignis.array.launch``).
+
+A ``Kernel`` is CUDA C source (compiled with NVRTC on the cuda backend, once
+per device, context generation and source) plus a ``host_impl`` that the
+emulated backend runs over the same arguments. Each launch argument is
+declared in ``access``:
+
+- an array argument: ``Access.READ`` / ``WRITE`` / ``READ_WRITE`` (or
+  "read" / "write" / "read_write"), optionally with the byte range it
+  touches: ``(Access.WRITE, lambda *args: (start, stop))`` relative to the
+  array's first byte (default: the whole array);
+- a scalar argument: its dtype (``"int64"``, ``"float32"``, ...).
+
+``launch`` checks everything first (the preflight of seeds/004: an array in
+a resource that cannot track cross-stream use refuses the launch before any
+work is queued; a declared range outside the array is an OutOfBoundsError),
+then does ``prepare_block_use`` for every array, queues the kernel, and
+``finish_block_use``. In ``host_impl`` an array argument is a ``RawPtr``:
+``p[i]`` and ``p[a:b]`` address elements relative to the pointer as C does
+(negative indices are before it); leaving the underlying allocation is the
+emulator's illegal address, which fails the stream like a faulting kernel.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import threading
+from typing import TYPE_CHECKING, Any, Callable, Sequence
+
+import numpy as np
+
+from .. import dtypes as _dt
+
+if TYPE_CHECKING:
+    from .device import Device
+
+__all__ = ["Kernel", "RawPtr", "SCALAR_CTYPES"]
+
+SCALAR_CTYPES = _CTYPES = {"int8": ctypes.c_int8, "uint8": ctypes.c_uint8, "int16": ctypes.c_int16, "uint16": ctypes.c_uint16,
+           "int32": ctypes.c_int32, "uint32": ctypes.c_uint32, "int64": ctypes.c_int64,
+           "uint64": ctypes.c_uint64, "float32": ctypes.c_float, "float64": ctypes.c_double,
+           "bool": ctypes.c_bool}
+
+
+class RawPtr:
+    """A typed pointer into emulated device memory, for ``host_impl``."""
+
+    __slots__ = ("_buf", "_off", "dtype")
+
+    def __init__(self, buf: np.ndarray, byte_offset: int, dtype: np.dtype) -> None:
+        self._buf = buf          # the whole allocation, uint8
+        self._off = byte_offset  # where the pointer points
+        self.dtype = np.dtype(dtype)
+
+    def _range(self, start: int, stop: int) -> np.ndarray:
+        size = self.dtype.itemsize
+        lo = self._off + start * size
+        hi = self._off + stop * size
+        if lo < 0 or hi > self._buf.nbytes or hi < lo:
+            raise IndexError(f"illegal address: elements [{start}, {stop}) of a {self.dtype} pointer reach bytes "
+                             f"[{lo}, {hi}) of a {self._buf.nbytes}-byte allocation")
+        return self._buf[lo:hi].view(self.dtype)
+
+    def __getitem__(self, key: Any) -> Any:
+        if isinstance(key, slice):
+            if key.step not in (None, 1):
+                return self._range(key.start or 0, key.stop)[::key.step]
+            return self._range(key.start or 0, key.stop)
+        return self._range(key, key + 1)[0]
+
+    def __setitem__(self, key: Any, value: Any) -> None:
+        if isinstance(key, slice):
+            self._range(key.start or 0, key.stop)[:] = value
+        else:
+            self._range(key, key + 1)[0] = value
+
+
+class Kernel:
+    """A device function with a declared access for each argument."""
+
+    def __init__(self, source: str | None = None, name: str | None = None, access: Sequence[Any] = (),
+                 host_impl: Callable[..., None] | None = None, options: Sequence[str] = ()) -> None:
+        if source is None and host_impl is None:
+            raise ValueError("a Kernel needs CUDA source (for the cuda backend) and/or a host_impl "
+                             "(for the emulated backend)")
+        if source is not None and not name:
+            raise ValueError("a Kernel with source needs the name of its extern \"C\" __global__ function")
+        self.source = source
+        self.name = name or getattr(host_impl, "__name__", "kernel")
+        self.host_impl = host_impl
+        self.options = tuple(options)
+        self.specs = [self._parse(i, a) for i, a in enumerate(access)]
+        self._compiled: dict[tuple[int, int, int], int] = {}
+        self._lock = threading.Lock()
+
+    @staticmethod
+    def _parse(i: int, spec: Any) -> tuple[str, Any, Any]:
+        from ..memory import Access
+        rng = None
+        if isinstance(spec, tuple):
+            spec, rng = spec
+            if not callable(rng):
+                raise ValueError(f"argument {i}: the byte range must be a callable (*args) -> (start, stop)")
+        if isinstance(spec, Access):
+            return ("array", spec, rng)
+        if isinstance(spec, str) and spec.lower().replace("-", "_") in ("read", "write", "read_write"):
+            return ("array", Access.parse(spec), rng)
+        try:
+            dt = _dt.dtype(spec)
+        except ValueError:
+            raise ValueError(f"argument {i}: {spec!r} is neither an access (Access.READ / WRITE / READ_WRITE) "
+                             f"nor a scalar dtype ({', '.join(_CTYPES)})") from None
+        if dt.name not in _CTYPES:
+            raise ValueError(f"argument {i}: scalar dtype {dt.name} cannot be passed to a kernel; "
+                             f"use one of {', '.join(_CTYPES)}")
+        return ("scalar", dt, None)
+
+    def _function(self, device: "Device") -> int:
+        key = (id(device), device.ordinal, device.state.generation)
+        fn = self._compiled.get(key)
+        if fn is None:
+            with self._lock:
+                fn = self._compiled.get(key)
+                if fn is None:
+                    if self.source is None:
+                        from ..errors import UnsupportedError
+                        raise UnsupportedError(f"kernel {self.name!r} without CUDA source", device.backend.name,
+                                               "give the Kernel its source= for GPUs")
+                    fn = self._compiled[key] = device.backend.kernel_compile(
+                        device.ordinal, self.source, self.name, self.options)
+        return fn
+
+    def __repr__(self) -> str:
+        return f"<ignis.Kernel {self.name} args={len(self.specs)}>"
