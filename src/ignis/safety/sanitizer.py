@@ -44,7 +44,7 @@ from ..memory.types import Access, DeviceBlock
 __all__ = ["Sanitizer", "sanitizer", "enable", "disable", "enabled", "is_enabled", "reports"]
 
 _PKG_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-_MAX_FRAMES = 12
+_MAX_FRAMES = 6
 
 
 def _frames() -> tuple:

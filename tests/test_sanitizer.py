@@ -1,0 +1,362 @@
+"""Kernels, ordering policies and the sanitizer: the bug zoo and the correct programs.
+
+Each bug class is a small program that must be caught with the right error
+and fields; each correct program must raise nothing, run many times (under
+the emulator's jitter where the backend is emulated).
+"""
+
+from __future__ import annotations
+
+import gc
+
+import numpy as np
+import pytest
+
+import ignis as ig
+from ignis.memory import Access
+
+K = ig.kernels
+
+
+@pytest.fixture
+def dev():
+    return ig.Device(0)
+
+
+@pytest.fixture
+def streams(dev):
+    ss = [dev.create_stream() for _ in range(3)]
+    yield ss
+    dev.synchronize()
+    for s in ss:
+        s.close()
+
+
+@pytest.fixture
+def san():
+    ig.sanitizer.disable()
+    s = ig.sanitizer.enable("raise")
+    try:
+        yield s
+    finally:
+        ig.sanitizer.disable()
+
+
+@pytest.fixture
+def manual():
+    with ig.ordering("manual"):
+        yield
+
+
+def two(dev, a, b, n=4096, dtype="float32"):
+    """Arrays made before the test's work, so allocation itself orders nothing."""
+    x = ig.empty(n, dtype, stream=a)
+    y = ig.empty(n, dtype, stream=b)
+    dev.synchronize()
+    return x, y
+
+
+# -- kernels ---------------------------------------------------------------------------
+
+def test_builtin_kernels_compute(dev):
+    x = ig.from_numpy(np.arange(1000, dtype=np.float32))
+    y = ig.full(1000, 1.0)
+    K.axpy(y, x, 2.0)
+    np.testing.assert_allclose(y.to_numpy(), 2 * np.arange(1000) + 1)
+    z = ig.empty(10, "float32")
+    K.gather(z, x, 100, 3)
+    assert z.to_numpy().tolist() == [3 + 100 * i for i in range(10)]
+    c = ig.empty(1000, "float32")
+    K.copy(c, x)
+    assert (c.to_numpy() == x.to_numpy()).all()
+    for dt, v in (("int64", -7), ("bfloat16", 1.5), ("uint8", 9), ("float64", 0.25)):
+        a = ig.empty(333, dt)
+        K.fill(a, v)
+        assert (a.to_numpy() == np.array(v, a.dtype.numpy)).all()
+
+
+def test_custom_kernel_and_declared_ranges(dev):
+    src = r'''extern "C" __global__ void twice(float* out, const float* inp, long long n) {
+        long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x; if (i < n) out[i] = 2.0f * inp[i]; }'''
+
+    def host(out, inp, n):
+        out[0:int(n)] = 2 * inp[0:int(n)]
+
+    k = ig.Kernel(src, "twice", (ig.Access.WRITE, "read", "int64"), host)
+    a = ig.from_numpy(np.arange(64, dtype=np.float32))
+    b = ig.zeros(64)
+    ig.launch(k, 1, 64, b, a, 64)
+    assert (b.to_numpy() == 2 * np.arange(64)).all()
+    with pytest.raises(TypeError, match="declares 3 argument"):
+        ig.launch(k, 1, 64, b, a)
+    with pytest.raises(TypeError, match="an array"):
+        ig.launch(k, 1, 64, 5, a, 64)
+    bad = ig.Kernel(src, "twice", ((ig.Access.WRITE, lambda o, i, n: (0, 8 * n)), "read", "int64"), host)
+    with pytest.raises(ig.OutOfBoundsError, match="declares bytes"):
+        ig.launch(bad, 1, 64, b, a, 64)
+    with pytest.raises(ValueError, match="neither an access"):
+        ig.Kernel(src, "twice", ("sideways",), host)
+
+
+def test_launch_preflight_refuses_untracked_resource(dev):
+    direct = ig.DirectResource(dev)
+    a = ig.zeros(16, mr=direct)
+    a.stream.synchronize()
+    calls = []
+    orig = dev.backend.kernel_launch
+    dev.backend.kernel_launch = lambda *x: calls.append(x)
+    try:
+        with pytest.raises(ig.StreamMisuseError, match="refused before launch"):
+            K.fill(a, 1.0)
+    finally:
+        del dev.backend.kernel_launch
+    assert calls == [] and orig is not None  # nothing was queued
+    a.free()
+
+
+def test_faulting_kernel_fails_the_stream(on_emulated):
+    def boom(p, n):
+        p[-10**9] = 1  # far outside the allocation: the emulator's illegal address
+
+    d = ig.Device(ig.device_count() - 1)  # a fault poisons the context: use a device we can rebuild
+    k = ig.Kernel(None, "boom", ("write", "int64"), boom)
+    s = d.create_stream()
+    a = ig.zeros(8, stream=s)
+    ig.launch(k, 1, 1, a, 8, stream=s)
+    try:
+        with pytest.raises(ig.DriverError, match="illegal address") as ei:
+            s.synchronize()
+        assert ei.value.name == "CUDA_ERROR_LAUNCH_FAILED"
+    finally:
+        d.rebuild()
+
+
+# -- ordering: auto makes the racy programs correct -----------------------------------------
+
+def test_auto_ordering_orders_racy_program(dev, streams):
+    a, b, _ = streams
+    for _ in range(5):
+        x, y = two(dev, a, b, 1 << 16)
+        a.launch_host_func(lambda: __import__("time").sleep(0.02))
+        K.fill(x, 3.0, stream=a)
+        K.copy(y, x, stream=b)  # auto: waits for the fill
+        assert (y.to_numpy(stream=b) == 3.0).all()
+
+
+def test_ordering_scopes(dev, streams):
+    a = streams[0]
+    assert ig.get_ordering() == "auto"
+    with ig.ordering("manual"):
+        assert ig.get_ordering() == "manual" and ig.get_ordering(a) == "manual"
+        ig.set_ordering("auto", stream=a)
+        assert ig.get_ordering(a) == "auto"
+        ig.set_ordering(None, stream=a)
+    assert ig.get_ordering() == "auto"
+    with pytest.raises(ValueError, match="auto.*manual"):
+        ig.set_ordering("sometimes")
+
+
+# -- the bug zoo ----------------------------------------------------------------------------
+
+def test_read_after_write_race(dev, streams, san, manual):
+    a, b, _ = streams
+    x, y = two(dev, a, b)
+    K.fill(x, 1.0, stream=a)
+    with pytest.raises(ig.RaceError) as ei:
+        K.copy(y, x, stream=b)
+    e = ei.value
+    assert e.kind == "read-after-write race"
+    assert e.first["stream"] == a.id and e.first["kind"] == "write" and e.first["op"] == "ignis_fill_uint32"
+    assert e.second["stream"] == b.id and e.second["kind"] == "read" and e.second["range"] == (0, 4 * 4096)
+    assert "test_sanitizer.py" in e.first["stack"] and "test_sanitizer.py" in e.second["stack"]
+
+
+def test_write_after_read_race(dev, streams, san, manual):
+    a, b, _ = streams
+    x, y = two(dev, a, b)
+    K.fill(x, 1.0, stream=a)
+    a.synchronize()
+    K.copy(y, x, stream=b)  # reads x on b
+    with pytest.raises(ig.RaceError) as ei:
+        K.fill(x, 2.0, stream=a)  # overwrites x on a without waiting for b's read
+    assert ei.value.kind == "write-after-read race"
+
+
+def test_write_after_write_race(dev, streams, san, manual):
+    a, b, _ = streams
+    x, _ = two(dev, a, b)
+    K.fill(x, 1.0, stream=a)
+    with pytest.raises(ig.RaceError) as ei:
+        K.fill(x, 2.0, stream=b)
+    assert ei.value.kind == "write-after-write race"
+
+
+def test_byte_ranges_are_precise(dev, streams, san, manual):
+    # Two streams writing disjoint halves of one block do not race.
+    a, b, _ = streams
+    x, _ = two(dev, a, b, 1024)
+    K.fill(x[:512], 1.0, stream=a)
+    K.fill(x[512:], 2.0, stream=b)
+    with pytest.raises(ig.RaceError):
+        K.fill(x[256:768], 3.0, stream=b)  # overlaps a's half
+
+
+def test_free_while_other_stream_reads(dev, streams, san, manual):
+    a, b, _ = streams
+    x, y = two(dev, a, b)
+    K.fill(x, 1.0, stream=a)
+    a.synchronize()
+    K.copy(y, x, stream=b)  # b still reading x
+    with pytest.raises(ig.RaceError) as ei:
+        x.free()  # freed on a with no wait on b
+    assert ei.value.kind == "use-after-free race"
+    assert ei.value.first["kind"] == "read" and ei.value.second["kind"] == "free"
+
+
+def test_reuse_race_is_reported(dev, streams, manual):
+    ig.sanitizer.disable()
+    ig.sanitizer.enable("collect")
+    try:
+        a, b, _ = streams
+        mr = ig.PoolResource(ig.DirectResource(dev))
+        x = ig.empty(4096, "float32", stream=a, mr=mr)
+        y = ig.empty(4096, "float32", stream=b, mr=mr)
+        dev.synchronize()
+        K.fill(x, 1.0, stream=a)
+        a.synchronize()
+        K.copy(y, x, stream=b)
+        ptr = x.device_ptr
+        x.free()  # reported (collect mode goes on)
+        z = ig.empty(4096, "float32", stream=a, mr=mr)  # reuses the memory
+        assert z.device_ptr == ptr
+        K.fill(z, 5.0, stream=a)  # new owner writes while b may still read the old bytes
+        kinds = [r.kind for r in ig.sanitizer.reports()]
+        assert "use-after-free race" in kinds and "reuse race" in kinds
+        reuse = next(r for r in ig.sanitizer.reports() if r.kind == "reuse race")
+        assert reuse.first["generation"] != reuse.second["generation"]
+        assert "problem(s) found" in ig.sanitizer.sanitizer.summary()
+    finally:
+        dev.synchronize()
+        ig.sanitizer.sanitizer.clear()
+        ig.sanitizer.disable()
+
+
+def test_use_after_free_on_the_host(dev):
+    x = ig.zeros(8)
+    gen = x.generation
+    x.free()
+    with pytest.raises(ig.UseAfterFreeError) as ei:
+        K.fill(x, 1.0)
+    assert ei.value.array_id == x.id and ei.value.generation == gen
+
+
+def test_double_free(dev):
+    x = ig.zeros(8)
+    x.free()
+    with pytest.raises(ig.DoubleFreeError) as ei:
+        x.free()
+    assert ei.value.array_id == x.id
+
+
+def test_stale_handle_after_rebuild():
+    d = ig.Device(ig.device_count() - 1)
+    x = ig.zeros(8, device=d)
+    r = x.ref()
+    d.rebuild()
+    with pytest.raises(ig.StaleHandleError) as ei:
+        r.access()
+    assert ei.value.reason == "context rebuilt" and ei.value.current_generation == ei.value.generation + 1
+
+
+def test_declared_access_outside_the_block(dev, san):
+    x = ig.zeros(16)
+    with pytest.raises(ig.OutOfBoundsError) as ei:
+        x._mr.prepare_block_use(x._block, x.stream, Access.WRITE, (x._block.bytes - 4, 64, "overrun"))
+    assert ei.value.side == "after" and ei.value.ptr == x._block.ptr
+
+
+def test_ownership_violation(dev):
+    x = ig.zeros(8)
+    ig.contract.acquire(x, by="io")
+    try:
+        with pytest.raises(ig.MemoryContractViolation) as ei:
+            x.free()
+        assert ei.value.owner == "io" and ei.value.caller == "compute"
+    finally:
+        ig.contract.release(x, by="io")
+
+
+def test_leak_is_reported_by_the_audit(dev):
+    c = ig.MemoryContract()
+    c.track_all = True
+    prev = ig.contract.track_all
+    ig.contract.track_all = True
+    try:
+        leaked = ig.zeros(4, tag="leaky-cache")
+        rows = [r for r in ig.contract.audit(older_than=0.0) if r["array_id"] == leaked.id]
+        assert rows and rows[0]["tag"] == "leaky-cache" and rows[0]["owner"] == "compute"
+    finally:
+        ig.contract.track_all = prev
+
+
+# -- correct programs: nothing is reported -------------------------------------------------------
+
+def _correct_programs(dev, a, b):
+    x, y = two(dev, a, b, 2048)
+    # events
+    K.fill(x, 1.0, stream=a)
+    ev = a.record()
+    b.wait(ev)
+    K.copy(y, x, stream=b)
+    # stream wait on a stream
+    K.fill(x, 2.0, stream=b)  # b already ordered after a's fill and after its own read
+    a.wait(b)
+    K.axpy(x, y, 1.0, stream=a)
+    # host synchronization
+    a.synchronize()
+    K.fill(y, 4.0, stream=b)
+    a.wait(b)
+    # same-stream chain
+    for v in (5.0, 6.0):
+        K.fill(x, v, stream=a)
+        K.copy(y, x, stream=a)
+    b.wait(a)
+    got = y.to_numpy(stream=b)
+    assert (got == 6.0).all()
+    b.synchronize()
+    x.free()
+    y.free()
+
+
+def test_correct_programs_raise_nothing(dev, streams, san, manual):
+    a, b, _ = streams
+    for _ in range(3):
+        _correct_programs(dev, a, b)
+    assert ig.sanitizer.sanitizer.checked > 0
+
+
+def test_correct_programs_under_jitter(manual):
+    be = ig.backends.emulated.EmulatedBackend(devices=1, jitter=(1234, 300.0))
+    prev = ig.get_backend()
+    ig.set_backend(be)
+    ig.sanitizer.disable()
+    ig.sanitizer.enable("raise")
+    try:
+        d = ig.Device(0)
+        a, b = d.create_stream(), d.create_stream()
+        for _ in range(10):
+            _correct_programs(d, a, b)
+        a.close(), b.close()
+    finally:
+        ig.sanitizer.disable()
+        ig.set_backend(prev)
+
+
+def test_sanitizer_off_costs_no_wrappers(dev):
+    ig.sanitizer.disable()
+    assert "event_record" not in vars(dev.backend)
+    assert ig.memory.ordering.checker is None
+    with ig.sanitizer.enabled():
+        assert "event_record" in vars(dev.backend) and ig.sanitizer.is_enabled()
+    assert "event_record" not in vars(dev.backend) and not ig.sanitizer.is_enabled()
+    gc.collect()
