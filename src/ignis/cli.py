@@ -215,6 +215,12 @@ def _cmd_demo(args: argparse.Namespace) -> int:
     return run(sys.stdout, device=args.device)
 
 
+def _cmd_run(args: argparse.Namespace) -> int:
+    from .runner import run_script
+    return run_script(args.script, args.args, sanitize=args.sanitize, guard=args.guard, leaks=args.leaks,
+                      ordering=args.ordering, leak_threshold=args.leak_threshold)
+
+
 def _positive_int(text: str) -> int:
     try:
         value = int(text)
@@ -262,6 +268,23 @@ def build_parser() -> argparse.ArgumentParser:
                                       "streams and a caught double free.")
     demo.add_argument("--device", type=_ordinal, default=0, help="device to run on (default 0)")
     demo.set_defaults(func=_cmd_demo)
+
+    run = sub.add_parser("run", help="run a Python script under the sanitizer, the debug guard and/or "
+                                     "the leak audit",
+                         description="Run SCRIPT with Ignis's checks on and print their reports at exit. "
+                                     "The exit status is non-zero when a problem was found.")
+    run.add_argument("--sanitize", action="store_true",
+                     help="check cross-stream races and uses after free (ordering 'manual' unless --ordering)")
+    run.add_argument("--guard", action="store_true",
+                     help="canaries, poison and quarantine on every allocation (DebugGuardResource)")
+    run.add_argument("--leaks", action="store_true", help="report arrays still alive at exit, with their sites")
+    run.add_argument("--ordering", choices=("auto", "manual"), default=None,
+                     help="ordering policy for tracked uses (default: manual with --sanitize, else auto)")
+    run.add_argument("--leak-threshold", type=float, default=0.0, metavar="SECONDS",
+                     help="only report arrays older than this (default 0)")
+    run.add_argument("script", help="the Python script to run")
+    run.add_argument("args", nargs=argparse.REMAINDER, help="arguments for the script")
+    run.set_defaults(func=_cmd_run)
     return parser
 
 

@@ -27,6 +27,7 @@ from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any, Iterator
 
 from ..errors import MemoryContractViolation
+from .frames import capture_frames, format_frames
 
 if TYPE_CHECKING:
     from ..array import NvArray
@@ -64,8 +65,9 @@ class MemoryContract:
 
     def __init__(self) -> None:
         self._lock = threading.RLock()
-        self._tracked: dict[int, tuple[weakref.ref, float]] = {}
+        self._tracked: dict[int, tuple[weakref.ref, float, tuple]] = {}
         self.track_all = False
+        self.capture_sites = False  # record where tracked arrays were made (leak reports)
 
     # -- ownership ---------------------------------------------------------
     def acquire(self, array: "NvArray", by: str) -> bool:
@@ -119,9 +121,10 @@ class MemoryContract:
 
     # -- tracking and audit --------------------------------------------------
     def track(self, array: "NvArray") -> None:
+        frames = capture_frames(3) if self.capture_sites else ()
         with self._lock:
             if array.id not in self._tracked:
-                self._tracked[array.id] = (weakref.ref(array), time.monotonic())
+                self._tracked[array.id] = (weakref.ref(array), time.monotonic(), frames)
 
     def untrack(self, array: "NvArray") -> None:
         with self._lock:
@@ -134,24 +137,25 @@ class MemoryContract:
             return len(self._tracked)
 
     def _prune(self) -> None:
-        dead = [k for k, (ref, _) in self._tracked.items() if ref() is None]
+        dead = [k for k, (ref, _, _) in self._tracked.items() if ref() is None]
         for k in dead:
             del self._tracked[k]
 
     def audit(self, older_than: float = 5.0) -> list[dict[str, Any]]:
         """Tracked arrays alive for more than ``older_than`` seconds: id, owner,
-        age_ms, shape, dtype, freed, nbytes and the allocation tag."""
+        age_ms, shape, dtype, freed, nbytes, the allocation tag and, when
+        ``capture_sites`` is on, the allocation site."""
         now = time.monotonic()
         out = []
         with self._lock:
             self._prune()
-            for ref, t0 in self._tracked.values():
+            for ref, t0, frames in self._tracked.values():
                 a = ref()
                 if a is None or now - t0 <= older_than:
                     continue
                 out.append({"array_id": a.id, "owner": a.owner, "age_ms": round((now - t0) * 1000),
                             "shape": a.shape, "dtype": a.dtype.name, "freed": a.freed, "nbytes": a.nbytes,
-                            "tag": a.tag})
+                            "tag": a.tag, "site": format_frames(frames) if frames else None})
         return out
 
     def reset(self) -> None:

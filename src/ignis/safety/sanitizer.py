@@ -30,8 +30,6 @@ from __future__ import annotations
 import atexit
 import bisect
 import itertools
-import linecache
-import os
 import sys
 import threading
 from contextlib import contextmanager
@@ -40,33 +38,11 @@ from typing import Any, Iterator
 from ..errors import OutOfBoundsError, RaceError
 from ..memory import ordering as _ord
 from ..memory.types import Access, DeviceBlock
+from .frames import capture_frames, format_frames
 
 __all__ = ["Sanitizer", "sanitizer", "enable", "disable", "enabled", "is_enabled", "reports"]
 
-_PKG_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-_MAX_FRAMES = 6
-
-
-def _frames() -> tuple:
-    """The caller's Python frames outside Ignis, as (code, line) pairs."""
-    f = sys._getframe(2)
-    out = []
-    while f is not None and len(out) < _MAX_FRAMES:
-        co = f.f_code
-        if not co.co_filename.startswith(_PKG_DIR):
-            out.append((co, f.f_lineno))
-        f = f.f_back
-    return tuple(out)
-
-
-def format_frames(frames: tuple) -> str:
-    lines = []
-    for co, lineno in reversed(frames):
-        lines.append(f'  File "{co.co_filename}", line {lineno}, in {co.co_name}')
-        src = linecache.getline(co.co_filename, lineno).strip()
-        if src:
-            lines.append(f"    {src}")
-    return "\n".join(lines) if lines else "  (no Python frames outside Ignis)"
+_frames = capture_frames
 
 
 class _Rec:

@@ -1,0 +1,119 @@
+"""``ignis run``: run a user's script under Ignis's checks and report at exit.
+
+- ``--sanitize``: the sanitizer in collect mode, under ``manual`` ordering
+  unless ``--ordering auto`` (so it verifies the script's own
+  synchronization instead of supplying it).
+- ``--guard``: every device's current resource becomes a DebugGuardResource
+  over the default pool (canaries, poison, quarantine); checked at exit.
+- ``--leaks``: every array is tracked with its allocation site; arrays still
+  alive once the script's globals are gone are reported as leaks.
+
+Exit status: the script's own if it failed, else 1 when any problem was
+found, else 0.
+"""
+
+from __future__ import annotations
+
+import gc
+import os
+import runpy
+import sys
+import traceback
+from typing import Any, TextIO
+
+__all__ = ["run_script"]
+
+
+def _fmt_bytes(n: int) -> str:
+    for unit, size in (("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):
+        if n >= size:
+            return f"{n / size:.1f} {unit}"
+    return f"{n} B"
+
+
+def run_script(script: str, argv: list[str], *, sanitize: bool = False, guard: bool = False,
+               leaks: bool = False, ordering: str | None = None, leak_threshold: float = 0.0,
+               out: TextIO = sys.stderr) -> int:
+    import ignis as ig
+    from ignis.memory.current import default_upstream
+
+    if not os.path.isfile(script):
+        print(f"ignis run: no such script: {script}", file=out)
+        return 2
+    problems = 0
+    guards: list[Any] = []
+    if guard:
+        for i in range(ig.device_count()):
+            dev = ig.Device(i)
+            g = ig.DebugGuardResource(ig.PoolResource(default_upstream(dev)))
+            ig.set_current_resource(g, device=dev)
+            guards.append(g)
+    if leaks:
+        ig.contract.track_all = True
+        ig.contract.capture_sites = True
+    if sanitize:
+        ig.sanitizer.enable("collect")
+        ig.set_ordering(ordering or "manual")
+    elif ordering:
+        ig.set_ordering(ordering)
+
+    status = 0
+    old_argv, old_path = sys.argv, list(sys.path)
+    sys.argv = [script, *argv]
+    sys.path.insert(0, os.path.dirname(os.path.abspath(script)))
+    try:
+        runpy.run_path(script, run_name="__main__")
+    except SystemExit as e:
+        status = e.code if isinstance(e.code, int) else (0 if e.code is None else 1)
+    except BaseException as e:  # the script's own failure, reported as such
+        traceback.print_exc(file=out)
+        status = 1
+        if isinstance(e, ig.IgnisError):
+            problems += 1
+    finally:
+        sys.argv, sys.path[:] = old_argv, old_path
+    gc.collect()
+
+    print("\n== ignis run report ==", file=out)
+    for ordinal, g in enumerate(guards):
+        try:
+            g.flush()
+            g.check()
+            print(f"guard (device {ordinal}): canaries and quarantined poison intact", file=out)
+        except ig.IgnisError as e:
+            problems += 1
+            print(f"guard (device {ordinal}): {type(e).__name__}: {e}", file=out)
+    if sanitize:
+        reports = ig.sanitizer.reports()
+        problems += len(reports)
+        print(ig.sanitizer.sanitizer.summary(), file=out)
+        ig.sanitizer.sanitizer.clear()
+        ig.sanitizer.disable()
+    if leaks:
+        rows = ig.contract.audit(older_than=leak_threshold)
+        live = [r for r in rows if not r["freed"]]
+        if live:
+            problems += len(live)
+            print(f"leaks: {len(live)} array(s) still alive after the script finished:", file=out)
+            for r in live:
+                print(f"  NvArray#{r['array_id']} {list(r['shape'])} {r['dtype']} {_fmt_bytes(r['nbytes'])} "
+                      f"owner={r['owner']} tag={r['tag']!r} age={r['age_ms']} ms", file=out)
+                if r.get("site"):
+                    print("    allocated at:\n" + "\n".join("    " + ln for ln in r["site"].splitlines()),
+                          file=out)
+        else:
+            print("leaks: none", file=out)
+    print(_summary(ig), file=out)
+    if status:
+        return status
+    return 1 if problems else 0
+
+
+def _summary(ig: Any) -> str:
+    lines = ["memory:"]
+    for i in range(ig.device_count()):
+        mr = ig.get_current_resource(i)
+        nums = mr.memory_numbers()
+        lines.append(f"  device {i}: {type(mr).__name__} live {_fmt_bytes(nums['live_bytes'])}, "
+                     f"cached {_fmt_bytes(nums['cached_bytes'])}")
+    return "\n".join(lines)
