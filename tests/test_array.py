@@ -466,3 +466,16 @@ def test_dlpack_round_trip_zero_copy():
     else:
         assert a.__dlpack_device__() == (2, 0)
         assert a.__cuda_array_interface__["data"][0] == a.device_ptr
+
+
+def test_arrays_in_reference_cycles_are_freed_safely():
+    mr = ig.PoolResource(ig.DirectResource(0))
+    before = mr.bytes_outstanding
+    for _ in range(20):
+        a = ig.empty(1024, mr=mr)
+        holder = {"a": a}
+        holder["self"] = holder  # a cycle: only the cyclic collector frees it
+        del a, holder
+    gc.collect()  # finalizers run inside the collector: memory is handed back afterwards
+    ig.empty(1, mr=mr).free()  # any array operation returns it
+    assert mr.bytes_outstanding == before

@@ -21,8 +21,10 @@ Design and rules:
 
 from __future__ import annotations
 
+import gc
 import itertools
 import operator
+from collections import deque
 import sys
 import threading
 import time
@@ -82,6 +84,38 @@ def _numel(shape: tuple[int, ...]) -> int:
 
 _fast = [None]  # (backend, device, stream, mr, generation, resource epoch) for device 0 defaults
 
+# Memory of arrays collected by the cyclic garbage collector, returned at the next
+# array creation or free (never from inside the collector, see NvArray.__del__).
+_deferred: deque = deque()
+_in_gc = [False]
+
+
+def _gc_phase(phase: str, info: dict) -> None:
+    _in_gc[0] = phase == "start"
+
+
+gc.callbacks.append(_gc_phase)
+
+
+def _release(mr: Any, block: Any, pinned: Any) -> None:
+    try:
+        if pinned is not None:
+            pinned.release()
+        if block is not None:
+            mr.deallocate(block)
+    except Exception:
+        pass
+
+
+def drain_deferred() -> None:
+    """Return memory of arrays the garbage collector found in reference cycles."""
+    while _deferred:
+        try:
+            mr, block, pinned = _deferred.popleft()
+        except IndexError:
+            return
+        _release(mr, block, pinned)
+
 
 def _defaults() -> tuple[Device, Stream, DeviceMemoryResource]:
     """Device 0, its default stream and current resource, cached until any of them changes."""
@@ -111,6 +145,8 @@ class NvArray:
                  mr: DeviceMemoryResource | None = None, tag: str = UNTAGGED) -> None:
         """Allocate an uninitialized array (same as ``ig.empty``)."""
         self._freed = True  # until memory is in hand, so __del__ does nothing
+        if _deferred:
+            drain_deferred()
         shape = _shape(shape)
         dt = dtype if type(dtype) is DType else _dt.dtype(dtype)
         if owner != DEFAULT_OWNER:
@@ -330,6 +366,8 @@ class NvArray:
     # -- free ------------------------------------------------------------------
     def free(self, by: str = DEFAULT_OWNER) -> None:
         """Give the memory back (stream-ordered). Views only mark themselves freed."""
+        if _deferred:
+            drain_deferred()
         with self._lock:
             if self._freed:
                 raise DoubleFreeError(f"NvArray#{self.id} was already freed", array_id=self.id,
@@ -362,13 +400,16 @@ class NvArray:
         if self._freed or sys.is_finalizing():
             return
         self._freed = True
-        try:
-            if self._pinned is not None:
-                self._pinned.release()
-            if self._base is None and self._block is not None and self._keepalive is None:
-                self._mr.deallocate(self._block)
-        except Exception:
-            pass
+        pinned = self._pinned
+        block = self._block if self._base is None and self._keepalive is None else None
+        if pinned is None and block is None:
+            return
+        if _in_gc[0]:
+            # The cyclic collector may run while this thread holds a resource's
+            # lock: hand the memory back later, from a safe place.
+            _deferred.append((self._mr, block, pinned))
+            return
+        _release(self._mr, block, pinned)
 
     # -- views -------------------------------------------------------------------
     def _view(self, shape: tuple[int, ...], offset: int) -> "NvArray":

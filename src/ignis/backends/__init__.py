@@ -41,7 +41,7 @@ def _auto() -> Backend:
             return backend
         reason = "no CUDA device"
     except Exception as exc:  # no driver library, no device, driver too old
-        reason = f"no usable CUDA driver ({type(exc).__name__})"
+        reason = f"no usable CUDA driver ({type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''})"
     print(f"ignis: {reason}; using the emulated backend (IGNIS_BACKEND=auto)", file=sys.stderr)
     return _make("emulated")
 

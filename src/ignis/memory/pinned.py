@@ -10,12 +10,14 @@ from __future__ import annotations
 
 import ctypes
 import threading
+from typing import Any
 
 import numpy as np
 
 from ..backends import Backend, get_backend
-from ..errors import DoubleFreeError
+from ..errors import DoubleFreeError, UseAfterFreeError
 from ..runtime import Stream
+from .resource import event_pool
 
 __all__ = ["PinnedHostResource", "PinnedBuffer"]
 
@@ -32,13 +34,14 @@ class PinnedBuffer:
         self.nbytes = nbytes
         self.capacity = capacity
         self._resource = resource
-        self._events: list[tuple[int, Backend]] = []
+        self._events: list[tuple[int, Any]] = []  # (event, its device's event pool)
         self._released = False
 
     @property
     def array(self) -> np.ndarray:
         if self._released:
-            raise DoubleFreeError("pinned buffer was released", ptr=self.ptr)
+            raise UseAfterFreeError(f"pinned buffer {self.ptr:#x} was released; allocate a new one",
+                                    ptr=self.ptr)
         return np.ctypeslib.as_array((ctypes.c_ubyte * self.nbytes).from_address(self.ptr)) \
             if self.nbytes else np.empty(0, np.uint8)
 
@@ -95,10 +98,10 @@ class PinnedHostResource:
         """True (and events recycled) when every use recorded at release has completed."""
         evs = buf._events
         while evs:
-            ev, backend = evs[-1]
-            if not backend.event_query(ev):
+            ev, pool = evs[-1]
+            if not self._backend.event_query(ev):
                 return False
-            backend.event_destroy(ev)
+            pool.put(ev)
             evs.pop()
         return True
 
@@ -106,9 +109,10 @@ class PinnedHostResource:
         if buf._released:
             raise DoubleFreeError(f"pinned buffer {buf.ptr:#x} was released twice", ptr=buf.ptr)
         for s in streams:
-            ev = self._backend.event_create(s.device.ordinal, False)
+            pool = event_pool(s.device)
+            ev = pool.get()
             self._backend.event_record(ev, s._check())
-            buf._events.append((ev, self._backend))
+            buf._events.append((ev, pool))
         with self._lock:
             buf._released = True
             self._outstanding -= buf.capacity
@@ -131,9 +135,9 @@ class PinnedHostResource:
         freed = 0
         for bucket in buckets.values():
             for buf in bucket:
-                for ev, backend in buf._events:
-                    backend.event_synchronize(ev)
-                    backend.event_destroy(ev)
+                for ev, pool in buf._events:
+                    self._backend.event_synchronize(ev)
+                    pool.put(ev)
                 buf._events.clear()
                 self._backend.host_free(buf.ptr)
                 freed += buf.capacity

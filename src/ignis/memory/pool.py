@@ -26,6 +26,7 @@ from typing import Any
 
 from ..errors import DriverError, OutOfMemoryError
 from ..runtime import Device, Stream
+from ..runtime.stream import add_close_hook
 from . import history as _history
 from . import ordering as _ord
 from .resource import DeviceMemoryResource, TrackedResource, check_request
@@ -176,6 +177,8 @@ class PoolResource(TrackedResource):
         self.num_ooms = 0
         self.num_segment_allocs = 0
         self.num_segment_frees = 0
+        self._final: dict[Stream, int] = {}  # closed stream -> event recorded just before it closed
+        add_close_hook(self._on_stream_close)
 
     # -- hot path ------------------------------------------------------------
     def allocate(self, nbytes: int, stream: Stream | None = None, tag: str = UNTAGGED) -> DeviceBlock:
@@ -278,11 +281,37 @@ class PoolResource(TrackedResource):
             return None
         _, fl, owner = best
         b = fl.take(size, small)
-        ev = self._wait(stream, owner, 0)
-        if ev:
-            self._events.put(ev)
+        final = self._final.get(owner)
+        if final is not None:
+            self._backend.stream_wait_event(stream.handle, final)
+            self.cross_stream_waits += 1
+            if not fl.count:  # nothing left from the closed stream
+                del self._free[owner]
+                self._events.put(self._final.pop(owner))
+        else:
+            ev = self._wait(stream, owner, 0)
+            if ev:
+                self._events.put(ev)
         b.stream = stream
         return b
+
+    def _on_stream_close(self, stream: Stream) -> None:
+        """Record a final event on a closing stream that still has cached blocks, so
+        they can be reused on other streams behind a wait instead of a device sync."""
+        # Never block here: a stream can be closed by the garbage collector while
+        # this thread holds the pool's lock. Then the fallback (a device sync at
+        # reuse) applies.
+        if not self._lock.acquire(blocking=False):
+            return
+        try:
+            fl = self._free.get(stream)
+            if fl is None or not fl.count or stream in self._final:
+                return
+            ev = self._events.get()
+            self._backend.event_record(ev, stream.handle)
+            self._final[stream] = ev
+        finally:
+            self._lock.release()
 
     def _grow(self, size: int, small: bool, stream: Stream) -> _Block:
         seg_size, seg_small = _segment_size(size)
@@ -365,7 +394,10 @@ class PoolResource(TrackedResource):
             for owner in owners:
                 if owner is up.alloc_stream:
                     continue
-                if self.upstream.supports_block_use_tracking:
+                final = self._final.get(owner)
+                if final is not None and not up.alloc_stream._closed:
+                    self._backend.stream_wait_event(up.alloc_stream.handle, final)
+                elif self.upstream.supports_block_use_tracking:
                     self.upstream.record_block_use(up, owner)
                 elif not owner._closed:
                     self._backend.stream_synchronize(owner.handle)
@@ -379,6 +411,9 @@ class PoolResource(TrackedResource):
                 rec("segment_free", self, seg.ptr, seg.size, up.alloc_stream, up)
         for owner in [o for o, fl in self._free.items() if not fl.count]:
             del self._free[owner]
+            final = self._final.pop(owner, None)
+            if final is not None:
+                self._events.put(final)
         return released
 
     # -- public queries and maintenance -------------------------------------------

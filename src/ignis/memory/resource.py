@@ -172,8 +172,8 @@ class DeviceMemoryResource:
         if not isinstance(block, DeviceBlock):
             raise TypeError(f"deallocate expects a DeviceBlock, got {type(block).__name__}")
         if block.state is not BlockState.LIVE:
-            raise DoubleFreeError(f"block {block.ptr:#x} ({block.bytes} B, tag {block.tag!r}) was already "
-                                  f"deallocated (state {block.state.name})", generation=block.generation,
+            raise DoubleFreeError(f"block {block.ptr:#x} ({block.bytes} B, tag {block.tag!r}, now "
+                                  f"{block.state.name}) was already deallocated", generation=block.generation,
                                   ptr=block.ptr)
         raise ValueError(f"block {block.ptr:#x} (generation {block.generation}) was not allocated by this "
                          f"{type(self).__name__}; deallocate it through the resource that made it")

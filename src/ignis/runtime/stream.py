@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import itertools
 import sys
+import weakref
 from typing import TYPE_CHECKING, Callable
 
 from ..errors import ClosedError, StaleHandleError
@@ -22,6 +23,14 @@ if TYPE_CHECKING:
 __all__ = ["Stream"]
 
 _ids = itertools.count(1)
+# Weak callbacks run just before a stream is closed (the memory layer records a
+# final event on it so memory cached for the stream stays usable elsewhere).
+_close_hooks: list[weakref.WeakMethod] = []
+
+
+def add_close_hook(method: Callable[["Stream"], None]) -> None:
+    """Call the bound ``method(stream)`` before any stream closes, while its owner lives."""
+    _close_hooks.append(weakref.WeakMethod(method))
 
 
 class Stream:
@@ -115,6 +124,16 @@ class Stream:
         """Destroy the stream (queued work still completes). Idempotent."""
         if self._closed:
             return
+        if _close_hooks and self.device.state.generation == self._generation:
+            for ref in list(_close_hooks):
+                hook = ref()
+                if hook is None:
+                    _close_hooks.remove(ref)
+                else:
+                    try:
+                        hook(self)
+                    except Exception:
+                        pass
         self._closed = True
         if self._owned and self.device.state.generation == self._generation:
             self.device.backend.stream_destroy(self.handle)
