@@ -16,11 +16,9 @@ from .nvarray import NvArray
 __all__ = ["NvArray", "launch", "empty", "zeros", "full", "from_numpy", "asarray", "from_dlpack"]
 
 
-def empty(shape: Any, dtype: Any = _dt.float32, *, device: "Device | int | None" = None,
-          stream: Stream | None = None, owner: str = "compute", mr: DeviceMemoryResource | None = None,
-          tag: str = UNTAGGED) -> NvArray:
-    """An uninitialized array from ``mr`` (default: the device's current resource)."""
-    return NvArray(shape, dtype, device=device, stream=stream, owner=owner, mr=mr, tag=tag)
+# ``empty(shape, dtype, *, device, stream, owner, mr, tag)``: an uninitialized array from
+# ``mr`` (default: the device's current resource). The constructor itself, with no extra call.
+empty = NvArray
 
 
 def zeros(shape: Any, dtype: Any = _dt.float32, **kw: Any) -> NvArray:

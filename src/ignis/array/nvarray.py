@@ -117,24 +117,31 @@ def drain_deferred() -> None:
         _release(mr, block, pinned)
 
 
-def _defaults() -> tuple[Device, Stream, DeviceMemoryResource]:
-    """Device 0, its default stream and current resource, cached until any of them changes."""
+def _defaults() -> tuple[Device, Stream, DeviceMemoryResource, bool]:
+    """Device 0, its default stream, current resource and whether that tracks;
+    cached until any of them changes."""
     f = _fast[0]
     if f is not None and f[0] is backends._backend and f[1].state.generation == f[4] \
             and f[5] == current.epoch and not f[2]._closed:
-        return f[1], f[2], f[3]
+        return f[6]
     dev = Device(0)
     mr = get_current_resource(dev)
-    _fast[0] = f = (dev.backend, dev, dev.default_stream, mr, dev.state.generation, current.epoch)
-    return f[1], f[2], f[3]
+    out = (dev, dev.default_stream, mr, mr.supports_block_use_tracking)
+    _fast[0] = (dev.backend, dev, dev.default_stream, mr, dev.state.generation, current.epoch, out)
+    return out
 
 
 class NvArray:
     """A device tensor with an owner, a stream, a ref count and a generation-checked identity."""
 
     __slots__ = ("id", "shape", "dtype", "device", "stream", "owner", "ref_count", "created_at", "numel",
-                 "nbytes", "_ptr", "_block", "_mr", "_tracks", "_base", "_views", "_freed",
-                 "_pinned", "_keepalive", "__weakref__")
+                 "nbytes", "_ptr", "_block", "_mr", "_tracks", "_freed", "__dict__", "__weakref__")
+
+    # Rarely set: class-level defaults, so a new array pays nothing for them.
+    _base: "NvArray | None" = None
+    _views: "list | None" = None
+    _pinned: "PinnedBuffer | None" = None
+    _keepalive: Any = None
 
     @property
     def _lock(self) -> threading.Lock:
@@ -147,12 +154,17 @@ class NvArray:
         self._freed = True  # until memory is in hand, so __del__ does nothing
         if _deferred:
             drain_deferred()
-        shape = _shape(shape)
+        if type(shape) is int and shape >= 0:
+            shape = (shape,)
+            numel = shape[0]
+        else:
+            shape = _shape(shape)
+            numel = _numel(shape)
         dt = dtype if type(dtype) is DType else _dt.dtype(dtype)
         if owner != DEFAULT_OWNER:
             validate_owner(owner)
         if stream is None and mr is None and (device is None or device == 0):
-            dev, stream, mr = _defaults()
+            dev, stream, mr, tracks = _defaults()
         else:
             if stream is not None:
                 if type(stream) is not Stream:
@@ -165,7 +177,7 @@ class NvArray:
                 stream = dev.default_stream
             if mr is None:
                 mr = get_current_resource(dev)
-        numel = _numel(shape)
+            tracks = mr.supports_block_use_tracking
         nbytes = numel * dt.itemsize
         self.id = next(_ids)
         self.shape = shape
@@ -177,16 +189,12 @@ class NvArray:
         self.created_at = time.time()
         self.numel = numel
         self.nbytes = nbytes
-        self._base = None
-        self._views = None
-        self._pinned = None
-        self._keepalive = None
         self._mr = mr
         if nbytes:
             block = mr.allocate(nbytes, stream, tag)
             self._ptr = block.ptr
             self._block = block
-            self._tracks = mr.supports_block_use_tracking
+            self._tracks = tracks
         else:
             self._ptr = 0
             self._block = None
@@ -215,11 +223,11 @@ class NvArray:
         a._block = block
         a._mr = mr
         a._tracks = bool(mr is not None and block is not None and mr.supports_block_use_tracking)
-        a._base = base
-        a._views = None
+        if base is not None:
+            a._base = base
         a._freed = False
-        a._pinned = None
-        a._keepalive = keepalive
+        if keepalive is not None:
+            a._keepalive = keepalive
         return a
 
     # -- identity ------------------------------------------------------------
@@ -368,7 +376,7 @@ class NvArray:
         """Give the memory back (stream-ordered). Views only mark themselves freed."""
         if _deferred:
             drain_deferred()
-        with self._lock:
+        with _LOCKS[self.id & 63]:
             if self._freed:
                 raise DoubleFreeError(f"NvArray#{self.id} was already freed", array_id=self.id,
                                       generation=self.generation, ptr=self._ptr)
@@ -389,12 +397,15 @@ class NvArray:
                         f"(NvArray#{', #'.join(str(v.id) for v in live[:5])}); free or drop the views first",
                         array_id=self.id, owner=self.owner, caller=by)
             self._freed = True
-            pinned, self._pinned = self._pinned, None
+            pinned = self._pinned
         if pinned is not None:
+            self._pinned = None
             pinned.release(self.stream)
-        if self._base is None and self._block is not None and self._keepalive is None:
-            self._mr.deallocate(self._block)
-        self._keepalive = None
+        if self._base is None and self._block is not None:
+            if self._keepalive is None:
+                self._mr.deallocate(self._block)
+        elif self._keepalive is not None:
+            self._keepalive = None
 
     def __del__(self) -> None:
         if self._freed or sys.is_finalizing():
@@ -416,7 +427,6 @@ class NvArray:
         self._check_live("view")
         v = NvArray._wrap(shape, self.dtype, self.device, self.stream, self._ptr + offset, self._block,
                           self._mr, self.owner, base=self)
-        v._keepalive = None
         with self._lock:
             if self._views is None:
                 self._views = []

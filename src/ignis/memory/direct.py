@@ -41,7 +41,7 @@ class DirectResource(DeviceMemoryResource):
             if e.name == "CUDA_ERROR_OUT_OF_MEMORY":
                 raise self._oom(nbytes, e, **self.memory_numbers()) from e
             raise
-        block = DeviceBlock(ptr, self.device.ordinal, stream, nbytes, nbytes, 256, tag, _next_generation())
+        block = DeviceBlock(ptr, stream, nbytes, nbytes, tag, _next_generation())
         with self._lock:
             self._live[ptr] = block
             self._bytes += nbytes

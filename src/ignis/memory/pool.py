@@ -34,6 +34,8 @@ from .types import UNTAGGED, BlockState, DeviceBlock, _next_generation
 
 __all__ = ["PoolResource"]
 
+_RETIRED = BlockState.RETIRED
+
 _ALIGN = 512
 _SMALL_MAX = 1 << 20
 _SMALL_SEGMENT = 2 << 20
@@ -189,58 +191,70 @@ class PoolResource(TrackedResource):
         if stream._closed or stream._generation != self._generation or stream.device is not self.device \
                 or self._closed:
             self._bad_stream(stream)
-        size = (nbytes + _ALIGN - 1) & -_ALIGN
+        size = (nbytes + 511) & -512
         small = size <= _SMALL_MAX
         with self._lock:
             fl = self._free.get(stream)
-            b = fl.take(size, small) if fl is not None else None
+            b = None
+            if fl is not None:
+                lst = (fl.small if small else fl.large).bins.get(size)
+                if lst:  # the common case: a block of exactly this size, freed on this stream
+                    b = lst.pop()
+                    b.free = False
+                    fl.count -= 1
+                else:
+                    b = fl.take(size, small)
             if b is None:
                 b = self._slow_take(size, small, stream)
-            rest = b.size - size
-            if rest >= (_MIN_SPLIT_SMALL if small else _MIN_SPLIT_LARGE):
+            if b.size != size and b.size - size >= (_MIN_SPLIT_SMALL if small else _MIN_SPLIT_LARGE):
                 self._split(b, size)
-            block = DeviceBlock(b.ptr, self.device.ordinal, stream, b.size, nbytes, _ALIGN, tag,
-                                _next_generation(), b)
-            self._live[b.ptr] = block
+            ptr = b.ptr
+            block = DeviceBlock(ptr, stream, b.size, nbytes, tag, _next_generation(), b)
+            self._live[ptr] = block
             self._live_bytes += b.size
-        rec = _history.recorder
-        if rec is not None:
-            rec("alloc", self, b.ptr, b.size, stream, block)
+        if _history.recorder is not None:
+            _history.recorder("alloc", self, ptr, b.size, stream, block)
         return block
 
     def deallocate(self, block: DeviceBlock) -> None:
         with self._lock:
-            if self._live.get(block.ptr) is not block:
+            ptr = block.ptr
+            if self._live.get(ptr) is not block:
                 self._check_dealloc(block, self._live)
             if _ord.checker is not None:
                 _ord.checker.free(block)
-            del self._live[block.ptr]
+            del self._live[ptr]
             b = block._impl
-            self._live_bytes -= b.size
+            size = b.size
+            self._live_bytes -= size
             if self._generation != self.device.state.generation:
                 block.state = BlockState.FREED
                 return
-            if block._rd or block._ws is not block.alloc_stream:
+            stream = block.alloc_stream
+            if block._rd is not None or block._ws is not stream:
                 self._order_release(block)
             else:
-                we = block._we
-                if we:
-                    self._events.put(we)
+                if block._we:
+                    self._events.put(block._we)
                 block._ws = None
                 block._we = 0
-            stream = block.alloc_stream
             b.stream = stream
             fl = self._free.get(stream)
             if fl is None:
                 fl = self._free[stream] = _FreeList()
-            fl.add(b)
+            lst = (fl.small if b.seg.small else fl.large).bins.get(size)
+            if lst is not None:
+                lst.append(b)
+                b.free = True
+                fl.count += 1
+            else:
+                fl.add(b)
             if (b.prev is not None and b.prev.free) or (b.next is not None and b.next.free):
                 fl.dirty = True
-            block.state = BlockState.RETIRED
-        rec = _history.recorder
-        if rec is not None:
-            rec("free_requested", self, b.ptr, b.size, stream, block)
-            rec("free_completed", self, b.ptr, b.size, stream, block)  # reusable at once, in stream order
+            block.state = _RETIRED
+        if _history.recorder is not None:
+            _history.recorder("free_requested", self, ptr, size, stream, block)
+            _history.recorder("free_completed", self, ptr, size, stream, block)  # reusable at once, in order
 
     # -- slow paths (lock held) ---------------------------------------------------
     def _bad_stream(self, stream: Any) -> None:

@@ -251,25 +251,45 @@ class TrackedResource(DeviceMemoryResource):
         Call before enqueuing the work. ``span`` = (offset, nbytes, op) narrows what
         the sanitizer checks."""
         with self._lock:
-            b = self._resolve(block)
-            if not _ord.any_manual or _ord.policy(stream) == _ord.AUTO:
-                ws = b._ws
-                if ws is not None and ws is not stream:
-                    b._we = self._wait(stream, ws, b._we)
-                if access.writes and b._rd:
-                    rd = b._rd
-                    for s, ev in rd.items():
-                        if s is not stream:
-                            rd[s] = self._wait(stream, s, ev)
-        chk = _ord.checker
-        if chk is not None:
-            chk.access(b, stream, access, span)
+            b = self._live.get(block.ptr)
+            if b is None or b.generation != block.generation:
+                self._resolve(block)  # raises UseAfterFreeError
+            ws = b._ws
+            if (ws is not stream and ws is not None) or (b._rd and access.writes):
+                if not _ord.any_manual or _ord.policy(stream) == _ord.AUTO:
+                    if ws is not None and ws is not stream:
+                        b._we = self._wait(stream, ws, b._we)
+                    if access.writes and b._rd:
+                        rd = b._rd
+                        for s, ev in rd.items():
+                            if s is not stream:
+                                rd[s] = self._wait(stream, s, ev)
+        if _ord.checker is not None:
+            _ord.checker.access(b, stream, access, span)
 
     def finish_block_use(self, block: "DeviceBlock | BlockId", stream: Stream, access: Access) -> None:
         """Record the use just enqueued on ``stream``. Call after enqueuing the work."""
         with self._lock:
-            b = self._resolve(block)
-            ev = 0 if stream is b.alloc_stream else self._record(stream)
+            b = self._live.get(block.ptr)
+            if b is None or b.generation != block.generation:
+                self._resolve(block)  # raises UseAfterFreeError
+            if stream is b.alloc_stream:
+                if access.writes:
+                    if b._ws is stream and not b._we and b._rd is None:
+                        return  # same-stream rewrite: nothing changes
+                    ev = 0
+                else:
+                    rd = b._rd
+                    if rd is None:
+                        b._rd = {stream: 0}
+                        return
+                    old = rd.get(stream)
+                    if old:
+                        self._events.put(old)
+                    rd[stream] = 0
+                    return
+            else:
+                ev = self._record(stream)
             put = self._events.put
             if access.writes:
                 if b._we:
@@ -278,7 +298,7 @@ class TrackedResource(DeviceMemoryResource):
                     for old in b._rd.values():
                         if old:
                             put(old)
-                    b._rd = None
+                b._rd = None
                 b._ws = stream
                 b._we = ev
             else:

@@ -106,42 +106,47 @@ class BlockId(NamedTuple):
 
     @classmethod
     def from_block(cls, block: "DeviceBlock") -> "BlockId":
-        return cls(block.ptr, block.generation, block.alloc_stream, block.device_ordinal)
+        return cls(block.ptr, block.generation, block.alloc_stream, block.alloc_stream.device.ordinal)
 
 
 class DeviceBlock:
     """One allocation, owned by the caller until handed back to the resource that made it.
 
     ``bytes`` may exceed the request (rounding); ``requested`` is what was asked.
+    ``align`` is the guaranteed alignment (256 bytes, as cudaMalloc gives).
     The ``_w*`` / ``_rd`` slots hold the cross-stream hazard record (see
     ``ignis.memory.resource``); ``_impl`` belongs to the resource that made it.
     """
 
-    __slots__ = ("ptr", "device_ordinal", "alloc_stream", "bytes", "requested", "align", "tag",
-                 "generation", "state", "_ws", "_we", "_rd", "_impl", "__weakref__")
+    __slots__ = ("ptr", "alloc_stream", "bytes", "requested", "tag", "generation", "state", "_ws", "_we",
+                 "_rd", "_impl", "__weakref__")
 
-    def __init__(self, ptr: int, device_ordinal: int, alloc_stream: "Stream", nbytes: int,
-                 requested: int, align: int, tag: str, generation: int, impl: Any = None) -> None:
+    align = 256
+
+    def __init__(self, ptr: int, alloc_stream: "Stream", nbytes: int, requested: int, tag: str,
+                 generation: int, impl: Any = None) -> None:
         self.ptr = ptr
-        self.device_ordinal = device_ordinal
         self.alloc_stream = alloc_stream
         self.bytes = nbytes
         self.requested = requested
-        self.align = align
         self.tag = tag
         self.generation = generation
-        self.state = BlockState.LIVE
+        self.state = _LIVE
         # Hazard record: last writer stream, its event (0 = not recorded yet),
         # readers {stream: event or 0}. A new block counts as written by its
         # alloc stream, so a first use elsewhere waits for the allocation.
         self._ws = alloc_stream
         self._we = 0
-        self._rd: dict | None = None
+        self._rd = None
         self._impl = impl
 
     @property
+    def device_ordinal(self) -> int:
+        return self.alloc_stream.device.ordinal
+
+    @property
     def id(self) -> BlockId:
-        return BlockId(self.ptr, self.generation, self.alloc_stream, self.device_ordinal)
+        return BlockId(self.ptr, self.generation, self.alloc_stream, self.alloc_stream.device.ordinal)
 
     def transition(self, new: BlockState) -> None:
         """Move to ``new`` along the transition table, or raise."""
@@ -153,3 +158,6 @@ class DeviceBlock:
     def __repr__(self) -> str:
         return (f"<DeviceBlock {self.ptr:#x} {self.bytes} B gen={self.generation} dev={self.device_ordinal} "
                 f"stream=#{getattr(self.alloc_stream, 'id', '?')} tag={self.tag!r} {self.state.name}>")
+
+
+_LIVE = BlockState.LIVE
