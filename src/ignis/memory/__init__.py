@@ -5,16 +5,20 @@ from .adaptors import (LOG_HEADER, BudgetResource, Counter, LoggingResource, Res
 from .async_resource import AsyncResource
 from .current import get_current_resource, set_current_resource
 from .direct import DirectResource
+from .guard import DebugGuardResource, first_poisoned_offset, holds_poison
 from .pinned import PinnedBuffer, PinnedHostResource
 from .pool import PoolResource
 from .resource import DeviceMemoryResource, TrackedResource
 from .types import (TRANSITIONS, UNTAGGED, Access, AllocTag, BlockId, BlockState, DeviceBlock, Generation,
                     StreamId)
+from .vmm import VmmResource
 
 __all__ = [
     "Access", "AllocTag", "UNTAGGED", "Generation", "BlockId", "BlockState", "DeviceBlock", "TRANSITIONS",
     "StreamId", "DeviceMemoryResource", "TrackedResource", "DirectResource", "AsyncResource", "PoolResource",
-    "PinnedHostResource", "PinnedBuffer", "ResourceAdaptor", "BudgetResource", "LoggingResource",
-    "StatisticsResource", "TrackingResource", "Counter", "Statistics", "LOG_HEADER",
+    "PinnedHostResource", "PinnedBuffer", "VmmResource", "ResourceAdaptor", "BudgetResource",
+    "LoggingResource",
+    "StatisticsResource", "TrackingResource", "DebugGuardResource", "holds_poison", "first_poisoned_offset",
+    "Counter", "Statistics", "LOG_HEADER",
     "get_current_resource", "set_current_resource",
 ]

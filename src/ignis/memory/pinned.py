@@ -99,6 +99,9 @@ class PinnedHostResource:
         evs = buf._events
         while evs:
             ev, pool = evs[-1]
+            if pool.stale:  # its context was rebuilt: the work (and the event) are gone
+                evs.pop()
+                continue
             if not self._backend.event_query(ev):
                 return False
             pool.put(ev)
@@ -136,8 +139,9 @@ class PinnedHostResource:
         for bucket in buckets.values():
             for buf in bucket:
                 for ev, pool in buf._events:
-                    self._backend.event_synchronize(ev)
-                    pool.put(ev)
+                    if not pool.stale:
+                        self._backend.event_synchronize(ev)
+                        pool.put(ev)
                 buf._events.clear()
                 self._backend.host_free(buf.ptr)
                 freed += buf.capacity

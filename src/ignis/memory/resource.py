@@ -59,7 +59,7 @@ def check_request(nbytes: Any, stream: Any) -> None:
 class EventPool:
     """Reusable timing-free events of one device and context generation."""
 
-    __slots__ = ("_backend", "_ordinal", "_free", "_lock", "generation")
+    __slots__ = ("_backend", "_ordinal", "_free", "_lock", "generation", "state")
 
     def __init__(self, device: Device) -> None:
         self._backend = device.backend
@@ -67,6 +67,12 @@ class EventPool:
         self._free: list[int] = []
         self._lock = threading.Lock()
         self.generation = device.state.generation
+        self.state = device.state
+
+    @property
+    def stale(self) -> bool:
+        """True once the context these events belong to was rebuilt (they are gone)."""
+        return self.state.generation != self.generation
 
     def get(self) -> int:
         try:
@@ -323,6 +329,11 @@ class TrackedResource(DeviceMemoryResource):
         put = self._events.put
         ws, we = b._ws, b._we
         order = not _ord.any_manual or _ord.policy(a) == _ord.AUTO
+        if order and a._closed and ((ws is not None and ws is not a) or b._rd):
+            # The alloc stream is gone, so nothing can be queued on it: wait for
+            # every use on the host instead (a rare path).
+            self._backend.device_synchronize(self.device.ordinal)
+            order = False
         if order and ws is not None and ws is not a:
             we = self._wait(a, ws, we)
         if we:

@@ -171,9 +171,12 @@ class Device:
         """Reset the device's context and bump its generation. Every stream,
         event, block and handle made before becomes stale. Returns the new generation."""
         with self._lock:
-            self.backend.rebuild_context(self.ordinal)
-            self._default_stream = None
+            # Bump first: from here on every old stream and event knows it is stale
+            # and never hands its dead handle back to the driver (not even from __del__).
             gen = self.state.bump_generation()
+            old, self._default_stream = self._default_stream, None
+            self.backend.rebuild_context(self.ordinal)
+            del old
         for hook in list(_rebuild_hooks):
             hook(self)
         return gen

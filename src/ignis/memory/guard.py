@@ -1,0 +1,583 @@
+"""DebugGuardResource: canaries, poison and a quarantine around every block.
+
+Design:
+- An allocation of ``n`` bytes takes ``n + 2*G`` bytes from the upstream, where
+  ``G`` is ``canary_bytes`` rounded up to 256 (so the user pointer keeps a
+  256-byte alignment)::
+
+      upstream block: [ guard G | user n | guard G ]
+
+  Device memsets on the allocation stream fill the guards with ``canary`` and
+  the user bytes with ``poison`` (no host synchronization). The caller gets a
+  new ``DeviceBlock`` for the user bytes (``bytes == requested == n``, so the
+  after-guard starts at the first byte past the request) with a fresh
+  generation; the upstream block never leaves the guard.
+- ``deallocate`` orders itself after every recorded use (the upstream's
+  tracking queues the waits), reads both guards back and **synchronizes the
+  allocation stream**: this debug resource trades a host sync per free for
+  exact reports. A damaged guard is ``OutOfBoundsError`` (side ``"before"`` or
+  ``"after"``, first bad offset relative to the user pointer: negative before,
+  ``>= n`` after). Then the user bytes are poisoned again and the block waits in
+  a FIFO quarantine (bounded by ``quarantine_count`` blocks and
+  ``quarantine_bytes``, counted as ``n + 2*G`` per block) before the upstream
+  may reuse it. When it leaves (pushed out by newer blocks, ``flush()``,
+  ``trim()``, ``close()``, or an upstream out-of-memory), every user byte must
+  still hold the poison; any other byte is a write after free:
+  ``UseAfterFreeError`` with ``side="after-free"`` and the offset. A block
+  larger than ``quarantine_bytes`` (or any block while the quarantine is off or
+  the resource closed) skips the quarantine instead of emptying it.
+- Tracking is supported iff the upstream supports it; the hooks translate an
+  inner block (or ``BlockId``) to its upstream block, and a sanitizer span to
+  upstream offsets (a span outside the user bytes is judged against the user
+  block, so the guards do not hide it). An unknown or stale inner id is
+  ``UseAfterFreeError``, even while its memory sits in the quarantine. Under
+  ``manual`` ordering the free queues no waits, as in every resource.
+- History: ``alloc`` and ``free_requested`` with the user pointer and size,
+  ``free_completed`` when the block leaves the quarantine (the upstream reports
+  its own larger block as usual).
+
+Rules:
+- Nothing leaks, whatever is raised: a free with a damaged guard still
+  completes (the block is poisoned and quarantined, then the error is raised);
+  a block with a write after free is still returned upstream (FREED) before
+  its error is raised; a failing driver call returns the upstream block at
+  once. Counters stay exact on every path.
+- Errors carry ``ptr``, ``tag``, ``side``, ``offset``, ``generation``,
+  ``found`` (the first damaged bytes) and ``stack`` (the allocation stack,
+  captured as frames and formatted only for a report). When one call finds
+  several problems it raises the first; the others are in its ``others`` field.
+- One lock guards the live map, the quarantine and the counters; host I/O of
+  ``deallocate`` runs outside it. Lock order is always guard, then upstream.
+- A context rebuild makes every block's memory gone: nothing is checked, the
+  upstream blocks are handed back and the inner blocks become FREED.
+"""
+
+from __future__ import annotations
+
+import sys
+import threading
+import traceback
+from collections import OrderedDict
+from typing import Any
+
+import numpy as np
+
+from ..errors import IgnisError, OutOfBoundsError, UseAfterFreeError
+from ..runtime import Device, Stream
+from . import history as _history
+from . import ordering as _ord
+from .adaptors import ResourceAdaptor
+from .resource import DeviceMemoryResource, check_request
+from .types import UNTAGGED, Access, BlockId, BlockState, DeviceBlock, _next_generation
+
+__all__ = ["DebugGuardResource", "holds_poison", "first_poisoned_offset"]
+
+_GUARD_ALIGN = 256
+_CHUNK = 4 << 20      # bytes read back per host copy when scanning a region
+_STACK_DEPTH = 16
+_SAMPLE = 16          # damaged bytes quoted in a report
+
+
+def _byte(name: str, value: Any) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= 0xFF:
+        raise ValueError(f"{name} must be a byte value 0..255, got {value!r}")
+    return value
+
+
+def _count(name: str, value: Any) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        raise ValueError(f"{name} must be a non-negative int, got {value!r}")
+    return value
+
+
+def _scan(backend: Any, ptr: int, nbytes: int, stream: Stream, value: int, match: bool
+          ) -> tuple[int, bytes] | None:
+    """The first offset in ``[ptr, ptr + nbytes)`` whose byte equals ``value``
+    (``match``) or differs from it (not ``match``), with the bytes from there;
+    ``None`` if there is none. Reads on ``stream`` and waits for each chunk."""
+    if nbytes <= 0:
+        return None
+    handle = stream._check()
+    buf = np.empty(min(nbytes, _CHUNK), np.uint8)
+    for off in range(0, nbytes, _CHUNK):
+        view = buf[:min(_CHUNK, nbytes - off)]
+        backend.memcpy_dtoh_async(view.ctypes.data, ptr + off, view.nbytes, handle)
+        backend.stream_synchronize(handle)
+        mask = (view == value) if match else (view != value)
+        i = int(mask.argmax())
+        if mask[i]:
+            return off + i, view[i:i + _SAMPLE].tobytes()
+    return None
+
+
+def _target(target: Any, stream: Stream | None) -> tuple[int, int, Stream]:
+    """``(ptr, nbytes, stream)`` of a DeviceBlock, a ``(ptr, nbytes)`` pair or an
+    array with ``device_ptr`` and ``nbytes`` (an ``NvArray``)."""
+    if isinstance(target, DeviceBlock):
+        ptr, nbytes, own = target.ptr, target.requested, target.alloc_stream
+    elif isinstance(target, tuple) and len(target) == 2:
+        ptr, nbytes = target
+        own = None
+    elif hasattr(target, "device_ptr") and hasattr(target, "nbytes"):
+        ptr, nbytes = target.device_ptr, target.nbytes
+        own = getattr(target, "stream", None)
+    else:
+        raise TypeError(f"expected a DeviceBlock, a (ptr, nbytes) pair or an array, got {type(target).__name__}")
+    if isinstance(ptr, bool) or not isinstance(ptr, int) or isinstance(nbytes, bool) \
+            or not isinstance(nbytes, int) or nbytes < 0:
+        raise ValueError(f"bad device range ({ptr!r}, {nbytes!r}): need an int pointer and a non-negative size")
+    if stream is None:
+        stream = own if isinstance(own, Stream) and not own._closed else Device(0).default_stream
+    elif not isinstance(stream, Stream):
+        raise TypeError(f"stream must be an ignis.Stream, got {type(stream).__name__}")
+    return ptr, nbytes, stream
+
+
+def first_poisoned_offset(target: Any, stream: Stream | None = None, *, poison: int = 0xA5) -> int | None:
+    """The offset of the first byte of ``target`` that still holds ``poison``, or ``None``.
+
+    ``target``: a ``DeviceBlock`` (its requested bytes), a ``(ptr, nbytes)`` pair or
+    an ``NvArray``. The bytes are read on ``stream`` (default: the block's or array's
+    stream, else device 0's default stream) after the work queued there, and the
+    host waits. Order writes made on other streams before calling. A single data
+    byte may equal the poison by chance; look at the offsets you expect written."""
+    ptr, nbytes, s = _target(target, stream)
+    hit = _scan(s.device.backend, ptr, nbytes, s, _byte("poison", poison), True)
+    return None if hit is None else hit[0]
+
+
+def holds_poison(target: Any, stream: Stream | None = None, *, poison: int = 0xA5) -> bool:
+    """True when every byte of ``target`` still holds ``poison``: nothing has
+    written it since a ``DebugGuardResource`` allocated (or freed) it, so reading
+    it would read uninitialized memory. Arguments as ``first_poisoned_offset``."""
+    ptr, nbytes, s = _target(target, stream)
+    return _scan(s.device.backend, ptr, nbytes, s, _byte("poison", poison), False) is None
+
+
+def _first(problems: list[IgnisError]) -> IgnisError:
+    err = problems[0]
+    err.others = problems[1:]
+    return err
+
+
+class _Guarded:
+    """The guard's record of one allocation: the user block, the upstream block
+    that holds it and its guards, and the allocation stack (frames, unformatted)."""
+
+    __slots__ = ("block", "up", "stack")
+
+    def __init__(self, block: DeviceBlock, up: DeviceBlock, stack: traceback.StackSummary | None) -> None:
+        self.block = block
+        self.up = up
+        self.stack = stack
+
+    def stack_text(self) -> str | None:
+        return "".join(self.stack.format()).rstrip() if self.stack else None
+
+
+class DebugGuardResource(ResourceAdaptor):
+    """Canaries before and after every block, poison in fresh and freed blocks,
+    and a quarantine before freed memory goes back to ``upstream``.
+
+    Arguments: ``canary_bytes`` per side (rounded up to 256); ``poison`` and
+    ``canary`` byte values; the quarantine bound (``quarantine_count`` blocks,
+    ``quarantine_bytes`` bytes; 0 turns it off); ``capture_stacks`` keeps the
+    allocation stack for reports. ``deallocate``, ``check``, ``flush`` and the
+    poison helpers synchronize with the host; ``allocate`` does not.
+    """
+
+    def __init__(self, upstream: DeviceMemoryResource, canary_bytes: int = 256, poison: int = 0xA5,
+                 canary: int = 0xFD, quarantine_count: int = 64, quarantine_bytes: int = 64 << 20,
+                 capture_stacks: bool = True) -> None:
+        super().__init__(upstream)
+        # The adaptor base binds the tracking hooks straight to the upstream's;
+        # the guard must translate inner blocks, so drop those bindings.
+        del self.prepare_block_use, self.finish_block_use, self.record_block_use
+        g = _count("canary_bytes", canary_bytes)
+        self.canary_bytes = (g + _GUARD_ALIGN - 1) // _GUARD_ALIGN * _GUARD_ALIGN
+        self.poison = _byte("poison", poison)
+        self.canary = _byte("canary", canary)
+        if self.poison == self.canary and self.canary_bytes:
+            raise ValueError(f"poison and canary must differ (both {poison:#04x}), or a write of one "
+                             "would pass for the other")
+        self.quarantine_count = _count("quarantine_count", quarantine_count)
+        self.quarantine_bytes = _count("quarantine_bytes", quarantine_bytes)
+        self.capture_stacks = bool(capture_stacks)
+        self._tracks = upstream.supports_block_use_tracking
+        self._lock = threading.Lock()
+        self._live: dict[int, _Guarded] = {}
+        self._quarantine: OrderedDict[int, _Guarded] = OrderedDict()
+        self._live_bytes = 0
+        self._quarantined_bytes = 0
+
+    # -- the contract ------------------------------------------------------
+    def allocate(self, nbytes: int, stream: Stream | None = None, tag: str = UNTAGGED) -> DeviceBlock:
+        """A LIVE block of ``nbytes`` poisoned bytes between two canary guards."""
+        stream = self._stream(stream)
+        check_request(nbytes, stream)
+        if self._closed:
+            self._check_alive()
+        stack = None
+        if self.capture_stacks:
+            stack = traceback.StackSummary.extract(traceback.walk_stack(sys._getframe(1)),
+                                                   limit=_STACK_DEPTH, lookup_lines=False)
+            stack.reverse()
+        g = self.canary_bytes
+        up = self._upstream_allocate(nbytes + 2 * g, stream, tag)
+        try:
+            handle = up.alloc_stream._check()
+            memset = self._backend.memset_d8_async
+            if g:
+                memset(up.ptr, self.canary, g, handle)
+                memset(up.ptr + g + nbytes, self.canary, g, handle)
+            memset(up.ptr + g, self.poison, nbytes, handle)
+        except BaseException:
+            self.upstream.deallocate(up)
+            raise
+        align = min(up.align, g & -g) if g else up.align
+        block = DeviceBlock(up.ptr + g, up.alloc_stream, nbytes, nbytes, tag, _next_generation())
+        entry = _Guarded(block, up, stack)
+        block._impl = entry
+        with self._lock:
+            self._live[block.ptr] = entry
+            self._live_bytes += nbytes
+        rec = _history.recorder
+        if rec is not None:
+            rec("alloc", self, block.ptr, nbytes, block.alloc_stream, block)
+        return block
+
+    def _upstream_allocate(self, nbytes: int, stream: Stream, tag: str) -> DeviceBlock:
+        """Allocate upstream; on running out, empty the quarantine (checking it) and retry once."""
+        try:
+            return self.upstream.allocate(nbytes, stream, tag)
+        except MemoryError:
+            with self._lock:
+                if not self._quarantine:
+                    raise
+                entries = self._take_quarantine(len(self._quarantine))
+            problems = self._release(entries, full_sync=True)
+            if problems:
+                raise _first(problems)
+            self.upstream.reap_pending()
+        return self.upstream.allocate(nbytes, stream, tag)
+
+    def deallocate(self, block: DeviceBlock) -> None:
+        """Check the guards (synchronizing the allocation stream), poison the
+        bytes and quarantine the block. Raises ``OutOfBoundsError`` for a damaged
+        guard and ``UseAfterFreeError`` for a write after free found in a block
+        pushed out of the quarantine, in both cases after the free completed."""
+        with self._lock:
+            entry = self._live.get(block.ptr) if isinstance(block, DeviceBlock) else None
+            if entry is None or entry.block is not block:
+                self._check_dealloc(block, self._live)
+            chk = _ord.checker
+            if chk is not None:
+                chk.free(block)
+            del self._live[block.ptr]
+            self._live_bytes -= block.requested
+        rec = _history.recorder
+        if rec is not None:
+            rec("free_requested", self, block.ptr, block.requested, block.alloc_stream, block)
+        if not self._context_alive():
+            self._return(entry)
+            return
+        try:
+            closed = entry.up.alloc_stream._closed
+            stream = self._stream_of(entry)
+            if self._tracks and not closed and _ord.policy(stream) == _ord.AUTO:
+                # The reads and the poison wait for every recorded use. (Under manual
+                # ordering the program orders its frees; the sanitizer checked this one above.)
+                self.upstream.prepare_block_use(entry.up, stream, Access.READ_WRITE)
+            problems: list[IgnisError] = self._check_guards(entry, stream, "on free")
+            self._backend.memset_d8_async(block.ptr, self.poison, block.requested, stream.handle)
+            if closed:  # no stream orders the poison before the memory's next use: wait for it
+                self._backend.stream_synchronize(stream.handle)
+            if self._tracks:
+                # Every use is ordered before the poison (or complete, where the alloc stream
+                # was closed): the upstream's hazard record restarts on the alloc stream.
+                self.upstream.finish_block_use(entry.up, entry.up.alloc_stream, Access.READ_WRITE)
+        except BaseException:
+            self._return(entry)
+            raise
+        with self._lock:
+            # A block that could never fit the quarantine skips it rather than flushing it.
+            bypass = self._closed or not self.quarantine_count or self._held(entry) > self.quarantine_bytes
+            if not bypass:
+                block.transition(BlockState.QUARANTINED)
+                self._quarantine[block.ptr] = entry
+                self._quarantined_bytes += self._held(entry)
+                evicted = self._take_quarantine(self._overflow())
+        if bypass:
+            self._return(entry)
+        else:
+            problems += self._release(evicted, full_sync=False)
+        if problems:
+            raise _first(problems)
+
+    # -- tracking (translated to the upstream block) -----------------------
+    def _resolve(self, block: "DeviceBlock | BlockId") -> _Guarded:
+        """The live record of an inner block or id. Lock held."""
+        e = self._live.get(block.ptr)
+        if e is None or e.block.generation != block.generation:
+            q = self._quarantine.get(block.ptr)
+            where = ("it was freed and its memory waits in the guard's quarantine"
+                     if q is not None and q.block.generation == block.generation
+                     else "freed, reused or never allocated here")
+            raise UseAfterFreeError(
+                f"block {block.ptr:#x} is not live in this DebugGuardResource ({where}); the memory may "
+                "now belong to another allocation", generation=block.generation, ptr=block.ptr,
+                live_generation=None if e is None else e.block.generation)
+        return e
+
+    def prepare_block_use(self, block: "DeviceBlock | BlockId", stream: Stream, access: Access,
+                          span: tuple | None = None) -> None:
+        """Queue on ``stream`` the waits that ``access`` needs (upstream's tracking).
+        ``span`` = (offset, nbytes, op), relative to this block, is passed on."""
+        if not self._tracks:
+            raise self._no_tracking("prepare_block_use")
+        with self._lock:
+            e = self._resolve(block)
+            if span is not None:
+                off, n = span[0], span[1]
+                if n and (off < 0 or off + n > e.block.bytes):
+                    # Outside the user's bytes (maybe inside a guard): the sanitizer must
+                    # judge it against this block, not the larger upstream one.
+                    chk = _ord.checker
+                    if chk is not None:
+                        chk.access(e.block, stream, access, span)
+                    span = None
+            if span is None:
+                self.upstream.prepare_block_use(e.up, stream, access)
+            else:
+                self.upstream.prepare_block_use(e.up, stream, access, (span[0] + self.canary_bytes, *span[1:]))
+
+    def finish_block_use(self, block: "DeviceBlock | BlockId", stream: Stream, access: Access) -> None:
+        """Record the use just enqueued on ``stream`` (upstream's tracking)."""
+        if not self._tracks:
+            raise self._no_tracking("finish_block_use")
+        with self._lock:
+            self.upstream.finish_block_use(self._resolve(block).up, stream, access)
+
+    def record_block_use(self, block: "DeviceBlock | BlockId", stream: Stream) -> None:
+        """Note that work on ``stream`` touches the block, so its free waits for it."""
+        if not self._tracks:
+            raise self._no_tracking("record_block_use")
+        with self._lock:
+            self.upstream.record_block_use(self._resolve(block).up, stream)
+
+    # -- checks ------------------------------------------------------------
+    def check(self, *, raise_: bool = True) -> list[IgnisError]:
+        """Verify now the guards of every live block and the poison of every
+        quarantined block, after everything queued on the device (a device
+        synchronization; the lock is held meanwhile). Returns the problems
+        (``OutOfBoundsError`` / ``UseAfterFreeError``); with ``raise_`` (the
+        default) raises the first instead. Changes nothing: damaged live blocks
+        stay live, and quarantined ones are reported again when they leave."""
+        problems: list[IgnisError] = []
+        with self._lock:
+            if not self._context_alive():
+                return problems
+            self._backend.device_synchronize(self.device.ordinal)
+            for e in self._live.values():
+                problems += self._check_guards(e, self._stream_of(e), "by check()")
+            for e in self._quarantine.values():
+                p = self._check_poison(e, "by check()")
+                if p is not None:
+                    problems.append(p)
+        if problems and raise_:
+            raise _first(problems)
+        return problems
+
+    def flush(self, *, raise_: bool = True) -> list[IgnisError]:
+        """Empty the quarantine: check each block's poison (after everything queued
+        on the device) and return it upstream. Every block is returned even when
+        some fail; then the problems are returned, or with ``raise_`` the first raised."""
+        with self._lock:
+            entries = self._take_quarantine(len(self._quarantine))
+        problems = self._release(entries, full_sync=True)
+        if problems and raise_:
+            raise _first(problems)
+        return problems
+
+    def holds_poison(self, target: Any, stream: Stream | None = None) -> bool:
+        """``holds_poison`` with this resource's poison value."""
+        return holds_poison(target, stream, poison=self.poison)
+
+    def first_poisoned_offset(self, target: Any, stream: Stream | None = None) -> int | None:
+        """``first_poisoned_offset`` with this resource's poison value."""
+        return first_poisoned_offset(target, stream, poison=self.poison)
+
+    def stack_of(self, block: "DeviceBlock | BlockId") -> str | None:
+        """The allocation stack of a live or quarantined block, formatted."""
+        with self._lock:
+            e = self._live.get(block.ptr) or self._quarantine.get(block.ptr)
+        if e is None or e.block.generation != block.generation:
+            return None
+        return e.stack_text()
+
+    # -- queries and maintenance -------------------------------------------
+    @property
+    def bytes_outstanding(self) -> int:
+        """User bytes live (requested sizes; guards and quarantine not counted)."""
+        return self._live_bytes
+
+    @property
+    def quarantined_bytes(self) -> int:
+        """Bytes held in the quarantine, counted as ``n + 2 * canary_bytes`` per block."""
+        return self._quarantined_bytes
+
+    @property
+    def quarantined_count(self) -> int:
+        return len(self._quarantine)
+
+    def memory_numbers(self) -> dict[str, int]:
+        up = self.upstream.memory_numbers()
+        return {"live_bytes": self._live_bytes,
+                "cached_bytes": self._quarantined_bytes + up.get("cached_bytes", 0),
+                "largest_free_block": up.get("largest_free_block", 0)}
+
+    def trim(self) -> int:
+        """Flush the quarantine (raising what it finds), then trim the upstream."""
+        self.flush()
+        return super().trim()
+
+    def close(self) -> None:
+        """Flush the quarantine (raising what it finds). Live blocks stay valid
+        until deallocated; from now on freed blocks skip the quarantine. Idempotent."""
+        if self._closed:
+            return
+        self._closed = True
+        self.flush()
+
+    def __repr__(self) -> str:
+        return (f"<DebugGuardResource live={self._live_bytes} quarantined={len(self._quarantine)} "
+                f"({self._quarantined_bytes} B) over {self.upstream!r}>")
+
+    # -- internals ---------------------------------------------------------
+    def _context_alive(self) -> bool:
+        return self.device.state.generation == self._generation
+
+    def _held(self, e: _Guarded) -> int:
+        return e.block.requested + 2 * self.canary_bytes
+
+    def _overflow(self) -> int:
+        """How many of the oldest quarantined blocks must leave to meet the bounds. Lock held."""
+        n, held = len(self._quarantine), self._quarantined_bytes
+        out = 0
+        for e in self._quarantine.values():
+            if n - out <= self.quarantine_count and held <= self.quarantine_bytes:
+                break
+            held -= self._held(e)
+            out += 1
+        return out
+
+    def _take_quarantine(self, k: int) -> list[_Guarded]:
+        """Remove the ``k`` oldest quarantined blocks. Lock held."""
+        out = []
+        for _ in range(k):
+            _, e = self._quarantine.popitem(last=False)
+            self._quarantined_bytes -= self._held(e)
+            out.append(e)
+        return out
+
+    def _stream_of(self, e: _Guarded) -> Stream:
+        """The stream to read and poison a block on: its alloc stream, or where that
+        was closed, the default stream after a device synchronization."""
+        s = e.up.alloc_stream
+        if s._closed:
+            self._backend.device_synchronize(self.device.ordinal)
+            return self.device.default_stream
+        return s
+
+    def _check_guards(self, e: _Guarded, s: Stream, when: str) -> list[IgnisError]:
+        """Read both guards back on ``s`` (the host waits) and report the damaged ones."""
+        g = self.canary_bytes
+        if not g:
+            return []
+        n = e.block.requested
+        buf = np.empty(2 * g, np.uint8)
+        copy = self._backend.memcpy_dtoh_async
+        copy(buf.ctypes.data, e.up.ptr, g, s.handle)
+        copy(buf.ctypes.data + g, e.up.ptr + g + n, g, s.handle)
+        self._backend.stream_synchronize(s.handle)
+        problems: list[IgnisError] = []
+        for side, data, base in (("before", buf[:g], -g), ("after", buf[g:], n)):
+            bad = np.flatnonzero(data != self.canary)
+            if bad.size:
+                problems.append(self._out_of_bounds(e, side, base + int(bad[0]), base + int(bad[-1]),
+                                                    int(bad.size), data[bad[0]:bad[0] + _SAMPLE].tobytes(), when))
+        return problems
+
+    def _out_of_bounds(self, e: _Guarded, side: str, first: int, last: int, count: int, found: bytes,
+                       when: str) -> OutOfBoundsError:
+        b = e.block
+        where = "past the end" if side == "after" else "before the start"
+        return OutOfBoundsError(
+            f"something wrote {where} of block {b.ptr:#x} ({b.requested} B, tag {b.tag!r}, generation "
+            f"{b.generation}): {count} of the {self.canary_bytes} guard bytes {side} it were overwritten, at "
+            f"offsets {first}..{last} from the block's start (found {found.hex(' ')}, expected "
+            f"{self.canary:#04x}); detected {when}. Check the sizes and index arithmetic of the kernels and "
+            "copies that write this buffer",
+            generation=b.generation, ptr=b.ptr, tag=b.tag, side=side, offset=first, last_offset=last,
+            damaged=count, found=found, nbytes=b.requested, stack=e.stack_text())
+
+    def _check_poison(self, e: _Guarded, when: str) -> UseAfterFreeError | None:
+        """The write-after-free report of a quarantined block, or None if it still holds the poison."""
+        b = e.block
+        hit = _scan(self._backend, b.ptr, b.requested, self._stream_of(e), self.poison, False)
+        if hit is None:
+            return None
+        off, found = hit
+        stack = e.stack_text()
+        err = UseAfterFreeError(
+            f"block {b.ptr:#x} ({b.requested} B, tag {b.tag!r}) was written after it was freed: the byte at "
+            f"offset {off} no longer holds the poison {self.poison:#04x} (found {found.hex(' ')}); detected "
+            f"{when}. Some kernel or copy still writes through a pointer to it after deallocate "
+            "(order that work before the free, or stop keeping the raw pointer)",
+            generation=b.generation, ptr=b.ptr, tag=b.tag, side="after-free", offset=off, found=found,
+            nbytes=b.requested, stack=stack)
+        if stack:
+            err.message += f"\nallocated at:\n{stack}"
+            err.args = (err.message,)
+        return err
+
+    def _release(self, entries: list[_Guarded], *, full_sync: bool) -> list[IgnisError]:
+        """Check the poison of blocks leaving the quarantine and return each upstream,
+        whatever happens to the others. Returns the problems; re-raises the first
+        failure of a driver call only after every block was returned."""
+        problems: list[IgnisError] = []
+        failure: BaseException | None = None
+        alive = self._context_alive()
+        if full_sync and entries and alive:
+            try:
+                self._backend.device_synchronize(self.device.ordinal)
+            except BaseException as exc:
+                failure = exc
+        for e in entries:
+            if alive and failure is None:
+                try:
+                    p = self._check_poison(e, "when it left the quarantine")
+                    if p is not None:
+                        problems.append(p)
+                except BaseException as exc:
+                    failure = exc
+            try:
+                self._return(e)
+            except BaseException as exc:
+                if failure is None:
+                    failure = exc
+        if failure is not None:
+            raise failure
+        return problems
+
+    def _return(self, e: _Guarded) -> None:
+        """Hand the upstream block back and mark the inner block FREED."""
+        b = e.block
+        try:
+            if e.up.state is BlockState.LIVE:
+                self.upstream.deallocate(e.up)
+        finally:
+            b.transition(BlockState.FREED)
+            rec = _history.recorder
+            if rec is not None:
+                rec("free_completed", self, b.ptr, b.requested, b.alloc_stream, b)
