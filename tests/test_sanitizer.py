@@ -360,3 +360,43 @@ def test_sanitizer_off_costs_no_wrappers(dev):
         assert "event_record" in vars(dev.backend) and ig.sanitizer.is_enabled()
     assert "event_record" not in vars(dev.backend) and not ig.sanitizer.is_enabled()
     gc.collect()
+
+
+# -- out of bounds and uninitialized reads: the debug guard ------------------------------------
+
+SHIFTED = r'''extern "C" __global__ void shifted_fill(float* dst, float v, long long start, long long n) {
+    long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x; if (i < n) dst[start + i] = v; }'''
+
+
+def _shifted(dst, v, start, n):
+    dst[int(start):int(start) + int(n)] = v
+
+
+SHIFTED_FILL = ig.Kernel(SHIFTED, "shifted_fill", ("write", "float32", "int64", "int64"), _shifted)
+
+
+@pytest.fixture
+def guard(dev):
+    g = ig.DebugGuardResource(ig.PoolResource(ig.memory.current.default_upstream(dev)))
+    yield g
+    g.flush()
+
+
+@pytest.mark.parametrize("start,side", [(60, "after"), (-3, "before")])
+def test_out_of_bounds_write_is_caught(dev, guard, start, side):
+    x = ig.empty(64, "float32", mr=guard, tag="weights")
+    ig.launch(SHIFTED_FILL, 1, 64, x, 1.0, start, 8)  # writes 4 elements past one end
+    with pytest.raises(ig.OutOfBoundsError) as ei:
+        x.free()
+    e = ei.value
+    assert e.side == side and e.tag == "weights"
+    assert (e.offset >= 256) if side == "after" else (e.offset < 0)
+    assert "test_sanitizer.py" in (e.stack or "")
+
+
+def test_uninitialized_read_shows_poison(dev, guard):
+    x = ig.empty(256, "uint8", mr=guard)
+    assert ig.holds_poison(x)
+    x[:128].fill_(0)
+    assert not ig.holds_poison(x) and ig.first_poisoned_offset(x) == 128
+    x.free()
