@@ -96,3 +96,23 @@ def test_script_arguments_and_exit_status(tmp_path):
 def test_missing_script(tmp_path):
     from ignis.cli import main
     assert main(["run", str(tmp_path / "nope.py")]) == 2
+
+OVERRUN = """
+import ignis as ig
+def shifted(dst, v, start, n):
+    dst[int(start):int(start) + int(n)] = v
+src = r'''extern "C" __global__ void shifted_fill(float* dst, float v, long long start, long long n) {
+    long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x; if (i < n) dst[start + i] = v; }'''
+k = ig.Kernel(src, "shifted_fill", ("write", "float32", "int64", "int64"), shifted)
+x = ig.empty(64, "float32", tag="activations")
+ig.launch(k, 1, 64, x, 1.0, 60, 8)   # four elements past the end
+ig.Device(0).synchronize()
+KEEP = x                              # still alive at exit: the guard checks it there
+print("script done")
+"""
+
+
+def test_guard_finds_the_overrun(tmp_path):
+    p = run(tmp_path, OVERRUN, "--guard")
+    assert p.returncode == 1, p.stdout + p.stderr
+    assert "OutOfBoundsError" in p.stderr and "activations" in p.stderr
