@@ -103,11 +103,20 @@ def kernel(op: str, dtype_or_size: Any) -> Kernel:
     return k
 
 
+_bits_cache: dict[tuple[Any, str], int] = {}
+
+
 def fill(dst: NvArray, value: Any, *, stream: Stream | None = None) -> NvArray:
     """Set every element of ``dst`` to ``value`` with a kernel."""
-    isz = dst.dtype.itemsize
-    bits = np.array(value, dtype=dst.dtype.numpy).view(_BITS[isz][1]).item()
-    launch(kernel("fill", isz), _grid(dst.numel), _BLOCK, dst, bits, dst.numel, stream=stream)
+    dt = dst.dtype
+    key = (value, dt.name)
+    bits = _bits_cache.get(key)
+    if bits is None:
+        bits = np.array(value, dtype=dt.numpy).view(_BITS[dt.itemsize][1]).item()
+        if len(_bits_cache) < 1024:
+            _bits_cache[key] = bits
+    k = _kernels.get(("fill", str(dt.itemsize))) or kernel("fill", dt.itemsize)
+    launch(k, _grid(dst.numel), _BLOCK, dst, bits, dst.numel, stream=stream)
     return dst
 
 

@@ -23,44 +23,58 @@ __all__ = ["launch"]
 
 
 def _dim3(x: Any, what: str) -> tuple[int, int, int]:
+    if type(x) is int and x > 0:
+        return (x, 1, 1)
     t = (x,) if isinstance(x, int) else tuple(x)
     if not 1 <= len(t) <= 3 or not all(isinstance(v, int) and v > 0 for v in t):
         raise ValueError(f"{what} must be a positive int or 1 to 3 positive ints, got {x!r}")
     return (t + (1, 1))[:3]
 
 
+def _preflight_error(kernel: Kernel, i: int, arg: Any, spec: Any, device: Any) -> Exception:
+    """The clear error for an array argument that fails the preflight (slow path)."""
+    if not isinstance(arg, NvArray):
+        return TypeError(f"kernel {kernel.name} argument {i} is declared {spec.name} (an array), "
+                         f"got {type(arg).__name__}")
+    arg._check_live(f"pass to kernel {kernel.name}")
+    if device is not None and arg.device is not device:
+        return ValueError(f"kernel {kernel.name}: arrays on devices {device.ordinal} and {arg.device.ordinal}")
+    return StreamMisuseError(
+        f"kernel {kernel.name} refused before launch: argument {i} (NvArray#{arg.id}) lives in a "
+        f"{type(arg._mr).__name__}, which cannot track cross-stream uses; allocate it from a "
+        "PoolResource or AsyncResource")
+
+
 def launch(kernel: Kernel, grid: Any, block: Any, *args: Any, stream: Stream | None = None,
            shared_mem: int = 0) -> None:
     """Queue ``kernel`` on ``stream`` with tracked access to every array argument."""
-    if not isinstance(kernel, Kernel):
+    if type(kernel) is not Kernel and not isinstance(kernel, Kernel):
         raise TypeError(f"launch expects an ignis.Kernel, got {type(kernel).__name__}")
-    if len(args) != len(kernel.specs):
-        raise TypeError(f"kernel {kernel.name} declares {len(kernel.specs)} argument(s), got {len(args)}")
-    g, b = _dim3(grid, "grid"), _dim3(block, "block")
+    specs = kernel.specs
+    if len(args) != len(specs):
+        raise TypeError(f"kernel {kernel.name} declares {len(specs)} argument(s), got {len(args)}")
+    g = (grid, 1, 1) if type(grid) is int and grid > 0 else _dim3(grid, "grid")
+    b = (block, 1, 1) if type(block) is int and block > 0 else _dim3(block, "block")
     arrays: list[tuple[NvArray, Any, int, int]] = []
     device = None
-    for i, ((what, spec, rng), arg) in enumerate(zip(kernel.specs, args)):
-        if what != "array":
-            continue
-        if not isinstance(arg, NvArray):
-            raise TypeError(f"kernel {kernel.name} argument {i} is declared {spec.name} (an array), "
-                            f"got {type(arg).__name__}")
-        arg._check_live(f"pass to kernel {kernel.name}")
-        if device is None:
-            device = arg.device
-        elif arg.device is not device:
-            raise ValueError(f"kernel {kernel.name}: arrays on devices {device.ordinal} and {arg.device.ordinal}")
-        if arg._block is not None and not arg._mr.supports_block_use_tracking:
-            raise StreamMisuseError(
-                f"kernel {kernel.name} refused before launch: argument {i} (NvArray#{arg.id}) lives in a "
-                f"{type(arg._mr).__name__}, which cannot track cross-stream uses; allocate it from a "
-                "PoolResource or AsyncResource")
-        lo, hi = (0, arg.nbytes) if rng is None else (int(v) for v in rng(*args))
-        if lo < 0 or hi > arg.nbytes or hi < lo:
-            raise OutOfBoundsError(
-                f"kernel {kernel.name} argument {i} declares bytes [{lo}, {hi}) of NvArray#{arg.id}, which has "
-                f"{arg.nbytes} bytes", ptr=arg.device_ptr, generation=arg.generation, tag=arg.tag,
-                side="before" if lo < 0 else "after", offset=lo if lo < 0 else hi)
+    for i in kernel.array_args:
+        arg = args[i]
+        _, spec, rng = specs[i]
+        if type(arg) is not NvArray or arg._freed or (arg._block is not None and not arg._tracks) \
+                or (device is not None and arg.device is not device):
+            raise _preflight_error(kernel, i, arg, spec, device)
+        if arg._base is not None:
+            arg._check_live(f"pass to kernel {kernel.name}")
+        device = arg.device
+        if rng is None:
+            lo, hi = 0, arg.nbytes
+        else:
+            lo, hi = rng(*args)
+            if lo < 0 or hi > arg.nbytes or hi < lo:
+                raise OutOfBoundsError(
+                    f"kernel {kernel.name} argument {i} declares bytes [{lo}, {hi}) of NvArray#{arg.id}, which "
+                    f"has {arg.nbytes} bytes", ptr=arg.device_ptr, generation=arg.generation, tag=arg.tag,
+                    side="before" if lo < 0 else "after", offset=lo if lo < 0 else hi)
         arrays.append((arg, spec, lo, hi))
     if device is None:
         device = Device(0)
@@ -68,19 +82,18 @@ def launch(kernel: Kernel, grid: Any, block: Any, *args: Any, stream: Stream | N
     if s.device is not device:
         raise ValueError(f"kernel {kernel.name}: stream is on device {s.device.ordinal}, arrays on {device.ordinal}")
     backend = device.backend
-    started = []
+    name = kernel.name
+    n = 0
     try:
         for arr, acc, lo, hi in arrays:
-            arr._begin(s, acc, kernel.name, lo, hi - lo)
-            started.append((arr, acc))
+            arr._begin(s, acc, name, lo, hi - lo)
+            n += 1
         if backend.name == "emulated":
-            fn = _host_call(kernel, backend, args)
-            backend.kernel_launch(fn, g, b, shared_mem, s._check(), ())
+            backend.kernel_launch(_host_call(kernel, backend, args), g, b, shared_mem, s._check(), ())
         else:
-            params = _params(kernel, args)
-            backend.kernel_launch(kernel._function(device), g, b, shared_mem, s._check(), params)
+            backend.kernel_launch(kernel._function(device), g, b, shared_mem, s._check(), _params(kernel, args))
     finally:
-        for arr, acc in started:
+        for arr, acc, _, _ in arrays[:n]:
             arr._end(s, acc)
 
 

@@ -52,6 +52,7 @@ if TYPE_CHECKING:
 __all__ = ["NvArray"]
 
 _ids = itertools.count()
+_NAMES = {n: _dt.dtype(n) for n in _dt.names()}  # dtype name -> DType, the constructor's fast path
 # Per-array locks are striped: arrays are many and short-lived; a lock is only
 # held for a few attribute updates and never while another array's is held.
 _LOCKS = tuple(threading.Lock() for _ in range(64))
@@ -160,7 +161,12 @@ class NvArray:
         else:
             shape = _shape(shape)
             numel = _numel(shape)
-        dt = dtype if type(dtype) is DType else _dt.dtype(dtype)
+        if type(dtype) is DType:
+            dt = dtype
+        else:
+            dt = _NAMES.get(dtype) if type(dtype) is str else None
+            if dt is None:
+                dt = _dt.dtype(dtype)
         if owner != DEFAULT_OWNER:
             validate_owner(owner)
         if stream is None and mr is None and (device is None or device == 0):

@@ -90,6 +90,7 @@ class Kernel:
         self.host_impl = host_impl
         self.options = tuple(options)
         self.specs = [self._parse(i, a) for i, a in enumerate(access)]
+        self.array_args = tuple(i for i, sp in enumerate(self.specs) if sp[0] == "array")
         self._compiled: dict[tuple[int, int, int], int] = {}
         self._lock = threading.Lock()
 

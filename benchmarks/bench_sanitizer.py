@@ -1,0 +1,130 @@
+"""Cost of a tracked kernel launch, with the sanitizer off and on, against PyTorch's
+CUDA sanitizer off and on, in the same run on the same card.
+
+- bare: the built-in fill kernel queued straight through the backend (no tracking);
+- ignis tracked: ``ig.kernels.fill`` (preflight, prepare/finish, the launch);
+- ignis sanitizer: the same with ``ig.sanitizer`` enabled (vector clocks, ranges, frames);
+- torch: ``x.fill_(1.0)`` without and with ``torch.cuda._sanitizer`` (CSAN), the latter
+  in a child process because CSAN cannot be turned off once on.
+
+Numbers are CPU-side µs per launch (N launches queued, one synchronize after).
+Run: ``PYTHONPATH=src python3 benchmarks/bench_sanitizer.py [--json OUT]``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import subprocess
+import sys
+import time
+
+import ignis as ig
+
+N = 3000
+REPEATS = 5
+
+TORCH_CHILD = r"""
+import sys, time, statistics, torch
+if sys.argv[1] == "on":
+    import torch.cuda._sanitizer as csan
+    csan.enable_cuda_sanitizer()
+x = torch.empty(1024, device="cuda")
+for _ in range(200):
+    x.fill_(1.0)
+torch.cuda.synchronize()
+out = []
+for _ in range(%d):
+    t = time.perf_counter()
+    for _ in range(%d):
+        x.fill_(1.0)
+    torch.cuda.synchronize()
+    out.append((time.perf_counter() - t) / %d * 1e6)
+print(statistics.median(out))
+""" % (REPEATS, N, N)
+
+
+def per_launch(fn, dev: ig.Device) -> float:
+    fn(200)
+    dev.synchronize()
+    out = []
+    for _ in range(REPEATS):
+        t = time.perf_counter()
+        fn(N)
+        dev.synchronize()
+        out.append((time.perf_counter() - t) / N * 1e6)
+    return statistics.median(out)
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--json")
+    args = ap.parse_args()
+    dev = ig.Device(0)
+    x = ig.empty(1024, "float32")
+    s = x.stream
+    k = ig.kernels.kernel("fill", 4)
+    be = dev.backend
+    res: dict = {"card": dev.name, "backend": ig.backend_name()}
+    if be.name == "emulated":
+        print("note: emulated backend: a launch is a queued Python function; numbers mean nothing about a GPU")
+
+    if be.name == "cuda":
+        import ctypes
+        fn = k._function(dev)
+
+        def bare(n: int) -> None:
+            ptr, h = x.device_ptr, s.handle
+            for _ in range(n):  # what any caller does per launch: marshal the arguments, launch
+                params = [ctypes.c_void_p(ptr), ctypes.c_uint32(0x3F800000), ctypes.c_int64(1024)]
+                be.kernel_launch(fn, (4, 1, 1), (256, 1, 1), 0, h, params)
+    else:
+        from ignis.array.launch import _host_call
+
+        def bare(n: int) -> None:
+            call = _host_call(k, be, (x, 0x3F800000, 1024))
+            for _ in range(n):
+                be.kernel_launch(call, (4, 1, 1), (256, 1, 1), 0, s.handle, ())
+
+    def tracked(n: int) -> None:
+        for _ in range(n):
+            ig.kernels.fill(x, 1.0)
+
+    res["bare_us"] = per_launch(bare, dev)
+    res["tracked_us"] = per_launch(tracked, dev)
+    with ig.sanitizer.enabled():
+        res["sanitized_us"] = per_launch(tracked, dev)
+    try:
+        import torch  # noqa: F401
+        have_torch = torch.cuda.is_available()
+    except Exception:
+        have_torch = False
+    if have_torch:
+        for mode in ("off", "on"):
+            p = subprocess.run([sys.executable, "-c", TORCH_CHILD, mode], capture_output=True, text=True,
+                               timeout=300)
+            try:
+                res[f"torch_csan_{mode}_us"] = float(p.stdout.strip().splitlines()[-1])
+            except Exception:
+                res[f"torch_csan_{mode}_us"] = None
+                res[f"torch_csan_{mode}_error"] = p.stderr[-500:]
+    print(f"card: {dev.name}   backend: {ig.backend_name()}")
+    print(f"  bare launch through the backend    {res['bare_us']:8.2f} µs")
+    print(f"  ignis tracked launch, sanitizer off {res['tracked_us']:8.2f} µs   "
+          f"(+{res['tracked_us'] - res['bare_us']:.2f} over bare)")
+    print(f"  ignis tracked launch, sanitizer on  {res['sanitized_us']:8.2f} µs   "
+          f"(+{res['sanitized_us'] - res['bare_us']:.2f} over bare)")
+    if have_torch:
+        on, off = res.get("torch_csan_on_us"), res.get("torch_csan_off_us")
+        print(f"  torch fill_, CSAN off               {off if off is None else f'{off:8.2f}'} µs")
+        print(f"  torch fill_, CSAN on                {on if on is None else f'{on:8.2f}'} µs")
+    x.free()
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(res, f, indent=2)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
