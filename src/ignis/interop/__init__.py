@@ -1,5 +1,6 @@
 """Interop (layer 5): DLPack, the CUDA array interface, and allocator plug-ins."""
 
+from .allocators import adopt_stream, cupy_allocator
 from .dlpack import from_dlpack
 
-__all__ = ["from_dlpack"]
+__all__ = ["from_dlpack", "cupy_allocator", "adopt_stream"]
