@@ -14,6 +14,7 @@ Rules:
 
 from __future__ import annotations
 
+import os
 import threading
 from concurrent.futures import ThreadPoolExecutor
 from typing import TYPE_CHECKING
@@ -30,7 +31,7 @@ __all__ = ["pinned_pool", "htod", "dtoh_pinned", "PINNED_RESULT_MIN"]
 
 SMALL = 1 << 20          # one staging buffer up to this size
 CHUNK = 8 << 20          # chunk of a large staged copy
-WINDOW = 6               # chunks in flight
+WINDOW = 12              # chunks in flight
 PINNED_RESULT_MIN = 1 << 20  # device->host results at least this big land in pinned memory
 
 _pools: dict[int, PinnedHostResource] = {}
@@ -55,7 +56,8 @@ def _pool_workers() -> ThreadPoolExecutor:
     if _workers is None:
         with _pool_lock:
             if _workers is None:
-                _workers = ThreadPoolExecutor(max_workers=4, thread_name_prefix="ignis-staging")
+                n = max(2, min(8, (os.cpu_count() or 2)))  # host memcpy bandwidth scales with threads
+                _workers = ThreadPoolExecutor(max_workers=n, thread_name_prefix="ignis-staging")
     return _workers
 
 
