@@ -558,6 +558,19 @@ def test_fault_injection_every_op(be, res):
         "event_synchronize": lambda: be.event_synchronize(e),
         "event_elapsed_ms": lambda: be.event_elapsed_ms(t0, t1),
         "device_synchronize": lambda: be.device_synchronize(0),
+        # the fault fires before the driver is called, so dummy arguments do
+        "vmm_granularity": lambda: be.vmm_granularity(0),
+        "vmm_create": lambda: be.vmm_create(0, 2 << 20),
+        "vmm_release": lambda: be.vmm_release(0),
+        "vmm_export_fd": lambda: be.vmm_export_fd(0),
+        "vmm_import_fd": lambda: be.vmm_import_fd(0),
+        "vmm_reserve": lambda: be.vmm_reserve(0, 2 << 20),
+        "vmm_free_address": lambda: be.vmm_free_address(0, 2 << 20),
+        "vmm_map": lambda: be.vmm_map(0, 2 << 20, 0),
+        "vmm_unmap": lambda: be.vmm_unmap(0, 2 << 20),
+        "vmm_set_access": lambda: be.vmm_set_access(0, 0, 2 << 20),
+        "kernel_compile": lambda: be.kernel_compile(0, "", "k"),
+        "kernel_launch": lambda: be.kernel_launch(0, (1, 1, 1), (1, 1, 1), 0, s, ()),
     }
     assert set(calls) == set(OPS)
     for op, call in calls.items():

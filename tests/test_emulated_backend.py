@@ -7,6 +7,7 @@ backend the process selected.
 from __future__ import annotations
 
 import ctypes
+import os
 import threading
 import time
 from typing import Any, Callable
@@ -579,7 +580,71 @@ def _fault_calls(b: EmulatedBackend) -> dict[str, Callable[[], Any]]:
         "event_synchronize": lambda: b.event_synchronize(ev),
         "event_elapsed_ms": lambda: b.event_elapsed_ms(t0, t1),
         "device_synchronize": lambda: b.device_synchronize(0),
+        "kernel_compile": lambda: _expect_unsupported(lambda: b.kernel_compile(0, "", "k")),
+        "kernel_launch": lambda: b.kernel_launch(lambda: None, (1, 1, 1), (1, 1, 1), 0, s, ()),
+        **_vmm_fault_calls(b),
     }
+
+
+def _expect_unsupported(fn: Callable[[], Any]) -> None:
+    """The emulator compiles nothing: past an injected fault, it says so."""
+    from ignis.errors import UnsupportedError
+    try:
+        fn()
+    except UnsupportedError:
+        pass
+
+
+def _unwind(undos: list[Callable[[], Any]]) -> None:
+    """Run cleanups in reverse; one that meets the injected fault runs again (the
+    fault fires once), and the fault is raised after everything was cleaned up."""
+    first = None
+    for undo in reversed(undos):
+        try:
+            undo()
+        except DriverError as e:
+            if e.detail != "injected fault":
+                raise
+            undo()
+            first = first or e
+    if first is not None:
+        raise first
+
+
+def _vmm_fault_calls(b: EmulatedBackend) -> dict[str, Callable[[], Any]]:
+    """One call per vmm op, each a whole round that leaves nothing behind."""
+    g = b.vmm_granularity(0)
+
+    def mapped() -> None:  # create, reserve, map, set access, unmap, free, release: once each
+        made: list[Callable[[], Any]] = []
+        try:
+            h = b.vmm_create(0, g)
+            made.append(lambda: b.vmm_release(h))
+            p = b.vmm_reserve(0, g)
+            made.append(lambda: b.vmm_free_address(p, g))
+            b.vmm_map(p, g, h)
+            made.append(lambda: b.vmm_unmap(p, g))
+            b.vmm_set_access(0, p, g)
+        finally:
+            _unwind(made)
+
+    def shared() -> None:  # export, then import in the same process
+        h = b.vmm_create(0, g)
+        try:
+            fd = b.vmm_export_fd(h)
+            try:
+                b.vmm_release(b.vmm_import_fd(fd))
+            finally:
+                os.close(fd)
+        finally:
+            b.vmm_release(h)
+
+    calls: dict[str, Callable[[], Any]] = {"vmm_granularity": lambda: b.vmm_granularity(0)}
+    for op in ("vmm_create", "vmm_release", "vmm_reserve", "vmm_free_address", "vmm_map", "vmm_unmap",
+               "vmm_set_access"):
+        calls[op] = mapped
+    calls["vmm_export_fd"] = calls["vmm_import_fd"] = shared
+    return calls
 
 
 def test_fault_table_covers_every_op(emu):

@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 
 import ignis as ig
+import ignis.backends.emulated  # noqa: F401 - tests build emulated backends
 from helpers import pinned, read, read_into, sleep_on, write
 from ignis.memory import Access, BlockState
 

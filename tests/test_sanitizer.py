@@ -13,6 +13,7 @@ import numpy as np
 import pytest
 
 import ignis as ig
+import ignis.backends.emulated  # noqa: F401 - tests build emulated backends
 from ignis.memory import Access
 
 K = ig.kernels

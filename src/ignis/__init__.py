@@ -17,12 +17,13 @@ from .array import NvArray, asarray, empty, from_dlpack, from_numpy, full, launc
 from .array import builtins as kernels
 from .runtime import Kernel, RawPtr
 from . import interop
+from . import ipc
 
 __version__ = "0.1.0"
 
 __all__ = ["__version__", "backend_name", "get_backend", "set_backend", "dtypes", "errors",
            "DType", "dtype", "Device", "DeviceState", "Event", "Stream", "device_count",
-           "memory", "interop", "MemoryContract", "contract", "register_owner", "owners", "DEFAULT_OWNER",
+           "memory", "interop", "ipc", "MemoryContract", "contract", "register_owner", "owners", "DEFAULT_OWNER",
            "GpuRef", "NvArray", "launch", "Kernel", "RawPtr", "kernels", "sanitizer", "ordering", "set_ordering",
            "get_ordering", "empty", "zeros", "full", "from_numpy", "asarray", "from_dlpack",
            *_errors_all, *_memory_all]

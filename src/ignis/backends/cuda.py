@@ -38,8 +38,11 @@ import itertools
 import threading
 from typing import Any, Callable
 
+import numpy as np
+
 from ..errors import DriverError
 from .base import CU_STATUS, Backend, DeviceProperties, driver_error
+from .vmm_cuda import CudaVmm
 
 try:
     from cuda.bindings import driver as cu
@@ -157,7 +160,7 @@ def _format_uuid(raw: Any) -> str:
     return f"GPU-{h[:8]}-{h[8:12]}-{h[12:16]}-{h[16:20]}-{h[20:32]}"
 
 
-class CudaBackend(Backend):
+class CudaBackend(CudaVmm, Backend):
     """The Backend protocol on a real GPU through the CUDA driver API.
 
     Raises ``DriverError`` on construction when the driver library cannot be
@@ -192,6 +195,9 @@ class CudaBackend(Backend):
         self._host_errors: dict[int, list[tuple[Callable, BaseException]]] = {}
         self._orphan_errors: dict[int, list[tuple[Callable, BaseException]]] = {}
         self._host_fn = cu.CUhostFn(_TRAMPOLINE_ADDR)
+        self._host: dict[int, np.ndarray] = {}  # pinned address -> the process memory behind it
+        self._portable = int(cu.CU_MEMHOSTREGISTER_PORTABLE)
+        self._not_registered = int(cu.CUresult.CUDA_ERROR_HOST_MEMORY_NOT_REGISTERED)
         self._non_blocking = int(cu.CUstream_flags.CU_STREAM_NON_BLOCKING)
         self._no_timing = int(cu.CUevent_flags.CU_EVENT_DISABLE_TIMING)
         # bound driver entry points (hot paths)
@@ -432,18 +438,36 @@ class CudaBackend(Backend):
         _check(cu.cuMemPoolTrimTo(pool, keep_bytes), "cuMemPoolTrimTo")
 
     def host_alloc(self, nbytes: int) -> int:
-        """Page-locked host memory (cuMemHostAlloc, flags 0: with unified
-        addressing it is pinned for every context)."""
+        """Page-locked host memory: process memory registered with the driver
+        (cuMemHostRegister, portable to every context). The memory itself belongs
+        to the process, so it stays valid even if a context reset drops the
+        registration (copies then fall back to the driver's staged path)."""
         if self._faults:
             self._fault("host_alloc")
+        if type(nbytes) is not int or nbytes <= 0:
+            raise driver_error("CUDA_ERROR_INVALID_VALUE", "cuMemHostAlloc", f"cannot pin {nbytes!r} bytes")
         self._enter_any()
-        return int(_check(cu.cuMemHostAlloc(nbytes, 0), "cuMemHostAlloc")[1])
+        raw = np.empty(nbytes + 4095, np.uint8)
+        base = raw.ctypes.data
+        ptr = base + (-base % 4096)
+        _check(cu.cuMemHostRegister(ptr, nbytes, self._portable), "cuMemHostRegister")
+        with self._lock:
+            self._host[ptr] = raw
+        return ptr
 
     def host_free(self, ptr: int) -> None:
         if self._faults:
             self._fault("host_free")
+        with self._lock:
+            raw = self._host.pop(ptr, None)
+        if raw is None:
+            raise driver_error("CUDA_ERROR_INVALID_VALUE", "cuMemFreeHost",
+                               f"{ptr:#x} is not pinned memory from this backend")
         self._enter_any()
-        _check(cu.cuMemFreeHost(ptr), "cuMemFreeHost")
+        res = cu.cuMemHostUnregister(ptr)
+        if res[0] and int(res[0]) != self._not_registered:  # a context reset already dropped it
+            raise _error(res[0], "cuMemHostUnregister")
+        del raw
 
     def memcpy_htod_async(self, dst: int, src_host: int, nbytes: int, stream: int) -> None:
         if self._faults:
@@ -484,6 +508,10 @@ class CudaBackend(Backend):
         exceptions not yet surfaced move to the device's next device_synchronize."""
         if self._faults:
             self._fault("stream_destroy")
+        if stream not in self._streams:
+            # Not made here, or its context was reset: the driver may crash on a dead handle.
+            raise driver_error("CUDA_ERROR_INVALID_HANDLE", "cuStreamDestroy",
+                               f"stream {stream:#x} was not created by this backend or its context was reset")
         s = self._enter_stream(stream)
         _check(cu.cuStreamDestroy(s), "cuStreamDestroy")
         with self._lock:
@@ -566,6 +594,9 @@ class CudaBackend(Backend):
     def event_destroy(self, event: int) -> None:
         if self._faults:
             self._fault("event_destroy")
+        if event not in self._events:
+            raise driver_error("CUDA_ERROR_INVALID_HANDLE", "cuEventDestroy",
+                               f"event {event:#x} was not created by this backend or its context was reset")
         _check(cu.cuEventDestroy(self._enter_event(event)), "cuEventDestroy")
         self._events.pop(event, None)
 

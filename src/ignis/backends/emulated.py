@@ -54,6 +54,7 @@ from typing import Any, Callable
 import numpy as np
 
 from .base import OPS, Backend, DeviceProperties, driver_error
+from .vmm_emulated import EmulatedVmm
 
 __all__ = ["EmulatedBackend"]
 
@@ -354,7 +355,7 @@ class _Event:
         self.latest: _Record | None = None
 
 
-class EmulatedBackend(Backend):
+class EmulatedBackend(EmulatedVmm, Backend):
     """CUDA-like devices emulated on the host; see the module docstring.
 
     ``devices`` (default ``IGNIS_EMULATED_DEVICES`` or 2), ``memory`` (bytes per

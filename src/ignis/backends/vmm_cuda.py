@@ -1,0 +1,142 @@
+"""Virtual memory management (seeds/002) for the ``cuda`` backend: the ``vmm_*``
+operations of the Backend protocol as a mixin of ``CudaBackend``.
+
+Design and rules:
+- Physical memory is ``cuMemCreate`` with a ``CUmemAllocationProp`` of type
+  PINNED, located on the device, requesting POSIX file descriptor handles, so
+  every allocation can be exported (``cuMemExportToShareableHandle``) and
+  imported by another process (``cuMemImportFromShareableHandle``, where the
+  fd travels as a pointer-sized int, as the C API casts it to ``void*``).
+- Addresses come from ``cuMemAddressReserve``; ``cuMemMap`` backs them;
+  ``cuMemSetAccess`` (PROT_READWRITE for one device) makes them usable;
+  ``cuMemUnmap`` / ``cuMemAddressFree`` / ``cuMemRelease`` undo it. Handles,
+  pointers and fds are plain ints at the protocol boundary.
+- Every status goes through ``cuda._check`` (DriverError naming the cu* call);
+  nothing is masked. Each operation starts with its fault-injection hook.
+- Calls that name a device make its primary context current; the others
+  need only some context (``_enter_any``).
+- ``cuda.py`` imports this module before it defines its helpers, so they are
+  looked up at call time (``_drv()``), never at import.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from .base import driver_error
+
+__all__ = ["CudaVmm"]
+
+
+def _drv() -> Any:
+    from . import cuda
+    return cuda
+
+
+class CudaVmm:
+    """The ``vmm_*`` operations of ``CudaBackend`` (see the module docstring)."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._vmm_props: dict[int, Any] = {}
+
+    def _vmm_prop(self, ordinal: int) -> Any:
+        """The (cached) allocation properties for exportable memory on ``ordinal``."""
+        props = self._vmm_props
+        prop = props.get(ordinal)
+        if prop is None:
+            cu = _drv().cu
+            prop = cu.CUmemAllocationProp()
+            prop.type = cu.CUmemAllocationType.CU_MEM_ALLOCATION_TYPE_PINNED
+            prop.location.type = cu.CUmemLocationType.CU_MEM_LOCATION_TYPE_DEVICE
+            prop.location.id = ordinal
+            prop.requestedHandleTypes = cu.CUmemAllocationHandleType.CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR
+            props[ordinal] = prop
+        return prop
+
+    def vmm_granularity(self, ordinal: int, recommended: bool = False) -> int:
+        if self._faults:
+            self._fault("vmm_granularity")
+        c = _drv()
+        self._enter(ordinal)
+        flags = c.cu.CUmemAllocationGranularity_flags
+        which = (flags.CU_MEM_ALLOC_GRANULARITY_RECOMMENDED if recommended
+                 else flags.CU_MEM_ALLOC_GRANULARITY_MINIMUM)
+        res = c._check(c.cu.cuMemGetAllocationGranularity(self._vmm_prop(ordinal), which),
+                       "cuMemGetAllocationGranularity")
+        return int(res[1])
+
+    def vmm_create(self, ordinal: int, nbytes: int) -> int:
+        if self._faults:
+            self._fault("vmm_create")
+        c = _drv()
+        self._enter(ordinal)
+        return int(c._check(c.cu.cuMemCreate(nbytes, self._vmm_prop(ordinal), 0), "cuMemCreate")[1])
+
+    def vmm_release(self, handle: int) -> None:
+        if self._faults:
+            self._fault("vmm_release")
+        c = _drv()
+        self._enter_any()
+        c._check(c.cu.cuMemRelease(handle), "cuMemRelease")
+
+    def vmm_export_fd(self, handle: int) -> int:
+        if self._faults:
+            self._fault("vmm_export_fd")
+        c = _drv()
+        self._enter_any()
+        kind = c.cu.CUmemAllocationHandleType.CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR
+        return int(c._check(c.cu.cuMemExportToShareableHandle(handle, kind, 0),
+                            "cuMemExportToShareableHandle")[1])
+
+    def vmm_import_fd(self, fd: int) -> int:
+        if self._faults:
+            self._fault("vmm_import_fd")
+        c = _drv()
+        if type(fd) is not int or fd < 0:
+            raise driver_error("CUDA_ERROR_INVALID_VALUE", "cuMemImportFromShareableHandle",
+                               f"{fd!r} is not a file descriptor")
+        self._enter_any()
+        kind = c.cu.CUmemAllocationHandleType.CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR
+        return int(c._check(c.cu.cuMemImportFromShareableHandle(fd, kind),
+                            "cuMemImportFromShareableHandle")[1])
+
+    def vmm_reserve(self, ordinal: int, nbytes: int, alignment: int = 0) -> int:
+        if self._faults:
+            self._fault("vmm_reserve")
+        c = _drv()
+        self._enter(ordinal)
+        return int(c._check(c.cu.cuMemAddressReserve(nbytes, alignment, 0, 0), "cuMemAddressReserve")[1])
+
+    def vmm_free_address(self, ptr: int, nbytes: int) -> None:
+        if self._faults:
+            self._fault("vmm_free_address")
+        c = _drv()
+        self._enter_any()
+        c._check(c.cu.cuMemAddressFree(ptr, nbytes), "cuMemAddressFree")
+
+    def vmm_map(self, ptr: int, nbytes: int, handle: int, offset: int = 0) -> None:
+        if self._faults:
+            self._fault("vmm_map")
+        c = _drv()
+        self._enter_any()
+        c._check(c.cu.cuMemMap(ptr, nbytes, offset, handle, 0), "cuMemMap")
+
+    def vmm_unmap(self, ptr: int, nbytes: int) -> None:
+        if self._faults:
+            self._fault("vmm_unmap")
+        c = _drv()
+        self._enter_any()
+        c._check(c.cu.cuMemUnmap(ptr, nbytes), "cuMemUnmap")
+
+    def vmm_set_access(self, ordinal: int, ptr: int, nbytes: int) -> None:
+        if self._faults:
+            self._fault("vmm_set_access")
+        c = _drv()
+        self._enter(ordinal)
+        cu = c.cu
+        desc = cu.CUmemAccessDesc()
+        desc.location.type = cu.CUmemLocationType.CU_MEM_LOCATION_TYPE_DEVICE
+        desc.location.id = ordinal
+        desc.flags = cu.CUmemAccess_flags.CU_MEM_ACCESS_FLAGS_PROT_READWRITE
+        c._check(cu.cuMemSetAccess(ptr, nbytes, [desc], 1), "cuMemSetAccess")
