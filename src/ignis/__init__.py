@@ -17,15 +17,20 @@ from .array import NvArray, asarray, empty, from_dlpack, from_numpy, full, launc
 from .array import builtins as kernels
 from .runtime import Kernel, RawPtr
 from . import interop
+from . import io
 from . import ipc
+from . import collective
+from .telemetry import dump_snapshot, memory_stats, memory_summary, plot_timeline, record_memory_history, reset_peak_stats, snapshot  # noqa: E501
 
 __version__ = "0.1.0"
 
 __all__ = ["__version__", "backend_name", "get_backend", "set_backend", "dtypes", "errors",
            "DType", "dtype", "Device", "DeviceState", "Event", "Stream", "device_count",
-           "memory", "interop", "ipc", "MemoryContract", "contract", "register_owner", "owners", "DEFAULT_OWNER",
+           "memory", "interop", "io", "ipc", "collective", "MemoryContract", "contract", "register_owner", "owners", "DEFAULT_OWNER",
            "GpuRef", "NvArray", "launch", "Kernel", "RawPtr", "kernels", "sanitizer", "ordering", "set_ordering",
            "get_ordering", "empty", "zeros", "full", "from_numpy", "asarray", "from_dlpack",
+           "telemetry", "memory_stats", "memory_summary", "reset_peak_stats", "record_memory_history", "snapshot",
+           "dump_snapshot", "plot_timeline",
            *_errors_all, *_memory_all]
 
 import os as _os

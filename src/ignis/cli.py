@@ -2,6 +2,12 @@
 
     ignis doctor [--json] [--device N] [--size-mib N] [--repeats N] [--no-bandwidth]
     ignis demo [--device N]
+    ignis run [--sanitize] [--guard] [--leaks] [--ordering auto|manual] SCRIPT [ARGS...]
+    ignis load FILE [--device N]
+    ignis launch -n N SCRIPT [ARGS...]
+    ignis snapshot plot|summary FILE [-o OUT.png]
+    ignis replay LOG.csv --resource pool|async|direct|guard [--budget BYTES]
+    ignis bench [--out DIR]
 
 ``main(argv)`` returns the exit status instead of exiting (argparse's usage
 errors give 2), so it can be called in-process; the console script and
@@ -212,7 +218,9 @@ def _cmd_doctor(args: argparse.Namespace) -> int:
 
 def _cmd_demo(args: argparse.Namespace) -> int:
     from .demo import run
-    return run(sys.stdout, device=args.device)
+    from .telemetry.tour import tour
+    rc = run(sys.stdout, device=args.device)
+    return tour(sys.stdout, device=args.device) or rc
 
 
 def _cmd_run(args: argparse.Namespace) -> int:
@@ -262,7 +270,8 @@ def build_parser() -> argparse.ArgumentParser:
     doctor.add_argument("--no-bandwidth", action="store_true", help="skip the bandwidth probe")
     doctor.set_defaults(func=_cmd_doctor)
 
-    demo = sub.add_parser("demo", help="a short end-to-end run: streams, events, tracked copies, pool reuse",
+    demo = sub.add_parser("demo", help="a short end-to-end run and a tour: streams, tracked copies, pool reuse, "
+                                       "safetensors, a KV cache, one caught bug of each class, a timeline",
                           description="Copy bytes host -> device -> device -> host across two streams "
                                       "with cross-stream tracking, check them, show pool reuse across "
                                       "streams and a caught double free.")
@@ -285,6 +294,13 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("script", help="the Python script to run")
     run.add_argument("args", nargs=argparse.REMAINDER, help="arguments for the script")
     run.set_defaults(func=_cmd_run)
+
+    from .collective.cli import add_parser as add_launch_parser
+    from .io.cli import add_parser as add_load_parser
+    from .telemetry.cli import add_parsers as add_telemetry_parsers
+    add_load_parser(sub)
+    add_launch_parser(sub)
+    add_telemetry_parsers(sub)
     return parser
 
 

@@ -1,0 +1,56 @@
+"""``ignis launch``: the command-line face of ``ignis.collective.launch``.
+
+``add_parser(subparsers)`` adds the ``launch`` command to an argparse
+sub-parser set; ``run(args)`` executes it and returns the exit status (that of
+the first rank that failed, else 0).
+"""
+
+from __future__ import annotations
+
+import argparse
+
+__all__ = ["add_parser", "run"]
+
+
+def _ranks(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a positive number of processes, got {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"expected a positive number of processes, got {value}")
+    return value
+
+
+def _port(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a TCP port, got {text!r}") from None
+    if not 0 < value < 65536:
+        raise argparse.ArgumentTypeError(f"expected a TCP port (1-65535), got {value}")
+    return value
+
+
+def add_parser(subparsers: "argparse._SubParsersAction") -> argparse.ArgumentParser:
+    """Add ``launch`` to ``subparsers``; returns its parser."""
+    p = subparsers.add_parser(
+        "launch", help="run a script in N local processes, one per device, as one process group",
+        description="Start N processes of SCRIPT with RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR and "
+                    "MASTER_PORT set (as torchrun does), so ig.collective.init_process_group() joins them; "
+                    "forward their output prefixed with the rank; exit non-zero if any rank fails.")
+    p.add_argument("-n", "--nproc", type=_ranks, required=True, metavar="N", help="number of processes (ranks)")
+    p.add_argument("--master-addr", default="127.0.0.1", help="rank 0's rendezvous address (default 127.0.0.1)")
+    p.add_argument("--master-port", type=_port, default=None, help="rendezvous port (default: a free one)")
+    p.add_argument("--grace", type=float, default=30.0, metavar="SECONDS",
+                   help="how long the other ranks may run on after one fails (default 30)")
+    p.add_argument("script", help="the Python script to run")
+    p.add_argument("args", nargs=argparse.REMAINDER, help="arguments for the script")
+    p.set_defaults(func=run)
+    return p
+
+
+def run(args: argparse.Namespace) -> int:
+    from .launch import launch
+    return launch(args.nproc, args.script, args.args, master_addr=args.master_addr, master_port=args.master_port,
+                  grace=args.grace)

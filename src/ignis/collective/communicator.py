@@ -1,0 +1,571 @@
+"""Communicator: collectives on NvArrays with enforced ownership.
+
+Design and rules:
+- Every operation validates its arrays first (NvArray, live, on the
+  communicator's device, contiguous, matching dtypes and sizes, a dtype NCCL
+  can reduce), so a mistake is a ``TypeError`` / ``ValueError`` on the rank
+  that made it instead of a hang or wrong bytes on all of them.
+- Ownership (seeds/000: the collective layer acquires arrays before operating
+  and releases them when done): each operation acquires its arrays for
+  ``"collective"`` (``MemoryContractViolation`` if another layer holds one,
+  or it is shared), queues the waits their last uses need on the
+  communicator's stream (``_begin``), enqueues the operation there, records
+  the use (``_end``) and releases them. So the arrays are free again as soon
+  as the work is *ordered*, without waiting for it: a later reader on any
+  stream waits for the collective on the device, not on the host, and a free
+  is deferred behind it. Inside ``with comm.group():`` arrays stay acquired
+  (owner ``"collective"``) until the group is issued at the end of the block.
+- Operations run on the communicator's own stream, in call order; all ranks
+  must call the same collectives in the same order (as with NCCL). A group
+  may mix collectives with send/recv; send/recv pairs that would wait on each
+  other must be in one group.
+- Failures: the first failure (a peer died or hung, NCCL error) is kept in
+  ``Health``; the engine aborts, and every later operation, ``synchronize()``
+  and ``barrier()`` raise ``CollectiveError``. ``close()`` never raises for a
+  failed communicator.
+- One thread at a time per communicator.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from contextlib import contextmanager
+from typing import TYPE_CHECKING, Any, Callable, Iterator
+
+from .. import dtypes as _dt
+from ..array import NvArray
+from ..errors import DriverError, MemoryContractViolation
+from ..memory import Access
+from ..safety.contract import contract
+from .errors import CollectiveError
+from .ops import _BY_NAME as _OPS
+from .ops import FP8, Plan, ReduceOp, movement_plan, reduction_plan
+
+if TYPE_CHECKING:
+    from ..runtime import Device, Stream
+
+__all__ = ["Communicator", "Health"]
+
+OWNER = "collective"
+# NvArray views are contiguous by construction; arrays that carry strides (subclasses, a
+# future strided NvArray) are checked.
+_STRIDED = hasattr(NvArray, "strides")
+_READ, _WRITE, _RW = Access.READ, Access.WRITE, Access.READ_WRITE
+
+
+class Health:
+    """The first failure of one communicator, shared by its engine, watchdog and rendezvous.
+
+    ``oldest`` (set by the engine) returns the label of the oldest operation
+    not finished yet, so a death reported from outside names it."""
+
+    def __init__(self, rank: int) -> None:
+        self.rank = rank
+        self.error: CollectiveError | None = None
+        self.oldest: Callable[[], str | None] = lambda: None
+        self._hooks: list[Callable[[CollectiveError], None]] = []
+        self._lock = threading.Lock()
+
+    def add_hook(self, fn: Callable[[CollectiveError], None]) -> None:
+        """Call ``fn(error)`` once, on the first failure."""
+        self._hooks.append(fn)
+
+    def fail(self, err: CollectiveError) -> bool:
+        """Record ``err`` if it is the first failure; returns whether it was. A first
+        failure that named no operation takes the operation of a later report."""
+        with self._lock:
+            first = self.error
+            if first is not None:
+                if first.op is None and err.op is not None:
+                    self.error = type(first)(first.detail, op=err.op, rank=first.rank, this_rank=first.this_rank,
+                                             kind=first.kind)
+                return False
+            self.error = err
+        for fn in list(self._hooks):
+            try:
+                fn(err)
+            except Exception:
+                pass
+        return True
+
+    def peer_died(self, rank: int, why: str) -> None:
+        self.fail(CollectiveError(why, op=self.oldest(), rank=rank if rank >= 0 else None, this_rank=self.rank,
+                                  kind="peer_died"))
+
+    def again(self, op: str | None = None) -> CollectiveError:
+        """The error to raise for ``op`` (default: the failed operation itself) after the failure."""
+        e = self.error
+        assert e is not None
+        if op is None or e.op is None or e.op == op:
+            return type(e)(e.detail, op=op or e.op, rank=e.rank, this_rank=self.rank, kind=e.kind)
+        return CollectiveError(f"the communicator failed earlier, in {e.op}, and cannot be used: {e.detail}",
+                               op=op, rank=e.rank, this_rank=self.rank, kind="failed_earlier")
+
+
+class _Op:
+    """One operation as the engines see it (pointers and counts, no arrays).
+
+    ``count`` is in the engine's units (NCCL elements: bytes for data movement,
+    float32 pairs for complex64); ``header()`` speaks in the caller's elements.
+    ``seq`` numbers collectives per communicator, and send/recv per peer."""
+
+    __slots__ = ("name", "seq", "send_ptr", "send_bytes", "recv_ptr", "recv_bytes", "count", "plan", "op",
+                 "root", "dtype")
+
+    def __init__(self, name: str, seq: int, send: NvArray | None, recv: NvArray | None, count: int,
+                 plan: Plan, op: ReduceOp | None, root: int, dtype: str) -> None:
+        self.name = name
+        self.seq = seq
+        if send is not None:
+            self.send_ptr = send._ptr
+            self.send_bytes = send.nbytes
+        else:
+            self.send_ptr = self.send_bytes = 0
+        if recv is not None:
+            self.recv_ptr = recv._ptr
+            self.recv_bytes = recv.nbytes
+        else:
+            self.recv_ptr = self.send_ptr
+            self.recv_bytes = 0
+        self.count = count
+        self.plan = plan
+        self.op = op
+        self.root = root
+        self.dtype = dtype
+
+    @property
+    def label(self) -> str:
+        """How errors name this call: "all_reduce #12", "send #3 to rank 1"."""
+        if self.name == "send":
+            return f"send #{self.seq + 1} to rank {self.root}"
+        if self.name == "recv":
+            return f"recv #{self.seq + 1} from rank {self.root}"
+        return f"{self.name} #{self.seq}"
+
+    def header(self) -> dict[str, Any]:
+        p2p = self.name in ("send", "recv")
+        return {"op": "send/recv" if p2p else self.name, "dtype": self.dtype,
+                "count": self.count // self.plan.per_element,
+                "root": -1 if p2p else self.root, "red": self.op.name.lower() if self.op else None}
+
+
+class _Group:
+    __slots__ = ("ops", "held")
+
+    def __init__(self) -> None:
+        self.ops: list[_Op] = []
+        self.held: dict[int, list] = {}  # id(array) -> [array, Access]
+
+    def add(self, a: NvArray, acc: Access) -> None:
+        """Acquire ``a`` for the group, once; an array used twice gets the union of the accesses."""
+        entry = self.held.get(id(a))
+        if entry is None:
+            contract.acquire(a, OWNER)
+            self.held[id(a)] = [a, acc]
+        else:
+            entry[1] = _merge(entry[1], acc)
+
+
+def _merge(a: Access, b: Access) -> Access:
+    if a is b:
+        return a
+    return _RW
+
+
+class Communicator:
+    """A group of ranks (one process per device) that run collectives on NvArrays.
+
+    Made by ``ig.collective.init_process_group()``; not constructed directly.
+    ``rank`` / ``world_size`` / ``device`` / ``stream`` / ``backend`` say what it is."""
+
+    def __init__(self, engine: Any, *, rank: int, world_size: int, device: "Device", stream: "Stream",
+                 timeout: float, health: Health, rendezvous: Any = None, owns_stream: bool = True) -> None:
+        self._engine = engine
+        self.rank = rank
+        self.world_size = world_size
+        self.device = device
+        self.stream = stream
+        self.timeout = timeout
+        self._health = health
+        self._rdzv = rendezvous
+        self._owns_stream = owns_stream
+        self._group: _Group | None = None
+        self._seq = 0
+        self._p2p_sent = [0] * world_size
+        self._p2p_recvd = [0] * world_size
+        self._closed = False
+        self._scratch: NvArray | None = None
+        self._plans: dict[tuple[int, int], Plan] = {}
+
+    # -- identity ----------------------------------------------------------------------
+    @property
+    def size(self) -> int:
+        return self.world_size
+
+    @property
+    def backend(self) -> str:
+        """``"nccl"`` or ``"emulated"``."""
+        return self._engine.name
+
+    @property
+    def bindings(self) -> str | None:
+        """Which NCCL bindings are in use ("nccl4py", "cupy", "ctypes"); None when emulated."""
+        return getattr(self._engine, "bindings", None)
+
+    @property
+    def is_closed(self) -> bool:
+        return self._closed
+
+    @property
+    def error(self) -> CollectiveError | None:
+        """The failure that broke this communicator, if any."""
+        return self._health.error
+
+    def __repr__(self) -> str:
+        state = "closed" if self._closed else ("failed" if self._health.error else "open")
+        return (f"<ignis.collective.Communicator rank={self.rank}/{self.world_size} backend={self.backend} "
+                f"device={self.device.ordinal} {state}>")
+
+    # -- checks ------------------------------------------------------------------------
+    def _check_usable(self, what: str) -> None:
+        if self._closed:
+            raise CollectiveError("the communicator is closed; make a new one with init_process_group()", op=what,
+                                  this_rank=self.rank, kind="closed")
+        if self._health.error is not None:
+            raise self._health.again(what)
+
+    def _array(self, a: Any, what: str, role: str) -> NvArray:
+        if not isinstance(a, NvArray):
+            hint = ("; adopt it with ig.from_dlpack(x) (contiguous arrays only)"
+                    if hasattr(a, "__dlpack__") or hasattr(a, "__cuda_array_interface__") else "")
+            raise TypeError(f"{what}: {role} must be an ignis NvArray, got {type(a).__name__}{hint}")
+        if a._freed or a._base is not None:
+            a._check_live(f"use in {what}")
+        if a.device is not self.device:
+            raise ValueError(f"{what}: {role} NvArray#{a.id} is on device {a.device.ordinal}, but this "
+                             f"communicator (rank {self.rank}) works on device {self.device.ordinal}; allocate it "
+                             f"there (device={self.device.ordinal}) or copy it over")
+        strides = getattr(a, "strides", None) if _STRIDED or type(a) is not NvArray else None
+        if strides is not None and tuple(strides) not in (_c_strides(a.shape, 1),
+                                                          _c_strides(a.shape, a.dtype.itemsize)):
+            raise ValueError(f"{what}: {role} NvArray#{a.id} is not contiguous (shape {a.shape}, strides "
+                             f"{tuple(strides)}); collectives need contiguous memory: use a contiguous copy")
+        return a
+
+    def _peer(self, r: Any, what: str, role: str) -> int:
+        if isinstance(r, bool) or not isinstance(r, int) or not 0 <= r < self.world_size:
+            raise ValueError(f"{what}: {role} {r!r} is not a rank of this communicator (0..{self.world_size - 1})")
+        return r
+
+    @staticmethod
+    def _same(a: NvArray, b: NvArray, what: str) -> None:
+        if a.dtype is not b.dtype or a.shape != b.shape:
+            raise ValueError(f"{what}: send and recv must have the same shape and dtype; got send {a.shape} "
+                             f"{a.dtype.name}, recv {b.shape} {b.dtype.name}")
+
+    def _reduction(self, dt: _dt.DType, op: ReduceOp, what: str) -> Plan:
+        key = (id(dt), id(op))  # DType rows and ReduceOp members are unique and immortal
+        plan = self._plans.get(key)
+        if plan is not None:
+            return plan
+        plan = reduction_plan(dt, op, what)
+        if dt in FP8 and not getattr(self._engine, "fp8", True):
+            raise ValueError(f"{what}: {dt.name} reductions need NCCL 2.24 or later (this one is "
+                             f"{self._engine.api.version}); cast to float16 or bfloat16")
+        self._plans[key] = plan
+        return plan
+
+    def _next(self) -> int:
+        self._seq += 1
+        return self._seq
+
+    # -- issue ---------------------------------------------------------------------------
+    def _submit(self, op: _Op, a: NvArray, acc: Access, b: NvArray | None = None,
+                acc_b: Access = _WRITE) -> None:
+        """Acquire ``a`` (and ``b``), order, enqueue, record, release; or add to the open group."""
+        g = self._group
+        if g is not None:
+            g.add(a, acc)
+            if b is not None:
+                g.add(b, acc_b)
+            g.ops.append(op)
+            return
+        contract.acquire(a, OWNER)
+        try:
+            st = self.stream
+            if b is None:
+                a._begin(st, acc, op.name)
+                self._engine.run((op,), st)
+                a._end(st, acc)
+                return
+            contract.acquire(b, OWNER)
+            try:
+                a._begin(st, acc, op.name)
+                b._begin(st, acc_b, op.name)
+                self._engine.run((op,), st)
+                a._end(st, acc)
+                b._end(st, acc_b)
+            finally:
+                contract.release(b, OWNER)
+        finally:
+            contract.release(a, OWNER)
+
+    def _issue(self, ops: "list[_Op] | tuple[_Op, ...]", held: list) -> None:
+        s = self.stream
+        name = ops[0].name
+        for a, acc in held:
+            a._begin(s, acc, name)
+        self._engine.run(ops, s)
+        for a, acc in held:
+            a._end(s, acc)
+
+    @contextmanager
+    def group(self) -> Iterator["Communicator"]:
+        """Issue every operation called inside the block as one group (``ncclGroupStart``/``End``):
+        needed for send/recv pairs that would otherwise wait on each other, and cheaper for many
+        small calls. Arrays stay acquired for ``"collective"`` until the block ends. An exception
+        inside the block issues nothing (the other ranks then time out). Nested groups join the
+        outer one."""
+        if self._group is not None:
+            yield self
+            return
+        self._check_usable("group")
+        g = self._group = _Group()
+        try:
+            yield self
+        except BaseException:
+            self._group = None
+            _release(list(g.held.values()))
+            raise
+        self._group = None
+        held = list(g.held.values())
+        try:
+            if g.ops:
+                self._check_usable(g.ops[0].label)
+                self._issue(g.ops, held)
+        finally:
+            _release(held)
+
+    # -- collectives -----------------------------------------------------------------------
+    def all_reduce(self, send: NvArray, recv: NvArray | None = None, *, op: "ReduceOp | str" = "sum") -> NvArray:
+        """Reduce ``send`` over all ranks into ``recv`` (default: in place). Returns the result array."""
+        what = "all_reduce"
+        self._check_usable(what)
+        red = _OPS.get(op) or ReduceOp.parse(op)
+        s = self._array(send, what, "send")
+        r = s if recv is None or recv is send else self._array(recv, what, "recv")
+        if r is not s:
+            self._same(s, r, what)
+        plan = self._reduction(s.dtype, red, what)
+        o = _Op(what, self._next(), s, r, s.numel * plan.per_element, plan, red, -1, s.dtype.name)
+        if r is s:
+            self._submit(o, s, _RW)
+        else:
+            self._submit(o, s, _READ, r, _WRITE)
+        return r
+
+    def broadcast(self, array: NvArray, *, root: int = 0) -> NvArray:
+        """Copy ``root``'s ``array`` into ``array`` on every other rank (in place)."""
+        what = "broadcast"
+        self._check_usable(what)
+        a = self._array(array, what, "array")
+        root = self._peer(root, what, "root")
+        plan = movement_plan(a.dtype)
+        o = _Op(what, self._next(), a, a, a.numel * plan.per_element, plan, None, root, a.dtype.name)
+        self._submit(o, a, _READ if self.rank == root else _WRITE)
+        return a
+
+    def reduce(self, send: NvArray, recv: NvArray | None = None, *, root: int = 0,
+               op: "ReduceOp | str" = "sum") -> NvArray:
+        """Reduce ``send`` over all ranks into ``recv`` (default: ``send``) on ``root`` only;
+        other ranks' ``recv`` is not touched. Returns ``recv`` (``send`` where none)."""
+        what = "reduce"
+        self._check_usable(what)
+        red = _OPS.get(op) or ReduceOp.parse(op)
+        s = self._array(send, what, "send")
+        r = s if recv is None or recv is send else self._array(recv, what, "recv")
+        if r is not s:
+            self._same(s, r, what)
+        root = self._peer(root, what, "root")
+        plan = self._reduction(s.dtype, red, what)
+        seq = self._next()
+        if self.rank != root:
+            self._submit(_Op(what, seq, s, None, s.numel * plan.per_element, plan, red, root, s.dtype.name),
+                         s, _READ)
+            return r
+        o = _Op(what, seq, s, r, s.numel * plan.per_element, plan, red, root, s.dtype.name)
+        if r is s:
+            self._submit(o, s, _RW)
+        else:
+            self._submit(o, s, _READ, r, _WRITE)
+        return r
+
+    def all_gather(self, send: NvArray, recv: NvArray | None = None) -> NvArray:
+        """Concatenate every rank's ``send`` (in rank order) into ``recv`` on every rank.
+        ``recv`` needs ``world_size * send.numel`` elements; default: a new
+        ``(world_size, *send.shape)`` array on this communicator's stream."""
+        what = "all_gather"
+        self._check_usable(what)
+        s = self._array(send, what, "send")
+        if recv is None:
+            r = NvArray((self.world_size, *s.shape), s.dtype, stream=self.stream)
+        else:
+            r = self._array(recv, what, "recv")
+            if r.dtype is not s.dtype or r.numel != self.world_size * s.numel:
+                raise ValueError(f"{what}: recv must hold world_size ({self.world_size}) x send.numel ({s.numel}) "
+                                 f"= {self.world_size * s.numel} {s.dtype.name} elements; got {r.numel} "
+                                 f"{r.dtype.name} (shape {r.shape})")
+            if r is s:
+                raise ValueError(f"{what}: send and recv are the same array; for in-place use pass the rank's "
+                                 "slot of recv as send (recv[rank])")
+        plan = movement_plan(s.dtype)
+        o = _Op(what, self._next(), s, r, s.numel * plan.per_element, plan, None, -1, s.dtype.name)
+        self._submit(o, s, _READ, r, _WRITE)
+        return r
+
+    def reduce_scatter(self, send: NvArray, recv: NvArray | None = None, *,
+                       op: "ReduceOp | str" = "sum") -> NvArray:
+        """Reduce ``send`` over all ranks and give rank ``i`` the ``i``-th of ``world_size``
+        equal parts in ``recv`` (``send.numel / world_size`` elements; default: a new array,
+        ``send.shape[1:]`` when the first dimension is ``world_size``, else 1-D)."""
+        what = "reduce_scatter"
+        self._check_usable(what)
+        red = _OPS.get(op) or ReduceOp.parse(op)
+        s = self._array(send, what, "send")
+        n = self.world_size
+        if recv is None:
+            if s.numel % n:
+                raise ValueError(f"{what}: send has {s.numel} elements, not a multiple of world_size ({n})")
+            shape = s.shape[1:] if s.shape and s.shape[0] == n else (s.numel // n,)
+            r = NvArray(shape, s.dtype, stream=self.stream)
+        else:
+            r = self._array(recv, what, "recv")
+            if r.dtype is not s.dtype or r.numel * n != s.numel:
+                raise ValueError(f"{what}: send must hold world_size ({n}) x recv.numel ({r.numel}) = "
+                                 f"{n * r.numel} {r.dtype.name} elements; got {s.numel} {s.dtype.name} "
+                                 f"(shape {s.shape})")
+            if r is s:
+                raise ValueError(f"{what}: send and recv are the same array; pass the rank's slot of send as recv")
+        plan = self._reduction(s.dtype, red, what)
+        o = _Op(what, self._next(), s, r, r.numel * plan.per_element, plan, red, -1, s.dtype.name)
+        self._submit(o, s, _READ, r, _WRITE)
+        return r
+
+    # -- point to point ---------------------------------------------------------------------
+    def send(self, array: NvArray, peer: int) -> None:
+        """Send ``array`` to rank ``peer`` (which calls ``recv`` with the same shape and dtype)."""
+        what = "send"
+        self._check_usable(what)
+        a = self._array(array, what, "array")
+        peer = self._peer(peer, what, "peer")
+        plan = movement_plan(a.dtype)
+        k = self._p2p_sent[peer]
+        self._p2p_sent[peer] = k + 1
+        self._submit(_Op(what, k, a, None, a.numel * plan.per_element, plan, None, peer, a.dtype.name), a, _READ)
+
+    def recv(self, array: NvArray, peer: int) -> NvArray:
+        """Receive into ``array`` what rank ``peer`` sends. Returns ``array``."""
+        what = "recv"
+        self._check_usable(what)
+        a = self._array(array, what, "array")
+        peer = self._peer(peer, what, "peer")
+        plan = movement_plan(a.dtype)
+        k = self._p2p_recvd[peer]
+        self._p2p_recvd[peer] = k + 1
+        self._submit(_Op(what, k, None, a, a.numel * plan.per_element, plan, None, peer, a.dtype.name), a, _WRITE)
+        return a
+
+    # -- synchronization -----------------------------------------------------------------------
+    def synchronize(self) -> None:
+        """Wait on the host for everything queued on this communicator; raise its
+        ``CollectiveError`` if it failed (it never waits past a failure)."""
+        self._check_usable("synchronize")
+        delay = 0.0
+        while True:
+            try:
+                done = self.stream.query()
+            except DriverError as e:
+                if self._health.error is not None:
+                    raise self._health.again() from None
+                raise CollectiveError(f"the communicator's stream failed: {e}", op="synchronize",
+                                      this_rank=self.rank) from e
+            if done:
+                break
+            if self._health.error is not None:
+                raise self._health.again()
+            time.sleep(delay)
+            delay = min(max(delay * 2, 2e-5), 1e-3)
+        if self._health.error is not None:
+            raise self._health.again()
+
+    def barrier(self) -> None:
+        """Return once every rank has called ``barrier()`` (an all-reduce of one
+        element, then ``synchronize()``)."""
+        self._check_usable("barrier")
+        if self._scratch is None:
+            self._scratch = NvArray((1,), _dt.int32, stream=self.stream).zero_()
+        self.all_reduce(self._scratch)
+        self.synchronize()
+
+    # -- lifetime ----------------------------------------------------------------------------
+    def close(self) -> None:
+        """Finish queued work, then release the engine, the rendezvous and the stream.
+        Idempotent; never raises for a communicator that failed."""
+        if self._closed:
+            return
+        if self._health.error is None:
+            try:
+                self.synchronize()
+            except CollectiveError:
+                pass
+        self._closed = True
+        g, self._group = self._group, None
+        if g is not None:
+            _release(list(g.held.values()))
+        try:
+            if self._health.error is None:
+                self._engine.close()
+            else:
+                self._engine.abort()
+        finally:
+            if self._rdzv is not None:
+                self._rdzv.close()
+            scratch, self._scratch = self._scratch, None
+            if scratch is not None and not scratch.freed:
+                try:
+                    scratch.free()
+                except Exception:
+                    pass
+            if self._owns_stream:
+                try:
+                    self.stream.close()
+                except Exception:
+                    pass
+            from . import process_group
+            process_group._forget(self)
+
+    def __enter__(self) -> "Communicator":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+def _release(held: list) -> None:
+    for entry in held:
+        a = entry[0]
+        if a.owner == OWNER:
+            try:
+                contract.release(a, OWNER)
+            except MemoryContractViolation:
+                pass
+
+
+def _c_strides(shape: tuple[int, ...], itemsize: int) -> tuple[int, ...]:
+    out = []
+    step = itemsize
+    for d in reversed(shape):
+        out.append(step)
+        step *= max(d, 1)
+    return tuple(reversed(out))

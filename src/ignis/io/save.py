@@ -1,0 +1,157 @@
+"""Saving device arrays to a safetensors file.
+
+Design:
+- The header is built exactly as the reference library builds it
+  (``format.build_header``): same order, same JSON, same padding, so the
+  file is byte-identical to what ``safetensors`` writes for the same tensors
+  and metadata (``__metadata__`` keys keep the caller's order; the reference
+  writes them in hash order).
+- The bytes move through ``pipeline.save``: device-to-host copies into a ring
+  of pinned buffers overlapped with file writes, so the host never holds more
+  than the ring, whatever the model's size.
+- The file is written under a temporary name in the same directory and
+  renamed over ``path`` when complete: a failed save leaves ``path`` as it was.
+
+Rules:
+- Ownership: every array is acquired for ``"io"`` before the first byte moves
+  (an array held by another layer is refused with ``MemoryContractViolation``
+  and nothing is written) and released to ``"compute"`` afterwards, always.
+- The device reads are ordered after every earlier tracked write to the
+  arrays (the cross-stream tracking of the memory layer, or a wait on the
+  array's stream where its resource cannot track).
+"""
+
+from __future__ import annotations
+
+import itertools
+import os
+from typing import Any, Mapping
+
+from ..array import NvArray
+from ..memory import Access
+from ..runtime import Device, Stream
+from ..safety.contract import contract
+from . import pipeline
+from .format import METADATA_KEY, build_header
+from .pipeline import PipelineOptions, Progress
+
+__all__ = ["save_safetensors"]
+
+_OWNER = "io"
+_READ = Access.READ
+_tmp_ids = itertools.count()
+
+
+def _check_arrays(arrays: Any) -> list[tuple[str, NvArray]]:
+    if not isinstance(arrays, Mapping):
+        raise TypeError(f"arrays must be a mapping of names to NvArrays, got {type(arrays).__name__}")
+    items = list(arrays.items())
+    for name, a in items:
+        if not isinstance(name, str):
+            raise TypeError(f"tensor names must be str, got {name!r}")
+        if name == METADATA_KEY:
+            raise ValueError(f"{METADATA_KEY!r} is reserved for the file's metadata; it cannot name a tensor")
+        if not isinstance(a, NvArray):
+            raise TypeError(f"tensor {name!r} is a {type(a).__name__}, not an NvArray "
+                            "(convert with ig.asarray first)")
+        a._check_live("save")
+    devices = {a.device for _, a in items}
+    if len(devices) > 1:
+        raise ValueError(f"save_safetensors saves arrays of one device; these are on devices "
+                         f"{sorted(d.ordinal for d in devices)} (save one file per device)")
+    return items
+
+
+def _check_metadata(metadata: Any) -> dict[str, str] | None:
+    if metadata is None:
+        return None
+    if not isinstance(metadata, Mapping) or not all(isinstance(k, str) and isinstance(v, str)
+                                                     for k, v in metadata.items()):
+        raise TypeError("metadata must map str to str (the safetensors format stores only strings)")
+    return dict(metadata)
+
+
+def save_safetensors(arrays: Mapping[str, NvArray], path: "str | os.PathLike[str]",
+                     metadata: Mapping[str, str] | None = None, progress: Progress | None = None, *,
+                     stream: Stream | None = None, options: PipelineOptions | None = None) -> None:
+    """Write ``arrays`` to ``path`` in the safetensors format, straight from device memory.
+
+    Args:
+        arrays: ``{name: NvArray}``, all on one device.
+        path: the file to write (replaced atomically when complete).
+        metadata: ``__metadata__``, str -> str.
+        progress: ``progress(done_bytes, total_bytes)``, called on this thread.
+        stream: the stream the device reads are ordered on (default: the device's default stream).
+        options: pipeline tuning (``PipelineOptions``).
+    Raises:
+        MemoryContractViolation: an array is held by another layer (nothing is written).
+        UseAfterFreeError: an array was freed.
+        OSError: the file cannot be written (``path`` is left as it was).
+    """
+    path = os.fspath(path)
+    opts = options if options is not None else PipelineOptions()
+    if not isinstance(opts, PipelineOptions):
+        raise TypeError(f"options must be a PipelineOptions, got {type(options).__name__}")
+    items = _check_arrays(arrays)
+    meta = _check_metadata(metadata)
+    by_name = dict(items)
+    header, layout = build_header(((n, a.dtype.safetensors, a.shape, a.nbytes) for n, a in items), meta)
+    if stream is None:
+        stream = (items[0][1].device if items else Device(0)).default_stream
+    elif type(stream) is not Stream:
+        raise TypeError(f"stream must be an ignis.Stream, got {type(stream).__name__}")
+    elif items and stream.device is not items[0][1].device:
+        raise ValueError(f"stream {stream!r} is on device {stream.device.ordinal}, the arrays on device "
+                         f"{items[0][1].device.ordinal}")
+
+    unique = list({id(a): a for _, a in items}.values())
+    acquired: list[NvArray] = []
+    try:
+        for a in unique:
+            contract.acquire(a, by=_OWNER)
+            acquired.append(a)
+        _write(path, header, layout, by_name, unique, stream, opts, progress)
+    finally:
+        for a in acquired:
+            if a.owner == _OWNER:
+                contract.release(a, by=_OWNER)
+
+
+def _write(path: str, header: bytes, layout: list[tuple[str, int, int]], by_name: dict[str, NvArray],
+           unique: list[NvArray], stream: Stream, opts: PipelineOptions, progress: Progress | None) -> None:
+    data_start = len(header)
+    file_size = data_start + (layout[-1][2] if layout else 0)
+    runs = [(data_start + b, by_name[n]._ptr, e - b) for n, b, e in layout]
+    chunks = pipeline.plan_chunks(runs, opts.chunk_bytes)
+    # Order the reads after earlier writes: tracked arrays through the memory layer,
+    # the others (their resource cannot track) behind their own stream.
+    begun: list[NvArray] = []
+    try:
+        waited: set[int] = set()
+        for a in unique:
+            if a._tracks:
+                a._begin(stream, _READ)
+                begun.append(a)
+            elif a.stream is not stream and id(a.stream) not in waited:
+                waited.add(id(a.stream))
+                stream.wait(a.stream)
+        tmp = os.path.join(os.path.dirname(path) or ".",
+                           f".{os.path.basename(path)}.ignis-tmp-{os.getpid()}-{next(_tmp_ids)}")
+        fd = os.open(tmp, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o666)
+        try:
+            try:
+                os.ftruncate(fd, file_size)
+                pipeline.pwrite_all(fd, memoryview(header), 0)
+                pipeline.save(fd, path, chunks, stream, opts, file_size, progress)
+            finally:
+                os.close(fd)
+            os.replace(tmp, path)
+        except BaseException:
+            try:
+                os.unlink(tmp)
+            except OSError:
+                pass
+            raise
+    finally:
+        for a in begun:
+            a._end(stream, _READ)

@@ -1,0 +1,791 @@
+"""Collectives: every operation and dtype across real processes, ownership, failures.
+
+Multi-rank tests start real processes with ``ig.collective.launch`` running
+this file as a script (``python test_collective.py WORKER``); each worker
+checks its own results exactly and prints ``OK <worker>``, so a failing rank
+says what it saw. On the emulated backend (loopback TCP) they run anywhere;
+the ``gpu`` tests run the same workers on two GPUs through NCCL.
+"""
+
+from __future__ import annotations
+
+import argparse
+import io
+import os
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import ignis as ig
+from ignis.collective import CollectiveError, CollectiveTimeoutError, ReduceOp, launch
+from ignis.collective.launch import free_port
+
+HERE = Path(__file__).resolve()
+SRC = str(Path(ig.__file__).resolve().parents[1])
+
+
+# ----------------------------------------------------------------------------------------------
+# Workers (run in the launched processes)
+# ----------------------------------------------------------------------------------------------
+REDUCIBLE = ["int8", "uint8", "int32", "uint32", "int64", "uint64", "float16", "bfloat16", "float32", "float64",
+             "float8_e4m3fn", "float8_e5m2", "complex64"]
+FP8 = ("float8_e4m3fn", "float8_e5m2")
+
+
+def _values(dt: str, rank: int, n: int, op: str = "sum") -> np.ndarray:
+    """Rank ``rank``'s input: small integers, so every reduction below is exact in every dtype."""
+    i = np.arange(n)
+    if op == "prod":
+        base = 1 + (i + rank) % 2                      # products of up to 4 ranks: <= 16
+    elif dt in FP8:
+        base = (i + rank) % 2                          # sums <= 4, averages in quarters
+    else:
+        base = (i * 3 + rank * 5) % 7                  # sums of up to 4 ranks: <= 24
+    if dt == "complex64":
+        return (base + 1j * (base + 1)).astype(np.complex64)
+    return base.astype(ig.dtype(dt).numpy)
+
+
+def _expected(dt: str, op: str, world: int, n: int) -> np.ndarray:
+    parts = [_values(dt, r, n, op).astype(np.complex128 if dt == "complex64" else np.float64) for r in range(world)]
+    if op in ("sum", "avg"):
+        out = sum(parts)
+        if op == "avg":
+            out = out / world
+            if ig.dtype(dt).numpy.kind in "iu":
+                out = np.trunc(out)
+    elif op == "prod":
+        out = np.prod(parts, axis=0)
+    elif op == "max":
+        out = np.max(parts, axis=0)
+    else:
+        out = np.min(parts, axis=0)
+    return out.astype(ig.dtype(dt).numpy)
+
+
+class _Checker:
+    def __init__(self, rank: int) -> None:
+        self.rank = rank
+        self.failures: list[str] = []
+        self.count = 0
+
+    def eq(self, what: str, got: np.ndarray, want: np.ndarray) -> None:
+        self.count += 1
+        g = np.asarray(got)
+        w = np.asarray(want)
+        if g.dtype.kind == "V" or w.dtype.kind == "V" or g.dtype != w.dtype:
+            g = g.astype(np.complex128 if g.dtype.kind == "c" else np.float64)
+            w = w.astype(np.complex128 if w.dtype.kind == "c" else np.float64)
+        if g.shape != w.shape or not np.array_equal(g, w):
+            self.failures.append(f"{what}: got {g.reshape(-1)[:8]} want {w.reshape(-1)[:8]}")
+
+    def raises(self, what: str, exc: type, fn, match: str = "") -> None:  # type: ignore[no-untyped-def]
+        self.count += 1
+        try:
+            fn()
+        except exc as e:
+            if match and match not in str(e):
+                self.failures.append(f"{what}: {type(e).__name__} without {match!r}: {e}")
+            return
+        except Exception as e:  # noqa: BLE001 - reported, not hidden
+            self.failures.append(f"{what}: raised {type(e).__name__}: {e}, expected {exc.__name__}")
+            return
+        self.failures.append(f"{what}: did not raise {exc.__name__}")
+
+    def done(self, name: str) -> int:
+        if self.failures:
+            for f in self.failures:
+                print(f"FAIL {f}")
+            print(f"FAILED {name} {len(self.failures)} of {self.count}")
+            return 1
+        print(f"OK {name} {self.count} checks")
+        return 0
+
+
+def worker_ops(comm: "ig.collective.Communicator", args: argparse.Namespace) -> int:
+    """Every operation, every dtype that applies; sums checked exactly."""
+    r, w = comm.rank, comm.world_size
+    dev = comm.device
+    ck = _Checker(r)
+    n = 37  # uneven chunks
+    ops = ["sum", "prod", "max", "min", "avg"]
+    skip_fp8_avg = comm.backend == "nccl" and args.no_fp8_avg
+
+    # all_reduce, in place, every reducible dtype and op
+    for dt in REDUCIBLE:
+        for op in ops:
+            if dt == "complex64" and op not in ("sum", "avg"):
+                continue
+            if dt in FP8 and (comm.backend == "nccl" and not getattr(comm._engine, "fp8", True)):
+                continue
+            if dt in FP8 and op == "avg" and skip_fp8_avg:
+                continue
+            a = ig.from_numpy(_values(dt, r, n, op), device=dev)
+            try:
+                comm.all_reduce(a, op=op)
+                ck.eq(f"all_reduce {dt} {op}", a.to_numpy(), _expected(dt, op, w, n))
+            except Exception as e:  # noqa: BLE001
+                ck.failures.append(f"all_reduce {dt} {op}: {type(e).__name__}: {e}")
+                if comm.error is not None:
+                    return ck.done("ops")
+
+    # all_reduce out of place, ReduceOp enum
+    a = ig.from_numpy(_values("float32", r, n), device=dev)
+    out = ig.zeros(n, "float32", device=dev)
+    res = comm.all_reduce(a, out, op=ReduceOp.MAX)
+    ck.eq("all_reduce out-of-place returns recv", np.array(res is out), np.array(True))
+    ck.eq("all_reduce out-of-place", out.to_numpy(), _expected("float32", "max", w, n))
+    ck.eq("all_reduce out-of-place leaves send", a.to_numpy(), _values("float32", r, n))
+
+    # reduce to the last rank; other ranks' recv untouched
+    root = w - 1
+    for dt in ("int32", "float32", "bfloat16"):
+        for op in ops:
+            a = ig.from_numpy(_values(dt, r, n, op), device=dev)
+            out = ig.full(n, -1, dt, device=dev)
+            comm.reduce(a, out, root=root, op=op)
+            want = _expected(dt, op, w, n) if r == root else np.full(n, -1, ig.dtype(dt).numpy)
+            ck.eq(f"reduce {dt} {op} root={root}", out.to_numpy(), want)
+    a = ig.from_numpy(_values("int64", r, n), device=dev)
+    comm.reduce(a, root=0)
+    ck.eq("reduce in place", a.to_numpy(), _expected("int64", "sum", w, n) if r == 0 else _values("int64", r, n))
+
+    # broadcast every dtype from the last rank
+    for dt in ig.dtypes.names():
+        src = (np.arange(n) % 2 == 1) if dt == "bool" else _values(dt, root, n)
+        a = ig.from_numpy(src.astype(ig.dtype(dt).numpy) if r == root else
+                          np.zeros(n, ig.dtype(dt).numpy), device=dev)
+        comm.broadcast(a, root=root)
+        ck.eq(f"broadcast {dt}", a.to_numpy().view(np.uint8), src.astype(ig.dtype(dt).numpy).view(np.uint8))
+
+    # all_gather every dtype (recv given, default, and in place)
+    for dt in ig.dtypes.names():
+        mine = _values(dt, r, n) if dt != "bool" else (np.arange(n) + r) % 2 == 0
+        mine = mine.astype(ig.dtype(dt).numpy)
+        want = np.concatenate([(_values(dt, q, n) if dt != "bool" else (np.arange(n) + q) % 2 == 0)
+                               .astype(ig.dtype(dt).numpy) for q in range(w)])
+        a = ig.from_numpy(mine, device=dev)
+        out = ig.zeros(w * n, dt, device=dev)
+        comm.all_gather(a, out)
+        ck.eq(f"all_gather {dt}", out.to_numpy().view(np.uint8), want.view(np.uint8))
+    a = ig.from_numpy(_values("float32", r, n), device=dev)
+    g = comm.all_gather(a)
+    ck.eq("all_gather default recv shape", np.array(g.shape), np.array((w, n)))
+    ck.eq("all_gather default recv", g.to_numpy().reshape(-1),
+          np.concatenate([_values("float32", q, n) for q in range(w)]))
+    big = ig.zeros((w, n), "int32", device=dev)
+    big[r].from_host(_values("int32", r, n))
+    comm.all_gather(big[r], big)
+    ck.eq("all_gather in place", big.to_numpy().reshape(-1),
+          np.concatenate([_values("int32", q, n) for q in range(w)]))
+
+    # reduce_scatter: every reducible dtype with sum, every op on float32
+    for dt, op in [(dt, "sum") for dt in REDUCIBLE] + [("float32", op) for op in ops]:
+        if dt in FP8 and comm.backend == "nccl" and not getattr(comm._engine, "fp8", True):
+            continue
+        full_in = _values(dt, r, w * n, op)
+        a = ig.from_numpy(full_in, device=dev)
+        out = ig.zeros(n, dt, device=dev)
+        comm.reduce_scatter(a, out, op=op)
+        ck.eq(f"reduce_scatter {dt} {op}", out.to_numpy(), _expected(dt, op, w, w * n)[r * n:(r + 1) * n])
+    a = ig.from_numpy(np.stack([_values("float64", r, n)] * w) * (np.arange(w)[:, None] + 1), device=dev)
+    rs = comm.reduce_scatter(a)
+    ck.eq("reduce_scatter default recv", rs.to_numpy(), sum(_values("float64", q, n) for q in range(w)) * (r + 1))
+
+    # send/recv around the ring, in a group, every dtype
+    nxt, prv = (r + 1) % w, (r - 1) % w
+    for dt in ig.dtypes.names():
+        mine = (_values(dt, r, n) if dt != "bool" else (np.arange(n) + r) % 3 == 0).astype(ig.dtype(dt).numpy)
+        theirs = (_values(dt, prv, n) if dt != "bool" else (np.arange(n) + prv) % 3 == 0).astype(ig.dtype(dt).numpy)
+        a = ig.from_numpy(mine, device=dev)
+        b = ig.zeros(n, dt, device=dev)
+        with comm.group():
+            comm.send(a, nxt)
+            comm.recv(b, prv)
+        ck.eq(f"ring send/recv {dt}", b.to_numpy().view(np.uint8), theirs.view(np.uint8))
+    # a plain pair, outside a group: rank 0 -> rank 1
+    if w >= 2 and r in (0, 1):
+        a = ig.from_numpy(np.arange(n, dtype=np.float32) + 100 * r, device=dev)
+        if r == 0:
+            comm.send(a, 1)
+        else:
+            comm.recv(a, 0)
+            ck.eq("send/recv pair", a.to_numpy(), np.arange(n, dtype=np.float32))
+
+    # a group of several collectives
+    xs = [ig.from_numpy(_values("float32", r, n) + k, device=dev) for k in range(3)]
+    with comm.group():
+        for x in xs:
+            comm.all_reduce(x)
+    for k, x in enumerate(xs):
+        ck.eq(f"grouped all_reduce {k}", x.to_numpy(), _expected("float32", "sum", w, n) + w * k)
+
+    # clear errors, raised on the rank that made the mistake (every rank makes them: nothing is issued)
+    f32 = ig.zeros(n, "float32", device=dev)
+    ck.raises("shape mismatch", ValueError, lambda: comm.all_reduce(f32, ig.zeros(n + 1, "float32", device=dev)),
+              "same shape and dtype")
+    ck.raises("dtype mismatch", ValueError, lambda: comm.all_reduce(f32, ig.zeros(n, "float16", device=dev)),
+              "same shape and dtype")
+    ck.raises("all_gather size", ValueError, lambda: comm.all_gather(f32, ig.zeros(n, "float32", device=dev)),
+              "world_size")
+    ck.raises("reduce_scatter size", ValueError,
+              lambda: comm.reduce_scatter(f32, ig.zeros(n + 1, "float32", device=dev)), "world_size")
+    ck.raises("int16 has no reduction", ValueError, lambda: comm.all_reduce(ig.zeros(n, "int16", device=dev)),
+              "NCCL has no sum reduction for int16")
+    ck.raises("bool has no reduction", ValueError, lambda: comm.all_reduce(ig.zeros(n, "bool", device=dev),
+                                                                            op="max"), "bool")
+    ck.raises("complex prod", ValueError, lambda: comm.all_reduce(ig.zeros(n, "complex64", device=dev), op="prod"),
+              "sum or avg")
+    ck.raises("unknown op", ValueError, lambda: comm.all_reduce(f32, op="mean"), "unknown reduction")
+    ck.raises("root out of range", ValueError, lambda: comm.broadcast(f32, root=w), "not a rank")
+    ck.raises("peer out of range", ValueError, lambda: comm.send(f32, -1), "not a rank")
+    ck.raises("numpy array", TypeError, lambda: comm.all_reduce(np.zeros(3, np.float32)), "NvArray")
+    other = (dev.ordinal + 1) % ig.device_count()
+    if other != dev.ordinal:
+        ck.raises("wrong device", ValueError, lambda: comm.all_reduce(ig.zeros(n, "float32", device=other)),
+                  f"on device {other}")
+    dead = ig.zeros(n, "float32", device=dev)
+    dead.free()
+    ck.raises("freed array", ig.UseAfterFreeError, lambda: comm.all_reduce(dead))
+    ck.eq("nothing left acquired", np.array([f32.owner]), np.array(["compute"]))
+    comm.barrier()
+    return ck.done("ops")
+
+
+def worker_ownership(comm: "ig.collective.Communicator", args: argparse.Namespace) -> int:
+    """'collective' while a group holds the arrays, 'compute' after; other layers refused;
+    cross-stream order without host synchronization."""
+    r, w = comm.rank, comm.world_size
+    dev = comm.device
+    ck = _Checker(r)
+    n = 1 << 16
+    a = ig.zeros(n, "float32", device=dev)
+    with comm.group():
+        comm.all_reduce(a)
+        ck.eq("owner during group", np.array([a.owner]), np.array(["collective"]))
+        ck.raises("free while the collective holds it", ig.MemoryContractViolation, lambda: a.free())
+        comm.all_reduce(a, op="max")  # the same array twice in one group
+    ck.eq("owner after group", np.array([a.owner]), np.array(["compute"]))
+    comm.all_reduce(a)
+    ck.eq("owner after call", np.array([a.owner]), np.array(["compute"]))
+
+    b = ig.zeros(n, "float32", device=dev)
+    ig.contract.acquire(b, "io")
+    ck.raises("held by io", ig.MemoryContractViolation, lambda: comm.all_reduce(b), "'io'")
+    ck.eq("still io's", np.array([b.owner]), np.array(["io"]))
+    ig.contract.release(b, "io")
+    b.incref()
+    b.incref()
+    ck.raises("shared array", ig.MemoryContractViolation, lambda: comm.broadcast(b), "shared")
+    b.decref()
+    b.decref()
+    ig.contract.acquire(b, "collective")
+    ck.raises("double acquire", ig.MemoryContractViolation, lambda: comm.all_reduce(b), "already owned")
+    ig.contract.release(b, "collective")
+    ck.raises("group with a refused array issues nothing", ig.MemoryContractViolation,
+              lambda: _group_with_refusal(comm, a, b))
+    ck.eq("group released what it held", np.array([a.owner, b.owner]), np.array(["compute", "io"]))
+    ig.contract.release(b, "io")
+
+    # Stream order: a write queued on another stream, the collective, then a write and a
+    # read on other streams; nothing synchronizes the host in between.
+    s1 = dev.create_stream()
+    s2 = dev.create_stream()
+    for it in range(5):
+        x = ig.empty(n, "float32", device=dev)
+        x.fill_(float(r + 1 + it), stream=s1)
+        comm.all_reduce(x)
+        y = x.clone(stream=s2)              # reads after the collective
+        x.fill_(-1.0, stream=s1)            # writes after the collective's read and write
+        want = sum(q + 1 + it for q in range(w))
+        ck.eq(f"reader on another stream waits ({it})", y.to_numpy(stream=s2)[::4099], np.full(16, want, np.float32))
+        ck.eq(f"writer on another stream waits ({it})", x.to_numpy(stream=s1)[::4099], np.full(16, -1, np.float32))
+    z = ig.full(n, 2.0, "float32", device=dev)
+    comm.all_reduce(z)
+    z.free()  # freed right after the call: the memory returns in stream order, behind the collective
+    comm.synchronize()
+    s1.close()
+    s2.close()
+    comm.barrier()
+    return ck.done("ownership")
+
+
+def _group_with_refusal(comm, a, b) -> None:  # type: ignore[no-untyped-def]
+    ig.contract.acquire(b, "io")
+    with comm.group():
+        comm.all_reduce(a)
+        comm.all_reduce(b)
+
+
+def worker_die(comm: "ig.collective.Communicator", args: argparse.Namespace) -> int:
+    """The last rank dies; the others must raise CollectiveError naming it and the operation."""
+    r, w = comm.rank, comm.world_size
+    comm.barrier()
+    if r == w - 1:
+        os._exit(3)
+    a = ig.full(1 << 12, 1.0, "float32", device=comm.device)
+    t0 = time.monotonic()
+    try:
+        comm.all_reduce(a)
+        comm.synchronize()
+    except CollectiveError as e:
+        took = time.monotonic() - t0
+        ok = e.rank == w - 1 and "all_reduce" in str(e) and took < args.timeout
+        print(f"CAUGHT rank={e.rank} kind={e.kind} took={took:.2f}s: {e}")
+        try:
+            comm.all_reduce(a)
+        except CollectiveError as again:
+            print(f"AGAIN {again}")
+        else:
+            ok = False
+        return 0 if ok else 1
+    print("NOT RAISED")
+    return 1
+
+
+def worker_hang(comm: "ig.collective.Communicator", args: argparse.Namespace) -> int:
+    """The last rank stays alive but never calls the collective: a time-out naming it."""
+    r, w = comm.rank, comm.world_size
+    comm.barrier()
+    if r == w - 1:
+        time.sleep(args.timeout * 3)
+        return 0
+    a = ig.full(64, 1.0, "float32", device=comm.device)
+    t0 = time.monotonic()
+    try:
+        comm.all_reduce(a)
+        comm.synchronize()
+    except CollectiveTimeoutError as e:
+        took = time.monotonic() - t0
+        print(f"CAUGHT rank={e.rank} kind={e.kind} took={took:.2f}s: {e}")
+        return 0 if "all_reduce" in str(e) and took < args.timeout * 2 + 2 else 1
+    print("NOT RAISED")
+    return 1
+
+
+def worker_mismatch(comm: "ig.collective.Communicator", args: argparse.Namespace) -> int:
+    """Rank 0 calls all_reduce while rank 1 calls broadcast: both get a clear error."""
+    a = ig.full(64, 1.0, "float32", device=comm.device)
+    try:
+        if comm.rank == 0:
+            comm.all_reduce(a)
+        else:
+            comm.broadcast(a, root=0)
+        comm.synchronize()
+    except CollectiveError as e:
+        print(f"CAUGHT kind={e.kind}: {e}")
+        return 0
+    print("NOT RAISED")
+    return 1
+
+
+WORKERS = {"ops": worker_ops, "ownership": worker_ownership, "die": worker_die, "hang": worker_hang,
+           "mismatch": worker_mismatch}
+
+
+def _worker_main(argv: list[str]) -> int:
+    p = argparse.ArgumentParser()
+    p.add_argument("worker", choices=sorted(WORKERS))
+    p.add_argument("--timeout", type=float, default=30.0)
+    p.add_argument("--no-fp8-avg", action="store_true")
+    args = p.parse_args(argv)
+    comm = ig.collective.init_process_group(timeout=args.timeout)
+    rc = WORKERS[args.worker](comm, args)
+    sys.stdout.flush()
+    if args.worker in ("die", "hang"):
+        os._exit(rc)  # peers may be gone or stuck: no goodbyes
+    comm.close()
+    return rc
+
+
+# ----------------------------------------------------------------------------------------------
+# Tests
+# ----------------------------------------------------------------------------------------------
+def _launch(n: int, worker: str, *extra: str, backend: str = "emulated", grace: float = 30.0,
+            env: dict[str, str] | None = None) -> tuple[int, str]:
+    out = io.StringIO()
+    penv = {"IGNIS_BACKEND": backend, "PYTHONPATH": os.pathsep.join([SRC, os.environ.get("PYTHONPATH", "")]),
+            "NCCL_NVLS_ENABLE": "0"}
+    penv.update(env or {})
+    rc = launch(n, str(HERE), [worker, *extra], env=penv, grace=grace, out=out)
+    return rc, out.getvalue()
+
+
+@pytest.mark.parametrize("world", [2, 4])
+def test_every_operation_and_dtype(world):
+    rc, out = _launch(world, "ops")
+    assert rc == 0, out
+    for r in range(world):
+        assert f"[rank {r}] OK ops" in out, out
+
+
+def test_ownership_and_stream_order_with_jitter():
+    rc, out = _launch(2, "ownership", env={"IGNIS_EMU_JITTER": "7:300"})
+    assert rc == 0, out
+    assert out.count("OK ownership") == 2, out
+
+
+def test_dying_rank_is_named_on_the_others():
+    t0 = time.monotonic()
+    rc, out = _launch(3, "die", "--timeout", "20")
+    took = time.monotonic() - t0
+    assert rc == 3, out  # the dead rank's status
+    for r in (0, 1):
+        assert f"[rank {r}] CAUGHT rank=2" in out, out
+        assert f"[rank {r}] AGAIN" in out, out
+    assert "ignis launch: 1 of 3 rank(s) failed (rank 2: exit 3)" in out, out
+    assert took < 20, f"detection took {took:.1f} s: it waited for the time-out instead of seeing the death"
+
+
+def test_hanging_rank_times_out_naming_it():
+    rc, out = _launch(2, "hang", "--timeout", "1.5")
+    assert rc == 0, out
+    assert "[rank 0] CAUGHT rank=1 kind=timeout" in out, out
+
+
+def test_mismatched_calls_are_reported():
+    rc, out = _launch(2, "mismatch", "--timeout", "10")
+    assert rc == 0, out
+    assert "broadcast" in out and "all_reduce" in out, out
+    assert out.count("CAUGHT") == 2, out
+
+
+# -- in-process: a group of one, bootstrap errors ---------------------------------------------------
+@pytest.fixture
+def solo():
+    comm = ig.collective.init_process_group(rank=0, world_size=1, timeout=10)
+    yield comm
+    comm.close()
+
+
+def test_group_of_one_runs_every_operation(solo):
+    comm = solo
+    a = ig.from_numpy(np.arange(10, dtype=np.float32), device=comm.device)
+    comm.all_reduce(a, op="avg")
+    comm.broadcast(a)
+    comm.reduce(a, op="max")
+    g = comm.all_gather(a)
+    rs = comm.reduce_scatter(g)
+    with comm.group():
+        comm.send(a, 0)
+        b = comm.recv(ig.zeros(10, "float32", device=comm.device), 0)
+    assert np.array_equal(rs.to_numpy(), np.arange(10, dtype=np.float32))
+    assert np.array_equal(b.to_numpy(), np.arange(10, dtype=np.float32))
+    assert a.owner == b.owner == "compute"
+    assert "rank=0/1" in repr(comm)
+
+
+def test_strided_arrays_are_refused(solo):
+    class Strided(ig.NvArray):
+        strides = (4, 32)  # every 8th element of each row: not contiguous
+
+    a = Strided((4, 4), "float32", device=solo.device)
+    with pytest.raises(ValueError, match="not contiguous"):
+        solo.all_reduce(a)
+    assert a.owner == "compute"
+    Strided.strides = (16, 4)  # C order, in bytes: fine
+    solo.all_reduce(a)
+
+
+def test_closed_communicator_refuses(solo):
+    solo.close()
+    solo.close()  # idempotent
+    with pytest.raises(CollectiveError, match="closed"):
+        solo.all_reduce(ig.zeros(4, "float32", device=solo.device))
+
+
+def test_default_communicator():
+    assert not ig.collective.is_initialized()
+    with pytest.raises(RuntimeError, match="init_process_group"):
+        ig.collective.get_communicator()
+    comm = ig.collective.init_process_group(rank=0, world_size=1)
+    assert ig.collective.get_communicator() is comm
+    ig.collective.destroy_process_group()
+    assert comm.is_closed and not ig.collective.is_initialized()
+
+
+def test_rank_that_cannot_reach_rank0_times_out():
+    port = free_port()
+    t0 = time.monotonic()
+    with pytest.raises(CollectiveTimeoutError, match=f"127.0.0.1:{port}"):
+        ig.collective.init_process_group(rank=1, world_size=2, master_port=port, timeout=0.5)
+    assert time.monotonic() - t0 < 5
+
+
+def test_rank0_names_the_ranks_that_never_joined():
+    with pytest.raises(CollectiveTimeoutError, match=r"rank\(s\) \[1, 2\] did not join"):
+        ig.collective.init_process_group(rank=0, world_size=3, master_port=free_port(), timeout=0.5)
+
+
+def test_environment_is_validated():
+    read = ig.collective.read_env
+    assert read(env={}).world_size == 1
+    g = read(env={"RANK": "1", "WORLD_SIZE": "2", "MASTER_PORT": "1234"})
+    assert (g.rank, g.world_size, g.local_rank, g.master_addr, g.master_port) == (1, 2, 1, "127.0.0.1", 1234)
+    with pytest.raises(ValueError, match="WORLD_SIZE is not set"):
+        read(env={"RANK": "0"})
+    with pytest.raises(ValueError, match="RANK=2 is not valid"):
+        read(env={"RANK": "2", "WORLD_SIZE": "2"})
+    with pytest.raises(ValueError, match="not an integer"):
+        read(env={"RANK": "x", "WORLD_SIZE": "2"})
+    with pytest.raises(ValueError, match="timeout"):
+        ig.collective.init_process_group(rank=0, world_size=1, timeout=0)
+
+
+def test_backend_must_fit_the_ignis_backend():
+    other = "nccl" if ig.backend_name() == "emulated" else "emulated"
+    with pytest.raises(ig.UnsupportedError):
+        ig.collective.init_process_group(other, rank=0, world_size=1)
+    with pytest.raises(ValueError, match="unknown collective backend"):
+        ig.collective.init_process_group("gloo", rank=0, world_size=1)
+
+
+def test_errors_pickle():
+    import pickle
+    e = CollectiveTimeoutError("rank 1 sent nothing", op="all_reduce #3", rank=1, this_rank=0, kind="timeout")
+    e2 = pickle.loads(pickle.dumps(e))
+    assert isinstance(e2, TimeoutError) and isinstance(e2, ig.IgnisError)
+    assert (e2.rank, e2.op, e2.kind, str(e2)) == (1, "all_reduce #3", "timeout", str(e))
+    assert "collective all_reduce #3 failed on rank 0" in str(e)
+
+
+# -- the NCCL engine, driven by fake bindings (its enqueue path, watchdog and abort run anywhere) ----------
+class FakeNccl:
+    """Stands in for NCCL bindings: records calls; an armed call blocks its stream until abort."""
+
+    name = "fake"
+    version = 22800
+
+    def __init__(self, async_error: str | None = None) -> None:
+        self.calls: list[tuple] = []
+        self.aborted = False
+        self.destroyed = False
+        self.hang = False
+        self.error = async_error
+        import threading
+        self.release = threading.Event()
+
+    def unique_id(self) -> bytes:
+        return bytes(range(128))
+
+    def init_rank(self, n, uid, rank):  # type: ignore[no-untyped-def]
+        return ("comm", n, rank)
+
+    def _enqueue(self, st):  # type: ignore[no-untyped-def]
+        if self.hang:
+            ig.get_backend().launch_host_func(st, lambda: self.release.wait(30))
+
+    def all_reduce(self, h, s, r, n, dt, op, st):  # type: ignore[no-untyped-def]
+        self.calls.append(("all_reduce", s, r, n, dt, op))
+        self._enqueue(st)
+
+    def broadcast(self, h, s, r, n, dt, root, st):  # type: ignore[no-untyped-def]
+        self.calls.append(("broadcast", s, r, n, dt, root))
+
+    def reduce(self, h, s, r, n, dt, op, root, st):  # type: ignore[no-untyped-def]
+        self.calls.append(("reduce", s, r, n, dt, op, root))
+
+    def all_gather(self, h, s, r, n, dt, st):  # type: ignore[no-untyped-def]
+        self.calls.append(("all_gather", s, r, n, dt))
+
+    def reduce_scatter(self, h, s, r, n, dt, op, st):  # type: ignore[no-untyped-def]
+        self.calls.append(("reduce_scatter", s, r, n, dt, op))
+
+    def send(self, h, s, n, dt, peer, st):  # type: ignore[no-untyped-def]
+        self.calls.append(("send", s, n, dt, peer))
+
+    def recv(self, h, r, n, dt, peer, st):  # type: ignore[no-untyped-def]
+        self.calls.append(("recv", r, n, dt, peer))
+
+    def group_start(self) -> None:
+        self.calls.append(("group_start",))
+
+    def group_end(self) -> None:
+        self.calls.append(("group_end",))
+
+    def abort(self, h) -> None:  # type: ignore[no-untyped-def]
+        self.aborted = True
+        self.release.set()  # NCCL's abort makes stuck kernels return
+
+    def destroy(self, h) -> None:  # type: ignore[no-untyped-def]
+        self.destroyed = True
+
+    def async_error(self, h):  # type: ignore[no-untyped-def]
+        return self.error
+
+
+def _fake_comm(api: FakeNccl, timeout: float = 10.0):  # type: ignore[no-untyped-def]
+    from ignis.collective.communicator import Communicator, Health
+    from ignis.collective.nccl import NcclEngine
+    dev = ig.Device(0)
+    health = Health(0)
+    stream = dev.create_stream()
+    engine = NcclEngine(api, 0, 2, dev, health, timeout)
+    engine.init(api.unique_id(), stream)
+    return Communicator(engine, rank=0, world_size=2, device=dev, stream=stream, timeout=timeout, health=health)
+
+
+def test_nccl_engine_forwards_pointers_counts_and_codes():
+    api = FakeNccl()
+    comm = _fake_comm(api)
+    a = ig.zeros(10, "bfloat16")
+    b = ig.zeros(20, "complex64")
+    c = ig.zeros(20, "complex64")
+    comm.all_reduce(a, op="max")
+    comm.all_reduce(b, c, op="avg")
+    comm.broadcast(b, root=1)
+    comm.reduce(a, root=1)
+    g = comm.all_gather(a)
+    comm.reduce_scatter(g)
+    with comm.group():
+        comm.send(a, 1)
+        comm.recv(b, 1)
+    calls = api.calls
+    assert calls[0] == ("all_reduce", a.device_ptr, a.device_ptr, 10, 9, 2)
+    assert calls[1] == ("all_reduce", b.device_ptr, c.device_ptr, 40, 7, 4)    # complex64 avg: float32 pairs
+    assert calls[2] == ("broadcast", b.device_ptr, b.device_ptr, 160, 1, 1)    # data movement: bytes
+    assert calls[3] == ("reduce", a.device_ptr, a.device_ptr, 10, 9, 0, 1)     # not the root: send only
+    assert calls[4] == ("all_gather", a.device_ptr, g.device_ptr, 20, 1)
+    assert calls[5][0] == "reduce_scatter" and calls[5][3:] == (10, 9, 0)
+    assert [c[0] for c in calls[6:]] == ["group_start", "send", "recv", "group_end"]
+    assert calls[7][1:] == (a.device_ptr, 20, 1, 1)
+    comm.close()
+    assert api.destroyed and not api.aborted
+
+
+def test_nccl_watchdog_aborts_a_stuck_operation():
+    api = FakeNccl()
+    comm = _fake_comm(api, timeout=0.3)
+    api.hang = True
+    a = ig.zeros(10, "float32")
+    comm.all_reduce(a)
+    t0 = time.monotonic()
+    with pytest.raises(CollectiveTimeoutError, match="all_reduce #1") as info:
+        comm.synchronize()
+    assert time.monotonic() - t0 < 3
+    assert api.aborted and info.value.kind == "timeout"
+    with pytest.raises(CollectiveError, match="failed earlier, in all_reduce #1"):
+        comm.broadcast(a)
+    assert a.owner == "compute"
+    comm.close()
+    assert not api.destroyed  # a failed communicator is aborted, never destroyed
+
+
+def test_nccl_async_error_and_dead_peer_fail_the_communicator():
+    api = FakeNccl(async_error="remote process exited (ncclRemoteError)")
+    comm = _fake_comm(api)
+    with pytest.raises(CollectiveError, match="ncclRemoteError"):
+        for _ in range(100):
+            comm.synchronize()
+            time.sleep(0.02)
+    assert api.aborted
+    comm.close()
+
+    api = FakeNccl()
+    comm = _fake_comm(api)
+    comm._health.peer_died(1, "rank 1 died")
+    assert api.aborted
+    with pytest.raises(CollectiveError, match="rank 1 died") as info:
+        comm.all_reduce(ig.zeros(4, "float32"))
+    assert info.value.rank == 1
+    comm.close()
+
+
+def test_missing_nccl_bindings_are_explained(monkeypatch):
+    from ignis.collective import nccl
+    monkeypatch.setattr(nccl, "_loaded", [])
+    monkeypatch.setenv("IGNIS_NCCL_BINDINGS", "nope")
+    with pytest.raises(ValueError, match="IGNIS_NCCL_BINDINGS"):
+        nccl.load_bindings()
+    monkeypatch.setattr(nccl, "_BINDINGS", {"broken": lambda: (_ for _ in ()).throw(ImportError("no lib"))})
+    monkeypatch.delenv("IGNIS_NCCL_BINDINGS")
+    with pytest.raises(CollectiveError, match="broken: ImportError: no lib"):
+        nccl.load_bindings()
+
+
+# -- the launcher and its command line -----------------------------------------------------------------
+def test_launch_sets_the_group_environment_and_prefixes_output():
+    out = io.StringIO()
+    code = ("import os; print(os.environ['RANK'], os.environ['WORLD_SIZE'], os.environ['LOCAL_RANK'], "
+            "os.environ['MASTER_ADDR'], int(os.environ['IGNIS_EMULATED_DEVICES']) >= 3)")
+    assert launch(3, "-c", [code], out=out) == 0
+    lines = sorted(out.getvalue().splitlines())
+    assert lines == [f"[rank {r}] {r} 3 {r} 127.0.0.1 True" for r in range(3)]
+
+
+def test_launch_returns_the_failing_status_and_stops_stragglers():
+    out = io.StringIO()
+    code = "import os, sys, time; r = os.environ['RANK']; sys.exit(5) if r == '1' else time.sleep(60)"
+    t0 = time.monotonic()
+    assert launch(2, "-c", [code], out=out, grace=0.5) == 5
+    assert time.monotonic() - t0 < 20
+    text = out.getvalue()
+    assert "rank 1 failed; stopping" in text and "rank 1: exit 5" in text, text
+
+
+def test_launch_rejects_bad_counts():
+    with pytest.raises(ValueError):
+        launch(0, "x.py")
+
+
+def test_cli_parser():
+    import argparse as ap
+
+    from ignis.collective.cli import add_parser
+    parser = ap.ArgumentParser(prog="ignis")
+    sub = parser.add_subparsers(dest="command")
+    add_parser(sub)
+    args = parser.parse_args(["launch", "-n", "2", "--master-port", "29555", "train.py", "--lr", "3"])
+    assert (args.nproc, args.master_port, args.script, args.args) == (2, 29555, "train.py", ["--lr", "3"])
+    assert callable(args.func)
+    with pytest.raises(SystemExit):
+        parser.parse_args(["launch", "-n", "0", "x.py"])
+
+
+# -- GPUs -------------------------------------------------------------------------------------------------
+def _two_gpus() -> None:
+    if ig.backend_name() != "cuda" or ig.device_count() < 2:
+        pytest.skip(f"needs 2 GPUs (the {ig.backend_name()} backend has {ig.device_count()})")
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("bindings", ["", "ctypes"])
+def test_gpu_every_operation_gives_the_right_sums(bindings):
+    _two_gpus()
+    rc, out = _launch(2, "ops", "--timeout", "120", backend="cuda", env={"IGNIS_NCCL_BINDINGS": bindings})
+    print(out)
+    assert rc == 0, out
+    assert out.count("OK ops") == 2, out
+
+
+@pytest.mark.gpu
+def test_gpu_ownership_and_stream_order():
+    _two_gpus()
+    rc, out = _launch(2, "ownership", "--timeout", "120", backend="cuda")
+    assert rc == 0, out
+
+
+@pytest.mark.gpu
+def test_gpu_dying_rank_is_named():
+    _two_gpus()
+    rc, out = _launch(2, "die", "--timeout", "30", backend="cuda")
+    print(out)
+    assert rc == 3, out
+    assert "[rank 0] CAUGHT rank=1" in out, out
+
+
+
+@pytest.mark.gpu
+def test_gpu_hanging_rank_is_aborted_by_the_watchdog():
+    _two_gpus()
+    rc, out = _launch(2, "hang", "--timeout", "3", backend="cuda")
+    print(out)
+    assert rc == 0, out
+    assert "[rank 0] CAUGHT rank=None kind=timeout" in out or "[rank 0] CAUGHT rank=1 kind=timeout" in out, out
+
+
+if __name__ == "__main__":
+    sys.exit(_worker_main(sys.argv[1:]))

@@ -1,0 +1,650 @@
+"""ig.io: safetensors straight to and from device memory.
+
+Round trips for every dtype (empty and 0-d tensors, metadata); interchange
+with the reference ``safetensors`` package both ways, bit-exact, and
+byte-identical files; hostile headers (explicit cases and a hypothesis fuzz)
+that raise only ``SafetensorsError`` and leak nothing; errors in the middle of
+the pipeline; ownership ("io" during, "compute" after); a file larger than
+the chunk size and the pinned ring; the ``ignis load`` command.
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import io as _stdio
+import json
+import os
+import pickle
+import struct
+import threading
+
+import numpy as np
+import pytest
+
+import ignis as ig
+from ignis import dtypes as D
+from ignis.array import hostcopy
+from ignis.io import PipelineOptions, SafetensorsError
+from ignis.io import pipeline as io_pipeline
+from ignis.io.cli import add_parser, run as cli_run
+
+SMALL = PipelineOptions(chunk_bytes=1 << 20, buffers=3, workers=2, streams=2)
+
+
+@pytest.fixture
+def st():
+    return pytest.importorskip("safetensors", minversion="0.7")  # 0.7 added C64
+
+
+@pytest.fixture
+def stnp():
+    pytest.importorskip("safetensors", minversion="0.7")
+    import safetensors.numpy as stnp
+    return stnp
+
+
+@pytest.fixture(autouse=True)
+def fresh_resource():
+    """Each test allocates from a resource of its own, so that a leak check counts only
+    that test's allocations (garbage other tests left behind is freed at random times)."""
+    from ignis.memory import current
+    dev = ig.Device(0)
+    was_explicit = (id(dev.backend), dev.ordinal) in current._explicit
+    mr = ig.PoolResource(current.default_upstream(dev))
+    prev = ig.set_current_resource(mr)
+    try:
+        yield mr
+    finally:
+        ig.set_current_resource(prev if was_explicit else None)
+        gc.collect()
+        mr.trim()
+
+
+def outstanding() -> tuple[int, int]:
+    """(device bytes the current resource has handed out, pinned bytes handed out)."""
+    gc.collect()
+    return ig.get_current_resource(0).bytes_outstanding, hostcopy.pinned_pool().bytes_outstanding
+
+
+def rand(dt: ig.DType, shape: tuple[int, ...], seed: int = 0) -> np.ndarray:
+    """Random bytes viewed as ``dt`` (every bit pattern, NaNs included)."""
+    n = int(np.prod(shape, dtype=np.int64)) * dt.itemsize
+    raw = np.random.default_rng(seed).integers(0, 256, size=n, dtype=np.uint8)
+    return raw.view(dt.numpy).reshape(shape)
+
+
+def host_bytes(a: ig.NvArray) -> bytes:
+    return a.to_numpy().tobytes()
+
+
+def assert_same(arrays: dict, expected: dict) -> None:
+    assert list(sorted(arrays)) == list(sorted(expected))
+    for name, want in expected.items():
+        got = arrays[name]
+        assert got.shape == want.shape, name
+        assert got.dtype.numpy == want.dtype, name
+        assert host_bytes(got) == want.tobytes(), name
+
+
+def every_dtype_tensors() -> dict[str, np.ndarray]:
+    out = {}
+    for i, name in enumerate(ig.dtypes.names()):
+        dt = ig.dtype(name)
+        out[f"{name}.weight"] = rand(dt, (5, 7), seed=i)
+        out[f"{name}.empty"] = rand(dt, (0, 3), seed=i)
+        out[f"{name}.scalar"] = rand(dt, (), seed=i)
+    return out
+
+
+def write_file(path, header, data: bytes = b"", length: int | None = None) -> str:
+    """A safetensors-like file: ``header`` is an object (dumped) or raw bytes."""
+    raw = header if isinstance(header, bytes) else json.dumps(header).encode()
+    n = len(raw) if length is None else length
+    with open(path, "wb") as f:
+        f.write(struct.pack("<Q", n) + raw + data)
+    return str(path)
+
+
+def entry(dtype: str, shape: list, begin: int, end: int) -> dict:
+    return {"dtype": dtype, "shape": shape, "data_offsets": [begin, end]}
+
+
+# -- round trips -------------------------------------------------------------------
+def test_roundtrip_every_dtype_empty_and_scalar(tmp_path):
+    before = outstanding()
+    tensors = every_dtype_tensors()
+    src = {k: ig.from_numpy(v) for k, v in tensors.items()}
+    path = tmp_path / "all.safetensors"
+    ig.io.save_safetensors(src, path, metadata={"format": "ignis", "note": "ünïcode"})
+    for separate in (False, True):
+        out = ig.io.load_safetensors(path, separate=separate)
+        assert_same(out, tensors)
+        assert all(a.owner == "compute" for a in out.values())
+        assert all(a.owns_memory == (separate and a.nbytes > 0) for a in out.values())
+        del out
+    with ig.io.safe_open(path) as f:
+        assert f.metadata() == {"format": "ignis", "note": "ünïcode"}
+        assert f.keys() == sorted(tensors)
+    del src
+    assert outstanding() == before
+
+
+def test_views_are_aligned_and_keep_the_allocation_alive(tmp_path):
+    before = outstanding()
+    tensors = every_dtype_tensors()
+    path = tmp_path / "v.safetensors"
+    ig.io.save_safetensors({k: ig.from_numpy(v) for k, v in tensors.items()}, path)
+    out = ig.io.load_safetensors(path)
+    assert all(a.is_view and a.device_ptr % a.dtype.itemsize == 0 for a in out.values())
+    keep = out.pop("float64.weight")
+    del out
+    gc.collect()
+    assert host_bytes(keep) == tensors["float64.weight"].tobytes()
+    del keep
+    assert outstanding() == before
+
+
+def test_empty_file_and_no_tensors(tmp_path, stnp):
+    path = tmp_path / "empty.safetensors"
+    ig.io.save_safetensors({}, path)
+    assert path.read_bytes() == stnp.save({})
+    assert ig.io.load_safetensors(path) == {}
+    ig.io.save_safetensors({}, path, metadata={"a": "b"})
+    assert path.read_bytes() == stnp.save({}, metadata={"a": "b"})
+    assert ig.io.safe_open(path).metadata() == {"a": "b"}
+
+
+# -- the reference library, both ways -----------------------------------------------------
+def test_files_written_by_safetensors_load_bit_exactly(tmp_path, stnp):
+    tensors = every_dtype_tensors()
+    path = tmp_path / "ref.safetensors"
+    stnp.save_file(tensors, str(path), metadata={"framework": "np"})
+    out = ig.io.load_safetensors(path)
+    assert_same(out, tensors)
+    assert list(out) == list(ig.io.safe_open(path)._index)  # file order
+    assert ig.io.safe_open(path).metadata() == {"framework": "np"}
+
+
+@pytest.mark.parametrize("metadata", [None, {}, {"format": "pt"}])
+def test_files_written_by_ignis_are_byte_identical_to_safetensors(tmp_path, stnp, metadata):
+    tensors = every_dtype_tensors()
+    tensors["naïve \"quoted\"\n\x01name"] = rand(D.float32, (3,), seed=99)
+    tensors["zz"] = rand(D.bfloat16, (4, 4), seed=98)
+    path = tmp_path / "ig.safetensors"
+    ig.io.save_safetensors({k: ig.from_numpy(v) for k, v in tensors.items()}, path, metadata=metadata)
+    assert path.read_bytes() == stnp.save(tensors, metadata=metadata)
+
+
+def test_files_written_by_ignis_load_bit_exactly_in_safetensors(tmp_path, st, stnp):
+    tensors = every_dtype_tensors()
+    meta = {"a": "1", "b": "two", "ключ": "значение"}
+    # The NumPy API reads every dtype NumPy has (not bfloat16 / float8): load_file.
+    numpy_api = {k: v for k, v in tensors.items()
+                 if v.dtype not in (D.bfloat16.numpy, D.float8_e4m3fn.numpy, D.float8_e5m2.numpy)}
+    path = tmp_path / "np.safetensors"
+    ig.io.save_safetensors({k: ig.from_numpy(v) for k, v in numpy_api.items()}, path, metadata=meta)
+    loaded = stnp.load_file(str(path))
+    assert loaded.keys() == numpy_api.keys()
+    for k, v in numpy_api.items():
+        assert loaded[k].dtype == v.dtype and loaded[k].shape == v.shape and loaded[k].tobytes() == v.tobytes()
+    with st.safe_open(str(path), framework="np") as f:
+        assert f.metadata() == meta
+    # Every dtype, through the reference's raw deserializer.
+    path = tmp_path / "all.safetensors"
+    ig.io.save_safetensors({k: ig.from_numpy(v) for k, v in tensors.items()}, path, metadata=meta)
+    views = dict(st.deserialize(path.read_bytes()))
+    assert views.keys() == tensors.keys()
+    for k, v in tensors.items():
+        assert views[k]["dtype"].upper() in (ig.dtype(v.dtype).safetensors, ig.dtype(v.dtype).name.upper())
+        assert list(views[k]["shape"]) == list(v.shape)
+        assert bytes(views[k]["data"]) == v.tobytes()
+
+
+# -- a file larger than the chunk size and the ring ------------------------------------------
+def test_large_file_through_a_small_ring(tmp_path, stnp):
+    before = outstanding()
+    tensors = {
+        "a.f32": rand(D.float32, (2_500_001, 2), seed=1),     # ~20 MB, not a whole number of chunks
+        "b.bf16": rand(D.bfloat16, (1_000, 4_099), seed=2),   # ~8 MB
+        "c.u8": rand(D.uint8, (6_000_017,), seed=3),          # ~6 MB, odd size
+        "d.i64": rand(D.int64, (700_001,), seed=4),           # ~5.6 MB
+        "e.small": rand(D.float16, (3,), seed=5),
+    }
+    ref = tmp_path / "ref.safetensors"
+    stnp.save_file(tensors, str(ref))
+    assert ref.stat().st_size > 39_000_000
+    total = sum(v.nbytes for v in tensors.values())
+    for reader in ("mmap", "pread"):
+        seen = []
+        opts = PipelineOptions(chunk_bytes=1 << 20, buffers=3, workers=2, streams=2, reader=reader)
+        out = ig.io.load_safetensors(ref, options=opts, progress=lambda d, t: seen.append((d, t)))
+        assert_same(out, tensors)
+        assert seen[0] == (0, total) and seen[-1] == (total, total) and len(seen) > 30
+        assert all(a[0] <= b[0] for a, b in zip(seen, seen[1:]))
+    mine = tmp_path / "ig.safetensors"
+    saved = []
+    for writer in ("pwrite", "mmap"):
+        opts = PipelineOptions(chunk_bytes=1 << 20, buffers=3, workers=2, streams=2, writer=writer)
+        ig.io.save_safetensors(out, mine, options=opts, progress=lambda d, t: saved.append((d, t)))
+        assert mine.read_bytes() == ref.read_bytes(), writer
+    assert saved[-1][0] == saved[-1][1] == total
+    again = ig.io.load_safetensors(mine, options=SMALL, separate=True, names=["c.u8", "a.f32"])
+    assert list(again) == ["a.f32", "c.u8"]
+    assert host_bytes(again["c.u8"]) == tensors["c.u8"].tobytes()
+    assert host_bytes(again["a.f32"]) == tensors["a.f32"].tobytes()
+    del out, again
+    assert outstanding() == before
+
+
+def test_plan_chunks_merges_and_splits():
+    runs = [(100, 1000, 10), (110, 1010, 5), (200, 2000, 30)]
+    assert io_pipeline.plan_chunks(runs, 16, gap_bytes=0) == [
+        (100, 15, [(0, 1000, 15)]), (200, 16, [(0, 2000, 16)]), (216, 14, [(0, 2016, 14)])]
+    assert io_pipeline.plan_chunks(runs, 1 << 20, gap_bytes=100) == [
+        (100, 130, [(0, 1000, 15), (100, 2000, 30)])]
+
+
+# -- layout, subsets, dtype_map -------------------------------------------------------------
+def test_misaligned_file_layout_loads_aligned(tmp_path):
+    a = rand(D.uint8, (3,), 1)
+    b = rand(D.float32, (5,), 2)
+    c = rand(D.float64, (2,), 3)
+    d = rand(D.int16, (7,), 4)
+    header = {"a": entry("U8", [3], 0, 3), "b": entry("F32", [5], 3, 23), "c": entry("F64", [2], 23, 39),
+              "d": entry("I16", [7], 39, 53)}
+    path = write_file(tmp_path / "mis.safetensors", header, a.tobytes() + b.tobytes() + c.tobytes() + d.tobytes())
+    with pytest.raises(SafetensorsError, match="no tensor of this name") as e:
+        ig.io.load_safetensors(path, names=["b", "nope"])
+    assert e.value.tensor == "nope"
+    del e
+    expected = {"a": a, "b": b, "c": c, "d": d}
+    out = ig.io.load_safetensors(path)
+    assert_same(out, expected)
+    assert all(x.device_ptr % x.dtype.itemsize == 0 for x in out.values())
+    sub = ig.io.load_safetensors(path, names=["d", "b"])
+    assert list(sub) == ["b", "d"]
+    assert_same(sub, {"b": b, "d": d})
+
+
+def test_dtype_map_reinterprets_bytes(tmp_path):
+    f = rand(D.float32, (4, 4), 7)
+    path = write_file(tmp_path / "m.safetensors", {"w": entry("F32", [4, 4], 0, 64)}, f.tobytes())
+    out = ig.io.load_safetensors(path, dtype_map={"F32": "int32"})
+    assert out["w"].dtype is D.int32 and host_bytes(out["w"]) == f.tobytes()
+    with pytest.raises(ValueError, match="cannot convert between sizes"):
+        ig.io.load_safetensors(path, dtype_map={"F32": "float16"})
+    e8 = rand(D.uint8, (6,), 8)
+    path = write_file(tmp_path / "e8.safetensors", {"s": entry("F8_E8M0", [6], 0, 6)}, e8.tobytes())
+    with pytest.raises(SafetensorsError, match="unknown dtype 'F8_E8M0'.*dtype_map"):
+        ig.io.load_safetensors(path)
+    out = ig.io.load_safetensors(path, dtype_map={"F8_E8M0": D.uint8})
+    assert out["s"].dtype is D.uint8 and host_bytes(out["s"]) == e8.tobytes()
+
+
+def test_safe_open_is_lazy_and_closes(tmp_path):
+    tensors = {"b": rand(D.float32, (3, 3), 1), "a": rand(D.int8, (9,), 2)}
+    path = tmp_path / "s.safetensors"
+    ig.io.save_safetensors({k: ig.from_numpy(v) for k, v in tensors.items()}, path)
+    with ig.io.safe_open(path, device=0) as f:
+        assert f.keys() == ["a", "b"] and len(f) == 2 and "a" in f and "zz" not in f
+        assert f.metadata() is None
+        assert f.info("b").shape == (3, 3) and f.info("b").code == "F32"
+        b = f.get("b")
+        assert b.owns_memory and b.owner == "compute" and host_bytes(b) == tensors["b"].tobytes()
+        assert host_bytes(f.get_tensor("a")) == tensors["a"].tobytes()
+        with pytest.raises(SafetensorsError, match="no tensor"):
+            f.get("zz")
+    assert f.is_closed
+    with pytest.raises(ig.ClosedError):
+        f.get("a")
+
+
+def test_load_on_a_stream(tmp_path):
+    dev = ig.Device(0)
+    path = tmp_path / "s.safetensors"
+    x = rand(D.float32, (1000,), 3)
+    ig.io.save_safetensors({"x": ig.from_numpy(x)}, path)
+    with dev.create_stream() as s:
+        out = ig.io.load_safetensors(path, stream=s, options=SMALL)
+        assert out["x"].stream is s
+        assert out["x"].to_numpy().tobytes() == x.tobytes()
+        with pytest.raises(TypeError):
+            ig.io.load_safetensors(path, stream="nope")
+        del out
+
+
+# -- hostile files ----------------------------------------------------------------------------
+F32x2 = entry("F32", [2], 0, 8)
+HOSTILE = {
+    "short file": (b"\x01\x02\x03", None, "too short for the 8-byte header length", None),
+    "header over the limit": (struct.pack("<Q", 100_000_001) + b"{}", None, "exceeds the 100000000-byte limit",
+                              None),
+    "header past eof": (struct.pack("<Q", 1000) + b"{}", None, "runs past the end", None),
+    "not utf-8": (b'{"\xff": 1}', b"", "not valid UTF-8", None),
+    "bad json": (b'{"a": ', b"", "not valid JSON", None),
+    "not an object": (b"[1, 2]", b"", "not an object", None),
+    "deep nesting": (b"[" * 100_000, b"", "", None),
+    "duplicate tensor": (b'{"a":' + json.dumps(F32x2).encode() + b',"a":' + json.dumps(F32x2).encode() + b"}",
+                         bytes(8), "duplicate key 'a'", "a"),
+    "duplicate field": (b'{"a":{"dtype":"F32","dtype":"F32","shape":[2],"data_offsets":[0,8]}}', bytes(8),
+                        "duplicate key 'dtype'", "dtype"),
+    "entry not an object": ({"a": [1, 2]}, b"", "not an object", "a"),
+    "missing field": ({"a": {"dtype": "F32", "shape": [2]}}, bytes(8), "lacks data_offsets", "a"),
+    "unknown dtype": ({"a": entry("F33", [2], 0, 8)}, bytes(8), "unknown dtype 'F33'", "a"),
+    "dtype not a string": ({"a": entry(7, [2], 0, 8)}, bytes(8), "not a string", "a"),
+    "negative dim": ({"a": entry("F32", [-2], 0, 8)}, bytes(8), "not a list of non-negative", "a"),
+    "bool dim": ({"a": entry("F32", [True, 2], 0, 8)}, bytes(8), "not a list of non-negative", "a"),
+    "float dim": ({"a": entry("F32", [2.0], 0, 8)}, bytes(8), "not a list of non-negative", "a"),
+    "offsets not a pair": ({"a": {"dtype": "F32", "shape": [2], "data_offsets": [0, 4, 8]}}, bytes(8),
+                           "not a pair", "a"),
+    "offsets reversed": ({"a": entry("F32", [0], 8, 0)}, bytes(8), "end before they begin", "a"),
+    "offsets past eof": ({"a": entry("F32", [4], 0, 16)}, bytes(8), "run past the end", "a"),
+    "truncated data": ({"a": entry("F32", [2], 0, 8), "b": entry("F32", [2], 8, 16)}, bytes(12),
+                       "run past the end", "b"),
+    "overlap": ({"a": entry("F32", [2], 0, 8), "b": entry("F32", [2], 4, 12)}, bytes(12), "overlap", "b"),
+    "gap": ({"a": entry("F32", [2], 0, 8), "b": entry("F32", [2], 12, 20)}, bytes(20), "gap", "b"),
+    "gap at start": ({"a": entry("F32", [2], 4, 12)}, bytes(12), "gap", "a"),
+    "trailing bytes": ({"a": entry("F32", [2], 0, 8)}, bytes(12), "4 trailing bytes", "a"),
+    "size mismatch": ({"a": entry("F32", [3], 0, 8)}, bytes(8), "needs 12 bytes", "a"),
+    "huge shape": ({"a": entry("F32", [2 ** 62, 2 ** 62, 2 ** 62], 0, 8)}, bytes(8), "needs more than", "a"),
+    "metadata not strings": ({"__metadata__": {"a": 1}, "x": entry("U8", [1], 0, 1)}, bytes(1),
+                             "__metadata__ must map strings", None),
+    "metadata a list": ({"__metadata__": ["a"]}, b"", "__metadata__ must map strings", None),
+}
+
+
+@pytest.mark.parametrize("case", sorted(HOSTILE))
+def test_hostile_files_raise_safetensors_error(tmp_path, case):
+    header, data, problem, tensor = HOSTILE[case]
+    path = tmp_path / "bad.safetensors"
+    if data is None:
+        path.write_bytes(header)
+    else:
+        write_file(path, header, data)
+    before = outstanding()
+    with pytest.raises(SafetensorsError) as e:
+        ig.io.load_safetensors(path)
+    err = e.value
+    assert isinstance(err, ValueError) and isinstance(err, ig.IgnisError)
+    assert err.file == str(path) and str(path) in str(err)
+    assert problem in err.problem
+    assert err.tensor == tensor
+    if tensor is not None:
+        assert repr(tensor) in str(err)
+    assert outstanding() == before
+    again = pickle.loads(pickle.dumps(err))
+    assert str(again) == str(err) and again.problem == err.problem
+
+
+def test_not_a_regular_file_never_hangs(tmp_path):
+    with pytest.raises(SafetensorsError, match="not a regular file"):
+        ig.io.load_safetensors(tmp_path)
+    fifo = tmp_path / "fifo"
+    os.mkfifo(fifo)
+    done = []
+    t = threading.Thread(target=lambda: done.append(pytest.raises(SafetensorsError, ig.io.load_safetensors,
+                                                                  fifo)), daemon=True)
+    t.start()
+    t.join(10)
+    assert done, "loading a FIFO hung"
+    with pytest.raises(FileNotFoundError):
+        ig.io.load_safetensors(tmp_path / "missing.safetensors")
+
+
+def _fuzz_base() -> bytes:
+    pytest.importorskip("safetensors", minversion="0.7")
+    import safetensors.numpy as stnp
+    return stnp.save({"w": rand(D.float32, (3, 4), 1), "b": rand(D.float16, (5,), 2),
+                      "i": rand(D.int8, (0, 2), 3), "s": rand(D.float64, (), 4)}, metadata={"k": "v"})
+
+
+def test_fuzz_hostile_headers(tmp_path):
+    hyp = pytest.importorskip("hypothesis")
+    from hypothesis import strategies as hs
+
+    base = _fuzz_base()
+    (n,) = struct.unpack("<Q", base[:8])
+    header = json.loads(base[8:8 + n])
+    data = base[8 + n:]
+    json_values = hs.recursive(
+        hs.none() | hs.booleans() | hs.integers(-2 ** 70, 2 ** 70) | hs.floats(allow_nan=True) |
+        hs.sampled_from(["F32", "F16", "I8", "F64", "BF16", "BOOL", "X", ""]) | hs.text(max_size=5),
+        lambda inner: hs.lists(inner, max_size=4) | hs.dictionaries(hs.text(max_size=4), inner, max_size=3),
+        max_leaves=8)
+
+    def mutate_json(args):
+        name, field, value = args
+        h = json.loads(json.dumps(header))
+        if name not in h:
+            h[name] = value
+        elif field is None or not isinstance(h[name], dict):
+            h[name] = value
+        else:
+            h[name][field] = value
+        return struct.pack("<Q", len(json.dumps(h))) + json.dumps(h).encode() + data
+
+    def shift(args):
+        name, db, de, code = args
+        h = json.loads(json.dumps(header))
+        b, e = h[name]["data_offsets"]
+        h[name]["data_offsets"] = [b + db, e + de]
+        if code is not None:
+            h[name]["dtype"] = code
+        raw = json.dumps(h).encode()
+        return struct.pack("<Q", len(raw)) + raw + data
+
+    def flip(edits):
+        b = bytearray(base)
+        for pos, val in edits:
+            b[8 + pos % n] = val
+        return bytes(b)
+
+    mutations = hs.one_of(
+        hs.integers(0, len(base) - 1).map(lambda k: base[:k]),
+        hs.integers(0, 2 ** 64 - 1).map(lambda k: struct.pack("<Q", k) + base[8:]),
+        hs.lists(hs.tuples(hs.integers(0, n), hs.integers(0x20, 0x7E) | hs.integers(0, 255)),
+                 min_size=1, max_size=6).map(flip),
+        hs.tuples(hs.sampled_from(["w", "b", "i", "s"]), hs.integers(-12, 12), hs.integers(-12, 12),
+                  hs.none() | hs.sampled_from(["U8", "I16", "F32", "F64", "C64", "F8_E8M0"])).map(shift),
+        hs.tuples(hs.sampled_from(["w", "b", "i", "s", "__metadata__", "new"]),
+                  hs.sampled_from([None, "dtype", "shape", "data_offsets", "k"]), json_values).map(mutate_json),
+        hs.binary(max_size=64).map(lambda b: struct.pack("<Q", len(b)) + b + data),
+        hs.tuples(hs.integers(0, len(data)), hs.binary(max_size=16)).map(
+            lambda t: base[:8 + n] + data[:t[0]] + t[1]),
+    )
+    path = tmp_path / "fuzz.safetensors"
+    before = outstanding()
+
+    @hyp.settings(max_examples=300, deadline=None, database=None,
+                  suppress_health_check=list(hyp.HealthCheck))
+    @hyp.given(mutations)
+    def check(blob):
+        path.write_bytes(blob)
+        try:
+            out = ig.io.load_safetensors(path)
+        except SafetensorsError:
+            pass
+        else:
+            assert all(a.to_numpy().nbytes == a.nbytes for a in out.values())
+            del out
+        assert outstanding() == before
+
+    check()
+
+
+# -- errors in the middle of the pipeline -------------------------------------------------------
+def _big_file(tmp_path) -> tuple[str, dict]:
+    tensors = {"x": rand(D.float32, (1_500_000,), 1), "y": rand(D.bfloat16, (900_000,), 2)}
+    path = tmp_path / "big.safetensors"
+    ig.io.save_safetensors({k: ig.from_numpy(v) for k, v in tensors.items()}, path)
+    return str(path), tensors
+
+
+def test_copy_failure_mid_load_frees_everything(tmp_path, backend):
+    path, _ = _big_file(tmp_path)
+    before = outstanding()
+    backend.inject_fault("memcpy_htod_async", nth=4)
+    with pytest.raises(ig.DriverError, match="injected"):
+        ig.io.load_safetensors(path, options=SMALL)
+    assert outstanding() == before
+
+
+@pytest.mark.parametrize("failure", ["eio", "shrunk"])
+def test_read_failure_mid_load_frees_everything(tmp_path, monkeypatch, failure):
+    path, tensors = _big_file(tmp_path)
+    before = outstanding()
+    real = os.preadv
+    calls = []
+
+    def preadv(fd, bufs, offset):
+        calls.append(offset)
+        if len(calls) == 3:
+            if failure == "eio":
+                raise OSError(5, "Input/output error")
+            return 0
+        return real(fd, bufs, offset)
+
+    monkeypatch.setattr(io_pipeline.os, "preadv", preadv)
+    expected = OSError if failure == "eio" else SafetensorsError
+    with pytest.raises(expected) as e:
+        ig.io.load_safetensors(path, options=SMALL, separate=(failure == "shrunk"))
+    if failure == "shrunk":
+        assert "truncated" in e.value.problem
+    monkeypatch.undo()
+    assert outstanding() == before
+    assert_same(ig.io.load_safetensors(path, options=SMALL), tensors)
+
+
+def test_file_cut_short_under_the_mmap_reader(tmp_path, monkeypatch):
+    path, _ = _big_file(tmp_path)
+    if not io_pipeline._populate_ok[0]:
+        pytest.skip("the kernel lacks MADV_POPULATE_READ: a file cut short under a mapping is a SIGBUS")
+    before = outstanding()
+    real = io_pipeline._populate
+    calls = []
+
+    def populate(addr, length, file, write):
+        calls.append(addr)
+        if len(calls) == 3:
+            os.truncate(path, 4096)
+        return real(addr, length, file, write)
+
+    monkeypatch.setattr(io_pipeline, "_populate", populate)
+    with pytest.raises(SafetensorsError, match="truncated"):
+        ig.io.load_safetensors(path, options=PipelineOptions(chunk_bytes=1 << 20, buffers=3, workers=1,
+                                                             reader="mmap"))
+    assert outstanding() == before
+
+
+def test_progress_callback_error_frees_everything(tmp_path):
+    path, _ = _big_file(tmp_path)
+    before = outstanding()
+
+    def progress(done, total):
+        if done > 2 << 20:
+            raise KeyboardInterrupt
+
+    with pytest.raises(KeyboardInterrupt):
+        ig.io.load_safetensors(path, options=SMALL, progress=progress)
+    assert outstanding() == before
+
+
+def test_copy_failure_mid_save_leaves_no_file(tmp_path, backend):
+    arrays = {"x": ig.from_numpy(rand(D.float32, (1_500_000,), 1))}
+    target = tmp_path / "out.safetensors"
+    target.write_bytes(b"previous")
+    before = outstanding()
+    backend.inject_fault("memcpy_dtoh_async", nth=3)
+    with pytest.raises(ig.DriverError):
+        ig.io.save_safetensors(arrays, target, options=SMALL)
+    assert target.read_bytes() == b"previous"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["out.safetensors"]
+    assert arrays["x"].owner == "compute"
+    assert outstanding() == before
+
+
+# -- ownership ----------------------------------------------------------------------------------
+def test_load_owns_arrays_for_io_then_releases_to_compute(tmp_path):
+    path, _ = _big_file(tmp_path)
+    snapshots = []
+
+    def progress(done, total):
+        snapshots.append({r["array_id"]: r["owner"] for r in ig.contract.audit(older_than=-1)
+                          if r["tag"] == "ignis.io.load"})
+
+    out = ig.io.load_safetensors(path, options=SMALL, progress=progress)
+    assert len(snapshots) > 3
+    for a in out.values():
+        assert all(snap[a.id] == "io" for snap in snapshots)
+        assert a.owner == "compute"
+        assert a.base.owner == "compute"
+    assert all(snap[out["x"].base.id] == "io" for snap in snapshots)
+
+
+def test_save_owns_arrays_for_io_then_releases_to_compute(tmp_path):
+    arrays = {"x": ig.from_numpy(rand(D.float32, (1_000_000,), 1)), "y": ig.zeros((10,), D.int8)}
+    arrays["alias"] = arrays["y"]
+    owners = []
+    ig.io.save_safetensors(arrays, tmp_path / "o.safetensors", options=SMALL,
+                           progress=lambda d, t: owners.append({k: a.owner for k, a in arrays.items()}))
+    assert len(owners) > 3 and all(set(o.values()) == {"io"} for o in owners)
+    assert all(a.owner == "compute" for a in arrays.values())
+
+
+def test_save_refuses_arrays_held_by_another_layer(tmp_path):
+    arrays = {"a": ig.zeros((4,)), "b": ig.zeros((4,)), "c": ig.zeros((4,))}
+    ig.contract.acquire(arrays["b"], by="collective")
+    try:
+        with pytest.raises(ig.MemoryContractViolation, match="'collective'"):
+            ig.io.save_safetensors(arrays, tmp_path / "x.safetensors")
+        assert [a.owner for a in arrays.values()] == ["compute", "collective", "compute"]
+        assert list(tmp_path.iterdir()) == []
+    finally:
+        ig.contract.release(arrays["b"], by="collective")
+
+
+def test_save_argument_errors(tmp_path):
+    a = ig.zeros((2,))
+    with pytest.raises(ValueError, match="reserved"):
+        ig.io.save_safetensors({"__metadata__": a}, tmp_path / "x")
+    with pytest.raises(TypeError, match="metadata must map str to str"):
+        ig.io.save_safetensors({"a": a}, tmp_path / "x", metadata={"k": 1})
+    with pytest.raises(TypeError, match="not an NvArray"):
+        ig.io.save_safetensors({"a": np.zeros(2)}, tmp_path / "x")
+    b = ig.zeros((2,))
+    b.free()
+    with pytest.raises(ig.UseAfterFreeError):
+        ig.io.save_safetensors({"b": b}, tmp_path / "x")
+    assert list(tmp_path.iterdir()) == []
+
+
+# -- the command line ----------------------------------------------------------------------------
+def _parse(*argv: str) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(prog="ignis")
+    add_parser(parser.add_subparsers(dest="command"))
+    return parser.parse_args(list(argv))
+
+
+def test_cli_load_reports_what_it_loaded(tmp_path):
+    tensors = {"w": rand(D.bfloat16, (300, 1000), 1), "b": rand(D.float32, (1000,), 2),
+               "c": rand(D.bfloat16, (10,), 3)}
+    path = tmp_path / "m.safetensors"
+    ig.io.save_safetensors({k: ig.from_numpy(v) for k, v in tensors.items()}, path)
+    out, err = _stdio.StringIO(), _stdio.StringIO()
+    assert cli_run(_parse("load", str(path), "--progress"), out, err) == 0
+    text = out.getvalue()
+    assert "loaded 3 tensors" in text and "(604020 bytes)" in text and "GB/s" in text
+    assert "bfloat16" in text and "float32" in text
+    assert "100.0%" in err.getvalue()
+    out, err = _stdio.StringIO(), _stdio.StringIO()
+    assert cli_run(_parse("load", str(path), "--no-progress"), out, err) == 0
+    assert err.getvalue() == ""
+
+
+def test_cli_load_bad_file_exits_1(tmp_path):
+    bad = write_file(tmp_path / "bad.safetensors", {"a": entry("F32", [3], 0, 8)}, bytes(8))
+    out, err = _stdio.StringIO(), _stdio.StringIO()
+    assert cli_run(_parse("load", bad), out, err) == 1
+    assert "ignis load: error: invalid safetensors file" in err.getvalue() and "'a'" in err.getvalue()
+    assert cli_run(_parse("load", str(tmp_path / "missing")), out, err) == 1
