@@ -78,6 +78,9 @@ class AsyncResource(TrackedResource):
         rec = _history.recorder
         if rec is not None:
             rec("free_requested", self, block.ptr, block.bytes, stream, block)
+            # The driver's pool may hand the address out again at once, in stream
+            # order, so for the trace the free is complete now (as in PoolResource).
+            rec("free_completed", self, block.ptr, block.bytes, stream, block)
 
     @property
     def bytes_outstanding(self) -> int:
@@ -94,10 +97,7 @@ class AsyncResource(TrackedResource):
                 for b in blocks:
                     b.state = BlockState.FREED
                     self._pending_bytes -= b.bytes
-            rec = _history.recorder
-            if rec is not None:
-                for b in blocks:
-                    rec("free_completed", self, b.ptr, b.bytes, stream, b)
+
 
     def trim(self, keep_bytes: int = 0) -> None:
         """Return the driver pool's unused memory to the system."""

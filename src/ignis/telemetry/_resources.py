@@ -118,11 +118,10 @@ def layout(allocator: DeviceMemoryResource) -> list[Segment]:
         return []
     with lock:
         live = list(live_map.values())
-        pending = [b for lst in getattr(allocator, "_pending", {}).values() for b in lst]
+    # An AsyncResource's queued frees are not shown: the driver's pool may already
+    # have handed the same addresses out again, in stream order.
     segs = [Segment(b.ptr, b.bytes, b.bytes <= SMALL_MAX, b.alloc_stream.handle, [Piece(b.ptr, b.bytes, ACTIVE, b)])
             for b in live]
-    segs += [Segment(b.ptr, b.bytes, b.bytes <= SMALL_MAX, b.alloc_stream.handle,
-                     [Piece(b.ptr, b.bytes, PENDING, b)]) for b in pending]
     segs.sort(key=lambda s: s.ptr)
     return segs
 
