@@ -20,6 +20,7 @@ from . import interop
 from . import io
 from . import ipc
 from . import collective
+from . import telemetry
 from .telemetry import dump_snapshot, memory_stats, memory_summary, plot_timeline, record_memory_history, reset_peak_stats, snapshot  # noqa: E501
 
 __version__ = "0.1.0"

@@ -26,6 +26,8 @@ import statistics
 import sys
 from typing import Any, Sequence, TextIO
 
+from ._cliargs import ordinal as _ordinal
+from ._cliargs import positive_int as _positive_int
 __all__ = ["main", "doctor_report"]
 
 EMULATED_NOTE = ("emulated backend: these are host memcpy speeds and mean nothing about a GPU "
@@ -227,26 +229,6 @@ def _cmd_run(args: argparse.Namespace) -> int:
     from .runner import run_script
     return run_script(args.script, args.args, sanitize=args.sanitize, guard=args.guard, leaks=args.leaks,
                       ordering=args.ordering, leak_threshold=args.leak_threshold)
-
-
-def _positive_int(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"expected a positive integer, got {value}")
-    return value
-
-
-def _ordinal(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a device ordinal (0, 1, ...), got {text!r}") from None
-    if value < 0:
-        raise argparse.ArgumentTypeError(f"expected a device ordinal (0, 1, ...), got {value}")
-    return value
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -7,9 +7,7 @@ from typing import Any
 import numpy as np
 
 from .. import dtypes as _dt
-from ..memory import DeviceMemoryResource
-from ..memory.types import UNTAGGED
-from ..runtime import Device, Stream
+from ..runtime import Stream
 from .launch import launch
 from .nvarray import NvArray
 

@@ -9,27 +9,12 @@ from __future__ import annotations
 
 import argparse
 
+from .._cliargs import int_arg
+
+_ranks = int_arg("a positive number of processes", 1)
+_port = int_arg("a TCP port (1..65535)", 1, 65536)
+
 __all__ = ["add_parser", "run"]
-
-
-def _ranks(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a positive number of processes, got {text!r}") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"expected a positive number of processes, got {value}")
-    return value
-
-
-def _port(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a TCP port, got {text!r}") from None
-    if not 0 < value < 65536:
-        raise argparse.ArgumentTypeError(f"expected a TCP port (1-65535), got {value}")
-    return value
 
 
 def add_parser(subparsers: "argparse._SubParsersAction") -> argparse.ArgumentParser:

@@ -57,7 +57,7 @@ class _Hold:
 
 def cupy_allocator(mr: DeviceMemoryResource | None = None) -> Callable[[int], Any]:
     """An allocator for ``cupy.cuda.set_allocator`` backed by ``mr``."""
-    import cupy  # noqa: F401 - fail here, clearly, when CuPy is missing
+    import cupy as _cupy  # noqa: F401 - fail here, clearly, when CuPy is missing
 
     def allocate(nbytes: int) -> Any:
         import cupy

@@ -15,6 +15,7 @@ import sys
 import time
 from typing import Any, TextIO
 
+from .._cliargs import ordinal as _ordinal
 __all__ = ["add_parser", "run", "BAR_MIN_BYTES"]
 
 BAR_MIN_BYTES = 256 << 20
@@ -58,16 +59,6 @@ class ProgressBar:
         if self.shown:
             self.out.write("\n")
             self.out.flush()
-
-
-def _ordinal(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a device ordinal (0, 1, ...), got {text!r}") from None
-    if value < 0:
-        raise argparse.ArgumentTypeError(f"expected a device ordinal (0, 1, ...), got {value}")
-    return value
 
 
 def add_parser(subparsers: Any) -> argparse.ArgumentParser:

@@ -40,7 +40,6 @@ from ..array import NvArray
 from ..backends import get_backend
 from ..errors import DriverError, UnsupportedError, UseAfterFreeError
 from ..memory import Access, ResourceAdaptor, TrackedResource, VmmResource, get_current_resource
-from ..memory import ordering as _ord
 from ..memory.types import UNTAGGED, BlockState, DeviceBlock, _next_generation
 from ..memory.vmm import map_range, release_streams, synchronize_streams, unmap_range
 from ..runtime import Device, Stream
@@ -298,12 +297,7 @@ class ImportedMemory(TrackedResource):
             up.deallocate(block)
             return
         with self._lock:
-            if self._live.get(block.ptr) is not block:
-                self._check_dealloc(block, self._live)
-            if _ord.checker is not None:
-                _ord.checker.free(block)
-            del self._live[block.ptr]
-            self._bytes -= block.bytes
+            self._unregister(block)
             stale = self.device.state.generation != self._generation
             streams = [] if stale else release_streams(self, block)
         try:

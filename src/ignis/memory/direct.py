@@ -14,9 +14,8 @@ import threading
 from ..errors import DriverError
 from ..runtime import Device, Stream
 from . import history as _history
-from . import ordering as _ord
 from .resource import DeviceMemoryResource, check_request
-from .types import UNTAGGED, BlockState, DeviceBlock, _next_generation
+from .types import UNTAGGED, BlockState, DeviceBlock
 
 __all__ = ["DirectResource"]
 
@@ -41,23 +40,11 @@ class DirectResource(DeviceMemoryResource):
             if e.name == "CUDA_ERROR_OUT_OF_MEMORY":
                 raise self._oom(nbytes, e, **self.memory_numbers()) from e
             raise
-        block = DeviceBlock(ptr, stream, nbytes, nbytes, tag, _next_generation())
-        with self._lock:
-            self._live[ptr] = block
-            self._bytes += nbytes
-        rec = _history.recorder
-        if rec is not None:
-            rec("alloc", self, ptr, nbytes, stream, block)
-        return block
+        return self._register(ptr, stream, nbytes, nbytes, tag)
 
     def deallocate(self, block: DeviceBlock) -> None:
         with self._lock:
-            if self._live.get(block.ptr) is not block:
-                self._check_dealloc(block, self._live)
-            if _ord.checker is not None:
-                _ord.checker.free(block)
-            del self._live[block.ptr]
-            self._bytes -= block.bytes
+            self._unregister(block)
         if self.device.state.generation == self._generation:
             self._backend.mem_free(self.device.ordinal, block.ptr)
         block.transition(BlockState.FREED)

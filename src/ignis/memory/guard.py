@@ -234,7 +234,6 @@ class DebugGuardResource(ResourceAdaptor):
         except BaseException:
             self.upstream.deallocate(up)
             raise
-        align = min(up.align, g & -g) if g else up.align
         block = DeviceBlock(up.ptr + g, up.alloc_stream, nbytes, nbytes, tag, _next_generation())
         entry = _Guarded(block, up, stack)
         block._impl = entry

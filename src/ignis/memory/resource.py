@@ -32,8 +32,9 @@ from typing import TYPE_CHECKING, Any
 from ..errors import (ClosedError, DoubleFreeError, OutOfMemoryError, StaleHandleError, StreamMisuseError,
                       UseAfterFreeError)
 from ..runtime import Device, Stream
+from . import history as _history
 from . import ordering as _ord
-from .types import UNTAGGED, Access, BlockId, BlockState, DeviceBlock
+from .types import UNTAGGED, Access, BlockId, BlockState, DeviceBlock, _next_generation
 
 if TYPE_CHECKING:
     from ..backends import Backend
@@ -193,6 +194,28 @@ class DeviceMemoryResource:
             free = total = None
         return OutOfMemoryError(nbytes, device=self.device.ordinal, device_total=total, device_free=free,
                                 detail=str(cause) if cause else "", **numbers)
+
+    # -- shared bookkeeping of resources that keep a live map, a byte count and a lock --
+    def _register(self, ptr: int, stream: Stream, nbytes: int, requested: int, tag: str,
+                  impl: Any = None) -> DeviceBlock:
+        """A new LIVE block for memory just obtained: in the live map, counted, recorded."""
+        block = DeviceBlock(ptr, stream, nbytes, requested, tag, _next_generation(), impl)
+        with self._lock:
+            self._live[ptr] = block
+            self._bytes += nbytes
+        if _history.recorder is not None:
+            _history.recorder("alloc", self, ptr, nbytes, stream, block)
+        return block
+
+    def _unregister(self, block: DeviceBlock) -> None:
+        """Lock held: check ``block`` is live here (else the right error), let the
+        sanitizer see the free, and forget it."""
+        if self._live.get(block.ptr) is not block:
+            self._check_dealloc(block, self._live)
+        if _ord.checker is not None:
+            _ord.checker.free(block)
+        del self._live[block.ptr]
+        self._bytes -= block.bytes
 
     def memory_numbers(self) -> dict[str, int]:
         """``live_bytes``, ``cached_bytes``, ``largest_free_block`` for reports."""

@@ -36,7 +36,7 @@ from ..runtime import Device, Stream
 from . import history as _history
 from . import ordering as _ord
 from .resource import TrackedResource, check_request
-from .types import UNTAGGED, BlockState, DeviceBlock, _next_generation
+from .types import UNTAGGED, BlockState, DeviceBlock
 
 if TYPE_CHECKING:
     from ..backends import Backend
@@ -148,24 +148,12 @@ class VmmResource(TrackedResource):
         except BaseException as exc:
             _cleanup(exc, backend.vmm_release, handle)
             raise
-        block = DeviceBlock(ptr, stream, size, nbytes, tag, _next_generation(), handle)
-        with self._lock:
-            self._live[ptr] = block
-            self._bytes += size
-        rec = _history.recorder
-        if rec is not None:
-            rec("alloc", self, ptr, size, stream, block)
-        return block
+        return self._register(ptr, stream, size, nbytes, tag, handle)
 
     def deallocate(self, block: DeviceBlock) -> None:
         """Wait for the block's queued uses (a host synchronization), then unmap and release it."""
         with self._lock:
-            if self._live.get(block.ptr) is not block:
-                self._check_dealloc(block, self._live)
-            if _ord.checker is not None:
-                _ord.checker.free(block)
-            del self._live[block.ptr]
-            self._bytes -= block.bytes
+            self._unregister(block)
             stale = self.device.state.generation != self._generation
             streams = [] if stale else release_streams(self, block)
             exported = self._export_fds.pop(block.ptr, None)

@@ -19,22 +19,13 @@ import os
 import sys
 from typing import Any
 
+from .._cliargs import ordinal as _ordinal
 __all__ = ["add_parsers"]
 
 
 def _fail(msg: str) -> int:
     print(f"ignis: {msg}", file=sys.stderr)
     return 1
-
-
-def _ordinal(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a device ordinal (0, 1, ...), got {text!r}") from None
-    if value < 0:
-        raise argparse.ArgumentTypeError(f"expected a device ordinal (0, 1, ...), got {value}")
-    return value
 
 
 def _bytes_arg(text: str) -> int:
