@@ -511,7 +511,7 @@ def test_rank_that_cannot_reach_rank0_times_out():
     port = free_port()
     t0 = time.monotonic()
     with pytest.raises(CollectiveTimeoutError, match=f"127.0.0.1:{port}"):
-        ig.collective.init_process_group(rank=1, world_size=2, master_port=port, timeout=0.5)
+        ig.collective.init_process_group(rank=1, world_size=2, master_port=port, timeout=0.5, device=0)
     assert time.monotonic() - t0 < 5
 
 
