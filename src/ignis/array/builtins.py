@@ -46,7 +46,7 @@ def _make(op: str, key: str) -> Kernel:
         def host(dst: Any, value: Any, n: Any) -> None:
             dst[0:int(n)].view(bits)[:] = value
 
-        return Kernel(src, name, ((W, lambda d, v, n: (0, n * d.dtype.itemsize)), bits, "int64"), host)
+        return Kernel(src, name, (W, bits, "int64"), host)  # always the whole array
     if op == "copy":
         ctype, bits = _BITS[int(key)]
         name = f"ignis_copy_{bits}"
@@ -115,9 +115,13 @@ def fill(dst: NvArray, value: Any, *, stream: Stream | None = None) -> NvArray:
         bits = np.array(value, dtype=dt.numpy).view(_BITS[dt.itemsize][1]).item()
         if len(_bits_cache) < 1024:
             _bits_cache[key] = bits
-    k = _kernels.get(("fill", str(dt.itemsize))) or kernel("fill", dt.itemsize)
-    launch(k, _grid(dst.numel), _BLOCK, dst, bits, dst.numel, stream=stream)
+    k = _fill_kernels.get(dt.itemsize) or _fill_kernels.setdefault(dt.itemsize, kernel("fill", dt.itemsize))
+    n = dst.numel
+    launch(k, max(1, min((n + _BLOCK - 1) // _BLOCK, 8192)), _BLOCK, dst, bits, n, stream=stream)
     return dst
+
+
+_fill_kernels: dict[int, Kernel] = {}
 
 
 def copy(dst: NvArray, src: NvArray, n: int | None = None, *, stream: Stream | None = None) -> NvArray:

@@ -10,12 +10,10 @@ ordering, sanitizer checks on the declared ranges), the launch, and
 
 from __future__ import annotations
 
-import ctypes
 from typing import Any, Callable, Sequence
 
 from ..errors import OutOfBoundsError, StreamMisuseError, UnsupportedError
 from ..runtime import Device, Stream
-from ..runtime.kernel import SCALAR_CTYPES as _CTYPES
 from ..runtime.kernel import Kernel, RawPtr
 from .nvarray import NvArray
 
@@ -98,13 +96,7 @@ def launch(kernel: Kernel, grid: Any, block: Any, *args: Any, stream: Stream | N
 
 
 def _params(kernel: Kernel, args: Sequence[Any]) -> list:
-    out = []
-    for (what, spec, _), arg in zip(kernel.specs, args):
-        if what == "array":
-            out.append(ctypes.c_void_p(arg._ptr))
-        else:
-            out.append(_CTYPES[spec.name](arg))
-    return out
+    return [ctor(arg._ptr) if is_array else ctor(arg) for (ctor, is_array), arg in zip(kernel.param_types, args)]
 
 
 def _host_call(kernel: Kernel, backend: Any, args: Sequence[Any]) -> Callable[[], None]:

@@ -91,6 +91,10 @@ class Kernel:
         self.options = tuple(options)
         self.specs = [self._parse(i, a) for i, a in enumerate(access)]
         self.array_args = tuple(i for i, sp in enumerate(self.specs) if sp[0] == "array")
+        # ctypes constructor per argument (arrays pass their pointer), for the launch's parameters
+        self.param_types = tuple((ctypes.c_void_p, True) if sp[0] == "array" else (_CTYPES[sp[1].name], False)
+                                 for sp in self.specs)
+        self._last: tuple | None = None  # (device, generation, function) of the last launch
         self._compiled: dict[tuple[int, int, int], int] = {}
         self._lock = threading.Lock()
 
@@ -117,6 +121,9 @@ class Kernel:
         return ("scalar", dt, None)
 
     def _function(self, device: "Device") -> int:
+        last = self._last
+        if last is not None and last[0] is device and last[1] == device.state.generation:
+            return last[2]
         key = (id(device), device.ordinal, device.state.generation)
         fn = self._compiled.get(key)
         if fn is None:
@@ -129,6 +136,7 @@ class Kernel:
                                                "give the Kernel its source= for GPUs")
                     fn = self._compiled[key] = device.backend.kernel_compile(
                         device.ordinal, self.source, self.name, self.options)
+        self._last = (device, device.state.generation, fn)
         return fn
 
     def __repr__(self) -> str:
