@@ -529,3 +529,52 @@ def test_reuse_is_ordered_under_jitter():
             a.close(), b.close()
     finally:
         ig.set_backend(prev)
+
+
+def test_pinned_handles_never_alias_a_reused_buffer():
+    ph = ig.PinnedHostResource()
+    old = ph.allocate(4096)
+    old.release()
+    new = ph.allocate(4096)
+    assert new.ptr == old.ptr and new is not old
+    with pytest.raises(ig.UseAfterFreeError):
+        old.array
+    with pytest.raises(ig.DoubleFreeError):
+        old.release()
+    new.release()
+    ph.trim()
+
+
+@pytest.mark.parametrize("base,op", [("direct", "mem_free"), ("async", "mem_free_async")])
+def test_a_refused_driver_free_leaves_the_block_live(dev, streams, backend, base, op):
+    mr = make(dev, base)
+    b = mr.allocate(4096, streams[0])
+    backend.inject_fault(op, error="CUDA_ERROR_INVALID_VALUE")
+    with pytest.raises(ig.DriverError):
+        mr.deallocate(b)
+    assert b.state is BlockState.LIVE and mr.bytes_outstanding >= 4096
+    mr.deallocate(b)  # the retry works
+    mr.reap_pending()
+    assert mr.bytes_outstanding == 0
+
+
+def test_a_failed_upload_returns_its_staging_buffer(dev, backend):
+    from ignis.array import hostcopy
+    pool = hostcopy.pinned_pool()
+    a = ig.empty(256, "uint8")
+    before = pool.bytes_outstanding
+    backend.inject_fault("memcpy_htod_async", error="CUDA_ERROR_INVALID_VALUE")
+    with pytest.raises(ig.DriverError):
+        a.from_host(np.zeros(256, np.uint8))
+    assert pool.bytes_outstanding == before
+    a.free()
+
+
+@pytest.mark.parametrize("base", ["direct", "async"])
+def test_streams_of_another_device_are_refused(dev, base):
+    if ig.device_count() < 2:
+        pytest.skip("needs two devices")
+    mr = make(dev, base)
+    with ig.Device(1).create_stream() as other:
+        with pytest.raises(ValueError, match="belongs to device 1"):
+            mr.allocate(64, other)

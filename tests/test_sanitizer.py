@@ -401,3 +401,25 @@ def test_uninitialized_read_shows_poison(dev, guard):
     x[:128].fill_(0)
     assert not ig.holds_poison(x) and ig.first_poisoned_offset(x) == 128
     x.free()
+
+
+def test_auto_ordered_cross_stream_free_is_not_a_race(dev, streams, san):
+    a = ig.zeros(1024)  # on the default stream
+    a.zero_(stream=streams[1])  # tracked write elsewhere: the free waits for it
+    a.free()
+
+
+def test_a_closed_stream_keeps_its_identity(dev, san):
+    with dev.create_stream() as s:
+        x = ig.zeros(1024, stream=s)
+    dev.synchronize()
+    x.free()  # freed after its stream closed: its own earlier work is not a race
+
+
+def test_closed_streams_are_refused_before_the_driver(dev):
+    s = dev.create_stream()
+    x = ig.zeros(16)
+    s.close()
+    for op in (lambda: x.zero_(stream=s), lambda: x.to_numpy(stream=s), lambda: K.fill(x, 1.0, stream=s)):
+        with pytest.raises(ig.ClosedError):
+            op()

@@ -76,8 +76,12 @@ def htod(src: np.ndarray, dst: int, stream: "Stream") -> None:
     h = stream.handle
     if n <= SMALL:
         buf = pool.allocate(n)
-        np.copyto(buf.array, src)
-        backend.memcpy_htod_async(dst, buf.ptr, n, h)
+        try:
+            np.copyto(buf.array, src)
+            backend.memcpy_htod_async(dst, buf.ptr, n, h)
+        except BaseException:
+            buf.release()  # nothing was queued from it
+            raise
         buf.release(stream)
         return
     workers = _pool_workers()

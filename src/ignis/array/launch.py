@@ -81,15 +81,16 @@ def launch(kernel: Kernel, grid: Any, block: Any, *args: Any, stream: Stream | N
         raise ValueError(f"kernel {kernel.name}: stream is on device {s.device.ordinal}, arrays on {device.ordinal}")
     backend = device.backend
     name = kernel.name
+    handle = s._check()
     n = 0
     try:
         for arr, acc, lo, hi in arrays:
             arr._begin(s, acc, name, lo, hi - lo)
             n += 1
         if backend.name == "emulated":
-            backend.kernel_launch(_host_call(kernel, backend, args), g, b, shared_mem, s._check(), ())
+            backend.kernel_launch(_host_call(kernel, backend, args), g, b, shared_mem, handle, ())
         else:
-            backend.kernel_launch(kernel._function(device), g, b, shared_mem, s._check(), _params(kernel, args))
+            backend.kernel_launch(kernel._function(device), g, b, shared_mem, handle, _params(kernel, args))
     finally:
         for arr, acc, _, _ in arrays[:n]:
             arr._end(s, acc)

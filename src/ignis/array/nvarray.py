@@ -308,6 +308,8 @@ class NvArray:
         of this array (``n < 0``: all of them)."""
         if self._freed or self._base is not None:
             self._check_live()
+        if stream._closed or stream._generation != stream.device.state.generation:
+            stream._check()  # a closed or stale stream's handle must not reach the driver
         chk = _ord.checker
         block = self._block
         if self._tracks:
@@ -404,14 +406,16 @@ class NvArray:
                         array_id=self.id, owner=self.owner, caller=by)
             self._freed = True
             pinned = self._pinned
-        if pinned is not None:
-            self._pinned = None
-            pinned.release(self.stream)
-        if self._base is None and self._block is not None:
-            if self._keepalive is None:
-                self._mr.deallocate(self._block)
-        elif self._keepalive is not None:
-            self._keepalive = None
+        try:
+            if pinned is not None:
+                self._pinned = None
+                pinned.release(self.stream)
+        finally:
+            if self._base is None and self._block is not None:
+                if self._keepalive is None:
+                    self._mr.deallocate(self._block)
+            elif self._keepalive is not None:
+                self._keepalive = None
 
     def __del__(self) -> None:
         if self._freed or sys.is_finalizing():

@@ -300,6 +300,7 @@ class ImportedMemory(TrackedResource):
             self._unregister(block)
             stale = self.device.state.generation != self._generation
             streams = [] if stale else release_streams(self, block)
+        self._sanitize_free(block)
         try:
             if not stale:
                 synchronize_streams(self.device, streams)

@@ -34,8 +34,9 @@ class AsyncResource(TrackedResource):
             stream = self.device.default_stream
         if type(nbytes) is not int or nbytes <= 0 or type(stream) is not Stream:
             check_request(nbytes, stream)
-        if self._generation != self.device.state.generation or self._closed:
-            self._check_alive()
+        if stream._closed or stream._generation != self._generation or stream.device is not self.device \
+                or self._closed:
+            self._check_stream(stream)
         try:
             ptr = self._backend.mem_alloc_async(self.device.ordinal, nbytes, stream._check())
         except DriverError as e:
@@ -50,15 +51,21 @@ class AsyncResource(TrackedResource):
             if self.device.state.generation != self._generation:
                 block.state = BlockState.FREED  # the context that held it is gone
                 return
-            self._order_release(block)
             stream = block.alloc_stream
-            if stream._closed:
-                # The alloc stream is gone: order the free after everything on the device.
-                self._backend.device_synchronize(self.device.ordinal)
-                self._backend.mem_free(self.device.ordinal, block.ptr)
-                block.state = BlockState.FREED
-                return
-            self._backend.mem_free_async(self.device.ordinal, block.ptr, stream.handle)
+            try:
+                if stream._closed:
+                    # The alloc stream is gone: order the free after everything on the device.
+                    self._backend.device_synchronize(self.device.ordinal)
+                    self._backend.mem_free(self.device.ordinal, block.ptr)
+                    block.state = BlockState.FREED
+                    self._sanitize_free(block)
+                    return
+                self._order_release(block)
+                self._backend.mem_free_async(self.device.ordinal, block.ptr, stream.handle)
+            except BaseException:
+                self._live[block.ptr] = block  # the driver refused: the block stays LIVE
+                self._bytes += block.bytes
+                raise
             block.state = BlockState.RETIRED
             self._pending.setdefault(stream, []).append(block)
             self._pending_bytes += block.bytes
@@ -68,6 +75,7 @@ class AsyncResource(TrackedResource):
             # The driver's pool may hand the address out again at once, in stream
             # order, so for the trace the free is complete now (as in PoolResource).
             rec("free_completed", self, block.ptr, block.bytes, stream, block)
+        self._sanitize_free(block)
 
     @property
     def bytes_outstanding(self) -> int:

@@ -33,7 +33,9 @@ class DirectResource(DeviceMemoryResource):
         stream = self._stream(stream)
         if type(nbytes) is not int or nbytes <= 0 or type(stream) is not Stream:
             check_request(nbytes, stream)
-        self._check_alive()
+        if stream._closed or stream._generation != self._generation or stream.device is not self.device \
+                or self._closed:
+            self._check_stream(stream)
         try:
             ptr = self._backend.mem_alloc(self.device.ordinal, nbytes)
         except DriverError as e:
@@ -46,8 +48,13 @@ class DirectResource(DeviceMemoryResource):
         with self._lock:
             self._unregister(block)
         if self.device.state.generation == self._generation:
-            self._backend.mem_free(self.device.ordinal, block.ptr)
+            try:
+                self._backend.mem_free(self.device.ordinal, block.ptr)
+            except BaseException:
+                self._reregister(block)
+                raise
         block.transition(BlockState.FREED)
+        self._sanitize_free(block)
         rec = _history.recorder
         if rec is not None:
             rec("free_requested", self, block.ptr, block.bytes, block.alloc_stream, block)

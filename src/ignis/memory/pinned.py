@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import ctypes
 import threading
-from typing import Any
 
 import numpy as np
 
@@ -27,14 +26,13 @@ _MIN = 4096
 class PinnedBuffer:
     """A page-locked host buffer. ``array`` is a uint8 NumPy view of its first ``nbytes``."""
 
-    __slots__ = ("ptr", "nbytes", "capacity", "_resource", "_events", "_released", "__weakref__")
+    __slots__ = ("ptr", "nbytes", "capacity", "_resource", "_released", "__weakref__")
 
     def __init__(self, ptr: int, nbytes: int, capacity: int, resource: "PinnedHostResource") -> None:
         self.ptr = ptr
         self.nbytes = nbytes
         self.capacity = capacity
         self._resource = resource
-        self._events: list[tuple[int, Any]] = []  # (event, its device's event pool)
         self._released = False
 
     @property
@@ -66,7 +64,7 @@ class PinnedHostResource:
     def __init__(self, backend: Backend | None = None) -> None:
         self._backend = backend or get_backend()
         self._lock = threading.Lock()
-        self._cache: dict[int, list[PinnedBuffer]] = {}
+        self._cache: dict[int, list[tuple[int, list]]] = {}  # capacity -> [(ptr, release events)]
         self._outstanding = 0
         self._cached = 0
 
@@ -81,46 +79,53 @@ class PinnedHostResource:
         with self._lock:
             bucket = self._cache.get(cap)
             if bucket:
-                for i, buf in enumerate(bucket):
-                    if self._ready(buf):
+                for i, (ptr, events) in enumerate(bucket):
+                    if self._ready(events):
                         del bucket[i]
                         self._cached -= cap
                         self._outstanding += cap
-                        buf.nbytes = nbytes
-                        buf._released = False
-                        return buf
+                        # A new handle: one released earlier stays released (its use is an error).
+                        return PinnedBuffer(ptr, nbytes, cap, self)
         ptr = self._backend.host_alloc(cap)
         with self._lock:
             self._outstanding += cap
         return PinnedBuffer(ptr, nbytes, cap, self)
 
-    def _ready(self, buf: PinnedBuffer) -> bool:
+    def _ready(self, events: list) -> bool:
         """True (and events recycled) when every use recorded at release has completed."""
-        evs = buf._events
-        while evs:
-            ev, pool = evs[-1]
+        while events:
+            ev, pool = events[-1]
             if pool.stale:  # its context was rebuilt: the work (and the event) are gone
-                evs.pop()
+                events.pop()
                 continue
             if not self._backend.event_query(ev):
                 return False
             pool.put(ev)
-            evs.pop()
+            events.pop()
         return True
 
     def deallocate(self, buf: PinnedBuffer, *streams: Stream) -> None:
-        if buf._released:
-            raise DoubleFreeError(f"pinned buffer {buf.ptr:#x} was released twice", ptr=buf.ptr)
+        """Hand ``buf`` back; its memory is reused only after the work queued so far on
+        ``streams``. A closed stream's work is waited for on the host."""
+        with self._lock:
+            if buf._released:
+                raise DoubleFreeError(f"pinned buffer {buf.ptr:#x} was released twice", ptr=buf.ptr)
+            buf._released = True
+        events: list = []
         for s in streams:
+            if s._closed or s._generation != s.device.state.generation:
+                if not s._closed:
+                    continue  # a rebuilt context: its work is gone
+                self._backend.device_synchronize(s.device.ordinal)
+                continue
             pool = event_pool(s.device)
             ev = pool.get()
-            self._backend.event_record(ev, s._check())
-            buf._events.append((ev, pool))
+            self._backend.event_record(ev, s.handle)
+            events.append((ev, pool))
         with self._lock:
-            buf._released = True
             self._outstanding -= buf.capacity
             self._cached += buf.capacity
-            self._cache.setdefault(buf.capacity, []).append(buf)
+            self._cache.setdefault(buf.capacity, []).append((buf.ptr, events))
 
     @property
     def bytes_outstanding(self) -> int:
@@ -136,15 +141,14 @@ class PinnedHostResource:
             buckets, self._cache = self._cache, {}
             self._cached = 0
         freed = 0
-        for bucket in buckets.values():
-            for buf in bucket:
-                for ev, pool in buf._events:
+        for cap, bucket in buckets.items():
+            for ptr, events in bucket:
+                for ev, pool in events:
                     if not pool.stale:
                         self._backend.event_synchronize(ev)
                         pool.put(ev)
-                buf._events.clear()
-                self._backend.host_free(buf.ptr)
-                freed += buf.capacity
+                self._backend.host_free(ptr)
+                freed += cap
         return freed
 
     close = trim

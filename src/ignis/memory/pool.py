@@ -190,7 +190,7 @@ class PoolResource(TrackedResource):
             check_request(nbytes, stream)
         if stream._closed or stream._generation != self._generation or stream.device is not self.device \
                 or self._closed:
-            self._bad_stream(stream)
+            self._check_stream(stream)
         size = (nbytes + 511) & -512
         small = size <= _SMALL_MAX
         with self._lock:
@@ -221,8 +221,6 @@ class PoolResource(TrackedResource):
             ptr = block.ptr
             if self._live.get(ptr) is not block:
                 self._check_dealloc(block, self._live)
-            if _ord.checker is not None:
-                _ord.checker.free(block)
             del self._live[ptr]
             b = block._impl
             size = b.size
@@ -255,17 +253,10 @@ class PoolResource(TrackedResource):
         if _history.recorder is not None:
             _history.recorder("free_requested", self, ptr, size, stream, block)
             _history.recorder("free_completed", self, ptr, size, stream, block)  # reusable at once, in order
+        if _ord.checker is not None:
+            _ord.checker.free(block)  # after the release ordering was queued
 
     # -- slow paths (lock held) ---------------------------------------------------
-    def _bad_stream(self, stream: Any) -> None:
-        if not isinstance(stream, Stream):
-            check_request(1, stream)
-        stream._check()
-        self._check_alive()
-        if stream.device is not self.device:
-            raise ValueError(f"{stream!r} belongs to device {stream.device.ordinal}, but this "
-                             f"{type(self).__name__} serves device {self.device.ordinal}")
-
     def _slow_take(self, size: int, small: bool, stream: Stream) -> _Block:
         if self._generation != self.device.state.generation or self._closed:
             self._check_alive()

@@ -208,14 +208,33 @@ class DeviceMemoryResource:
         return block
 
     def _unregister(self, block: DeviceBlock) -> None:
-        """Lock held: check ``block`` is live here (else the right error), let the
-        sanitizer see the free, and forget it."""
+        """Lock held: check ``block`` is live here (else the right error) and forget it."""
         if self._live.get(block.ptr) is not block:
             self._check_dealloc(block, self._live)
-        if _ord.checker is not None:
-            _ord.checker.free(block)
         del self._live[block.ptr]
         self._bytes -= block.bytes
+
+    def _reregister(self, block: DeviceBlock) -> None:
+        """Undo ``_unregister`` after the driver refused the free (the block stays LIVE)."""
+        with self._lock:
+            self._live[block.ptr] = block
+            self._bytes += block.bytes
+
+    @staticmethod
+    def _sanitize_free(block: DeviceBlock) -> None:
+        """Let the sanitizer see a free, once the release ordering has been queued."""
+        if _ord.checker is not None:
+            _ord.checker.free(block)
+
+    def _check_stream(self, stream: Any) -> None:
+        """The right error for a stream this resource cannot allocate on (slow path)."""
+        if not isinstance(stream, Stream):
+            check_request(1, stream)
+        stream._check()
+        self._check_alive()
+        if stream.device is not self.device:
+            raise ValueError(f"{stream!r} belongs to device {stream.device.ordinal}, but this "
+                             f"{type(self).__name__} serves device {self.device.ordinal}")
 
     def memory_numbers(self) -> dict[str, int]:
         """``live_bytes``, ``cached_bytes``, ``largest_free_block`` for reports."""
@@ -279,6 +298,8 @@ class TrackedResource(DeviceMemoryResource):
         """Queue on ``stream`` the waits that ``access`` needs (under ``auto`` ordering).
         Call before enqueuing the work. ``span`` = (offset, nbytes, op) narrows what
         the sanitizer checks."""
+        if stream._closed or stream._generation != self._generation:
+            stream._check()  # a closed or stale stream: its handle must not reach the driver
         with self._lock:
             b = self._live.get(block.ptr)
             if b is None or b.generation != block.generation:

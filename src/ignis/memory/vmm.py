@@ -157,6 +157,7 @@ class VmmResource(TrackedResource):
             stale = self.device.state.generation != self._generation
             streams = [] if stale else release_streams(self, block)
             exported = self._export_fds.pop(block.ptr, None)
+        self._sanitize_free(block)
         if exported is not None:
             os.close(exported)
         rec = _history.recorder

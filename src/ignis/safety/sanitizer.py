@@ -90,7 +90,8 @@ class Sanitizer:
         self._atexit = False
 
     def _reset(self) -> None:
-        self._sids: dict[int, int] = {}           # stream handle -> stream identity
+        self._sids: dict[int, int] = {}           # live stream handle -> stream identity
+        self._by_id: dict[int, int] = {}          # ignis Stream.id -> identity (outlives the handle)
         self._names: dict[int, int] = {}          # identity -> ignis Stream.id (for reports)
         self._next_sid = itertools.count(1)
         self._clock: dict[int, dict[int, int]] = {}
@@ -112,7 +113,9 @@ class Sanitizer:
         return sid
 
     def _vc(self, handle: int) -> tuple[int, dict[int, int]]:
-        sid = self._sid(handle)
+        return self._vc_of(self._sid(handle))
+
+    def _vc_of(self, sid: int) -> tuple[int, dict[int, int]]:
         vc = self._clock[sid]
         if self._seen.get(sid) != self._host_version:
             for k, v in self._host.items():
@@ -237,7 +240,10 @@ class Sanitizer:
         frames = _frames()
         with self._lock:
             self.checked += 1
-            sid, vc = self._vc(stream.handle)
+            sid = self._by_id.get(stream.id)
+            if sid is None:  # identities follow Stream objects, so a closed stream keeps its clock
+                sid = self._by_id[stream.id] = self._sid(stream.handle)
+            sid, vc = self._vc_of(sid)
             self._names[sid] = stream.id
             vc[sid] += 1
             rec = _Rec(sid, stream.id, vc[sid], kind, lo, hi, op, frames, block.generation, block.ptr)
