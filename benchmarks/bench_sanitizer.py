@@ -25,7 +25,7 @@ import ignis as ig
 N = 3000
 REPEATS = 5
 
-TORCH_CHILD = r"""
+TORCH_CHILD_TEMPLATE = r"""
 import sys, time, statistics, torch
 if sys.argv[1] == "on":
     import torch.cuda._sanitizer as csan
@@ -42,7 +42,7 @@ for _ in range(%d):
     torch.cuda.synchronize()
     out.append((time.perf_counter() - t) / %d * 1e6)
 print(statistics.median(out))
-""" % (REPEATS, N, N)
+"""
 
 
 def per_launch(fn, dev: ig.Device) -> float:
@@ -60,7 +60,11 @@ def per_launch(fn, dev: ig.Device) -> float:
 def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--json")
+    ap.add_argument("--quick", action="store_true", help="fewer launches and repeats")
     args = ap.parse_args()
+    global N, REPEATS
+    if args.quick:
+        N, REPEATS = 500, 3
     dev = ig.Device(0)
     x = ig.empty(1024, "float32")
     s = x.stream
@@ -102,7 +106,8 @@ def main() -> int:
         have_torch = False
     if have_torch:
         for mode in ("off", "on"):
-            p = subprocess.run([sys.executable, "-c", TORCH_CHILD, mode], capture_output=True, text=True,
+            child = TORCH_CHILD_TEMPLATE % (REPEATS, N, N)
+            p = subprocess.run([sys.executable, "-c", child, mode], capture_output=True, text=True,
                                timeout=300)
             try:
                 res[f"torch_csan_{mode}_us"] = float(p.stdout.strip().splitlines()[-1])
