@@ -30,6 +30,9 @@ __all__ = [
     "OutOfBoundsError",
     "RaceError",
     "InvalidTransitionError",
+    "SafetensorsError",
+    "CollectiveError",
+    "CollectiveTimeoutError",
 ]
 
 
@@ -243,3 +246,42 @@ class InvalidTransitionError(IgnisError, RuntimeError):
     def __init__(self, what: str, state: str, attempted: str) -> None:
         super().__init__(f"{what}: cannot go from {state} to {attempted}", what=what, state=state,
                          attempted=attempted)
+
+
+class SafetensorsError(IgnisError, ValueError):
+    """A safetensors file is malformed. ``file``, ``tensor`` (or None) and ``problem`` say where and what."""
+
+    def __init__(self, file: str, problem: str, tensor: str | None = None) -> None:
+        where = f"{file}: " + (f"tensor {tensor!r}: " if tensor is not None else "")
+        super().__init__(f"invalid safetensors file {where}{problem}", file=file, tensor=tensor,
+                         problem=problem)
+
+
+class CollectiveError(IgnisError, RuntimeError):
+    """A collective or point-to-point operation failed: a peer died or closed its
+    communicator, a peer did not answer in time, ranks called different
+    operations, or NCCL reported an error. It names the rank that failed
+    (``rank``, when known), the operation (``op``) and the rank that raised it
+    (``this_rank``). ``kind`` is one of "peer_died", "peer_closed", "timeout",
+    "mismatch", "nccl", "init", "closed", "failed_earlier"."""
+
+    def __init__(self, detail: str, *, op: str | None = None, rank: int | None = None,
+                 this_rank: int | None = None, kind: str = "error", **more: Any) -> None:
+        where = f"rank {this_rank}" if this_rank is not None else "this rank"
+        head = f"collective {op} failed on {where}" if op else f"collective failure on {where}"
+        super().__init__(f"{head}: {detail}", detail=detail, op=op, rank=rank, this_rank=this_rank,
+                         kind=kind, **more)
+
+
+class CollectiveTimeoutError(CollectiveError, TimeoutError):
+    """A peer did not take part in an operation within the communicator's time-out."""
+
+    def __reduce__(self) -> tuple:
+        # TimeoutError is an OSError, whose instances must be made by OSError.__new__.
+        return (_rebuild_timeout, (self.message, dict(self.__dict__)))
+
+
+def _rebuild_timeout(message: str, state: dict[str, Any]) -> CollectiveTimeoutError:
+    err = OSError.__new__(CollectiveTimeoutError, message)
+    err.__dict__.update(state)
+    return err

@@ -36,7 +36,7 @@ from typing import Any, Iterable, Mapping
 
 from .. import dtypes as _dt
 from ..dtypes import DType
-from ..errors import IgnisError
+from ..errors import SafetensorsError
 
 __all__ = ["SafetensorsError", "TensorEntry", "Header", "MAX_HEADER_SIZE", "METADATA_KEY", "read_header",
            "parse_header", "build_header", "resolve_dtype_map", "sort_key"]
@@ -53,15 +53,6 @@ _RANK = {code: i for i, code in enumerate(_REFERENCE_ORDER)}
 # Byte-sized codes of the reference that Ignis has no dtype for (loadable with dtype_map).
 _FOREIGN_ITEMSIZE = {"F8_E8M0": 1, "F8_E4M3FNUZ": 1, "F8_E5M2FNUZ": 1}
 _SUB_BYTE = {"F4", "F6_E2M3", "F6_E3M2"}
-
-
-class SafetensorsError(IgnisError, ValueError):
-    """A safetensors file is malformed. ``file``, ``tensor`` (or None) and ``problem`` say where and what."""
-
-    def __init__(self, file: str, problem: str, tensor: str | None = None) -> None:
-        where = f"{file}: " + (f"tensor {tensor!r}: " if tensor is not None else "")
-        super().__init__(f"invalid safetensors file {where}{problem}", file=file, tensor=tensor,
-                         problem=problem)
 
 
 @dataclass(frozen=True, slots=True)
