@@ -37,3 +37,19 @@ def on_emulated():
     if get_backend().name != "emulated":
         pytest.skip("emulated-backend behaviour")
     return get_backend()
+
+
+@pytest.fixture
+def dev():
+    """Device 0 of the active backend."""
+    return ig.Device(0)
+
+
+@pytest.fixture
+def streams(dev):
+    """Three streams on device 0, synchronized and closed afterwards."""
+    ss = [dev.create_stream() for _ in range(3)]
+    yield ss
+    dev.synchronize()
+    for s in ss:
+        s.close()

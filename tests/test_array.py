@@ -13,11 +13,6 @@ import ignis as ig
 from ignis import dtypes as D
 
 
-@pytest.fixture
-def dev():
-    return ig.Device(0)
-
-
 ALL_DTYPES = [D.bool_, D.uint8, D.int8, D.int16, D.uint16, D.float16, D.bfloat16, D.int32, D.uint32,
               D.float32, D.float64, D.int64, D.uint64, D.float8_e4m3fn, D.float8_e5m2, D.complex64]
 

@@ -17,20 +17,6 @@ G = 256  # default guard size per side
 POISON, CANARY = 0xA5, 0xFD
 
 
-@pytest.fixture
-def dev():
-    return ig.Device(0)
-
-
-@pytest.fixture
-def streams(dev):
-    ss = [dev.create_stream() for _ in range(3)]
-    yield ss
-    dev.synchronize()
-    for s in ss:
-        s.close()
-
-
 UPSTREAMS = ["pool_direct", "pool_async", "direct"]
 
 

@@ -105,11 +105,6 @@ class Peer:
 
 
 @pytest.fixture
-def dev():
-    return ig.Device(0)
-
-
-@pytest.fixture
 def mr(dev):
     mr = ig.VmmResource(dev)
     a = ig.empty((1,), "float32", mr=mr)

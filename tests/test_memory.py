@@ -17,11 +17,6 @@ from ignis.memory import Access, BlockState
 R, W, RW = Access.READ, Access.WRITE, Access.READ_WRITE
 
 
-@pytest.fixture
-def dev():
-    return ig.Device(0)
-
-
 def _bases(dev):
     out = {"direct": lambda: ig.DirectResource(dev), "pool_direct": lambda: ig.PoolResource(ig.DirectResource(dev))}
     if dev.capabilities["memory_pools"]:
@@ -56,15 +51,6 @@ def tracks(mr) -> bool:
 @pytest.fixture(params=[(b, a) for b in BASES for a in ADAPTORS], ids=lambda p: f"{p[1]}-{p[0]}")
 def mr(request, dev):
     return make(dev, *request.param)
-
-
-@pytest.fixture
-def streams(dev):
-    ss = [dev.create_stream() for _ in range(3)]
-    yield ss
-    dev.synchronize()
-    for s in ss:
-        s.close()
 
 
 # -- the contract -----------------------------------------------------------------

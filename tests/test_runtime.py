@@ -13,11 +13,6 @@ import ignis as ig
 from helpers import read, sleep_on, write
 
 
-@pytest.fixture
-def dev():
-    return ig.Device(0)
-
-
 def test_device_is_a_singleton_per_ordinal(dev):
     assert ig.Device(0) is dev
     assert ig.Device(dev) is dev

@@ -20,20 +20,6 @@ K = ig.kernels
 
 
 @pytest.fixture
-def dev():
-    return ig.Device(0)
-
-
-@pytest.fixture
-def streams(dev):
-    ss = [dev.create_stream() for _ in range(3)]
-    yield ss
-    dev.synchronize()
-    for s in ss:
-        s.close()
-
-
-@pytest.fixture
 def san():
     ig.sanitizer.disable()
     s = ig.sanitizer.enable("raise")

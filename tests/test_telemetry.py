@@ -32,11 +32,6 @@ HAVE_MATPLOTLIB = importlib.util.find_spec("matplotlib") is not None
 
 
 @pytest.fixture
-def dev():
-    return ig.Device(0)
-
-
-@pytest.fixture
 def collecting():
     ig.telemetry.enable_stats()
     try:
