@@ -308,17 +308,17 @@ class NvArray:
         of this array (``n < 0``: all of them)."""
         if self._freed or self._base is not None:
             self._check_live()
-        if stream._closed or stream._generation != stream.device.state.generation:
-            stream._check()  # a closed or stale stream's handle must not reach the driver
         chk = _ord.checker
         block = self._block
-        if self._tracks:
+        if self._tracks:  # prepare_block_use refuses a closed or stale stream itself
             if chk is None:
                 self._mr.prepare_block_use(block, stream, access)
             else:
                 self._mr.prepare_block_use(block, stream, access,
                                            (self._ptr - block.ptr + off, self.nbytes if n < 0 else n, op))
             return
+        if stream._closed or stream._generation != stream.device.state.generation:
+            stream._check()  # a closed or stale stream's handle must not reach the driver
         if block is not None and stream is not block.alloc_stream:
             raise StreamMisuseError(
                 f"NvArray#{self.id} lives in a {type(self._mr).__name__}, which cannot track cross-stream "

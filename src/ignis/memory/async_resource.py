@@ -8,10 +8,10 @@ FREED. ``trim()`` hands the pool's unused memory back to the system.
 
 from __future__ import annotations
 
-from ..errors import DriverError, UnsupportedError
+from ..errors import UnsupportedError
 from ..runtime import Device, Stream
 from . import history as _history
-from .resource import TrackedResource, check_request
+from .resource import TrackedResource
 from .types import UNTAGGED, BlockState, DeviceBlock
 
 __all__ = ["AsyncResource"]
@@ -30,20 +30,9 @@ class AsyncResource(TrackedResource):
         self._pending_bytes = 0
 
     def allocate(self, nbytes: int, stream: Stream | None = None, tag: str = UNTAGGED) -> DeviceBlock:
-        if stream is None:
-            stream = self.device.default_stream
-        if type(nbytes) is not int or nbytes <= 0 or type(stream) is not Stream:
-            check_request(nbytes, stream)
-        if stream._closed or stream._generation != self._generation or stream.device is not self.device \
-                or self._closed:
-            self._check_stream(stream)
-        try:
-            ptr = self._backend.mem_alloc_async(self.device.ordinal, nbytes, stream._check())
-        except DriverError as e:
-            if e.name == "CUDA_ERROR_OUT_OF_MEMORY":
-                raise self._oom(nbytes, e, **self.memory_numbers()) from e
-            raise
-        return self._register(ptr, stream, nbytes, nbytes, tag)
+        stream = self._admit(nbytes, stream)
+        return self._driver_allocate(
+            lambda: self._backend.mem_alloc_async(self.device.ordinal, nbytes, stream.handle), nbytes, stream, tag)
 
     def deallocate(self, block: DeviceBlock) -> None:
         with self._lock:

@@ -11,10 +11,9 @@ from __future__ import annotations
 
 import threading
 
-from ..errors import DriverError
 from ..runtime import Device, Stream
 from . import history as _history
-from .resource import DeviceMemoryResource, check_request
+from .resource import DeviceMemoryResource
 from .types import UNTAGGED, BlockState, DeviceBlock
 
 __all__ = ["DirectResource"]
@@ -30,19 +29,9 @@ class DirectResource(DeviceMemoryResource):
         self._bytes = 0
 
     def allocate(self, nbytes: int, stream: Stream | None = None, tag: str = UNTAGGED) -> DeviceBlock:
-        stream = self._stream(stream)
-        if type(nbytes) is not int or nbytes <= 0 or type(stream) is not Stream:
-            check_request(nbytes, stream)
-        if stream._closed or stream._generation != self._generation or stream.device is not self.device \
-                or self._closed:
-            self._check_stream(stream)
-        try:
-            ptr = self._backend.mem_alloc(self.device.ordinal, nbytes)
-        except DriverError as e:
-            if e.name == "CUDA_ERROR_OUT_OF_MEMORY":
-                raise self._oom(nbytes, e, **self.memory_numbers()) from e
-            raise
-        return self._register(ptr, stream, nbytes, nbytes, tag)
+        stream = self._admit(nbytes, stream)
+        return self._driver_allocate(lambda: self._backend.mem_alloc(self.device.ordinal, nbytes),
+                                     nbytes, stream, tag)
 
     def deallocate(self, block: DeviceBlock) -> None:
         with self._lock:

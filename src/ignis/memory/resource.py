@@ -29,7 +29,7 @@ from __future__ import annotations
 import threading
 from typing import TYPE_CHECKING, Any
 
-from ..errors import (ClosedError, DoubleFreeError, OutOfMemoryError, StaleHandleError, StreamMisuseError,
+from ..errors import (ClosedError, DoubleFreeError, DriverError, OutOfMemoryError, StaleHandleError, StreamMisuseError,
                       UseAfterFreeError)
 from ..runtime import Device, Stream
 from . import history as _history
@@ -226,6 +226,29 @@ class DeviceMemoryResource:
         if _ord.checker is not None:
             _ord.checker.free(block)
 
+    def _admit(self, nbytes: Any, stream: Any) -> Stream:
+        """The stream an allocation goes on, after checking the request and the stream
+        (PoolResource inlines the same checks on its hot path)."""
+        if stream is None:
+            stream = self.device.default_stream
+        if type(nbytes) is not int or nbytes <= 0 or type(stream) is not Stream:
+            check_request(nbytes, stream)
+        if stream._closed or stream._generation != self._generation or stream.device is not self.device \
+                or self._closed:
+            self._check_stream(stream)
+        return stream
+
+    def _driver_allocate(self, alloc: Any, nbytes: int, stream: Stream, tag: str) -> DeviceBlock:
+        """Run the driver allocation ``alloc()``; out of memory becomes OutOfMemoryError
+        with the resource's numbers, and the new block is registered."""
+        try:
+            ptr = alloc()
+        except DriverError as e:
+            if e.name == "CUDA_ERROR_OUT_OF_MEMORY":
+                raise self._oom(nbytes, e, **self.memory_numbers()) from e
+            raise
+        return self._register(ptr, stream, nbytes, nbytes, tag)
+
     def _check_stream(self, stream: Any) -> None:
         """The right error for a stream this resource cannot allocate on (slow path)."""
         if not isinstance(stream, Stream):
@@ -298,7 +321,7 @@ class TrackedResource(DeviceMemoryResource):
         """Queue on ``stream`` the waits that ``access`` needs (under ``auto`` ordering).
         Call before enqueuing the work. ``span`` = (offset, nbytes, op) narrows what
         the sanitizer checks."""
-        if stream._closed or stream._generation != self._generation:
+        if stream._closed or stream._generation != stream.device.state.generation:
             stream._check()  # a closed or stale stream: its handle must not reach the driver
         with self._lock:
             b = self._live.get(block.ptr)
@@ -391,10 +414,3 @@ class TrackedResource(DeviceMemoryResource):
         b._ws = None
         b._we = 0
         b._rd = None
-
-    def _forget_all(self) -> None:
-        """Drop every live block (the context that held them is gone)."""
-        with self._lock:
-            for b in self._live.values():
-                b.state = BlockState.FREED
-            self._live.clear()

@@ -10,7 +10,6 @@ were made in and refuse to work across a rebuild.
 from __future__ import annotations
 
 import threading
-from typing import Any
 
 from ..backends import Backend, DeviceProperties, get_backend
 from ..errors import StaleHandleError
@@ -177,8 +176,6 @@ class Device:
             old, self._default_stream = self._default_stream, None
             self.backend.rebuild_context(self.ordinal)
             del old
-        for hook in list(_rebuild_hooks):
-            hook(self)
         return gen
 
     def shutdown(self) -> None:
@@ -190,7 +187,3 @@ class Device:
         finally:
             self.state.begin_shutdown()
 
-
-# Layers above register callbacks that run after a context rebuild (the memory
-# layer forgets blocks of the old context, for instance).
-_rebuild_hooks: list[Any] = []
