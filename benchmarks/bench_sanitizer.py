@@ -7,13 +7,18 @@ CUDA sanitizer off and on, in the same run on the same card.
 - torch: ``x.fill_(1.0)`` without and with ``torch.cuda._sanitizer`` (CSAN), the latter
   in a child process because CSAN cannot be turned off once on.
 
-Numbers are CPU-side µs per launch (N launches queued, one synchronize after).
+Numbers are CPU-side µs per launch: the time to queue N launches, with the clock
+stopped before the synchronize that follows (N is kept below the depth of the
+driver's launch queue, so queuing never waits for the GPU; timing the synchronize
+too would measure how fast the GPU runs the kernels, the same for every variant).
+The three Ignis variants go round-robin, repeat by repeat; the median is reported.
 Run: ``PYTHONPATH=src python3 benchmarks/bench_sanitizer.py [--json OUT]``.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import statistics
 import subprocess
@@ -22,8 +27,8 @@ import time
 
 import ignis as ig
 
-N = 3000
-REPEATS = 5
+N = 256          # launches per repeat: below the driver's launch-queue depth
+REPEATS = 41
 
 TORCH_CHILD_TEMPLATE = r"""
 import sys, time, statistics, torch
@@ -39,22 +44,29 @@ for _ in range(%d):
     t = time.perf_counter()
     for _ in range(%d):
         x.fill_(1.0)
+    dt = time.perf_counter() - t
     torch.cuda.synchronize()
-    out.append((time.perf_counter() - t) / %d * 1e6)
+    out.append(dt / %d * 1e6)
 print(statistics.median(out))
 """
 
 
-def per_launch(fn, dev: ig.Device) -> float:
-    fn(200)
+def per_launch(variants: dict, dev: ig.Device) -> dict:
+    """Median µs per launch of each ``name -> (fn, context)``, repeats round-robin."""
+    for fn, ctx in variants.values():
+        with ctx():
+            fn(64)
     dev.synchronize()
-    out = []
+    out: dict[str, list[float]] = {k: [] for k in variants}
     for _ in range(REPEATS):
-        t = time.perf_counter()
-        fn(N)
-        dev.synchronize()
-        out.append((time.perf_counter() - t) / N * 1e6)
-    return statistics.median(out)
+        for name, (fn, ctx) in variants.items():
+            with ctx():
+                t = time.perf_counter()
+                fn(N)
+                dt = time.perf_counter() - t
+                dev.synchronize()
+            out[name].append(dt / N * 1e6)
+    return {k: statistics.median(v) for k, v in out.items()}
 
 
 def main() -> int:
@@ -64,7 +76,7 @@ def main() -> int:
     args = ap.parse_args()
     global N, REPEATS
     if args.quick:
-        N, REPEATS = 500, 3
+        N, REPEATS = 256, 9
     dev = ig.Device(0)
     x = ig.empty(1024, "float32")
     s = x.stream
@@ -95,10 +107,10 @@ def main() -> int:
         for _ in range(n):
             ig.kernels.fill(x, 1.0)
 
-    res["bare_us"] = per_launch(bare, dev)
-    res["tracked_us"] = per_launch(tracked, dev)
-    with ig.sanitizer.enabled():
-        res["sanitized_us"] = per_launch(tracked, dev)
+    times = per_launch({"bare_us": (bare, contextlib.nullcontext), "tracked_us": (tracked, contextlib.nullcontext),
+                        "sanitized_us": (tracked, ig.sanitizer.enabled)}, dev)
+    res.update(times)
+    res["launches_per_repeat"], res["repeats"] = N, REPEATS
     try:
         import torch  # noqa: F401
         have_torch = torch.cuda.is_available()

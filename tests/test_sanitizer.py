@@ -60,6 +60,10 @@ def test_builtin_kernels_compute(dev):
         a = ig.empty(333, dt)
         K.fill(a, v)
         assert (a.to_numpy() == np.array(v, a.dtype.numpy)).all()
+    z = ig.empty(8, "float32")
+    for v in (0.0, -0.0, 0, -0.0, 0.0):  # equal values with different bits
+        K.fill(z, v)
+        assert z.to_numpy().view(np.uint32).tolist() == [np.array(v, np.float32).view(np.uint32)] * 8
 
 
 def test_custom_kernel_and_declared_ranges(dev):
@@ -128,6 +132,21 @@ def test_auto_ordering_orders_racy_program(dev, streams):
         K.fill(x, 3.0, stream=a)
         K.copy(y, x, stream=b)  # auto: waits for the fill
         assert (y.to_numpy(stream=b) == 3.0).all()
+
+
+def test_a_same_stream_read_still_orders_a_later_write_elsewhere(dev, streams):
+    # A read on the block's own stream records nothing (the block stays "clean"),
+    # yet a write on another stream afterwards waits for it.
+    a, b, _ = streams
+    for _ in range(5):
+        x, _ = two(dev, a, b, 1 << 16)
+        y = ig.empty(1 << 16, "float32", stream=a)
+        K.fill(x, 3.0, stream=a)
+        a.launch_host_func(lambda: __import__("time").sleep(0.02))
+        K.copy(y, x, stream=a)
+        K.fill(x, 5.0, stream=b)  # auto: waits for the copy's read on a
+        assert (y.to_numpy(stream=a) == 3.0).all()
+        assert (x.to_numpy(stream=b) == 5.0).all()
 
 
 def test_ordering_scopes(dev, streams):
@@ -367,6 +386,22 @@ def guard(dev):
     g = ig.DebugGuardResource(ig.PoolResource(ig.memory.current.default_upstream(dev)))
     yield g
     g.flush()
+
+
+def test_guarded_arrays_are_ordered_across_streams(dev, streams, guard):
+    # The guard hands out its own blocks and tracks through the upstream's: a use
+    # back on the array's own stream must still wait for a write made elsewhere.
+    a, b, _ = streams
+    for _ in range(3):
+        x = ig.empty(1 << 16, "float32", stream=a, mr=guard)
+        y = ig.empty(1 << 16, "float32", stream=a, mr=guard)
+        K.fill(x, 1.0, stream=a)
+        b.launch_host_func(lambda: __import__("time").sleep(0.02))
+        K.fill(x, 3.0, stream=b)
+        K.copy(y, x, stream=a)  # must wait for the fill on b
+        assert (y.to_numpy(stream=a) == 3.0).all()
+        x.free()
+        y.free()
 
 
 @pytest.mark.parametrize("start,side", [(60, "after"), (-3, "before")])

@@ -9,6 +9,7 @@ bug zoo and the sanitizer tests use.
 
 from __future__ import annotations
 
+import math
 import threading
 from typing import Any
 
@@ -103,25 +104,27 @@ def kernel(op: str, dtype_or_size: Any) -> Kernel:
     return k
 
 
-_bits_cache: dict[tuple[Any, str], int] = {}
+_fill_plans: dict[str, tuple[Kernel, dict]] = {}  # dtype name -> (fill kernel, value -> element bits)
 
 
 def fill(dst: NvArray, value: Any, *, stream: Stream | None = None) -> NvArray:
     """Set every element of ``dst`` to ``value`` with a kernel."""
     dt = dst.dtype
-    key = (value, dt.name)
-    bits = _bits_cache.get(key)
+    plan = _fill_plans.get(dt.name)
+    if plan is None:
+        plan = _fill_plans.setdefault(dt.name, (kernel("fill", dt.itemsize), {}))
+    k, cache = plan
+    # 0.0 == -0.0 (and they hash alike) but their bits differ: a negative zero gets its own key
+    key = value if value or type(value) is not float or math.copysign(1.0, value) > 0 else "-0.0"
+    bits = cache.get(key)
     if bits is None:
         bits = np.array(value, dtype=dt.numpy).view(_BITS[dt.itemsize][1]).item()
-        if len(_bits_cache) < 1024:
-            _bits_cache[key] = bits
-    k = _fill_kernels.get(dt.itemsize) or _fill_kernels.setdefault(dt.itemsize, kernel("fill", dt.itemsize))
+        if len(cache) < 256:
+            cache[key] = bits
     n = dst.numel
-    launch(k, max(1, min((n + _BLOCK - 1) // _BLOCK, 8192)), _BLOCK, dst, bits, n, stream=stream)
+    grid = (n + _BLOCK - 1) // _BLOCK
+    launch(k, grid if 0 < grid <= 8192 else (1 if grid < 1 else 8192), _BLOCK, dst, bits, n, stream=stream)
     return dst
-
-
-_fill_kernels: dict[int, Kernel] = {}
 
 
 def copy(dst: NvArray, src: NvArray, n: int | None = None, *, stream: Stream | None = None) -> NvArray:

@@ -13,6 +13,7 @@ from __future__ import annotations
 from typing import Any, Callable, Sequence
 
 from ..errors import OutOfBoundsError, StreamMisuseError, UnsupportedError
+from ..memory import ordering as _ord
 from ..runtime import Device, Stream
 from ..runtime.kernel import Kernel, RawPtr
 from .nvarray import NvArray
@@ -48,52 +49,58 @@ def launch(kernel: Kernel, grid: Any, block: Any, *args: Any, stream: Stream | N
     """Queue ``kernel`` on ``stream`` with tracked access to every array argument."""
     if type(kernel) is not Kernel and not isinstance(kernel, Kernel):
         raise TypeError(f"launch expects an ignis.Kernel, got {type(kernel).__name__}")
-    specs = kernel.specs
-    if len(args) != len(specs):
-        raise TypeError(f"kernel {kernel.name} declares {len(specs)} argument(s), got {len(args)}")
+    if len(args) != len(kernel.specs):
+        raise TypeError(f"kernel {kernel.name} declares {len(kernel.specs)} argument(s), got {len(args)}")
     g = (grid, 1, 1) if type(grid) is int and grid > 0 else _dim3(grid, "grid")
     b = (block, 1, 1) if type(block) is int and block > 0 else _dim3(block, "block")
-    arrays: list[tuple[NvArray, Any, int, int]] = []
+    uses: list[tuple[NvArray, Any, int, int]] = []
     device = None
-    for i in kernel.array_args:
+    for i, acc, rng in kernel.plan:
         arg = args[i]
-        _, spec, rng = specs[i]
         if type(arg) is not NvArray or arg._freed or (arg._block is not None and not arg._tracks) \
                 or (device is not None and arg.device is not device):
-            raise _preflight_error(kernel, i, arg, spec, device)
+            raise _preflight_error(kernel, i, arg, acc, device)
         if arg._base is not None:
             arg._check_live(f"pass to kernel {kernel.name}")
         device = arg.device
         if rng is None:
-            lo, hi = 0, arg.nbytes
-        else:
-            lo, hi = rng(*args)
-            if lo < 0 or hi > arg.nbytes or hi < lo:
-                raise OutOfBoundsError(
-                    f"kernel {kernel.name} argument {i} declares bytes [{lo}, {hi}) of NvArray#{arg.id}, which "
-                    f"has {arg.nbytes} bytes", ptr=arg.device_ptr, generation=arg.generation, tag=arg.tag,
-                    side="before" if lo < 0 else "after", offset=lo if lo < 0 else hi)
-        arrays.append((arg, spec, lo, hi))
+            uses.append((arg, acc, 0, arg.nbytes))
+            continue
+        lo, hi = rng(*args)
+        if lo < 0 or hi > arg.nbytes or hi < lo:
+            raise OutOfBoundsError(
+                f"kernel {kernel.name} argument {i} declares bytes [{lo}, {hi}) of NvArray#{arg.id}, which "
+                f"has {arg.nbytes} bytes", ptr=arg.device_ptr, generation=arg.generation, tag=arg.tag,
+                side="before" if lo < 0 else "after", offset=lo if lo < 0 else hi)
+        uses.append((arg, acc, lo, hi - lo))
     if device is None:
         device = Device(0)
-    s = stream if stream is not None else (arrays[0][0].stream if arrays else device.default_stream)
+    s = stream if stream is not None else (uses[0][0].stream if uses else device.default_stream)
     if s.device is not device:
         raise ValueError(f"kernel {kernel.name}: stream is on device {s.device.ordinal}, arrays on {device.ordinal}")
+    state = device.state
+    if s._closed or s._generation != state.generation or not state.accepting_ops:
+        s._check()  # raises: a closed or stale stream's handle must not reach the driver
     backend = device.backend
-    name = kernel.name
-    handle = s._check()
-    n = 0
+    # A use of a block that is clean on ``s`` (ignis.memory.resource, "Clean") needs no
+    # prepare / finish while the sanitizer is off: the common same-stream launch.
+    fast = _ord.checker is None
+    begun = 0
     try:
-        for arr, acc, lo, hi in arrays:
-            arr._begin(s, acc, name, lo, hi - lo)
-            n += 1
+        for arr, acc, lo, nb in uses:
+            bl = arr._block
+            if bl is None or not (fast and bl._ws is s and not bl._we and bl._rd is None):
+                arr._begin(s, acc, kernel.name, lo, nb)
+            begun += 1
         if backend.name == "emulated":
-            backend.kernel_launch(_host_call(kernel, backend, args), g, b, shared_mem, handle, ())
+            backend.kernel_launch(_host_call(kernel, backend, args), g, b, shared_mem, s.handle, ())
         else:
-            backend.kernel_launch(kernel._function(device), g, b, shared_mem, handle, _params(kernel, args))
+            backend.kernel_launch(kernel._function(device), g, b, shared_mem, s.handle, _params(kernel, args))
     finally:
-        for arr, acc, _, _ in arrays[:n]:
-            arr._end(s, acc)
+        for arr, acc, _, _ in (uses if begun == len(uses) else uses[:begun]):
+            bl = arr._block
+            if bl is None or not (bl._ws is s and not bl._we and bl._rd is None):
+                arr._end(s, acc)
 
 
 def _params(kernel: Kernel, args: Sequence[Any]) -> list:

@@ -312,6 +312,9 @@ class NvArray:
         block = self._block
         if self._tracks:  # prepare_block_use refuses a closed or stale stream itself
             if chk is None:
+                if block._ws is stream and not block._we and block._rd is None and not stream._closed \
+                        and stream._generation == stream.device.state.generation:
+                    return  # clean on this stream: nothing to wait for (ignis.memory.resource, "Clean")
                 self._mr.prepare_block_use(block, stream, access)
             else:
                 self._mr.prepare_block_use(block, stream, access,
@@ -329,7 +332,10 @@ class NvArray:
 
     def _end(self, stream: Stream, access: Access) -> None:
         if self._tracks:
-            self._mr.finish_block_use(self._block, stream, access)
+            b = self._block
+            if b._ws is stream and not b._we and b._rd is None:
+                return  # clean on this stream: nothing to record
+            self._mr.finish_block_use(b, stream, access)
 
     @contextmanager
     def use(self, stream: Stream | None = None, access: "Access | str" = Access.READ_WRITE) -> Iterator[int]:
@@ -384,7 +390,9 @@ class NvArray:
         """Give the memory back (stream-ordered). Views only mark themselves freed."""
         if _deferred:
             drain_deferred()
-        with _LOCKS[self.id & 63]:
+        lock = _LOCKS[self.id & 63]
+        lock.acquire()
+        try:
             if self._freed:
                 raise DoubleFreeError(f"NvArray#{self.id} was already freed", array_id=self.id,
                                       generation=self.generation, ptr=self._ptr)
@@ -406,6 +414,8 @@ class NvArray:
                         array_id=self.id, owner=self.owner, caller=by)
             self._freed = True
             pinned = self._pinned
+        finally:
+            lock.release()
         try:
             if pinned is not None:
                 self._pinned = None

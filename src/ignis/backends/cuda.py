@@ -523,9 +523,14 @@ class CudaBackend(CudaVmm, Backend):
     def stream_wait_event(self, stream: int, event: int) -> None:
         if self._faults:
             self._fault("stream_wait_event")
-        s = self._enter_stream(stream)
-        rec = self._events.get(event)
-        _check(self._cuStreamWaitEvent(s, event if rec is None else rec[1], 0), "cuStreamWaitEvent")
+        srec = self._streams.get(stream)
+        erec = self._events.get(event)
+        if srec is not None and erec is not None and self._cur.ctx is srec[0].ctx:  # the hot path, inlined
+            res = self._cuStreamWaitEvent(srec[1], erec[1], 0)
+        else:
+            res = self._cuStreamWaitEvent(self._enter_stream(stream), event if erec is None else erec[1], 0)
+        if res[0]:
+            raise _error(res[0], "cuStreamWaitEvent")
 
     def stream_query(self, stream: int) -> bool:
         if self._faults:
@@ -603,9 +608,14 @@ class CudaBackend(CudaVmm, Backend):
     def event_record(self, event: int, stream: int) -> None:
         if self._faults:
             self._fault("event_record")
-        s = self._enter_stream(stream)
-        rec = self._events.get(event)
-        _check(self._cuEventRecord(event if rec is None else rec[1], s), "cuEventRecord")
+        srec = self._streams.get(stream)
+        erec = self._events.get(event)
+        if srec is not None and erec is not None and self._cur.ctx is srec[0].ctx:  # the hot path, inlined
+            res = self._cuEventRecord(erec[1], srec[1])
+        else:
+            res = self._cuEventRecord(event if erec is None else erec[1], self._enter_stream(stream))
+        if res[0]:
+            raise _error(res[0], "cuEventRecord")
 
     def event_query(self, event: int) -> bool:
         if self._faults:

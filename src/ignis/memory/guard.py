@@ -235,6 +235,7 @@ class DebugGuardResource(ResourceAdaptor):
             self.upstream.deallocate(up)
             raise
         block = DeviceBlock(up.ptr + g, up.alloc_stream, nbytes, nbytes, tag, _next_generation())
+        block._ws = None  # its hazard record is the upstream block's: never "clean" (memory.resource)
         entry = _Guarded(block, up, stack)
         block._impl = entry
         with self._lock:

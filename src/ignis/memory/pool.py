@@ -193,7 +193,9 @@ class PoolResource(TrackedResource):
             self._check_stream(stream)
         size = (nbytes + 511) & -512
         small = size <= _SMALL_MAX
-        with self._lock:
+        lock = self._lock
+        lock.acquire()
+        try:
             fl = self._free.get(stream)
             b = None
             if fl is not None:
@@ -212,12 +214,16 @@ class PoolResource(TrackedResource):
             block = DeviceBlock(ptr, stream, b.size, nbytes, tag, _next_generation(), b)
             self._live[ptr] = block
             self._live_bytes += b.size
+        finally:
+            lock.release()
         if _history.recorder is not None:
             _history.recorder("alloc", self, ptr, b.size, stream, block)
         return block
 
     def deallocate(self, block: DeviceBlock) -> None:
-        with self._lock:
+        lock = self._lock
+        lock.acquire()
+        try:
             ptr = block.ptr
             if self._live.get(ptr) is not block:
                 self._check_dealloc(block, self._live)
@@ -250,6 +256,8 @@ class PoolResource(TrackedResource):
             if (b.prev is not None and b.prev.free) or (b.next is not None and b.next.free):
                 fl.dirty = True
             block.state = _RETIRED
+        finally:
+            lock.release()
         if _history.recorder is not None:
             _history.recorder("free_requested", self, ptr, size, stream, block)
             _history.recorder("free_completed", self, ptr, size, stream, block)  # reusable at once, in order

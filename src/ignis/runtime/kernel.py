@@ -91,6 +91,8 @@ class Kernel:
         self.options = tuple(options)
         self.specs = [self._parse(i, a) for i, a in enumerate(access)]
         self.array_args = tuple(i for i, sp in enumerate(self.specs) if sp[0] == "array")
+        # (index, access, byte range or None) of each array argument, for launch's preflight
+        self.plan = tuple((i, sp[1], sp[2]) for i, sp in enumerate(self.specs) if sp[0] == "array")
         # ctypes constructor per argument (arrays pass their pointer), for the launch's parameters
         self.param_types = tuple((ctypes.c_void_p, True) if sp[0] == "array" else (_CTYPES[sp[1].name], False)
                                  for sp in self.specs)
