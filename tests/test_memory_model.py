@@ -3,6 +3,8 @@ streams against a simple reference model (hypothesis stateful testing)."""
 
 from __future__ import annotations
 
+import types
+
 import numpy as np
 from hypothesis import settings
 from hypothesis import strategies as st
@@ -11,6 +13,7 @@ from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, 
 import ignis as ig
 from helpers import read, write
 from ignis.memory import Access, BlockState
+from ignis.memory import pool as _pool
 
 SIZES = st.one_of(st.integers(1, 4096), st.integers(4097, 3 << 20), st.sampled_from([512, 1 << 20, 12 << 20]))
 
@@ -76,6 +79,18 @@ class ResourceModel(RuleBasedStateMachine):
     @rule()
     def trim(self):
         self.mr.upstream.trim()
+
+    @rule()
+    def switch_fast_path(self):
+        # Interleave PoolResource's C fast path (where built) and its Python path on one pool.
+        pool = self.mr.upstream
+        if not _pool.FAST:
+            return
+        if "allocate" in pool.__dict__:
+            del pool.__dict__["allocate"], pool.__dict__["deallocate"]
+        else:
+            pool.allocate = types.MethodType(_pool._speedups.pool_allocate, pool)
+            pool.deallocate = types.MethodType(_pool._speedups.pool_deallocate, pool)
 
     @invariant()
     def counts_states_and_no_overlap(self):

@@ -22,6 +22,9 @@ Design:
 from __future__ import annotations
 
 import bisect
+import os
+import threading
+import types
 from typing import Any
 
 from ..errors import DriverError, OutOfMemoryError
@@ -165,12 +168,16 @@ def _segment_size(size: int) -> tuple[int, bool]:
 class PoolResource(TrackedResource):
     """Caching allocator with per-stream free lists over ``upstream``."""
 
+    # Slots (not the instance dict) for what the C fast path reads and writes.
+    __slots__ = ("device", "_generation", "_closed", "_lock", "_live", "_free", "_live_bytes", "_state")
+
     def __init__(self, upstream: DeviceMemoryResource | None = None, *, device: "Device | int | None" = None) -> None:
         if upstream is None:
             from .current import default_upstream
             upstream = default_upstream(Device(0 if device is None else device))
         super().__init__(upstream.device)
         self.upstream = upstream
+        self._state = self.device.state  # its generation moves when the context is rebuilt
         self._free: dict[Stream, _FreeList] = {}
         self._segments: dict[int, _Segment] = {}
         self._live_bytes = 0
@@ -181,6 +188,11 @@ class PoolResource(TrackedResource):
         self.num_segment_frees = 0
         self._final: dict[Stream, int] = {}  # closed stream -> event recorded just before it closed
         add_close_hook(self._on_stream_close)
+        if FAST and type(self) is PoolResource:
+            # The common case in C (ignis/_speedups.c); everything else, and every
+            # error, still goes through the methods below.
+            self.allocate = types.MethodType(_speedups.pool_allocate, self)
+            self.deallocate = types.MethodType(_speedups.pool_deallocate, self)
 
     # -- hot path ------------------------------------------------------------
     def allocate(self, nbytes: int, stream: Stream | None = None, tag: str = UNTAGGED) -> DeviceBlock:
@@ -491,3 +503,24 @@ class PoolResource(TrackedResource):
         return (f"<PoolResource device={self.device.ordinal} live={self._live_bytes} "
                 f"reserved={self._reserved} upstream={type(self.upstream).__name__}>")
 
+
+# -- the optional C fast path ------------------------------------------------------
+def _load_speedups() -> Any:
+    """``ignis._speedups`` bound to these classes, or None (not built, or
+    ``IGNIS_PURE_PYTHON=1``)."""
+    if os.environ.get("IGNIS_PURE_PYTHON", "") not in ("", "0"):
+        return None
+    try:
+        from .. import _speedups as mod
+    except ImportError:
+        return None
+    from ..runtime.stream import Stream as _Stream
+    from ..runtime.device import DeviceState
+    mod.setup(_Stream, DeviceBlock, _Block, _FreeList, _SizeClass, _Segment, PoolResource, DeviceState,
+              BlockState.LIVE, _RETIRED, _next_generation.__self__, _history, _ord, PoolResource.allocate,
+              PoolResource.deallocate, threading.Lock())
+    return mod
+
+
+_speedups = _load_speedups()
+FAST = _speedups is not None  # PoolResource's allocate / deallocate run their common case in C
