@@ -86,11 +86,14 @@ class ResourceModel(RuleBasedStateMachine):
         pool = self.mr.upstream
         if not _pool.FAST:
             return
+        names = {"allocate": "pool_allocate", "deallocate": "pool_deallocate",
+                 "prepare_block_use": "tracked_prepare", "finish_block_use": "tracked_finish"}
         if "allocate" in pool.__dict__:
-            del pool.__dict__["allocate"], pool.__dict__["deallocate"]
+            for name in names:
+                del pool.__dict__[name]
         else:
-            pool.allocate = types.MethodType(_pool._speedups.pool_allocate, pool)
-            pool.deallocate = types.MethodType(_pool._speedups.pool_deallocate, pool)
+            for name, fn in names.items():
+                setattr(pool, name, types.MethodType(getattr(_pool._speedups, fn), pool))
 
     @invariant()
     def counts_states_and_no_overlap(self):

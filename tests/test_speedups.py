@@ -22,8 +22,8 @@ fast_only = pytest.mark.skipif(not _pool.FAST, reason="ignis._speedups is not bu
 
 def python_path(mr: ig.PoolResource) -> ig.PoolResource:
     """Drop the instance's C-bound methods: the class's Python methods run."""
-    mr.__dict__.pop("allocate", None)
-    mr.__dict__.pop("deallocate", None)
+    for name in ("allocate", "deallocate", "prepare_block_use", "finish_block_use"):
+        mr.__dict__.pop(name, None)
     return mr
 
 
@@ -184,3 +184,97 @@ def test_a_rebuilt_context_frees_through_the_python_path():
     dev.rebuild()
     mr.deallocate(b)  # the memory went with the context: the block is FREED, not cached
     assert b.state is BlockState.FREED and mr.bytes_outstanding == 0
+
+
+def _record(blk, streams) -> tuple:
+    """The block's hazard record, with streams by index and events as 'set' / 'lazy'."""
+    idx = {id(s): i for i, s in enumerate(streams)}
+    ev = lambda e: "set" if e else "lazy"  # noqa: E731
+    ws = None if blk._ws is None else idx[id(blk._ws)]
+    rd = None if blk._rd is None else sorted((idx[id(s)], ev(e)) for s, e in blk._rd.items())
+    return ws, ev(blk._we), rd
+
+
+USES = [(1, "WRITE"), (0, "READ"), (2, "READ"), (0, "READ"), (1, "READ_WRITE"), (1, "READ"), (0, "WRITE"),
+        (0, "READ"), (2, "WRITE"), (2, "WRITE"), (1, "READ"), (2, "READ"), (0, "READ_WRITE"), (0, "READ")]
+
+
+def _track_script(mr: ig.PoolResource, streams: list) -> list:
+    blk = mr.allocate(4096, streams[0], "tracked")
+    seen = []
+    for s, acc in USES:
+        mr.prepare_block_use(blk, streams[s], Access[acc])
+        mr.finish_block_use(blk, streams[s], Access[acc])
+        seen.append(_record(blk, streams))
+    seen.append(mr.cross_stream_waits)
+    mr.deallocate(blk)
+    seen.append((blk.state.name, blk._ws, blk._rd))
+    return seen
+
+
+def test_tracking_paths_agree(dev, streams):
+    fast = ig.PoolResource(device=0)
+    slow = python_path(ig.PoolResource(device=0))
+    assert _track_script(fast, streams) == _track_script(slow, streams)
+    dev.synchronize()
+    fast.close()
+    slow.close()
+
+
+@fast_only
+def test_tracked_uses_run_no_python_tracking(dev, streams):
+    mr = ig.PoolResource(device=0)
+    blk = mr.allocate(4096, streams[0])
+    a, b = streams[0], streams[1]
+    names = {"prepare_block_use", "finish_block_use", "_wait", "_record", "_resolve"}
+    called = set()
+
+    def prof(frame, event, arg):
+        if event == "call" and frame.f_code.co_name in names:
+            called.add(frame.f_code.co_name)
+
+    before = ig._speedups.driver_calls()
+    sys.setprofile(prof)
+    try:
+        for i in range(20):
+            s = b if i % 2 else a
+            mr.prepare_block_use(blk, s, Access.READ_WRITE)
+            mr.finish_block_use(blk, s, Access.READ_WRITE)
+    finally:
+        sys.setprofile(None)
+    after = ig._speedups.driver_calls()
+    assert not called
+    # Alternating streams, queued from C: the first use (on the block's own stream)
+    # needs nothing; each of the 10 uses on b records the lazy write on a, waits for
+    # it and records its own end; each of the 9 later uses on a waits for that end.
+    assert after["event_record"] - before["event_record"] == 20
+    assert after["stream_wait_event"] - before["stream_wait_event"] == 19
+    mr.deallocate(blk)
+    dev.synchronize()
+    mr.close()
+
+
+def test_tracking_with_an_armed_fault_raises_the_driver_error(dev, streams, backend):
+    mr = ig.PoolResource(device=0)
+    blk = mr.allocate(4096, streams[0])
+    mr.prepare_block_use(blk, streams[1], Access.WRITE)
+    backend.inject_fault("event_record", error="CUDA_ERROR_LAUNCH_FAILED")
+    with pytest.raises(ig.DriverError) as ei:
+        mr.finish_block_use(blk, streams[1], Access.WRITE)  # records an event on the other stream
+    assert ei.value.name == "CUDA_ERROR_LAUNCH_FAILED"
+    backend.clear_faults()
+    mr.finish_block_use(blk, streams[1], Access.WRITE)
+    mr.deallocate(blk)
+    dev.synchronize()
+    mr.close()
+
+
+def test_tracking_refuses_stale_blocks_in_both_paths(dev, streams):
+    for mr in (ig.PoolResource(device=0), python_path(ig.PoolResource(device=0))):
+        blk = mr.allocate(256, streams[0])
+        mr.deallocate(blk)
+        with pytest.raises(ig.UseAfterFreeError):
+            mr.prepare_block_use(blk, streams[1], Access.READ)
+        with pytest.raises(ig.UseAfterFreeError):
+            mr.finish_block_use(blk, streams[1], Access.READ)
+        mr.close()

@@ -25,17 +25,19 @@
 #include <structmember.h>
 
 /* Slot indices per class. */
-enum { S_DEVICE, S_GENERATION, S_CLOSED, S_STREAM_N };                              /* Stream */
+enum { S_DEVICE, S_GENERATION, S_CLOSED, S_HANDLE, S_STREAM_N };                    /* Stream */
 enum { B_PTR, B_ALLOC_STREAM, B_BYTES, B_REQUESTED, B_TAG, B_GENERATION, B_STATE, B_WS, B_WE, B_RD,
        B_IMPL, B_N };                                                                /* DeviceBlock */
 enum { K_PTR, K_SIZE, K_SEG, K_PREV, K_NEXT, K_FREE, K_STREAM, K_N };               /* pool _Block */
 enum { F_SMALL, F_LARGE, F_COUNT, F_DIRTY, F_N };                                   /* _FreeList */
 enum { C_BINS, C_N };                                                                /* _SizeClass */
 enum { G_SMALL, G_N };                                                               /* _Segment */
-enum { P_DEVICE, P_GENERATION, P_CLOSED, P_LOCK, P_LIVE, P_FREE, P_LIVE_BYTES, P_STATE, P_N }; /* PoolResource */
+enum { P_DEVICE, P_GENERATION, P_CLOSED, P_LOCK, P_LIVE, P_FREE, P_LIVE_BYTES, P_STATE, P_BACKEND, P_EVENTS,
+       P_WAITS, P_N };                                                              /* PoolResource */
+enum { E_FREE, E_N };                                                                /* EventPool */
 enum { D_GENERATION, D_N };                                                          /* DeviceState */
 
-static const char *STREAM_SLOTS[] = {"device", "_generation", "_closed"};
+static const char *STREAM_SLOTS[] = {"device", "_generation", "_closed", "handle"};
 static const char *BLOCK_SLOTS[] = {"ptr", "alloc_stream", "bytes", "requested", "tag", "generation", "state",
                                     "_ws", "_we", "_rd", "_impl"};
 static const char *KBLOCK_SLOTS[] = {"ptr", "size", "seg", "prev", "next", "free", "stream"};
@@ -43,7 +45,8 @@ static const char *FREELIST_SLOTS[] = {"small", "large", "count", "dirty"};
 static const char *SIZECLASS_SLOTS[] = {"bins"};
 static const char *SEGMENT_SLOTS[] = {"small"};
 static const char *POOL_SLOTS[] = {"device", "_generation", "_closed", "_lock", "_live", "_free", "_live_bytes",
-                                   "_state"};
+                                   "_state", "_backend", "_events", "cross_stream_waits"};
+static const char *EVPOOL_SLOTS[] = {"_free"};
 static const char *STATE_SLOTS[] = {"generation"};
 
 typedef struct {
@@ -51,15 +54,19 @@ typedef struct {
     Py_ssize_t off[16];
 } Layout;
 
-static Layout L_stream, L_block, L_kblock, L_freelist, L_sizeclass, L_segment, L_pool, L_state;
+static Layout L_stream, L_block, L_kblock, L_freelist, L_sizeclass, L_segment, L_pool, L_state, L_evpool;
 static PyObject *LIVE, *RETIRED, *COUNTER, *HISTORY_DICT, *ORDERING_DICT, *PY_ALLOCATE, *PY_DEALLOCATE;
-static PyObject *STR_RECORDER, *STR_CHECKER, *STR_STREAM, *STR_TAG;
+static PyObject *PY_PREPARE, *PY_FINISH, *ACC_READ, *ACC_WRITE, *ACC_RW;
+/* the cuda backend's hot-path tables, handed over by the backend itself (bind_cuda) */
+static PyObject *BK_BACKEND, *BK_STREAMS, *BK_EVENTS, *BK_CUR, *BK_RECORD, *BK_WAIT, *BK_FAULTS;
+static PyObject *STR_RECORDER, *STR_CHECKER, *STR_STREAM, *STR_TAG, *STR_ANY_MANUAL, *STR_CTX;
 /* threading.Lock's own C methods, called directly */
 static PyTypeObject *LOCK_TYPE;
 static PyCFunctionWithKeywords LOCK_ACQUIRE;
 static PyCFunction LOCK_RELEASE;
 static PyObject *NONBLOCKING_ARGS;  /* (False,) */
 static PyObject *ZERO;
+static unsigned long long N_RECORD, N_WAIT;  /* driver calls made from here, for counting tools */
 static int ready = 0;
 
 #define SLOT(obj, layout, i) (*(PyObject **)((char *)(obj) + (layout).off[(i)]))
@@ -104,10 +111,11 @@ static int layout_from(Layout *l, PyObject *cls, const char **names, int n) {
 }
 
 static PyObject *setup(PyObject *self, PyObject *args) {
-    PyObject *stream, *block, *kblock, *freelist, *sizeclass, *segment, *pool, *state, *live, *retired, *counter,
-        *history, *ordering, *py_alloc, *py_dealloc, *lock;
-    if (!PyArg_ParseTuple(args, "OOOOOOOOOOOOOOOO", &stream, &block, &kblock, &freelist, &sizeclass, &segment, &pool,
-                          &state, &live, &retired, &counter, &history, &ordering, &py_alloc, &py_dealloc, &lock))
+    PyObject *stream, *block, *kblock, *freelist, *sizeclass, *segment, *pool, *state, *evpool, *live, *retired,
+        *counter, *history, *ordering, *py_alloc, *py_dealloc, *py_prepare, *py_finish, *lock, *acc_r, *acc_w, *acc_rw;
+    if (!PyArg_ParseTuple(args, "OOOOOOOOOOOOOOOOOOOOOO", &stream, &block, &kblock, &freelist, &sizeclass, &segment,
+                          &pool, &state, &evpool, &live, &retired, &counter, &history, &ordering, &py_alloc,
+                          &py_dealloc, &py_prepare, &py_finish, &lock, &acc_r, &acc_w, &acc_rw))
         return NULL;
     ready = 0;
     if (layout_from(&L_stream, stream, STREAM_SLOTS, S_STREAM_N) || layout_from(&L_block, block, BLOCK_SLOTS, B_N) ||
@@ -115,7 +123,7 @@ static PyObject *setup(PyObject *self, PyObject *args) {
         layout_from(&L_freelist, freelist, FREELIST_SLOTS, F_N) ||
         layout_from(&L_sizeclass, sizeclass, SIZECLASS_SLOTS, C_N) ||
         layout_from(&L_segment, segment, SEGMENT_SLOTS, G_N) || layout_from(&L_pool, pool, POOL_SLOTS, P_N) ||
-        layout_from(&L_state, state, STATE_SLOTS, D_N))
+        layout_from(&L_state, state, STATE_SLOTS, D_N) || layout_from(&L_evpool, evpool, EVPOOL_SLOTS, E_N))
         return NULL;
     if (Py_TYPE(counter)->tp_iternext == NULL) {
         PyErr_SetString(PyExc_TypeError, "setup: the generation counter must be an iterator");
@@ -155,6 +163,11 @@ static PyObject *setup(PyObject *self, PyObject *args) {
     Py_XSETREF(ORDERING_DICT, Py_NewRef(od));
     Py_XSETREF(PY_ALLOCATE, Py_NewRef(py_alloc));
     Py_XSETREF(PY_DEALLOCATE, Py_NewRef(py_dealloc));
+    Py_XSETREF(PY_PREPARE, Py_NewRef(py_prepare));
+    Py_XSETREF(PY_FINISH, Py_NewRef(py_finish));
+    Py_XSETREF(ACC_READ, Py_NewRef(acc_r));
+    Py_XSETREF(ACC_WRITE, Py_NewRef(acc_w));
+    Py_XSETREF(ACC_RW, Py_NewRef(acc_rw));
     ready = 1;
     Py_RETURN_NONE;
 }
@@ -460,12 +473,363 @@ fail:
     return NULL;
 }
 
+
+/* -- cross-stream tracking (TrackedResource.prepare_block_use / finish_block_use) --------
+ * The same hazard rules as ignis/memory/resource.py, for PoolResource blocks passed as
+ * DeviceBlock objects, on the backend that bound itself (the cuda backend hands over its
+ * handle tables and binding functions; others their own methods), under auto
+ * ordering with the sanitizer off. A write's prepare with outstanding reads, a BlockId,
+ * a closed or stale stream, an empty event pool, armed fault injection or a failing
+ * driver call take the Python path (before any change, or after undoing it). */
+
+/* Any other backend: its own event_record(event, stream_handle) and
+ * stream_wait_event(stream_handle, event) methods are called (slower, same logic). */
+static PyObject *bind_backend(PyObject *self, PyObject *args) {
+    PyObject *backend, *record, *wait, *faults;
+    if (!PyArg_ParseTuple(args, "OOOO", &backend, &record, &wait, &faults))
+        return NULL;
+    Py_XSETREF(BK_BACKEND, Py_NewRef(backend));
+    Py_CLEAR(BK_STREAMS);
+    Py_CLEAR(BK_EVENTS);
+    Py_CLEAR(BK_CUR);
+    Py_XSETREF(BK_RECORD, Py_NewRef(record));
+    Py_XSETREF(BK_WAIT, Py_NewRef(wait));
+    Py_XSETREF(BK_FAULTS, Py_NewRef(faults));
+    Py_RETURN_NONE;
+}
+
+static PyObject *bind_cuda(PyObject *self, PyObject *args) {
+    PyObject *backend, *streams, *events, *cur, *record, *wait, *faults;
+    if (!PyArg_ParseTuple(args, "OO!O!OOOO", &backend, &PyDict_Type, &streams, &PyDict_Type, &events, &cur, &record,
+                          &wait, &faults))
+        return NULL;
+    Py_XSETREF(BK_BACKEND, Py_NewRef(backend));
+    Py_XSETREF(BK_STREAMS, Py_NewRef(streams));
+    Py_XSETREF(BK_EVENTS, Py_NewRef(events));
+    Py_XSETREF(BK_CUR, Py_NewRef(cur));
+    Py_XSETREF(BK_RECORD, Py_NewRef(record));
+    Py_XSETREF(BK_WAIT, Py_NewRef(wait));
+    Py_XSETREF(BK_FAULTS, Py_NewRef(faults));
+    Py_RETURN_NONE;
+}
+
+/* The binding objects of a stream handle and an event handle from the backend's tables,
+ * both of one device whose context is current on this thread (borrowed references);
+ * -1 when not (an unknown handle or another context: the Python path handles it). */
+static int bindings(PyObject *stream, PyObject *ev, PyObject **so, PyObject **eo) {
+    PyObject *h = SLOT(stream, L_stream, S_HANDLE);
+    if (h == NULL)
+        return -1;
+    PyObject *sr = PyDict_GetItemWithError(BK_STREAMS, h), *er = PyDict_GetItemWithError(BK_EVENTS, ev);
+    if (sr == NULL || er == NULL || !PyTuple_CheckExact(sr) || !PyTuple_CheckExact(er) || PyTuple_GET_SIZE(sr) != 2 ||
+        PyTuple_GET_SIZE(er) != 2 || PyTuple_GET_ITEM(sr, 0) != PyTuple_GET_ITEM(er, 0))
+        return -1;
+    PyObject *cur = PyObject_GetAttr(BK_CUR, STR_CTX);
+    if (cur == NULL)
+        return -1;
+    PyObject *ctx = PyObject_GetAttr(PyTuple_GET_ITEM(sr, 0), STR_CTX);
+    int same = ctx != NULL && ctx == cur;
+    Py_XDECREF(ctx);
+    Py_DECREF(cur);
+    if (!same)
+        return -1;
+    *so = PyTuple_GET_ITEM(sr, 1);
+    *eo = PyTuple_GET_ITEM(er, 1);
+    return 0;
+}
+
+/* One driver call through the bound binding function; 0 on CUDA_SUCCESS. */
+static int drive(PyObject *fn, PyObject *a, PyObject *b, int with_flags) {
+    PyObject *argv[3] = {a, b, ZERO};
+    PyObject *res = PyObject_Vectorcall(fn, argv, with_flags ? 3 : 2, NULL);
+    if (res == NULL)
+        return -1;
+    int bad = !PyTuple_Check(res) || PyTuple_GET_SIZE(res) < 1 || PyObject_IsTrue(PyTuple_GET_ITEM(res, 0)) != 0;
+    Py_DECREF(res);
+    return bad ? -1 : 0;
+}
+
+/* A backend method call (bind_backend); 0 when it returned without raising. */
+static int call_method(PyObject *fn, PyObject *a, PyObject *b) {
+    PyObject *argv[2] = {a, b};
+    PyObject *res = PyObject_Vectorcall(fn, argv, 2, NULL);
+    if (res == NULL)
+        return -1;
+    Py_DECREF(res);
+    return 0;
+}
+
+/* Record event `ev` (a handle) at the tail of `stream` (a Stream); 0 on success. */
+static int record_on(PyObject *ev, PyObject *stream) {
+    int r;
+    if (BK_STREAMS == NULL) {
+        PyObject *h = SLOT(stream, L_stream, S_HANDLE);
+        r = h == NULL ? -1 : call_method(BK_RECORD, ev, h);
+    } else {
+        PyObject *so, *eo;
+        r = bindings(stream, ev, &so, &eo) < 0 ? -1 : drive(BK_RECORD, eo, so, 0);
+    }
+    if (r == 0)
+        N_RECORD++;
+    return r;
+}
+
+/* Make `stream` wait for event `ev`; 0 on success. */
+static int wait_on(PyObject *stream, PyObject *ev) {
+    int r;
+    if (BK_STREAMS == NULL) {
+        PyObject *h = SLOT(stream, L_stream, S_HANDLE);
+        r = h == NULL ? -1 : call_method(BK_WAIT, h, ev);
+    } else {
+        PyObject *so, *eo;
+        r = bindings(stream, ev, &so, &eo) < 0 ? -1 : drive(BK_WAIT, so, eo, 1);
+    }
+    if (r == 0)
+        N_WAIT++;
+    return r;
+}
+
+static PyObject *driver_calls(PyObject *self, PyObject *unused) {
+    return Py_BuildValue("{s:K,s:K}", "event_record", N_RECORD, "stream_wait_event", N_WAIT);
+}
+
+/* A usable stream of this pool: open, of this device, of the current context. */
+static inline int stream_ok(PyObject *pool, PyObject *s) {
+    if (Py_TYPE(s) != L_stream.type || SLOT(s, L_stream, S_CLOSED) != Py_False ||
+        SLOT(s, L_stream, S_DEVICE) != SLOT(pool, L_pool, P_DEVICE))
+        return 0;
+    PyObject *state = SLOT(pool, L_pool, P_STATE);
+    if (state == NULL || Py_TYPE(state) != L_state.type)
+        return 0;
+    PyObject *g = SLOT(state, L_state, D_GENERATION), *sg = SLOT(s, L_stream, S_GENERATION);
+    if (g == NULL || sg == NULL)
+        return 0;
+    if (g == sg)
+        return 1;
+    int eq = PyObject_RichCompareBool(g, sg, Py_EQ);
+    if (eq < 0)
+        PyErr_Clear();
+    return eq == 1;
+}
+
+/* Preconditions shared by prepare and finish; 1 when the C path may run. */
+static inline int tracking_ok(PyObject *pool, PyObject *block, PyObject *stream, PyObject *access) {
+    if (!ready || BK_BACKEND == NULL || Py_TYPE(pool) != L_pool.type || Py_TYPE(block) != L_block.type ||
+        (access != ACC_READ && access != ACC_WRITE && access != ACC_RW) || !hooks_off())
+        return 0;
+    PyObject *manual = PyDict_GetItemWithError(ORDERING_DICT, STR_ANY_MANUAL);
+    if (manual != Py_False) {
+        PyErr_Clear();
+        return 0;
+    }
+    int armed = PyObject_IsTrue(BK_FAULTS);
+    if (armed != 0) {
+        PyErr_Clear();
+        return 0;
+    }
+    PyObject *backend = SLOT(pool, L_pool, P_BACKEND), *live = SLOT(pool, L_pool, P_LIVE),
+             *events = SLOT(pool, L_pool, P_EVENTS), *waits = SLOT(pool, L_pool, P_WAITS);
+    if (backend != BK_BACKEND || live == NULL || !PyDict_CheckExact(live) || events == NULL ||
+        Py_TYPE(events) != L_evpool.type || waits == NULL || SLOT(pool, L_pool, P_LOCK) == NULL)
+        return 0;
+    PyObject *efree = SLOT(events, L_evpool, E_FREE);
+    if (efree == NULL || !PyList_CheckExact(efree))
+        return 0;
+    return stream_ok(pool, stream);
+}
+
+static inline int is_zero(PyObject *v) { return v == ZERO || (PyLong_CheckExact(v) && PyObject_IsTrue(v) == 0); }
+
+/* The block is live in this pool (caller holds the lock). */
+static inline int live_here(PyObject *pool, PyObject *block) {
+    PyObject *ptr = SLOT(block, L_block, B_PTR);
+    if (ptr == NULL)
+        return 0;
+    PyObject *cur = PyDict_GetItemWithError(SLOT(pool, L_pool, P_LIVE), ptr);
+    if (cur == NULL)
+        PyErr_Clear();
+    return cur == block;
+}
+
+static PyObject *tracked_prepare(PyObject *self, PyObject *const *args, Py_ssize_t nargs, PyObject *kwnames) {
+    if (kwnames != NULL || nargs < 4 || nargs > 5 || (nargs == 5 && args[4] != Py_None) ||
+        !tracking_ok(args[0], args[1], args[2], args[3]))
+        return fallback(PY_PREPARE, args, nargs, kwnames);
+    PyObject *pool = args[0], *block = args[1], *stream = args[2], *access = args[3];
+    PyObject *lock = SLOT(pool, L_pool, P_LOCK);
+    if (!try_lock(lock))
+        return fallback(PY_PREPARE, args, nargs, kwnames);
+    if (!live_here(pool, block))
+        goto python;
+    PyObject *ws = SLOT(block, L_block, B_WS), *rd = SLOT(block, L_block, B_RD), *we = SLOT(block, L_block, B_WE);
+    if (ws == NULL || rd == NULL || we == NULL)
+        goto python;
+    int writes = access != ACC_READ;
+    int need_ws = ws != Py_None && ws != stream;
+    int has_rd = rd != Py_None && PyObject_IsTrue(rd) == 1;
+    if (writes && has_rd)
+        goto python;  /* a write after reads: the Python path waits for each reader */
+    if (!need_ws) {
+        if (unlock(lock) < 0)
+            return NULL;
+        Py_RETURN_NONE;
+    }
+    PyObject *events = SLOT(pool, L_pool, P_EVENTS);
+    PyObject *efree = SLOT(events, L_evpool, E_FREE);
+    PyObject *ev = NULL;
+    int recorded = 0;
+    if (is_zero(we)) {  /* the writer's end is not recorded yet: record it now */
+        Py_ssize_t n = PyList_GET_SIZE(efree);
+        if (n == 0 || !stream_ok(pool, ws))
+            goto python;
+        ev = Py_NewRef(PyList_GET_ITEM(efree, n - 1));
+        if (PyList_SetSlice(efree, n - 1, n, NULL) < 0) {
+            Py_DECREF(ev);
+            goto error;
+        }
+        if (record_on(ev, ws) < 0) {
+            PyList_Append(efree, ev);
+            Py_DECREF(ev);
+            goto python;
+        }
+        recorded = 1;
+    } else {
+        ev = Py_NewRef(we);
+    }
+    if (wait_on(stream, ev) < 0) {
+        if (recorded)
+            PyList_Append(efree, ev);
+        Py_DECREF(ev);
+        goto python;
+    }
+    PyObject *one = PyLong_FromLong(1);
+    if (one == NULL || add_to_slot(pool, L_pool.off[P_WAITS], one, 0) < 0) {
+        Py_XDECREF(one);
+        Py_DECREF(ev);
+        goto error;
+    }
+    Py_DECREF(one);
+    set_slot(block, L_block.off[B_WE], ev);
+    Py_DECREF(ev);
+    if (unlock(lock) < 0)
+        return NULL;
+    Py_RETURN_NONE;
+python:
+    PyErr_Clear();
+    if (unlock(lock) < 0)
+        return NULL;
+    return fallback(PY_PREPARE, args, nargs, kwnames);
+error: {
+    PyObject *et, *evv, *tb;
+    PyErr_Fetch(&et, &evv, &tb);
+    unlock(lock);
+    PyErr_Restore(et, evv, tb);
+    return NULL;
+}
+}
+
+/* Return each nonzero event of `rd`'s values to the pool list. */
+static int put_reader_events(PyObject *efree, PyObject *rd) {
+    Py_ssize_t pos = 0;
+    PyObject *k, *v;
+    while (PyDict_Next(rd, &pos, &k, &v))
+        if (!is_zero(v) && PyList_Append(efree, v) < 0)
+            return -1;
+    return 0;
+}
+
+static PyObject *tracked_finish(PyObject *self, PyObject *const *args, Py_ssize_t nargs, PyObject *kwnames) {
+    if (kwnames != NULL || nargs != 4 || !tracking_ok(args[0], args[1], args[2], args[3]))
+        return fallback(PY_FINISH, args, nargs, kwnames);
+    PyObject *pool = args[0], *block = args[1], *stream = args[2], *access = args[3];
+    PyObject *lock = SLOT(pool, L_pool, P_LOCK);
+    if (!try_lock(lock))
+        return fallback(PY_FINISH, args, nargs, kwnames);
+    if (!live_here(pool, block))
+        goto python;
+    PyObject *ws = SLOT(block, L_block, B_WS), *rd = SLOT(block, L_block, B_RD), *we = SLOT(block, L_block, B_WE);
+    PyObject *alloc = SLOT(block, L_block, B_ALLOC_STREAM);
+    if (ws == NULL || rd == NULL || we == NULL || alloc == NULL || (rd != Py_None && !PyDict_CheckExact(rd)))
+        goto python;
+    int writes = access != ACC_READ;
+    PyObject *events = SLOT(pool, L_pool, P_EVENTS);
+    PyObject *efree = SLOT(events, L_evpool, E_FREE);
+    PyObject *ev;
+    if (stream == alloc) {
+        if (ws == stream && is_zero(we) && rd == Py_None)
+            goto done;  /* clean on this stream: nothing to record */
+        ev = Py_NewRef(ZERO);  /* the alloc stream's uses stay lazy */
+    } else {  /* record the use's end on its stream */
+        Py_ssize_t n = PyList_GET_SIZE(efree);
+        if (n == 0)
+            goto python;
+        ev = Py_NewRef(PyList_GET_ITEM(efree, n - 1));
+        if (PyList_SetSlice(efree, n - 1, n, NULL) < 0) {
+            Py_DECREF(ev);
+            goto error;
+        }
+        if (record_on(ev, stream) < 0) {
+            PyList_Append(efree, ev);
+            Py_DECREF(ev);
+            goto python;
+        }
+    }
+    if (writes) {  /* the block's last write is now this one; older events go back */
+        if ((!is_zero(we) && PyList_Append(efree, we) < 0) || (rd != Py_None && put_reader_events(efree, rd) < 0)) {
+            Py_DECREF(ev);
+            goto error;
+        }
+        set_slot(block, L_block.off[B_RD], Py_None);
+        set_slot(block, L_block.off[B_WS], stream);
+        set_slot(block, L_block.off[B_WE], ev);
+    } else if (rd == Py_None) {
+        PyObject *d = PyDict_New();
+        if (d == NULL || PyDict_SetItem(d, stream, ev) < 0) {
+            Py_XDECREF(d);
+            Py_DECREF(ev);
+            goto error;
+        }
+        set_slot(block, L_block.off[B_RD], d);
+        Py_DECREF(d);
+    } else {
+        PyObject *old = PyDict_GetItemWithError(rd, stream);
+        if ((old != NULL && !is_zero(old) && PyList_Append(efree, old) < 0) || PyDict_SetItem(rd, stream, ev) < 0) {
+            Py_DECREF(ev);
+            goto error;
+        }
+    }
+    Py_DECREF(ev);
+done:
+    if (unlock(lock) < 0)
+        return NULL;
+    Py_RETURN_NONE;
+python:
+    PyErr_Clear();
+    if (unlock(lock) < 0)
+        return NULL;
+    return fallback(PY_FINISH, args, nargs, kwnames);
+error: {
+    PyObject *et, *evv, *tb;
+    PyErr_Fetch(&et, &evv, &tb);
+    unlock(lock);
+    PyErr_Restore(et, evv, tb);
+    return NULL;
+}
+}
+
 static PyMethodDef methods[] = {
     {"setup", setup, METH_VARARGS, "Bind the Python classes and objects the fast paths use."},
     {"pool_allocate", (PyCFunction)(void (*)(void))pool_allocate, METH_FASTCALL | METH_KEYWORDS,
      "PoolResource.allocate's common case (falls back to the Python implementation)."},
     {"pool_deallocate", (PyCFunction)(void (*)(void))pool_deallocate, METH_FASTCALL | METH_KEYWORDS,
      "PoolResource.deallocate's common case (falls back to the Python implementation)."},
+    {"bind_cuda", bind_cuda, METH_VARARGS, "The cuda backend hands over its hot-path tables."},
+    {"bind_backend", bind_backend, METH_VARARGS, "Another backend hands over its event record / wait methods."},
+    {"driver_calls", driver_calls, METH_NOARGS, "Event records and stream waits queued from the C path so far."},
+    {"tracked_prepare", (PyCFunction)(void (*)(void))tracked_prepare, METH_FASTCALL | METH_KEYWORDS,
+     "prepare_block_use's common case for PoolResource on the cuda backend (else the Python path)."},
+    {"tracked_finish", (PyCFunction)(void (*)(void))tracked_finish, METH_FASTCALL | METH_KEYWORDS,
+     "finish_block_use's common case for PoolResource on the cuda backend (else the Python path)."},
     {NULL, NULL, 0, NULL},
 };
 
@@ -477,11 +841,14 @@ PyMODINIT_FUNC PyInit__speedups(void) {
         return NULL;
     STR_RECORDER = PyUnicode_InternFromString("recorder");
     STR_CHECKER = PyUnicode_InternFromString("checker");
+    STR_ANY_MANUAL = PyUnicode_InternFromString("any_manual");
+    STR_CTX = PyUnicode_InternFromString("ctx");
     STR_STREAM = PyUnicode_InternFromString("stream");
     STR_TAG = PyUnicode_InternFromString("tag");
     ZERO = PyLong_FromLong(0);
     NONBLOCKING_ARGS = PyTuple_Pack(1, Py_False);
-    if (!STR_RECORDER || !STR_CHECKER || !STR_STREAM || !STR_TAG || !ZERO || !NONBLOCKING_ARGS) {
+    if (!STR_RECORDER || !STR_CHECKER || !STR_ANY_MANUAL || !STR_CTX || !STR_STREAM || !STR_TAG || !ZERO ||
+        !NONBLOCKING_ARGS) {
         Py_DECREF(m);
         return NULL;
     }

@@ -35,6 +35,7 @@ from __future__ import annotations
 
 import ctypes
 import itertools
+import os
 import threading
 from typing import Any, Callable
 
@@ -217,6 +218,20 @@ class CudaBackend(CudaVmm, Backend):
         self._cuEventRecord = cu.cuEventRecord
         self._cuEventQuery = cu.cuEventQuery
         self._cuEventSynchronize = cu.cuEventSynchronize
+
+    def _bind_speedups(self) -> None:
+        """Hand this backend's handle tables and the two tracking calls (event record,
+        stream wait, as binding functions) to the optional C fast path of the memory
+        layer, which uses them only while no fault is armed, for handles of these
+        tables whose context is current (ignis/_speedups.c)."""
+        if os.environ.get("IGNIS_PURE_PYTHON", "") not in ("", "0"):
+            return
+        try:
+            from .. import _speedups
+        except ImportError:
+            return
+        _speedups.bind_cuda(self, self._streams, self._events, self._cur, cu.cuEventRecord, cu.cuStreamWaitEvent,
+                            self._faults)
 
     # -- contexts ----------------------------------------------------------
     def _retain(self, ordinal: int) -> _Device:

@@ -169,7 +169,8 @@ class PoolResource(TrackedResource):
     """Caching allocator with per-stream free lists over ``upstream``."""
 
     # Slots (not the instance dict) for what the C fast path reads and writes.
-    __slots__ = ("device", "_generation", "_closed", "_lock", "_live", "_free", "_live_bytes", "_state")
+    __slots__ = ("device", "_generation", "_closed", "_lock", "_live", "_free", "_live_bytes", "_state", "_backend",
+                 "_events", "cross_stream_waits")
 
     def __init__(self, upstream: DeviceMemoryResource | None = None, *, device: "Device | int | None" = None) -> None:
         if upstream is None:
@@ -193,6 +194,9 @@ class PoolResource(TrackedResource):
             # error, still goes through the methods below.
             self.allocate = types.MethodType(_speedups.pool_allocate, self)
             self.deallocate = types.MethodType(_speedups.pool_deallocate, self)
+            self.prepare_block_use = types.MethodType(_speedups.tracked_prepare, self)
+            self.finish_block_use = types.MethodType(_speedups.tracked_finish, self)
+            self._backend._bind_speedups()  # tracking queues its waits through this backend
 
     # -- hot path ------------------------------------------------------------
     def allocate(self, nbytes: int, stream: Stream | None = None, tag: str = UNTAGGED) -> DeviceBlock:
@@ -516,11 +520,14 @@ def _load_speedups() -> Any:
         return None
     from ..runtime.stream import Stream as _Stream
     from ..runtime.device import DeviceState
-    mod.setup(_Stream, DeviceBlock, _Block, _FreeList, _SizeClass, _Segment, PoolResource, DeviceState,
+    from .resource import EventPool
+    from .types import Access
+    mod.setup(_Stream, DeviceBlock, _Block, _FreeList, _SizeClass, _Segment, PoolResource, DeviceState, EventPool,
               BlockState.LIVE, _RETIRED, _next_generation.__self__, _history, _ord, PoolResource.allocate,
-              PoolResource.deallocate, threading.Lock())
+              PoolResource.deallocate, PoolResource.prepare_block_use, PoolResource.finish_block_use,
+              threading.Lock(), Access.READ, Access.WRITE, Access.READ_WRITE)
     return mod
 
 
 _speedups = _load_speedups()
-FAST = _speedups is not None  # PoolResource's allocate / deallocate run their common case in C
+FAST = _speedups is not None  # PoolResource's allocate / deallocate (and tracking, on cuda) run their common case in C
