@@ -212,10 +212,17 @@ def _track_script(mr: ig.PoolResource, streams: list) -> list:
     return seen
 
 
-def test_tracking_paths_agree(dev, streams):
+@pytest.mark.parametrize("policy", ["auto", "manual", "manual-but-stream-auto"])
+def test_tracking_paths_agree(dev, streams, policy):
     fast = ig.PoolResource(device=0)
     slow = python_path(ig.PoolResource(device=0))
-    assert _track_script(fast, streams) == _track_script(slow, streams)
+    with ig.ordering("auto" if policy == "auto" else "manual"):
+        if policy == "manual-but-stream-auto":
+            ig.set_ordering("auto", stream=streams[1])
+        try:
+            assert _track_script(fast, streams) == _track_script(slow, streams)
+        finally:
+            ig.set_ordering(None, stream=streams[1])
     dev.synchronize()
     fast.close()
     slow.close()

@@ -25,7 +25,7 @@
 #include <structmember.h>
 
 /* Slot indices per class. */
-enum { S_DEVICE, S_GENERATION, S_CLOSED, S_HANDLE, S_STREAM_N };                    /* Stream */
+enum { S_DEVICE, S_GENERATION, S_CLOSED, S_HANDLE, S_ORDERING, S_STREAM_N };        /* Stream */
 enum { B_PTR, B_ALLOC_STREAM, B_BYTES, B_REQUESTED, B_TAG, B_GENERATION, B_STATE, B_WS, B_WE, B_RD,
        B_IMPL, B_N };                                                                /* DeviceBlock */
 enum { K_PTR, K_SIZE, K_SEG, K_PREV, K_NEXT, K_FREE, K_STREAM, K_N };               /* pool _Block */
@@ -37,7 +37,7 @@ enum { P_DEVICE, P_GENERATION, P_CLOSED, P_LOCK, P_LIVE, P_FREE, P_LIVE_BYTES, P
 enum { E_FREE, E_N };                                                                /* EventPool */
 enum { D_GENERATION, D_N };                                                          /* DeviceState */
 
-static const char *STREAM_SLOTS[] = {"device", "_generation", "_closed", "handle"};
+static const char *STREAM_SLOTS[] = {"device", "_generation", "_closed", "handle", "ordering"};
 static const char *BLOCK_SLOTS[] = {"ptr", "alloc_stream", "bytes", "requested", "tag", "generation", "state",
                                     "_ws", "_we", "_rd", "_impl"};
 static const char *KBLOCK_SLOTS[] = {"ptr", "size", "seg", "prev", "next", "free", "stream"};
@@ -59,7 +59,8 @@ static PyObject *LIVE, *RETIRED, *COUNTER, *HISTORY_DICT, *ORDERING_DICT, *PY_AL
 static PyObject *PY_PREPARE, *PY_FINISH, *ACC_READ, *ACC_WRITE, *ACC_RW;
 /* the cuda backend's hot-path tables, handed over by the backend itself (bind_cuda) */
 static PyObject *BK_BACKEND, *BK_STREAMS, *BK_EVENTS, *BK_CUR, *BK_RECORD, *BK_WAIT, *BK_FAULTS;
-static PyObject *STR_RECORDER, *STR_CHECKER, *STR_STREAM, *STR_TAG, *STR_ANY_MANUAL, *STR_CTX;
+static PyObject *STR_RECORDER, *STR_CHECKER, *STR_STREAM, *STR_TAG, *STR_ANY_MANUAL, *STR_CTX, *STR_AUTO,
+    *STR_CONTEXT, *STR_PROCESS;
 /* threading.Lock's own C methods, called directly */
 static PyTypeObject *LOCK_TYPE;
 static PyCFunctionWithKeywords LOCK_ACQUIRE;
@@ -477,10 +478,11 @@ fail:
 /* -- cross-stream tracking (TrackedResource.prepare_block_use / finish_block_use) --------
  * The same hazard rules as ignis/memory/resource.py, for PoolResource blocks passed as
  * DeviceBlock objects, on the backend that bound itself (the cuda backend hands over its
- * handle tables and binding functions; others their own methods), under auto
- * ordering with the sanitizer off. A write's prepare with outstanding reads, a BlockId,
- * a closed or stale stream, an empty event pool, armed fault injection or a failing
- * driver call take the Python path (before any change, or after undoing it). */
+ * handle tables and binding functions; others their own methods), with the sanitizer
+ * off; prepare only under "auto" ordering (finish records the same either way). A
+ * write's prepare with outstanding reads, a BlockId, a closed or stale stream, an empty
+ * event pool, armed fault injection or a failing driver call take the Python path
+ * (before any change, or after undoing it). */
 
 /* Any other backend: its own event_record(event, stream_handle) and
  * stream_wait_event(stream_handle, event) methods are called (slower, same logic). */
@@ -612,16 +614,41 @@ static inline int stream_ok(PyObject *pool, PyObject *s) {
     return eq == 1;
 }
 
+/* 1 when a use on `stream` now is under "auto" ordering (ignis.memory.ordering.policy). */
+static int auto_ordering(PyObject *stream) {
+    PyObject *manual = PyDict_GetItemWithError(ORDERING_DICT, STR_ANY_MANUAL);
+    if (manual == Py_False)
+        return 1;
+    if (manual == NULL) {
+        PyErr_Clear();
+        return 0;
+    }
+    PyObject *p = SLOT(stream, L_stream, S_ORDERING);  /* the stream's own override */
+    PyObject *owned = NULL;
+    if (p == NULL || p == Py_None) {
+        PyObject *var = PyDict_GetItemWithError(ORDERING_DICT, STR_CONTEXT);  /* a `with ordering(...)` scope */
+        if (var == NULL || !PyContextVar_CheckExact(var) || PyContextVar_Get(var, NULL, &owned) < 0) {
+            PyErr_Clear();
+            return 0;
+        }
+        p = owned;
+        if (p == NULL || p == Py_None)
+            p = PyDict_GetItemWithError(ORDERING_DICT, STR_PROCESS);  /* the process's */
+    }
+    int is_auto = p != NULL && PyUnicode_Check(p) && PyUnicode_Compare(p, STR_AUTO) == 0;
+    Py_XDECREF(owned);
+    if (PyErr_Occurred()) {
+        PyErr_Clear();
+        return 0;
+    }
+    return is_auto;
+}
+
 /* Preconditions shared by prepare and finish; 1 when the C path may run. */
 static inline int tracking_ok(PyObject *pool, PyObject *block, PyObject *stream, PyObject *access) {
     if (!ready || BK_BACKEND == NULL || Py_TYPE(pool) != L_pool.type || Py_TYPE(block) != L_block.type ||
         (access != ACC_READ && access != ACC_WRITE && access != ACC_RW) || !hooks_off())
         return 0;
-    PyObject *manual = PyDict_GetItemWithError(ORDERING_DICT, STR_ANY_MANUAL);
-    if (manual != Py_False) {
-        PyErr_Clear();
-        return 0;
-    }
     int armed = PyObject_IsTrue(BK_FAULTS);
     if (armed != 0) {
         PyErr_Clear();
@@ -653,7 +680,7 @@ static inline int live_here(PyObject *pool, PyObject *block) {
 
 static PyObject *tracked_prepare(PyObject *self, PyObject *const *args, Py_ssize_t nargs, PyObject *kwnames) {
     if (kwnames != NULL || nargs < 4 || nargs > 5 || (nargs == 5 && args[4] != Py_None) ||
-        !tracking_ok(args[0], args[1], args[2], args[3]))
+        !tracking_ok(args[0], args[1], args[2], args[3]) || !auto_ordering(args[2]))
         return fallback(PY_PREPARE, args, nargs, kwnames);
     PyObject *pool = args[0], *block = args[1], *stream = args[2], *access = args[3];
     PyObject *lock = SLOT(pool, L_pool, P_LOCK);
@@ -842,13 +869,16 @@ PyMODINIT_FUNC PyInit__speedups(void) {
     STR_RECORDER = PyUnicode_InternFromString("recorder");
     STR_CHECKER = PyUnicode_InternFromString("checker");
     STR_ANY_MANUAL = PyUnicode_InternFromString("any_manual");
+    STR_AUTO = PyUnicode_InternFromString("auto");
+    STR_CONTEXT = PyUnicode_InternFromString("_context");
+    STR_PROCESS = PyUnicode_InternFromString("_process");
     STR_CTX = PyUnicode_InternFromString("ctx");
     STR_STREAM = PyUnicode_InternFromString("stream");
     STR_TAG = PyUnicode_InternFromString("tag");
     ZERO = PyLong_FromLong(0);
     NONBLOCKING_ARGS = PyTuple_Pack(1, Py_False);
-    if (!STR_RECORDER || !STR_CHECKER || !STR_ANY_MANUAL || !STR_CTX || !STR_STREAM || !STR_TAG || !ZERO ||
-        !NONBLOCKING_ARGS) {
+    if (!STR_RECORDER || !STR_CHECKER || !STR_ANY_MANUAL || !STR_CTX || !STR_AUTO || !STR_CONTEXT || !STR_PROCESS ||
+        !STR_STREAM || !STR_TAG || !ZERO || !NONBLOCKING_ARGS) {
         Py_DECREF(m);
         return NULL;
     }
