@@ -444,3 +444,14 @@ def test_closed_streams_are_refused_before_the_driver(dev):
     for op in (lambda: x.zero_(stream=s), lambda: x.to_numpy(stream=s), lambda: K.fill(x, 1.0, stream=s)):
         with pytest.raises(ig.ClosedError):
             op()
+
+
+def test_kernel_parameters_are_marshalled_per_signature(dev):
+    k = ig.Kernel("extern \"C\" __global__ void k(float* y, float a, long long n, unsigned char f) {}", "k",
+                  ("read_write", "float32", "int64", "uint8"), lambda *a: None)
+    x = ig.empty(16, "float32")
+    p = k.marshal(x, 2.5, 1 << 40, 7)
+    assert [type(v).__name__ for v in p] == ["c_void_p", "c_float", "c_long", "c_ubyte"] or \
+        [type(v).__name__ for v in p] == ["c_void_p", "c_float", "c_longlong", "c_ubyte"]
+    assert [p[0].value, p[1].value, p[2].value, p[3].value] == [x.device_ptr, 2.5, 1 << 40, 7]
+    x.free()

@@ -23,6 +23,7 @@
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
 #include <structmember.h>
+#include <stdint.h>
 
 /* Slot indices per class. */
 enum { S_DEVICE, S_GENERATION, S_CLOSED, S_HANDLE, S_ORDERING, S_STREAM_N };        /* Stream */
@@ -59,6 +60,11 @@ static PyObject *LIVE, *RETIRED, *COUNTER, *HISTORY_DICT, *ORDERING_DICT, *PY_AL
 static PyObject *PY_PREPARE, *PY_FINISH, *ACC_READ, *ACC_WRITE, *ACC_RW;
 /* the cuda backend's hot-path tables, handed over by the backend itself (bind_cuda) */
 static PyObject *BK_BACKEND, *BK_STREAMS, *BK_EVENTS, *BK_CUR, *BK_RECORD, *BK_WAIT, *BK_FAULTS;
+/* the driver's own entry points, when the backend could hand them over (else the binding functions) */
+typedef int (*event_record_fn)(void *event, void *stream);
+typedef int (*stream_wait_fn)(void *stream, void *event, unsigned int flags);
+static event_record_fn RAW_RECORD;
+static stream_wait_fn RAW_WAIT;
 static PyObject *STR_RECORDER, *STR_CHECKER, *STR_STREAM, *STR_TAG, *STR_ANY_MANUAL, *STR_CTX, *STR_AUTO,
     *STR_CONTEXT, *STR_PROCESS;
 /* threading.Lock's own C methods, called directly */
@@ -491,6 +497,8 @@ static PyObject *bind_backend(PyObject *self, PyObject *args) {
     if (!PyArg_ParseTuple(args, "OOOO", &backend, &record, &wait, &faults))
         return NULL;
     Py_XSETREF(BK_BACKEND, Py_NewRef(backend));
+    RAW_RECORD = NULL;
+    RAW_WAIT = NULL;
     Py_CLEAR(BK_STREAMS);
     Py_CLEAR(BK_EVENTS);
     Py_CLEAR(BK_CUR);
@@ -502,9 +510,12 @@ static PyObject *bind_backend(PyObject *self, PyObject *args) {
 
 static PyObject *bind_cuda(PyObject *self, PyObject *args) {
     PyObject *backend, *streams, *events, *cur, *record, *wait, *faults;
-    if (!PyArg_ParseTuple(args, "OO!O!OOOO", &backend, &PyDict_Type, &streams, &PyDict_Type, &events, &cur, &record,
-                          &wait, &faults))
+    unsigned long long raw_record = 0, raw_wait = 0;
+    if (!PyArg_ParseTuple(args, "OO!O!OOOO|KK", &backend, &PyDict_Type, &streams, &PyDict_Type, &events, &cur, &record,
+                          &wait, &faults, &raw_record, &raw_wait))
         return NULL;
+    RAW_RECORD = raw_record && raw_wait ? (event_record_fn)(uintptr_t)raw_record : NULL;
+    RAW_WAIT = raw_record && raw_wait ? (stream_wait_fn)(uintptr_t)raw_wait : NULL;
     Py_XSETREF(BK_BACKEND, Py_NewRef(backend));
     Py_XSETREF(BK_STREAMS, Py_NewRef(streams));
     Py_XSETREF(BK_EVENTS, Py_NewRef(events));
@@ -569,7 +580,13 @@ static int record_on(PyObject *ev, PyObject *stream) {
         r = h == NULL ? -1 : call_method(BK_RECORD, ev, h);
     } else {
         PyObject *so, *eo;
-        r = bindings(stream, ev, &so, &eo) < 0 ? -1 : drive(BK_RECORD, eo, so, 0);
+        if (bindings(stream, ev, &so, &eo) < 0)
+            r = -1;
+        else if (RAW_RECORD != NULL) {  /* the handles are the driver's pointers (checked: in the tables) */
+            void *e = PyLong_AsVoidPtr(ev), *st = PyLong_AsVoidPtr(SLOT(stream, L_stream, S_HANDLE));
+            r = PyErr_Occurred() ? -1 : (RAW_RECORD(e, st) == 0 ? 0 : -1);
+        } else
+            r = drive(BK_RECORD, eo, so, 0);
     }
     if (r == 0)
         N_RECORD++;
@@ -584,7 +601,13 @@ static int wait_on(PyObject *stream, PyObject *ev) {
         r = h == NULL ? -1 : call_method(BK_WAIT, h, ev);
     } else {
         PyObject *so, *eo;
-        r = bindings(stream, ev, &so, &eo) < 0 ? -1 : drive(BK_WAIT, so, eo, 1);
+        if (bindings(stream, ev, &so, &eo) < 0)
+            r = -1;
+        else if (RAW_WAIT != NULL) {
+            void *e = PyLong_AsVoidPtr(ev), *st = PyLong_AsVoidPtr(SLOT(stream, L_stream, S_HANDLE));
+            r = PyErr_Occurred() ? -1 : (RAW_WAIT(st, e, 0) == 0 ? 0 : -1);
+        } else
+            r = drive(BK_WAIT, so, eo, 1);
     }
     if (r == 0)
         N_WAIT++;

@@ -49,7 +49,7 @@ def launch(kernel: Kernel, grid: Any, block: Any, *args: Any, stream: Stream | N
     """Queue ``kernel`` on ``stream`` with tracked access to every array argument."""
     if type(kernel) is not Kernel and not isinstance(kernel, Kernel):
         raise TypeError(f"launch expects an ignis.Kernel, got {type(kernel).__name__}")
-    if len(args) != len(kernel.specs):
+    if len(args) != kernel.nargs:
         raise TypeError(f"kernel {kernel.name} declares {len(kernel.specs)} argument(s), got {len(args)}")
     g = (grid, 1, 1) if type(grid) is int and grid > 0 else _dim3(grid, "grid")
     b = (block, 1, 1) if type(block) is int and block > 0 else _dim3(block, "block")
@@ -85,26 +85,26 @@ def launch(kernel: Kernel, grid: Any, block: Any, *args: Any, stream: Stream | N
     # A use of a block that is clean on ``s`` (ignis.memory.resource, "Clean") needs no
     # prepare / finish while the sanitizer is off: the common same-stream launch.
     fast = _ord.checker is None
-    begun = 0
+    pending: list | None = None  # uses begun that must be finished
     try:
         for arr, acc, lo, nb in uses:
             bl = arr._block
             if bl is None or not (fast and bl._ws is s and not bl._we and bl._rd is None):
                 arr._begin(s, acc, kernel.name, lo, nb)
-            begun += 1
+                if pending is None:
+                    pending = []
+                pending.append((arr, acc))
         if backend.name == "emulated":
             backend.kernel_launch(_host_call(kernel, backend, args), g, b, shared_mem, s.handle, ())
         else:
-            backend.kernel_launch(kernel._function(device), g, b, shared_mem, s.handle, _params(kernel, args))
+            last = kernel._last
+            fn = last[2] if last is not None and last[0] is device and last[1] == state.generation \
+                else kernel._function(device)
+            backend.kernel_launch(fn, g, b, shared_mem, s.handle, kernel.marshal(*args))
     finally:
-        for arr, acc, _, _ in (uses if begun == len(uses) else uses[:begun]):
-            bl = arr._block
-            if bl is None or not (bl._ws is s and not bl._we and bl._rd is None):
+        if pending is not None:
+            for arr, acc in pending:
                 arr._end(s, acc)
-
-
-def _params(kernel: Kernel, args: Sequence[Any]) -> list:
-    return [ctor(arg._ptr) if is_array else ctor(arg) for (ctor, is_array), arg in zip(kernel.param_types, args)]
 
 
 def _host_call(kernel: Kernel, backend: Any, args: Sequence[Any]) -> Callable[[], None]:

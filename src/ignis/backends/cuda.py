@@ -221,17 +221,24 @@ class CudaBackend(CudaVmm, Backend):
 
     def _bind_speedups(self) -> None:
         """Hand this backend's handle tables and the two tracking calls (event record,
-        stream wait, as binding functions) to the optional C fast path of the memory
-        layer, which uses them only while no fault is armed, for handles of these
-        tables whose context is current (ignis/_speedups.c)."""
+        stream wait: the driver's entry points, else the binding functions) to the
+        optional C fast path of the memory layer, which uses them only while no fault
+        is armed, for handles of these tables whose context is current
+        (ignis/_speedups.c)."""
         if os.environ.get("IGNIS_PURE_PYTHON", "") not in ("", "0"):
             return
         try:
             from .. import _speedups
         except ImportError:
             return
+        try:  # the driver's own entry points (the same library the bindings loaded)
+            lib = ctypes.CDLL("libcuda.so.1")
+            raw = (ctypes.cast(lib.cuEventRecord, ctypes.c_void_p).value or 0,
+                   ctypes.cast(lib.cuStreamWaitEvent, ctypes.c_void_p).value or 0)
+        except (OSError, AttributeError):
+            raw = (0, 0)  # then through the binding functions
         _speedups.bind_cuda(self, self._streams, self._events, self._cur, cu.cuEventRecord, cu.cuStreamWaitEvent,
-                            self._faults)
+                            self._faults, *raw)
 
     # -- contexts ----------------------------------------------------------
     def _retain(self, ordinal: int) -> _Device:

@@ -75,6 +75,17 @@ class RawPtr:
             self._range(key, key + 1)[0] = value
 
 
+def _marshaller(param_types: tuple) -> Callable[..., list]:
+    """A function of the launch arguments returning their ctypes values, written out for
+    this signature (no per-launch loop): arrays pass ``_ptr``, scalars their value."""
+    names = [f"a{i}" for i in range(len(param_types))]
+    items = [f"c{i}({n}._ptr)" if is_array else f"c{i}({n})" for i, (n, (_, is_array)) in
+             enumerate(zip(names, param_types))]
+    env = {f"c{i}": ctor for i, (ctor, _) in enumerate(param_types)}
+    exec(f"def marshal({', '.join(names)}):\n    return [{', '.join(items)}]\n", env)
+    return env["marshal"]
+
+
 class Kernel:
     """A device function with a declared access for each argument."""
 
@@ -90,12 +101,14 @@ class Kernel:
         self.host_impl = host_impl
         self.options = tuple(options)
         self.specs = [self._parse(i, a) for i, a in enumerate(access)]
+        self.nargs = len(self.specs)
         self.array_args = tuple(i for i, sp in enumerate(self.specs) if sp[0] == "array")
         # (index, access, byte range or None) of each array argument, for launch's preflight
         self.plan = tuple((i, sp[1], sp[2]) for i, sp in enumerate(self.specs) if sp[0] == "array")
         # ctypes constructor per argument (arrays pass their pointer), for the launch's parameters
         self.param_types = tuple((ctypes.c_void_p, True) if sp[0] == "array" else (_CTYPES[sp[1].name], False)
                                  for sp in self.specs)
+        self.marshal = _marshaller(self.param_types)  # (*args) -> the launch's ctypes parameters
         self._last: tuple | None = None  # (device, generation, function) of the last launch
         self._compiled: dict[tuple[int, int, int], int] = {}
         self._lock = threading.Lock()
