@@ -506,9 +506,24 @@ def bench_tracked(ig: Any, pool: Any, s1: Any, s2: Any, sync: Callable[[], None]
             prepare(block, s1, rw)
             finish(block, s1, rw)
 
+    runs = [("same_stream", same_stream, False), ("cross_stream", cross_stream, True)]
+    if backend.name == "cuda":  # what the two driver calls alone cost through cuda.bindings
+        from cuda.bindings import driver as cu
+        ev = backend.event_create(s1.device.ordinal, False)
+        evo, o1, o2 = backend._events[ev][1], backend._streams[s1.handle][1], backend._streams[s2.handle][1]
+        record, wait = cu.cuEventRecord, cu.cuStreamWaitEvent
+
+        def driver_only(n: int) -> None:
+            for _ in range(n // 2):
+                record(evo, o1)
+                wait(o2, evo, 0)
+                record(evo, o2)
+                wait(o1, evo, 0)
+
+        runs.append(("driver_calls_only", driver_only, True))
     out: dict[str, dict] = {}
     try:
-        for key, run, even in (("same_stream", same_stream, False), ("cross_stream", cross_stream, True)):
+        for key, run, even in runs:
             print(f"  tracked use, {key.replace('_', ' ')} ...", file=sys.stderr, flush=True)
             n = calibrate(run, sync, cfg, even=even)
             with DriverCallCounter(backend) as counter:
@@ -520,6 +535,8 @@ def bench_tracked(ig: Any, pool: Any, s1: Any, s2: Any, sync: Callable[[], None]
     finally:
         sync()
         pool.deallocate(block)
+        if backend.name == "cuda":
+            backend.event_destroy(ev)
     return out
 
 
@@ -591,7 +608,8 @@ def print_report(r: dict, labels: dict[str, str]) -> None:
         if t is None:
             continue
         for key, text in (("same_stream", "same stream (the block's own)"),
-                          ("cross_stream", "cross stream (alternating 2 streams)")):
+                          ("cross_stream", "cross stream (alternating 2 streams)"),
+                          ("driver_calls_only", "(its record + wait alone, cuda.bindings)")):
             if key in t:
                 s = t[key]
                 print(f"  {text + suffix:<{w}}{s['median_us']:>9.3f}{'*' if s['spread'] > NOISY else ' '}  "

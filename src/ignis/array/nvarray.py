@@ -52,6 +52,8 @@ if TYPE_CHECKING:
 __all__ = ["NvArray"]
 
 _ids = itertools.count()
+_next_id = _ids.__next__
+_now = time.time
 _NAMES = {n: _dt.dtype(n) for n in _dt.names()}  # dtype name -> DType, the constructor's fast path
 # Per-array locks are striped: arrays are many and short-lived; a lock is only
 # held for a few attribute updates and never while another array's is held.
@@ -170,7 +172,12 @@ class NvArray:
         if owner != DEFAULT_OWNER:
             validate_owner(owner)
         if stream is None and mr is None and (device is None or device == 0):
-            dev, stream, mr, tracks = _defaults()
+            f = _fast[0]  # _defaults()'s cache, checked inline (the hot path)
+            if f is not None and f[0] is backends._backend and f[1].state.generation == f[4] \
+                    and f[5] == current.epoch and not f[2]._closed:
+                dev, stream, mr, tracks = f[6]
+            else:
+                dev, stream, mr, tracks = _defaults()
         else:
             if stream is not None:
                 if type(stream) is not Stream:
@@ -185,14 +192,14 @@ class NvArray:
                 mr = get_current_resource(dev)
             tracks = mr.supports_block_use_tracking
         nbytes = numel * dt.itemsize
-        self.id = next(_ids)
+        self.id = _next_id()
         self.shape = shape
         self.dtype = dt
         self.device = dev
         self.stream = stream
         self.owner = owner
         self.ref_count = 0
-        self.created_at = time.time()
+        self.created_at = _now()
         self.numel = numel
         self.nbytes = nbytes
         self._mr = mr
@@ -215,14 +222,14 @@ class NvArray:
               base: "NvArray | None" = None, keepalive: Any = None) -> "NvArray":
         """An array over memory it does not allocate (a view or foreign memory)."""
         a = object.__new__(cls)
-        a.id = next(_ids)
+        a.id = _next_id()
         a.shape = shape
         a.dtype = dt
         a.device = device
         a.stream = stream
         a.owner = owner
         a.ref_count = 0
-        a.created_at = time.time()
+        a.created_at = _now()
         a.numel = _numel(shape)
         a.nbytes = a.numel * dt.itemsize
         a._ptr = ptr
@@ -392,6 +399,21 @@ class NvArray:
             drain_deferred()
         lock = _LOCKS[self.id & 63]
         lock.acquire()
+        if self._freed or self.ref_count > 0 or self.owner != by or self._views:
+            lock.release()
+            self._free_checked(by)  # the full checks: raises, or frees an array with dead views
+            return
+        self._freed = True
+        lock.release()
+        if self._pinned is None and self._keepalive is None:  # the common case
+            if self._base is None and self._block is not None:
+                self._mr.deallocate(self._block)
+            return
+        self._give_back()
+
+    def _free_checked(self, by: str) -> None:
+        lock = _LOCKS[self.id & 63]
+        lock.acquire()
         try:
             if self._freed:
                 raise DoubleFreeError(f"NvArray#{self.id} was already freed", array_id=self.id,
@@ -413,9 +435,13 @@ class NvArray:
                         f"(NvArray#{', #'.join(str(v.id) for v in live[:5])}); free or drop the views first",
                         array_id=self.id, owner=self.owner, caller=by)
             self._freed = True
-            pinned = self._pinned
         finally:
             lock.release()
+        self._give_back()
+
+    def _give_back(self) -> None:
+        """After ``_freed`` was set: the pinned buffer, then the block (or the foreign memory's keep-alive)."""
+        pinned = self._pinned
         try:
             if pinned is not None:
                 self._pinned = None
