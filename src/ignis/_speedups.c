@@ -58,7 +58,7 @@ typedef struct {
 static Layout L_stream, L_block, L_kblock, L_freelist, L_sizeclass, L_segment, L_pool, L_state, L_evpool;
 static PyObject *LIVE, *RETIRED, *COUNTER, *HISTORY_DICT, *ORDERING_DICT, *PY_ALLOCATE, *PY_DEALLOCATE;
 static PyObject *PY_PREPARE, *PY_FINISH, *ACC_READ, *ACC_WRITE, *ACC_RW;
-/* the cuda backend's hot-path tables, handed over by the backend itself (bind_cuda) */
+/* the bound backend's tracking calls (Backend.tracking_calls(), bound by ignis.memory.pool) */
 static PyObject *BK_BACKEND, *BK_STREAMS, *BK_EVENTS, *BK_CUR, *BK_RECORD, *BK_WAIT, *BK_FAULTS;
 /* the driver's own entry points, when the backend could hand them over (else the binding functions) */
 typedef int (*event_record_fn)(void *event, void *stream);
@@ -483,8 +483,8 @@ fail:
 
 /* -- cross-stream tracking (TrackedResource.prepare_block_use / finish_block_use) --------
  * The same hazard rules as ignis/memory/resource.py, for PoolResource blocks passed as
- * DeviceBlock objects, on the backend that bound itself (the cuda backend hands over its
- * handle tables and binding functions; others their own methods), with the sanitizer
+ * DeviceBlock objects, on the bound backend (the cuda backend's handle tables and driver
+ * entry points; any other backend's own methods), with the sanitizer
  * off; prepare only under "auto" ordering (finish records the same either way). A
  * write's prepare with outstanding reads, a BlockId, a closed or stale stream, an empty
  * event pool, armed fault injection or a failing driver call take the Python path
@@ -873,8 +873,8 @@ static PyMethodDef methods[] = {
      "PoolResource.allocate's common case (falls back to the Python implementation)."},
     {"pool_deallocate", (PyCFunction)(void (*)(void))pool_deallocate, METH_FASTCALL | METH_KEYWORDS,
      "PoolResource.deallocate's common case (falls back to the Python implementation)."},
-    {"bind_cuda", bind_cuda, METH_VARARGS, "The cuda backend hands over its hot-path tables."},
-    {"bind_backend", bind_backend, METH_VARARGS, "Another backend hands over its event record / wait methods."},
+    {"bind_cuda", bind_cuda, METH_VARARGS, "Bind the cuda backend's tracking calls (handle tables, driver entry points)."},
+    {"bind_backend", bind_backend, METH_VARARGS, "Bind another backend's event record / stream wait methods."},
     {"driver_calls", driver_calls, METH_NOARGS, "Event records and stream waits queued from the C path so far."},
     {"tracked_prepare", (PyCFunction)(void (*)(void))tracked_prepare, METH_FASTCALL | METH_KEYWORDS,
      "prepare_block_use's common case for PoolResource on the cuda backend (else the Python path)."},

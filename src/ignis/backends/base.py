@@ -18,7 +18,6 @@ Rules every backend follows:
 
 from __future__ import annotations
 
-import os
 import threading
 from dataclasses import dataclass, field
 from typing import Any, Callable, Sequence
@@ -131,18 +130,12 @@ class Backend:
         self._faults: dict[str, list] = {}
         self._fault_lock = threading.Lock()
 
-    def _bind_speedups(self) -> None:
-        """Let the optional C fast path of the memory layer (ignis/_speedups.c) queue
-        this backend's event records and stream waits through its own methods (a
-        PoolResource binds its backend when it is made; the cuda backend hands over
-        its handle tables instead)."""
-        if os.environ.get("IGNIS_PURE_PYTHON", "") not in ("", "0"):
-            return
-        try:
-            from .. import _speedups
-        except ImportError:
-            return
-        _speedups.bind_backend(self, self.event_record, self.stream_wait_event, self._faults)
+    def tracking_calls(self) -> dict[str, Any]:
+        """What the memory layer's optional C fast path (ignis/_speedups.c) may call to
+        queue the event records and stream waits of cross-stream tracking: here the
+        backend's own ``event_record`` / ``stream_wait_event`` methods, and the fault
+        table (while a fault is armed the fast path stays off)."""
+        return {"record": self.event_record, "wait": self.stream_wait_event, "faults": self._faults}
 
     # -- fault injection ---------------------------------------------------
     def inject_fault(self, op: str, nth: int = 1, error: str = "CUDA_ERROR_OUT_OF_MEMORY",

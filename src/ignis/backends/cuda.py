@@ -35,7 +35,6 @@ from __future__ import annotations
 
 import ctypes
 import itertools
-import os
 import threading
 from typing import Any, Callable
 
@@ -219,26 +218,21 @@ class CudaBackend(CudaVmm, Backend):
         self._cuEventQuery = cu.cuEventQuery
         self._cuEventSynchronize = cu.cuEventSynchronize
 
-    def _bind_speedups(self) -> None:
-        """Hand this backend's handle tables and the two tracking calls (event record,
-        stream wait: the driver's entry points, else the binding functions) to the
-        optional C fast path of the memory layer, which uses them only while no fault
-        is armed, for handles of these tables whose context is current
-        (ignis/_speedups.c)."""
-        if os.environ.get("IGNIS_PURE_PYTHON", "") not in ("", "0"):
-            return
-        try:
-            from .. import _speedups
-        except ImportError:
-            return
-        try:  # the driver's own entry points (the same library the bindings loaded)
+    def tracking_calls(self) -> dict[str, Any]:
+        """For the memory layer's optional C fast path: this backend's handle tables
+        (handle -> (device, binding object)), the thread's current-context record, the
+        binding functions for event record and stream wait, and the driver's own entry
+        points for them (the handles are the driver's pointers; 0 where not found).
+        The fast path uses them only for handles in these tables whose context is
+        current on the calling thread, and only while no fault is armed."""
+        try:  # the same library the bindings loaded
             lib = ctypes.CDLL("libcuda.so.1")
             raw = (ctypes.cast(lib.cuEventRecord, ctypes.c_void_p).value or 0,
                    ctypes.cast(lib.cuStreamWaitEvent, ctypes.c_void_p).value or 0)
         except (OSError, AttributeError):
-            raw = (0, 0)  # then through the binding functions
-        _speedups.bind_cuda(self, self._streams, self._events, self._cur, cu.cuEventRecord, cu.cuStreamWaitEvent,
-                            self._faults, *raw)
+            raw = (0, 0)
+        return {"streams": self._streams, "events": self._events, "current": self._cur,
+                "record": cu.cuEventRecord, "wait": cu.cuStreamWaitEvent, "faults": self._faults, "raw": raw}
 
     # -- contexts ----------------------------------------------------------
     def _retain(self, ordinal: int) -> _Device:

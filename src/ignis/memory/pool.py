@@ -196,7 +196,7 @@ class PoolResource(TrackedResource):
             self.deallocate = types.MethodType(_speedups.pool_deallocate, self)
             self.prepare_block_use = types.MethodType(_speedups.tracked_prepare, self)
             self.finish_block_use = types.MethodType(_speedups.tracked_finish, self)
-            self._backend._bind_speedups()  # tracking queues its waits through this backend
+            _bind_backend(self._backend)  # tracking queues its records and waits through this backend
 
     # -- hot path ------------------------------------------------------------
     def allocate(self, nbytes: int, stream: Stream | None = None, tag: str = UNTAGGED) -> DeviceBlock:
@@ -531,3 +531,16 @@ def _load_speedups() -> Any:
 
 _speedups = _load_speedups()
 FAST = _speedups is not None  # PoolResource's allocate / deallocate (and tracking, on cuda) run their common case in C
+_bound: list = [None]  # the backend the C tracking path queues through
+
+
+def _bind_backend(backend: Any) -> None:
+    if _bound[0] is backend:
+        return
+    calls = backend.tracking_calls()
+    if "streams" in calls:
+        _speedups.bind_cuda(backend, calls["streams"], calls["events"], calls["current"], calls["record"],
+                            calls["wait"], calls["faults"], *calls.get("raw", (0, 0)))
+    else:
+        _speedups.bind_backend(backend, calls["record"], calls["wait"], calls["faults"])
+    _bound[0] = backend
