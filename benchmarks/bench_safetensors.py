@@ -420,7 +420,8 @@ def main(argv: list[str] | None = None) -> int:
         if args.sweep:
             print("sweep: load (reader, chunk MiB, buffers, workers, streams) -> GB/s median [best]")
             configs = [(r, c, wk, st) for r in ("pread", "mmap") for c in (8, 16, 32) for wk in (8, 12, 16)
-                       for st in (2,)] + [(r, 16, 16, st) for r in ("pread", "mmap") for st in (1, 4)]
+                       for st in (2,)] + [(r, 16, 16, st) for r in ("pread", "mmap") for st in (1, 4)] \
+                + [("pread", c, wk, 2) for c in (8, 16) for wk in (24, 32)]  # more readers than cores
             for reader, chunk, workers, streams in configs:
                 o = PipelineOptions(chunk_bytes=chunk << 20, buffers=workers + 4, workers=workers, streams=streams,
                                     reader=reader)
