@@ -289,3 +289,17 @@ def test_tracking_refuses_stale_blocks_in_both_paths(dev, streams):
         with pytest.raises(ig.UseAfterFreeError):
             mr.finish_block_use(blk, streams[1], Access.READ)
         mr.close()
+
+
+@fast_only
+def test_unbound_module_raises_instead_of_crashing():
+    import subprocess
+    code = ("import ignis._speedups as m\n"
+            "for f, a in ((m.pool_allocate, (1, 2, 3)), (m.pool_deallocate, (1, 2)),\n"
+            "             (m.tracked_prepare, (1, 2, 3, 4)), (m.tracked_finish, (1, 2, 3, 4))):\n"
+            "    try:\n        f(*a)\n    except RuntimeError as e:\n        print('refused:', e)\n")
+    env = dict(os.environ, IGNIS_PURE_PYTHON="1")
+    p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=60,
+                       cwd=os.path.dirname(os.path.dirname(ig.__file__)))
+    assert p.returncode == 0, p.stderr
+    assert p.stdout.count("refused: ignis._speedups is not set up") == 4

@@ -13,9 +13,11 @@
  *
  * Locking: the pool's threading.Lock is taken without blocking; if another
  * thread holds it (it is in the Python path), the call falls back to the
- * Python path, which waits for it. While these functions run they hold the
- * GIL and call no Python code (the lock's and the generation counter's C
- * functions are called directly), so no other thread can observe a half-done update.
+ * Python path, which waits for it. Allocate and deallocate run no Python code
+ * (the lock's and the generation counter's C functions are called directly).
+ * The tracking paths queue driver calls, which may release the GIL, but only
+ * while holding the pool's lock, as the Python path does; what they use across
+ * those calls is held by strong references.
  *
  * Built as an optional extension: without a compiler the package still works
  * (IGNIS_PURE_PYTHON=1 forces the Python path, for tests and comparison).
@@ -70,6 +72,8 @@ static PyObject *STR_RECORDER, *STR_CHECKER, *STR_STREAM, *STR_TAG, *STR_ANY_MAN
 /* threading.Lock's own C methods, called directly */
 static PyTypeObject *LOCK_TYPE;
 static PyCFunctionWithKeywords LOCK_ACQUIRE;
+typedef PyObject *(*fastcall_kw_fn)(PyObject *, PyObject *const *, Py_ssize_t, PyObject *);
+static fastcall_kw_fn LOCK_ACQUIRE_FAST;  /* where acquire uses the fast calling convention */
 static PyCFunction LOCK_RELEASE;
 static PyObject *NONBLOCKING_ARGS;  /* (False,) */
 static PyObject *ZERO;
@@ -92,7 +96,6 @@ static int layout_from(Layout *l, PyObject *cls, const char **names, int n) {
         PyErr_SetString(PyExc_TypeError, "setup: expected a class");
         return -1;
     }
-    l->type = (PyTypeObject *)cls;
     for (int i = 0; i < n; i++) {
         PyObject *d = PyObject_GetAttrString(cls, names[i]);
         if (d == NULL)
@@ -113,7 +116,9 @@ static int layout_from(Layout *l, PyObject *cls, const char **names, int n) {
         l->off[i] = m->offset;
         Py_DECREF(d);
     }
-    Py_INCREF(cls);
+    PyTypeObject *old = l->type;
+    l->type = (PyTypeObject *)Py_NewRef(cls);
+    Py_XDECREF(old);
     return 0;
 }
 
@@ -148,7 +153,8 @@ static PyObject *setup(PyObject *self, PyObject *args) {
         return NULL;
     }
     PyMethodDef *ad = ((PyMethodDescrObject *)acq)->d_method, *rd = ((PyMethodDescrObject *)rel)->d_method;
-    int ok = (ad->ml_flags & (METH_VARARGS | METH_KEYWORDS)) == (METH_VARARGS | METH_KEYWORDS) &&
+    int fast = (ad->ml_flags & (METH_FASTCALL | METH_KEYWORDS)) == (METH_FASTCALL | METH_KEYWORDS);
+    int ok = (fast || (ad->ml_flags & (METH_VARARGS | METH_KEYWORDS)) == (METH_VARARGS | METH_KEYWORDS)) &&
              (rd->ml_flags & METH_NOARGS);
     Py_DECREF(acq);
     Py_DECREF(rel);
@@ -156,9 +162,9 @@ static PyObject *setup(PyObject *self, PyObject *args) {
         PyErr_SetString(PyExc_TypeError, "setup: unexpected calling convention of the lock's methods");
         return NULL;
     }
-    LOCK_TYPE = lt;
-    Py_INCREF(lt);
-    LOCK_ACQUIRE = (PyCFunctionWithKeywords)(void (*)(void))ad->ml_meth;
+    Py_XSETREF(LOCK_TYPE, (PyTypeObject *)Py_NewRef(lt));
+    LOCK_ACQUIRE = fast ? NULL : (PyCFunctionWithKeywords)(void (*)(void))ad->ml_meth;
+    LOCK_ACQUIRE_FAST = fast ? (fastcall_kw_fn)(void (*)(void))ad->ml_meth : NULL;
     LOCK_RELEASE = rd->ml_meth;
     PyObject *hd = PyModule_GetDict(history), *od = PyModule_GetDict(ordering);
     if (hd == NULL || od == NULL)
@@ -198,7 +204,9 @@ static inline int hooks_off(void) {
 static inline int try_lock(PyObject *lock) {
     if (Py_TYPE(lock) != LOCK_TYPE)
         return 0;
-    PyObject *r = LOCK_ACQUIRE(lock, NONBLOCKING_ARGS, NULL);
+    PyObject *nonblocking = Py_False;
+    PyObject *r = LOCK_ACQUIRE != NULL ? LOCK_ACQUIRE(lock, NONBLOCKING_ARGS, NULL)
+                                       : LOCK_ACQUIRE_FAST(lock, &nonblocking, 1, NULL);
     if (r == NULL) {
         PyErr_Clear();
         return 0;
@@ -232,6 +240,10 @@ static inline int add_to_slot(PyObject *obj, Py_ssize_t off, PyObject *delta, in
 }
 
 static inline PyObject *fallback(PyObject *fn, PyObject *const *args, size_t nargsf, PyObject *kwnames) {
+    if (fn == NULL) {
+        PyErr_SetString(PyExc_RuntimeError, "ignis._speedups is not set up (ignis.memory.pool binds it)");
+        return NULL;
+    }
     return PyObject_Vectorcall(fn, args, nargsf, kwnames);
 }
 
@@ -526,32 +538,7 @@ static PyObject *bind_cuda(PyObject *self, PyObject *args) {
     Py_RETURN_NONE;
 }
 
-/* The binding objects of a stream handle and an event handle from the backend's tables,
- * both of one device whose context is current on this thread (borrowed references);
- * -1 when not (an unknown handle or another context: the Python path handles it). */
-static int bindings(PyObject *stream, PyObject *ev, PyObject **so, PyObject **eo) {
-    PyObject *h = SLOT(stream, L_stream, S_HANDLE);
-    if (h == NULL)
-        return -1;
-    PyObject *sr = PyDict_GetItemWithError(BK_STREAMS, h), *er = PyDict_GetItemWithError(BK_EVENTS, ev);
-    if (sr == NULL || er == NULL || !PyTuple_CheckExact(sr) || !PyTuple_CheckExact(er) || PyTuple_GET_SIZE(sr) != 2 ||
-        PyTuple_GET_SIZE(er) != 2 || PyTuple_GET_ITEM(sr, 0) != PyTuple_GET_ITEM(er, 0))
-        return -1;
-    PyObject *cur = PyObject_GetAttr(BK_CUR, STR_CTX);
-    if (cur == NULL)
-        return -1;
-    PyObject *ctx = PyObject_GetAttr(PyTuple_GET_ITEM(sr, 0), STR_CTX);
-    int same = ctx != NULL && ctx == cur;
-    Py_XDECREF(ctx);
-    Py_DECREF(cur);
-    if (!same)
-        return -1;
-    *so = PyTuple_GET_ITEM(sr, 1);
-    *eo = PyTuple_GET_ITEM(er, 1);
-    return 0;
-}
-
-/* One driver call through the bound binding function; 0 on CUDA_SUCCESS. */
+/* One driver call through the binding function `fn` with arguments (a, b[, 0]); 0 on CUDA_SUCCESS. */
 static int drive(PyObject *fn, PyObject *a, PyObject *b, int with_flags) {
     PyObject *argv[3] = {a, b, ZERO};
     PyObject *res = PyObject_Vectorcall(fn, argv, with_flags ? 3 : 2, NULL);
@@ -572,47 +559,83 @@ static int call_method(PyObject *fn, PyObject *a, PyObject *b) {
     return 0;
 }
 
-/* Record event `ev` (a handle) at the tail of `stream` (a Stream); 0 on success. */
-static int record_on(PyObject *ev, PyObject *stream) {
-    int r;
-    if (BK_STREAMS == NULL) {
-        PyObject *h = SLOT(stream, L_stream, S_HANDLE);
-        r = h == NULL ? -1 : call_method(BK_RECORD, ev, h);
-    } else {
-        PyObject *so, *eo;
-        if (bindings(stream, ev, &so, &eo) < 0)
-            r = -1;
-        else if (RAW_RECORD != NULL) {  /* the handles are the driver's pointers (checked: in the tables) */
-            void *e = PyLong_AsVoidPtr(ev), *st = PyLong_AsVoidPtr(SLOT(stream, L_stream, S_HANDLE));
-            r = PyErr_Occurred() ? -1 : (RAW_RECORD(e, st) == 0 ? 0 : -1);
-        } else
-            r = drive(BK_RECORD, eo, so, 0);
+/* Queue on `stream` (a Stream) a record of event `ev` (a handle), or (wait=1) a wait
+ * for it; 0 on success, -1 for the Python path. Driver calls can release the GIL, so
+ * everything used across them is held by strong references taken here: the bound
+ * backend's tables and functions (another thread may rebind), the handle table
+ * entries (another thread may destroy the handles: the driver then reports an error). */
+static int queue_call(int wait, PyObject *stream, PyObject *ev) {
+    PyObject *h = SLOT(stream, L_stream, S_HANDLE);
+    PyObject *fn = wait ? BK_WAIT : BK_RECORD;
+    if (h == NULL || fn == NULL)
+        return -1;
+    PyObject *streams = BK_STREAMS, *events = BK_EVENTS, *cur = BK_CUR;
+    event_record_fn raw_record = RAW_RECORD;
+    stream_wait_fn raw_wait = RAW_WAIT;
+    Py_INCREF(h);
+    Py_INCREF(fn);
+    Py_XINCREF(streams);
+    Py_XINCREF(events);
+    Py_XINCREF(cur);
+    PyObject *sr = NULL, *er = NULL;
+    int r = -1;
+    if (streams == NULL) {  /* bind_backend: the backend's own methods */
+        r = wait ? call_method(fn, h, ev) : call_method(fn, ev, h);
+        goto out;
     }
-    if (r == 0)
-        N_RECORD++;
+    if (events == NULL || cur == NULL)
+        goto out;
+    sr = PyDict_GetItemWithError(streams, h);
+    er = PyDict_GetItemWithError(events, ev);
+    if (sr == NULL || er == NULL || !PyTuple_CheckExact(sr) || !PyTuple_CheckExact(er) || PyTuple_GET_SIZE(sr) != 2 ||
+        PyTuple_GET_SIZE(er) != 2 || PyTuple_GET_ITEM(sr, 0) != PyTuple_GET_ITEM(er, 0)) {
+        sr = er = NULL;
+        goto out;
+    }
+    Py_INCREF(sr);
+    Py_INCREF(er);
+    {  /* the handles' context must be current on this thread */
+        PyObject *cctx = PyObject_GetAttr(cur, STR_CTX);
+        PyObject *dctx = cctx ? PyObject_GetAttr(PyTuple_GET_ITEM(sr, 0), STR_CTX) : NULL;
+        int same = dctx != NULL && dctx == cctx;
+        Py_XDECREF(dctx);
+        Py_XDECREF(cctx);
+        if (!same)
+            goto out;
+    }
+    if (raw_record != NULL && raw_wait != NULL) {  /* the handles are the driver's pointers */
+        void *e = PyLong_AsVoidPtr(ev), *st = PyLong_AsVoidPtr(h);
+        if (PyErr_Occurred())
+            goto out;
+        int res;
+        Py_BEGIN_ALLOW_THREADS
+        res = wait ? raw_wait(st, e, 0) : raw_record(e, st);
+        Py_END_ALLOW_THREADS
+        r = res == 0 ? 0 : -1;
+    } else {
+        PyObject *so = PyTuple_GET_ITEM(sr, 1), *eo = PyTuple_GET_ITEM(er, 1);
+        r = wait ? drive(fn, so, eo, 1) : drive(fn, eo, so, 0);
+    }
+out:
+    Py_XDECREF(sr);
+    Py_XDECREF(er);
+    Py_XDECREF(cur);
+    Py_XDECREF(events);
+    Py_XDECREF(streams);
+    Py_DECREF(fn);
+    Py_DECREF(h);
+    if (r == 0) {
+        if (wait)
+            N_WAIT++;
+        else
+            N_RECORD++;
+    }
     return r;
 }
 
-/* Make `stream` wait for event `ev`; 0 on success. */
-static int wait_on(PyObject *stream, PyObject *ev) {
-    int r;
-    if (BK_STREAMS == NULL) {
-        PyObject *h = SLOT(stream, L_stream, S_HANDLE);
-        r = h == NULL ? -1 : call_method(BK_WAIT, h, ev);
-    } else {
-        PyObject *so, *eo;
-        if (bindings(stream, ev, &so, &eo) < 0)
-            r = -1;
-        else if (RAW_WAIT != NULL) {
-            void *e = PyLong_AsVoidPtr(ev), *st = PyLong_AsVoidPtr(SLOT(stream, L_stream, S_HANDLE));
-            r = PyErr_Occurred() ? -1 : (RAW_WAIT(st, e, 0) == 0 ? 0 : -1);
-        } else
-            r = drive(BK_WAIT, so, eo, 1);
-    }
-    if (r == 0)
-        N_WAIT++;
-    return r;
-}
+static inline int record_on(PyObject *ev, PyObject *stream) { return queue_call(0, stream, ev); }
+
+static inline int wait_on(PyObject *stream, PyObject *ev) { return queue_call(1, stream, ev); }
 
 static PyObject *driver_calls(PyObject *self, PyObject *unused) {
     return Py_BuildValue("{s:K,s:K}", "event_record", N_RECORD, "stream_wait_event", N_WAIT);
@@ -729,8 +752,10 @@ static PyObject *tracked_prepare(PyObject *self, PyObject *const *args, Py_ssize
     PyObject *ev = NULL;
     int recorded = 0;
     if (is_zero(we)) {  /* the writer's end is not recorded yet: record it now */
+        if (!stream_ok(pool, ws))
+            goto python;
         Py_ssize_t n = PyList_GET_SIZE(efree);
-        if (n == 0 || !stream_ok(pool, ws))
+        if (n == 0)
             goto python;
         ev = Py_NewRef(PyList_GET_ITEM(efree, n - 1));
         if (PyList_SetSlice(efree, n - 1, n, NULL) < 0) {

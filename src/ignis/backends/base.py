@@ -18,6 +18,7 @@ Rules every backend follows:
 
 from __future__ import annotations
 
+import functools
 import threading
 from dataclasses import dataclass, field
 from typing import Any, Callable, Sequence
@@ -133,9 +134,13 @@ class Backend:
     def tracking_calls(self) -> dict[str, Any]:
         """What the memory layer's optional C fast path (ignis/_speedups.c) may call to
         queue the event records and stream waits of cross-stream tracking: here the
-        backend's own ``event_record`` / ``stream_wait_event`` methods, and the fault
-        table (while a fault is armed the fast path stays off)."""
-        return {"record": self.event_record, "wait": self.stream_wait_event, "faults": self._faults}
+        backend's own ``event_record`` / ``stream_wait_event`` (the class's, not any
+        wrapper installed on the instance later, such as the sanitizer's, which is only
+        there while the fast path stays off), and the fault table (while a fault is
+        armed the fast path stays off)."""
+        cls = type(self)
+        return {"record": functools.partial(cls.event_record, self),
+                "wait": functools.partial(cls.stream_wait_event, self), "faults": self._faults}
 
     # -- fault injection ---------------------------------------------------
     def inject_fault(self, op: str, nth: int = 1, error: str = "CUDA_ERROR_OUT_OF_MEMORY",

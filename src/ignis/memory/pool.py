@@ -25,6 +25,7 @@ import bisect
 import os
 import threading
 import types
+import warnings
 from typing import Any
 
 from ..errors import DriverError, OutOfMemoryError
@@ -522,10 +523,15 @@ def _load_speedups() -> Any:
     from ..runtime.device import DeviceState
     from .resource import EventPool
     from .types import Access
-    mod.setup(_Stream, DeviceBlock, _Block, _FreeList, _SizeClass, _Segment, PoolResource, DeviceState, EventPool,
-              BlockState.LIVE, _RETIRED, _next_generation.__self__, _history, _ord, PoolResource.allocate,
-              PoolResource.deallocate, PoolResource.prepare_block_use, PoolResource.finish_block_use,
-              threading.Lock(), Access.READ, Access.WRITE, Access.READ_WRITE)
+    try:
+        mod.setup(_Stream, DeviceBlock, _Block, _FreeList, _SizeClass, _Segment, PoolResource, DeviceState, EventPool,
+                  BlockState.LIVE, _RETIRED, _next_generation.__self__, _history, _ord, PoolResource.allocate,
+                  PoolResource.deallocate, PoolResource.prepare_block_use, PoolResource.finish_block_use,
+                  threading.Lock(), Access.READ, Access.WRITE, Access.READ_WRITE)
+    except Exception as e:  # a layout this build does not know: run in Python, and say so
+        warnings.warn(f"ignis._speedups could not bind ({type(e).__name__}: {e}); PoolResource runs in Python",
+                      RuntimeWarning, stacklevel=2)
+        return None
     return mod
 
 
