@@ -247,6 +247,24 @@ static inline PyObject *fallback(PyObject *fn, PyObject *const *args, size_t nar
     return PyObject_Vectorcall(fn, args, nargsf, kwnames);
 }
 
+/* Release the pool's lock after an error, keeping the error; returns NULL. */
+static PyObject *unlock_keeping_error(PyObject *lock) {
+    PyObject *et, *ev, *tb;
+    PyErr_Fetch(&et, &ev, &tb);
+    unlock(lock);
+    PyErr_Restore(et, ev, tb);
+    return NULL;
+}
+
+/* Release the pool's lock, then run the Python implementation from untouched state. */
+static PyObject *unlock_then_python(PyObject *lock, PyObject *fn, PyObject *const *args, Py_ssize_t nargs,
+                                    PyObject *kwnames) {
+    PyErr_Clear();
+    if (unlock(lock) < 0)
+        return NULL;
+    return fallback(fn, args, nargs, kwnames);
+}
+
 /* pool_allocate(pool, nbytes, stream=None, tag=...): bound to a PoolResource as its `allocate`. */
 static PyObject *pool_allocate(PyObject *self, PyObject *const *args, Py_ssize_t nargs, PyObject *kwnames) {
     if (!ready || nargs < 2 || nargs > 4)
@@ -388,13 +406,7 @@ fail:
     Py_XDECREF(gen);
     Py_XDECREF(block);
     Py_DECREF(sizeobj);
-    {
-        PyObject *et, *ev, *tb;
-        PyErr_Fetch(&et, &ev, &tb);
-        unlock(lock);
-        PyErr_Restore(et, ev, tb);
-    }
-    return NULL;
+    return unlock_keeping_error(lock);
 }
 
 /* pool_deallocate(pool, block): bound to a PoolResource as its `deallocate`. */
@@ -483,13 +495,7 @@ static PyObject *pool_deallocate(PyObject *self, PyObject *const *args, Py_ssize
     Py_RETURN_NONE;
 fail:
     Py_DECREF(block);
-    {
-        PyObject *et, *ev, *tb;
-        PyErr_Fetch(&et, &ev, &tb);
-        unlock(lock);
-        PyErr_Restore(et, ev, tb);
-    }
-    return NULL;
+    return unlock_keeping_error(lock);
 }
 
 
@@ -724,6 +730,27 @@ static inline int live_here(PyObject *pool, PyObject *block) {
     return cur == block;
 }
 
+/* Take an event from the pool's free list and record it on `stream`: 0 with *ev a new
+ * reference; 1 for the Python path (no free event, or the record failed: the event is
+ * back on the list); -1 on an error. */
+static int record_pooled_event(PyObject *efree, PyObject *stream, PyObject **ev) {
+    Py_ssize_t n = PyList_GET_SIZE(efree);
+    if (n == 0)
+        return 1;
+    PyObject *e = Py_NewRef(PyList_GET_ITEM(efree, n - 1));
+    if (PyList_SetSlice(efree, n - 1, n, NULL) < 0) {
+        Py_DECREF(e);
+        return -1;
+    }
+    if (record_on(e, stream) < 0) {
+        PyList_Append(efree, e);
+        Py_DECREF(e);
+        return 1;
+    }
+    *ev = e;
+    return 0;
+}
+
 static PyObject *tracked_prepare(PyObject *self, PyObject *const *args, Py_ssize_t nargs, PyObject *kwnames) {
     if (kwnames != NULL || nargs < 4 || nargs > 5 || (nargs == 5 && args[4] != Py_None) ||
         !tracking_ok(args[0], args[1], args[2], args[3]) || !auto_ordering(args[2]))
@@ -754,17 +781,10 @@ static PyObject *tracked_prepare(PyObject *self, PyObject *const *args, Py_ssize
     if (is_zero(we)) {  /* the writer's end is not recorded yet: record it now */
         if (!stream_ok(pool, ws))
             goto python;
-        Py_ssize_t n = PyList_GET_SIZE(efree);
-        if (n == 0)
-            goto python;
-        ev = Py_NewRef(PyList_GET_ITEM(efree, n - 1));
-        if (PyList_SetSlice(efree, n - 1, n, NULL) < 0) {
-            Py_DECREF(ev);
-            goto error;
-        }
-        if (record_on(ev, ws) < 0) {
-            PyList_Append(efree, ev);
-            Py_DECREF(ev);
+        int got = record_pooled_event(efree, ws, &ev);
+        if (got != 0) {
+            if (got < 0)
+                goto error;
             goto python;
         }
         recorded = 1;
@@ -790,17 +810,9 @@ static PyObject *tracked_prepare(PyObject *self, PyObject *const *args, Py_ssize
         return NULL;
     Py_RETURN_NONE;
 python:
-    PyErr_Clear();
-    if (unlock(lock) < 0)
-        return NULL;
-    return fallback(PY_PREPARE, args, nargs, kwnames);
-error: {
-    PyObject *et, *evv, *tb;
-    PyErr_Fetch(&et, &evv, &tb);
-    unlock(lock);
-    PyErr_Restore(et, evv, tb);
-    return NULL;
-}
+    return unlock_then_python(lock, PY_PREPARE, args, nargs, kwnames);
+error:
+    return unlock_keeping_error(lock);
 }
 
 /* Return each nonzero event of `rd`'s values to the pool list. */
@@ -835,17 +847,10 @@ static PyObject *tracked_finish(PyObject *self, PyObject *const *args, Py_ssize_
             goto done;  /* clean on this stream: nothing to record */
         ev = Py_NewRef(ZERO);  /* the alloc stream's uses stay lazy */
     } else {  /* record the use's end on its stream */
-        Py_ssize_t n = PyList_GET_SIZE(efree);
-        if (n == 0)
-            goto python;
-        ev = Py_NewRef(PyList_GET_ITEM(efree, n - 1));
-        if (PyList_SetSlice(efree, n - 1, n, NULL) < 0) {
-            Py_DECREF(ev);
-            goto error;
-        }
-        if (record_on(ev, stream) < 0) {
-            PyList_Append(efree, ev);
-            Py_DECREF(ev);
+        int got = record_pooled_event(efree, stream, &ev);
+        if (got != 0) {
+            if (got < 0)
+                goto error;
             goto python;
         }
     }
@@ -879,17 +884,9 @@ done:
         return NULL;
     Py_RETURN_NONE;
 python:
-    PyErr_Clear();
-    if (unlock(lock) < 0)
-        return NULL;
-    return fallback(PY_FINISH, args, nargs, kwnames);
-error: {
-    PyObject *et, *evv, *tb;
-    PyErr_Fetch(&et, &evv, &tb);
-    unlock(lock);
-    PyErr_Restore(et, evv, tb);
-    return NULL;
-}
+    return unlock_then_python(lock, PY_FINISH, args, nargs, kwnames);
+error:
+    return unlock_keeping_error(lock);
 }
 
 static PyMethodDef methods[] = {
