@@ -44,7 +44,7 @@ done
 # inside a driver call; the outer timeout keeps the whole run inside the
 # device tool's 10-minute limit so that $OUT still comes back.
 timeout -k 15 "${IGNIS_RUN_TIMEOUT:-560}" \
-    python3 -m pytest "${targets[@]}" -q -x -p no:cacheprovider \
+    python3 -X faulthandler -m pytest "${targets[@]}" -q -x -p no:cacheprovider \
         --timeout="${IGNIS_TEST_TIMEOUT:-180}" --timeout-method=thread \
         --junitxml="$out_dir/junit.xml" "$@" 2>&1 | tee "$out_dir/pytest.log"
 status=${PIPESTATUS[0]}

@@ -53,3 +53,13 @@ def streams(dev):
     dev.synchronize()
     for s in ss:
         s.close()
+
+
+def pytest_sessionfinish(session, exitstatus):
+    """Name the threads still alive at the end (they outlive the tests into interpreter exit)."""
+    import threading
+
+    alive = [t for t in threading.enumerate() if t is not threading.main_thread()]
+    if alive:
+        print("\nthreads alive at the end of the session: " +
+              ", ".join(f"{t.name}{' (daemon)' if t.daemon else ''}" for t in alive))

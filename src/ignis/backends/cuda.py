@@ -33,9 +33,11 @@ Design and rules:
 
 from __future__ import annotations
 
+import atexit
 import ctypes
 import itertools
 import threading
+import weakref
 from typing import Any, Callable
 
 import numpy as np
@@ -111,6 +113,25 @@ def _run_host_fn(user_data: int | None) -> None:
         try:
             backend._record_host_error(stream, rec, fn, exc)
         except BaseException:  # noqa: BLE001 - interpreter shutdown; nothing to report to
+            pass
+
+
+_EXITING = [False]  # set at interpreter exit, once the queued host functions have run
+
+
+def _drain_at_exit(ref: "weakref.ref[CudaBackend]") -> None:
+    """atexit: let every queued host function run while the interpreter can still run
+    it (a driver thread calling into a finalizing interpreter can crash the process);
+    host functions queued after this run inline (see launch_host_func)."""
+    backend = ref()
+    _EXITING[0] = True
+    if backend is None:
+        return
+    for dev in list(backend._devs.values()):
+        try:
+            backend._make_current(dev)
+            cu.cuCtxSynchronize()
+        except Exception:  # noqa: BLE001 - a context already gone has nothing queued
             pass
 
 
@@ -217,6 +238,7 @@ class CudaBackend(CudaVmm, Backend):
         self._cuEventRecord = cu.cuEventRecord
         self._cuEventQuery = cu.cuEventQuery
         self._cuEventSynchronize = cu.cuEventSynchronize
+        atexit.register(_drain_at_exit, weakref.ref(self))
 
     def tracking_calls(self) -> dict[str, Any]:
         """For the memory layer's optional C fast path: this backend's handle tables
@@ -575,6 +597,13 @@ class CudaBackend(CudaVmm, Backend):
         if not callable(fn):
             raise driver_error("CUDA_ERROR_INVALID_VALUE", "cuLaunchHostFunc", f"{fn!r} is not callable")
         s = self._enter_stream(stream)
+        if _EXITING[0]:  # the interpreter is exiting: run it here, in stream order
+            _check(self._cuStreamSynchronize(s), "cuStreamSynchronize")
+            try:
+                fn()
+            except BaseException as exc:  # noqa: BLE001 - as from the driver's thread
+                self._record_host_error(stream, self._streams.get(stream), fn, exc)
+            return
         token = next(_TOKENS)
         _PENDING[token] = (self, stream, self._streams.get(stream), fn)
         try:

@@ -24,6 +24,7 @@ mapped); only the exporter's intent is unknown.
 
 from __future__ import annotations
 
+import atexit
 import os
 import secrets
 import socket
@@ -72,7 +73,28 @@ def register(block: "DeviceBlock") -> str:
 def _start() -> "_Service":
     global _service
     _service = _Service()
+    atexit.register(_stop_at_exit, _service)
     return _service
+
+
+def _stop_at_exit(svc: "_Service") -> None:
+    """atexit: stop accepting and hang up on importers, so no service thread is still
+    running while the interpreter is torn down."""
+    if svc.pid != os.getpid():
+        return
+    try:
+        svc.sock.shutdown(socket.SHUT_RDWR)
+    except OSError:
+        pass
+    svc.sock.close()
+    with _conns_lock:
+        conns = list(_conns.values())
+        _conns.clear()
+    for conn, _ in conns:
+        try:
+            conn.close()
+        except OSError:
+            pass
 
 
 class _Service:
