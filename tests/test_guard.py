@@ -9,7 +9,7 @@ import pytest
 
 import ignis as ig
 import ignis.backends.emulated  # noqa: F401 - tests build emulated backends
-from helpers import pinned, read, read_into, sleep_on, write
+from helpers import pinned, read, read_after_slow_write, read_into, sleep_on, write
 from ignis.memory import Access, BlockState, history
 
 R, W, RW = Access.READ, Access.WRITE, Access.READ_WRITE
@@ -415,14 +415,7 @@ def test_cross_stream_read_waits_for_write(guard, streams):
         pytest.skip("upstream does not track")
     a, b = streams[0], streams[1]
     blk = guard.allocate(4096, a)
-    sleep_on(a, 0.2)
-    k = write(blk.ptr, b"\x07" * 4096, a)
-    guard.finish_block_use(blk, a, W)
-    guard.prepare_block_use(blk, b, R)
-    out = pinned(4096)
-    read_into(out, blk.ptr, b)
-    guard.finish_block_use(blk, b, R)
-    b.synchronize()
+    out, k = read_after_slow_write(guard, blk, a, b)
     assert (out == 7).all(), "the read on stream B ran before the write on stream A"
     guard.deallocate(blk)
     guard.flush()

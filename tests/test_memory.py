@@ -11,7 +11,7 @@ import pytest
 
 import ignis as ig
 import ignis.backends.emulated  # noqa: F401 - tests build emulated backends
-from helpers import pinned, read, read_into, sleep_on, write
+from helpers import pinned, read, read_after_slow_write, read_into, sleep_on, write
 from ignis.memory import Access, BlockState
 
 R, W, RW = Access.READ, Access.WRITE, Access.READ_WRITE
@@ -190,14 +190,7 @@ def test_read_on_other_stream_waits_for_write(dev, streams):
     mr = make(dev, "pool_async") if dev.capabilities["memory_pools"] else make(dev, "pool_direct")
     a, b = streams[0], streams[1]
     blk = mr.allocate(4096, a)
-    sleep_on(a, 0.2)
-    keep = write(blk.ptr, b"\x07" * 4096, a)
-    mr.finish_block_use(blk, a, W)
-    mr.prepare_block_use(blk, b, R)
-    out = pinned(4096)
-    read_into(out, blk.ptr, b)
-    mr.finish_block_use(blk, b, R)
-    b.synchronize()
+    out, keep = read_after_slow_write(mr, blk, a, b)
     assert (out == 7).all(), "the read on stream B ran before the write on stream A"
     a.synchronize()
     del keep

@@ -65,3 +65,19 @@ def sleep_on(stream: "ig.Stream", seconds: float) -> None:
     functions of all streams run on one driver thread, so this delays other
     streams' host functions too (not their copies)."""
     stream.launch_host_func(lambda: time.sleep(seconds))
+
+
+def read_after_slow_write(mr: "ig.DeviceMemoryResource", blk: "ig.DeviceBlock", a: "ig.Stream",
+                          b: "ig.Stream") -> tuple[np.ndarray, np.ndarray]:
+    """A slow write of 0x07 bytes to ``blk`` (4096 bytes) on stream ``a``, then a tracked
+    read of it on stream ``b``, waited for. Returns (what ``b`` read, the write's source,
+    to keep alive until ``a`` has passed it); all sevens when tracking ordered the read."""
+    sleep_on(a, 0.2)
+    keep = write(blk.ptr, b"\x07" * 4096, a)
+    mr.finish_block_use(blk, a, ig.Access.WRITE)
+    mr.prepare_block_use(blk, b, ig.Access.READ)
+    out = pinned(4096)
+    read_into(out, blk.ptr, b)
+    mr.finish_block_use(blk, b, ig.Access.READ)
+    b.synchronize()
+    return out, keep
