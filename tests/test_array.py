@@ -300,7 +300,7 @@ def test_contract_audit_and_tracking(monkeypatch):
     assert c.tracked_count == 1
     assert c.audit(older_than=3600) == []
     rows = c.audit(older_than=0.0)
-    assert rows[0]["array_id"] == a.id and rows[0]["owner"] == "compute" and rows[0]["shape"] == (3, 3)
+    assert rows[0]["id"] == rows[0]["array_id"] == a.id and rows[0]["owner"] == "compute" and rows[0]["shape"] == (3, 3)
     assert rows[0]["dtype"] == "int8" and rows[0]["freed"] is False and rows[0]["age_ms"] >= 0
     c.untrack(a)
     assert c.tracked_count == 0

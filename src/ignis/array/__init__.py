@@ -9,24 +9,25 @@ import numpy as np
 from .. import dtypes as _dt
 from ..runtime import Stream
 from .launch import launch
-from .nvarray import NvArray
+from .nvarray import NvArray, _empty_c
 
 __all__ = ["NvArray", "launch", "empty", "zeros", "full", "from_numpy", "asarray", "from_dlpack"]
 
 
 # ``empty(shape, dtype, *, device, stream, owner, mr, tag)``: an uninitialized array from
-# ``mr`` (default: the device's current resource). The constructor itself, with no extra call.
-empty = NvArray
+# ``mr`` (default: the device's current resource). The constructor itself, or, where
+# ignis._speedups is built, a C function that runs its common case and calls it otherwise.
+empty = NvArray if _empty_c is None else _empty_c
 
 
 def zeros(shape: Any, dtype: Any = _dt.float32, **kw: Any) -> NvArray:
     """An array of zeros (a device memset)."""
-    return NvArray(shape, dtype, **kw).zero_()
+    return empty(shape, dtype, **kw).zero_()
 
 
 def full(shape: Any, value: Any, dtype: Any = _dt.float32, **kw: Any) -> NvArray:
     """An array with every element equal to ``value`` (filled on the device)."""
-    return NvArray(shape, dtype, **kw).fill_(value)
+    return empty(shape, dtype, **kw).fill_(value)
 
 
 def from_numpy(a: np.ndarray, *, dtype: Any = None, **kw: Any) -> NvArray:

@@ -138,13 +138,12 @@ class NvArray:
     """A device tensor with an owner, a stream, a ref count and a generation-checked identity."""
 
     __slots__ = ("id", "shape", "dtype", "device", "stream", "owner", "ref_count", "created_at", "numel",
-                 "nbytes", "_ptr", "_block", "_mr", "_tracks", "_freed", "__dict__", "__weakref__")
-
-    # Rarely set: class-level defaults, so a new array pays nothing for them.
-    _base: "NvArray | None" = None
-    _views: "list | None" = None
-    _pinned: "PinnedBuffer | None" = None
-    _keepalive: Any = None
+                 "nbytes", "_ptr", "_block", "_mr", "_tracks", "_freed", "_base", "_views", "_pinned",
+                 "_keepalive", "__dict__", "__weakref__")
+    _base: "NvArray | None"  # the parent of a view
+    _views: "list | None"  # weak references to this array's views, once it has any
+    _pinned: "PinnedBuffer | None"  # the host staging buffer of pin()
+    _keepalive: Any  # the producer of adopted foreign memory
 
     @property
     def _lock(self) -> threading.Lock:
@@ -203,6 +202,7 @@ class NvArray:
         self.numel = numel
         self.nbytes = nbytes
         self._mr = mr
+        self._base = self._views = self._pinned = self._keepalive = None
         if nbytes:
             block = mr.allocate(nbytes, stream, tag)
             self._ptr = block.ptr
@@ -236,11 +236,10 @@ class NvArray:
         a._block = block
         a._mr = mr
         a._tracks = bool(mr is not None and block is not None and mr.supports_block_use_tracking)
-        if base is not None:
-            a._base = base
+        a._base = base
+        a._views = a._pinned = None
+        a._keepalive = keepalive
         a._freed = False
-        if keepalive is not None:
-            a._keepalive = keepalive
         return a
 
     # -- identity ------------------------------------------------------------
@@ -722,3 +721,30 @@ class NvArray:
         return dlpack.cuda_array_interface(self)
 
 
+
+
+# -- the optional C fast path --------------------------------------------------------
+def _bind_speedups() -> Any:
+    """Bind ``ignis._speedups`` to NvArray: ``ig.empty``'s common case, ``free`` and
+    ``__del__`` run in C, and fall back to the Python code above for everything else.
+    Returns the module's ``array_empty``, or None (not built, or ``IGNIS_PURE_PYTHON=1``)."""
+    from ..memory import current as _current
+    from ..memory import pool as _pool
+    sp = _pool._speedups
+    if sp is None:
+        return None
+    try:
+        free_c, del_c = sp.array_setup(NvArray, _fast, backends, _current, _LOCKS, _deferred, _in_gc, contract,
+                                       _NAMES, _ids, _dt.float32, DEFAULT_OWNER, NvArray.free, NvArray.__del__)
+    except Exception as e:  # a layout this build does not know: run in Python, and say so
+        import warnings
+        warnings.warn(f"ignis._speedups could not bind NvArray ({type(e).__name__}: {e}); arrays run in Python",
+                      RuntimeWarning, stacklevel=2)
+        return None
+    NvArray._free_py, NvArray._del_py = NvArray.free, NvArray.__del__  # the reference the C code falls back to
+    NvArray.free, NvArray.__del__ = free_c, del_c
+    return sp.array_empty
+
+
+_empty_c = _bind_speedups()
+FAST = _empty_c is not None

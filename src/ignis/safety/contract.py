@@ -142,7 +142,7 @@ class MemoryContract:
             del self._tracked[k]
 
     def audit(self, older_than: float = 5.0) -> list[dict[str, Any]]:
-        """Tracked arrays alive for more than ``older_than`` seconds: id, owner,
+        """Tracked arrays alive for more than ``older_than`` seconds: id (also as array_id), owner,
         age_ms, shape, dtype, freed, nbytes, the allocation tag and, when
         ``capture_sites`` is on, the allocation site."""
         now = time.monotonic()
@@ -153,7 +153,7 @@ class MemoryContract:
                 a = ref()
                 if a is None or now - t0 <= older_than:
                     continue
-                out.append({"array_id": a.id, "owner": a.owner, "age_ms": round((now - t0) * 1000),
+                out.append({"id": a.id, "array_id": a.id, "owner": a.owner, "age_ms": round((now - t0) * 1000),
                             "shape": a.shape, "dtype": a.dtype.name, "freed": a.freed, "nbytes": a.nbytes,
                             "tag": a.tag, "site": format_frames(frames) if frames else None})
         return out

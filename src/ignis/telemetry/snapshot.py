@@ -105,7 +105,11 @@ class _History:
         if action == "alloc":
             self.live_frames[(rid, ptr)] = (block.generation if block is not None else 0, frames)
         elif action == "free_completed":
-            self.live_frames.pop((rid, ptr), None)
+            # A free completes in stream order, possibly after the address was handed out
+            # again: only the generation that was freed loses its frames.
+            cur = self.live_frames.get((rid, ptr))
+            if cur is not None and (block is None or cur[0] == block.generation):
+                del self.live_frames[(rid, ptr)]
         elif action == "segment_alloc":
             self.seg_frames[(rid, ptr)] = frames
         elif action == "segment_free":
