@@ -30,8 +30,9 @@ if TYPE_CHECKING:
 __all__ = ["pinned_pool", "htod", "dtoh_pinned", "PINNED_RESULT_MIN"]
 
 SMALL = 1 << 20          # one staging buffer up to this size
-CHUNK = 8 << 20          # chunk of a large staged copy
-WINDOW = 12              # chunks in flight
+CHUNK = 4 << 20          # chunk of a large staged copy
+MAX_WORKERS = 8          # staging threads (measured on an H200 host: 8 threads with 4 MiB chunks did best
+                         # while the DMA also reads host memory; see benchmarks/RESULTS.md)
 PINNED_RESULT_MIN = 1 << 20  # device->host results at least this big land in pinned memory
 
 _pools: dict[int, PinnedHostResource] = {}
@@ -56,9 +57,14 @@ def _pool_workers() -> ThreadPoolExecutor:
     if _workers is None:
         with _pool_lock:
             if _workers is None:
-                n = max(2, min(8, (os.cpu_count() or 2)))  # host memcpy bandwidth scales with threads
+                n = max(2, min(MAX_WORKERS, (os.cpu_count() or 2)))
                 _workers = ThreadPoolExecutor(max_workers=n, thread_name_prefix="ignis-staging")
     return _workers
+
+
+def _window() -> int:
+    """Chunks in flight: two per worker, so every worker has the next chunk queued."""
+    return 2 * _pool_workers()._max_workers
 
 
 def _fill(buf: PinnedBuffer, src: np.ndarray) -> PinnedBuffer:
@@ -96,7 +102,8 @@ def htod(src: np.ndarray, dst: int, stream: "Stream") -> None:
         futures.append((off, workers.submit(_fill, pool.allocate(piece.nbytes), piece)))
         nxt += 1
 
-    while nxt < len(offsets) and len(futures) < WINDOW:
+    window = _window()
+    while nxt < len(offsets) and len(futures) < window:
         submit()
     done = 0
     try:
