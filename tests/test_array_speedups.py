@@ -16,6 +16,7 @@ import numpy as np
 import pytest
 
 import ignis as ig
+from helpers import python_calls
 from ignis import dtypes as D
 from ignis.array import nvarray as _nv
 from ignis.memory import DeviceMemoryResource
@@ -48,22 +49,6 @@ def current_resource(mr, dev):
         yield mr
     finally:
         ig.set_current_resource(prev if was_explicit else None, dev)
-
-
-def _python_calls(fn) -> int:
-    calls = -1
-
-    def prof(frame, event, arg):
-        nonlocal calls
-        if event == "call":
-            calls += 1
-
-    sys.setprofile(prof)
-    try:
-        fn()
-    finally:
-        sys.setprofile(None)
-    return calls
 
 
 def test_the_fast_path_is_bound_where_built():
@@ -175,9 +160,9 @@ def test_empty_and_free_run_no_python(dev):
             del x
 
     pairs()  # the pool's cache: a miss runs the pool's Python path
-    assert _python_calls(pairs) == 0
+    assert python_calls(pairs) == 0
     with array_path(False):
-        assert _python_calls(lambda: e(64).free()) > 0
+        assert python_calls(lambda: e(64).free()) > 0
 
 
 class _Failing(DeviceMemoryResource):

@@ -13,6 +13,7 @@ import types
 import pytest
 
 import ignis as ig
+from helpers import python_calls
 from ignis.memory import Access, BlockState
 from ignis.memory import history as _history
 from ignis.memory import pool as _pool
@@ -41,23 +42,6 @@ def test_the_fast_path_is_built_where_required():
         mr.close()
 
 
-def _python_calls(fn) -> int:
-    """Python functions called by ``fn`` (not counting ``fn`` itself)."""
-    calls = -1
-
-    def prof(frame, event, arg):
-        nonlocal calls
-        if event == "call":
-            calls += 1
-
-    sys.setprofile(prof)
-    try:
-        fn()
-    finally:
-        sys.setprofile(None)
-    return calls
-
-
 @fast_only
 def test_a_cached_pair_runs_no_python(dev):
     mr = ig.PoolResource(device=0)
@@ -69,10 +53,10 @@ def test_a_cached_pair_runs_no_python(dev):
             mr.deallocate(mr.allocate(1000, s, "x"))
             mr.deallocate(mr.allocate(1000, stream=s, tag="y"))
 
-    assert _python_calls(pairs) == 0
+    assert python_calls(pairs) == 0
     slow = python_path(ig.PoolResource(device=0))
     slow.deallocate(slow.allocate(1000, s))
-    assert _python_calls(lambda: slow.deallocate(slow.allocate(1000, s))) > 0
+    assert python_calls(lambda: slow.deallocate(slow.allocate(1000, s))) > 0
     mr.close()
     slow.close()
     s.close()

@@ -6,6 +6,7 @@ CUDA (the driver stages it), which would hide the ordering the tests check.
 
 from __future__ import annotations
 
+import sys
 import time
 
 import numpy as np
@@ -81,3 +82,20 @@ def read_after_slow_write(mr: "ig.DeviceMemoryResource", blk: "ig.DeviceBlock", 
     mr.finish_block_use(blk, b, ig.Access.READ)
     b.synchronize()
     return out, keep
+
+
+def python_calls(fn) -> int:
+    """Python functions called by ``fn`` (not counting ``fn`` itself)."""
+    calls = -1
+
+    def prof(frame, event, arg):
+        nonlocal calls
+        if event == "call":
+            calls += 1
+
+    sys.setprofile(prof)
+    try:
+        fn()
+    finally:
+        sys.setprofile(None)
+    return calls
