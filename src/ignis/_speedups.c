@@ -1268,6 +1268,69 @@ static PyObject *array_del(PyObject *self, PyObject *unused) {
     Py_RETURN_NONE;
 }
 
+/* -- DLPack: the deleter and capsule destructor of exported tensors ----------------------
+ * A consumer (NumPy, PyTorch, CuPy) calls the deleter whenever it drops a tensor it
+ * imported, and Python calls the capsule destructor when an unconsumed capsule dies;
+ * either can happen in the interpreter's final garbage collection, after ignis's modules
+ * were cleared and a ctypes callback object could have been freed. These are plain C
+ * functions (an extension module stays loaded): they drop the export's entry from
+ * ignis.interop.dlpack._exports, and do nothing once the interpreter is finalizing. */
+static PyObject *DL_EXPORTS;  /* struct address -> what keeps the exported tensor alive */
+
+static void dl_forget(void *addr) {
+    PyObject *key = PyLong_FromVoidPtr(addr);
+    PyObject *cur = key ? PyDict_GetItemWithError(DL_EXPORTS, key) : NULL;
+    if (cur != NULL) {
+        Py_INCREF(cur);  /* released after the entry is gone: its finalizers may run Python code */
+        if (PyDict_DelItem(DL_EXPORTS, key) < 0)
+            PyErr_Clear();
+        Py_DECREF(cur);
+    }
+    PyErr_Clear();
+    Py_XDECREF(key);
+}
+
+static void dl_deleter(void *managed) {
+    if (managed == NULL || DL_EXPORTS == NULL || !Py_IsInitialized())
+        return;
+    PyGILState_STATE g = PyGILState_Ensure();
+    if (!finalizing()) {
+        PyObject *et, *ev, *tb;
+        PyErr_Fetch(&et, &ev, &tb);
+        dl_forget(managed);
+        PyErr_Restore(et, ev, tb);
+    }
+    PyGILState_Release(g);
+}
+
+static void dl_capsule_destructor(PyObject *capsule) {
+    static const char *names[] = {"dltensor", "dltensor_versioned"};
+    if (DL_EXPORTS == NULL || finalizing())
+        return;
+    PyObject *et, *ev, *tb;
+    PyErr_Fetch(&et, &ev, &tb);
+    for (int i = 0; i < 2; i++)
+        if (PyCapsule_IsValid(capsule, names[i])) {  /* unconsumed: the consumer renames it */
+            void *p = PyCapsule_GetPointer(capsule, names[i]);
+            if (p != NULL)
+                dl_forget(p);
+            break;
+        }
+    PyErr_Clear();
+    PyErr_Restore(et, ev, tb);
+}
+
+/* dlpack_setup(exports) -> (deleter address, capsule destructor address) */
+static PyObject *dlpack_setup(PyObject *self, PyObject *exports) {
+    if (!PyDict_CheckExact(exports)) {
+        PyErr_SetString(PyExc_TypeError, "dlpack_setup: expected the exports dict");
+        return NULL;
+    }
+    Py_XSETREF(DL_EXPORTS, Py_NewRef(exports));
+    return Py_BuildValue("(NN)", PyLong_FromVoidPtr((void *)dl_deleter),
+                         PyLong_FromVoidPtr((void *)dl_capsule_destructor));
+}
+
 static PyMethodDef methods[] = {
     {"setup", setup, METH_VARARGS, "Bind the Python classes and objects the fast paths use."},
     {"pool_allocate", (PyCFunction)(void (*)(void))pool_allocate, METH_FASTCALL | METH_KEYWORDS,
@@ -1286,6 +1349,8 @@ static PyMethodDef methods[] = {
     {"array_empty", (PyCFunction)(void (*)(void))array_empty, METH_FASTCALL | METH_KEYWORDS,
      "empty(shape, dtype=float32, *, device=None, stream=None, owner='compute', mr=None, tag=...)\n--\n\n"
      "Allocate an uninitialized array (the NvArray constructor; its common case runs in C)."},
+    {"dlpack_setup", dlpack_setup, METH_O,
+     "Bind the DLPack exports dict; returns the C deleter's and capsule destructor's addresses."},
     {NULL, NULL, 0, NULL},
 };
 

@@ -101,9 +101,10 @@ _PENDING: dict[int, tuple["CudaBackend", int, Any, Callable[[], None]]] = {}
 _TOKENS = itertools.count(1)  # 0 would arrive as None through c_void_p
 
 
-def _run_host_fn(user_data: int | None) -> None:
-    """Runs on the driver's callback thread; must never raise."""
-    entry = _PENDING.pop(user_data or 0, None)
+def _run_host_fn(user_data: int | None, _pending: dict = _PENDING) -> None:
+    """Runs on the driver's callback thread; must never raise (and reaches nothing
+    through this module's globals, which are cleared at interpreter exit)."""
+    entry = _pending.pop(user_data or 0, None)
     if entry is None:
         return
     backend, stream, rec, fn = entry
@@ -136,7 +137,8 @@ def _drain_at_exit(ref: "weakref.ref[CudaBackend]") -> None:
 
 
 _HOST_FN_TYPE = ctypes.CFUNCTYPE(None, ctypes.c_void_p)
-_TRAMPOLINE = _HOST_FN_TYPE(_run_host_fn)  # kept alive for the life of the process
+_TRAMPOLINE = _HOST_FN_TYPE(_run_host_fn)
+ctypes.pythonapi.Py_IncRef(ctypes.py_object(_TRAMPOLINE))  # never freed: the driver holds its address
 _TRAMPOLINE_ADDR: int = ctypes.cast(_TRAMPOLINE, ctypes.c_void_p).value or 0
 
 

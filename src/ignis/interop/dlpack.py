@@ -17,7 +17,7 @@ tensors are adopted.
 from __future__ import annotations
 
 import ctypes
-import threading
+import sys
 from typing import TYPE_CHECKING, Any
 
 from .. import dtypes as _dt
@@ -84,27 +84,50 @@ _RawGetPointer = _api("PyCapsule_GetPointer", ctypes.c_void_p, ctypes.c_void_p, 
 _CAPSULE_DESTRUCTOR = ctypes.CFUNCTYPE(None, ctypes.c_void_p)
 
 # Exported tensors not yet deleted: struct address -> (struct, shape array, array).
+# Single dict operations, atomic under the GIL: the deleter may run on any thread.
 _exports: dict[int, tuple[Any, Any, Any]] = {}
-_exports_lock = threading.Lock()
 
 
-@_DELETER
-def _delete(addr: int) -> None:
-    with _exports_lock:
-        _exports.pop(addr, None)
+def _immortal(obj: Any) -> Any:
+    """Keep ``obj`` for the life of the process (one reference that is never given back)."""
+    ctypes.pythonapi.Py_IncRef(ctypes.py_object(obj))
+    return obj
 
 
-def _capsule_destructor_impl(capsule: int) -> None:
+# The deleter and capsule destructor are function pointers that foreign code calls
+# whenever it drops what it imported -- also during the interpreter's final garbage
+# collection, after this module's globals are cleared. Where ignis._speedups is built
+# they are C functions; otherwise ctypes callbacks that are never freed, that reach
+# nothing through this module's globals, and that do nothing once the interpreter is
+# finalizing (the process is ending; its memory goes with it).
+def _delete_impl(addr: int, _pop: Any = _exports.pop, _finalizing: Any = sys.is_finalizing) -> None:
+    if not _finalizing():
+        _pop(addr, None)
+
+
+def _capsule_destructor_impl(capsule: int, _valid: Any = _RawIsValid, _get: Any = _RawGetPointer,
+                             _pop: Any = _exports.pop, _finalizing: Any = sys.is_finalizing,
+                             _names: tuple = (_LEGACY, _VERSIONED)) -> None:
     # A capsule nobody consumed (its name unchanged) must run the producer's deleter.
-    for name in (_LEGACY, _VERSIONED):
-        if _RawIsValid(capsule, name):
-            addr = _RawGetPointer(capsule, name)
-            with _exports_lock:
-                _exports.pop(addr, None)
+    if _finalizing():
+        return
+    for name in _names:
+        if _valid(capsule, name):
+            _pop(_get(capsule, name), None)
             return
 
 
-_capsule_destructor = _CAPSULE_DESTRUCTOR(_capsule_destructor_impl)
+def _native_callbacks() -> tuple[Any, Any]:
+    from ..memory import pool as _pool
+    sp = _pool._speedups
+    if sp is not None:
+        deleter, destructor = sp.dlpack_setup(_exports)
+        return _DELETER(deleter), ctypes.c_void_p(destructor)
+    callback = _immortal(_CAPSULE_DESTRUCTOR(_capsule_destructor_impl))
+    return _immortal(_DELETER(_delete_impl)), ctypes.cast(callback, ctypes.c_void_p)
+
+
+_delete, _capsule_destructor = _native_callbacks()
 
 
 def _is_emulated(a: "NvArray") -> bool:
@@ -181,10 +204,8 @@ def export(a: "NvArray", *, stream: Any = None, max_version: Any = None, dl_devi
         managed.version = _DLPackVersion(1, 1)
         managed.flags = 0
     addr = ctypes.addressof(managed)
-    with _exports_lock:
-        _exports[addr] = (managed, shape, a)
-    return _PyCapsule_New(addr, _VERSIONED if versioned else _LEGACY,
-                          ctypes.cast(_capsule_destructor, ctypes.c_void_p))
+    _exports[addr] = (managed, shape, a)
+    return _PyCapsule_New(addr, _VERSIONED if versioned else _LEGACY, _capsule_destructor)
 
 
 class _Imported:

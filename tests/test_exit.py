@@ -1,0 +1,72 @@
+"""Interpreter exit with Ignis memory still held by other libraries: a consumer drops
+the tensors it imported through DLPack during the interpreter's final garbage
+collection, after Ignis's modules were cleared. The process must exit cleanly: no
+crash, no "Error in sys.excepthook", no ignored exceptions."""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import subprocess
+import sys
+
+import pytest
+
+from ignis.backends import get_backend
+
+SCRIPT = r"""
+import sys
+import numpy as np
+import ignis as ig
+
+consumer = sys.argv[1]
+
+
+def imported(x):
+    if consumer == "numpy":
+        return np.from_dlpack(x)
+    if consumer == "torch":
+        import torch
+        return torch.from_dlpack(x)
+    import cupy
+    return cupy.from_dlpack(x)
+
+
+KEEP = imported(ig.empty(16, "float32"))  # a module global: dropped when modules are cleared
+
+
+class Holder:
+    pass
+
+
+h = Holder()
+h.self = h  # a reference cycle: only the final collection frees what it holds
+h.tensor = imported(ig.zeros(8, "float32"))
+h.capsule = ig.empty(4, "float32").__dlpack__()  # never consumed
+h.array = ig.empty(32)
+h.view = ig.empty((4, 4))[1:3]
+print("ready", flush=True)
+"""
+
+
+def _consumer() -> str:
+    backend = get_backend().name
+    if backend == "emulated":
+        return "numpy"  # the emulator exports CPU tensors
+    for name in ("torch", "cupy"):
+        if importlib.util.find_spec(name) is not None:
+            return name
+    pytest.skip("needs PyTorch or CuPy to import device tensors")
+
+
+@pytest.mark.parametrize("pure", ["0", "1"], ids=["c-path", "python-path"])
+def test_exit_with_exported_tensors_still_held(pure):
+    consumer = _consumer()
+    env = dict(os.environ, IGNIS_PURE_PYTHON=pure, IGNIS_BACKEND=get_backend().name)
+    src = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "src")
+    env["PYTHONPATH"] = src + os.pathsep + env.get("PYTHONPATH", "")
+    p = subprocess.run([sys.executable, "-X", "faulthandler", "-c", SCRIPT, consumer], capture_output=True,
+                       text=True, env=env, timeout=120)
+    assert p.returncode == 0 and "ready" in p.stdout, (p.returncode, p.stderr[-3000:])
+    for bad in ("Error in sys.excepthook", "Exception ignored", "Fatal Python error", "Traceback"):
+        assert bad not in p.stderr, p.stderr[-3000:]
