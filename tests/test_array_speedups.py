@@ -8,6 +8,7 @@ from __future__ import annotations
 import gc
 import os
 import re
+import subprocess
 import sys
 import threading
 from contextlib import contextmanager
@@ -310,3 +311,55 @@ def test_unbound_paths_raise_instead_of_crashing():
         sp.array_setup(1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14)
     with pytest.raises(TypeError):
         ig.NvArray.free(object())  # the method descriptor checks its receiver
+
+
+class _Strict(DeviceMemoryResource):
+    """A resource that needs every argument the constructor passes, and returns
+    something from deallocate (free() still returns None)."""
+
+    def __init__(self, dev):
+        super().__init__(dev)
+        self.inner = ig.DirectResource(dev)
+        self.tags: list = []
+
+    def allocate(self, nbytes, stream, tag):
+        self.tags.append(tag)
+        return self.inner.allocate(nbytes, stream, tag)
+
+    def deallocate(self, block):
+        self.inner.deallocate(block)
+        return "given back"
+
+
+@pytest.mark.parametrize("fast", [True, False])
+def test_a_resource_gets_the_constructors_arguments(dev, fast):
+    mr = _Strict(dev)
+    with current_resource(mr, dev), array_path(fast):
+        for _ in range(3):
+            a = ig.empty(64)
+            assert a.free() is None
+        x = ig.empty(8)
+        del x
+    assert mr.tags == ["untagged"] * 4 and mr.inner.bytes_outstanding == 0
+
+
+def test_a_replaced_constructor_takes_the_python_path():
+    # In a child process: a class's __new__ cannot be fully restored once replaced.
+    code = """
+import ignis as ig
+ig.empty(16).free()  # the defaults cache: from here on the C path would run
+made = []
+def new(cls, *args, **kw):
+    made.append(args)
+    return object.__new__(cls)
+ig.NvArray.__new__ = new
+a = ig.empty(16)
+assert made == [(16,)] and isinstance(a, ig.NvArray) and a.nbytes == 64, made
+a.free()
+print("ok")
+"""
+    env = dict(os.environ, IGNIS_BACKEND=ig.get_backend().name)
+    src = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "src")
+    env["PYTHONPATH"] = src + os.pathsep + env.get("PYTHONPATH", "")
+    p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=120)
+    assert p.returncode == 0 and "ok" in p.stdout, p.stderr[-2000:]

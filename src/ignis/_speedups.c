@@ -908,7 +908,7 @@ static const char *ARRAY_SLOTS[] = {"id", "shape", "dtype", "device", "stream", 
                                     "_views", "_pinned", "_keepalive"};
 static Layout L_array;
 static PyObject *AR_FAST, *AR_BACKENDS, *AR_CURRENT, *AR_LOCKS, *AR_DEFERRED, *AR_IN_GC, *AR_CONTRACT, *AR_NAMES,
-    *AR_IDS, *AR_F32, *AR_OWNER, *AR_PY_FREE, *AR_PY_DEL, *AR_EMPTY_TUPLE;
+    *AR_IDS, *AR_F32, *AR_OWNER, *AR_TAG, *AR_PY_FREE, *AR_PY_DEL, *AR_EMPTY_TUPLE;
 static PyTypeObject *AR_DTYPE_TYPE;
 static PyObject *STR_BACKEND, *STR_EPOCH, *STR_STATE, *STR_TRACK_ALL, *STR_ITEMSIZE, *STR_ALLOCATE, *STR_DEALLOCATE,
     *STR_GIVE_BACK, *STR_BY, *STR_PTR;
@@ -988,15 +988,15 @@ no:
 
 static PyObject *array_setup(PyObject *self, PyObject *args) {
     PyObject *cls, *fast, *backends, *current, *locks, *deferred, *in_gc, *contract, *names, *ids, *f32, *owner,
-        *py_free, *py_del;
-    if (!PyArg_ParseTuple(args, "OOOOOOOOOOOOOO", &cls, &fast, &backends, &current, &locks, &deferred, &in_gc,
-                          &contract, &names, &ids, &f32, &owner, &py_free, &py_del))
+        *tag, *py_free, *py_del;
+    if (!PyArg_ParseTuple(args, "OOOOOOOOOOOOOOO", &cls, &fast, &backends, &current, &locks, &deferred, &in_gc,
+                          &contract, &names, &ids, &f32, &owner, &tag, &py_free, &py_del))
         return NULL;
     if (!ready) {
         PyErr_SetString(PyExc_RuntimeError, "array_setup: setup() (ignis.memory.pool) must run first");
         return NULL;
     }
-    if (!PyType_Check(cls) || !PyList_CheckExact(fast) || !PyList_CheckExact(in_gc) || PyList_GET_SIZE(in_gc) != 1 ||
+    if (!PyType_Check(cls) || ((PyTypeObject *)cls)->tp_new != PyBaseObject_Type.tp_new || !PyList_CheckExact(fast) || !PyList_CheckExact(in_gc) || PyList_GET_SIZE(in_gc) != 1 ||
         !PyModule_Check(backends) || !PyModule_Check(current) || !PyTuple_CheckExact(locks) ||
         PyTuple_GET_SIZE(locks) != 64 || !PyDict_CheckExact(names) || Py_TYPE(ids)->tp_iternext == NULL ||
         !PyUnicode_CheckExact(owner) || Py_TYPE(deferred)->tp_as_sequence == NULL ||
@@ -1043,6 +1043,7 @@ static PyObject *array_setup(PyObject *self, PyObject *args) {
     Py_XSETREF(AR_DTYPE_TYPE, (PyTypeObject *)Py_NewRef(Py_TYPE(f32)));
     Py_XSETREF(AR_OWNER, Py_NewRef(owner));
     Py_XSETREF(AR_PY_FREE, Py_NewRef(py_free));
+    Py_XSETREF(AR_TAG, Py_NewRef(tag));
     Py_XSETREF(AR_PY_DEL, Py_NewRef(py_del));
     array_ready = array_on = 1;
     return Py_BuildValue("(NN)", free_d, del_d);
@@ -1064,8 +1065,8 @@ static PyObject *array_empty(PyObject *mod, PyObject *const *args, Py_ssize_t na
         return NULL;
     }
     PyTypeObject *cls = L_array.type;
-    if (!array_on || kwnames != NULL || nargs < 1 || nargs > 2)
-        goto python;
+    if (!array_on || kwnames != NULL || nargs < 1 || nargs > 2 || cls->tp_new != PyBaseObject_Type.tp_new)
+        goto python;  /* (a replaced __new__ may make anything: the constructor handles it) */
     PyObject *shape = args[0], *dt = nargs > 1 ? args[1] : AR_F32;
     if (Py_TYPE(dt) != AR_DTYPE_TYPE) {
         dt = PyUnicode_CheckExact(dt) ? PyDict_GetItemWithError(AR_NAMES, dt) : NULL;
@@ -1095,18 +1096,24 @@ static PyObject *array_empty(PyObject *mod, PyObject *const *args, Py_ssize_t na
     if (waiting != 0)
         goto python;  /* the Python path returns that memory first */
     PyObject *track_all = PyObject_GetAttr(AR_CONTRACT, STR_TRACK_ALL);
+    int tracking = track_all != Py_False;
     Py_XDECREF(track_all);
-    if (track_all != Py_False)
+    if (tracking)
         goto python;
     PyObject *defaults = cached_defaults();
     if (defaults == NULL)
         goto python;
     PyObject *device = PyTuple_GET_ITEM(defaults, 0), *stream = PyTuple_GET_ITEM(defaults, 1),
              *mr = PyTuple_GET_ITEM(defaults, 2), *tracks = PyTuple_GET_ITEM(defaults, 3);
+    Py_INCREF(dt);  /* held from here: object creation below may run a collection */
     PyObject *a = NULL, *shape_t = NULL, *idv = NULL, *now = NULL, *n_o = NULL, *nb_o = NULL, *block = NULL;
     a = cls->tp_new(cls, AR_EMPTY_TUPLE, NULL);
     if (a == NULL)
         goto error;
+    if (Py_TYPE(a) != cls) {
+        PyErr_SetString(PyExc_TypeError, "NvArray.__new__ made another type");
+        goto error;
+    }
     set_slot(a, L_array.off[A_FREED], Py_True);  /* until memory is in hand, so __del__ does nothing */
     shape_t = PyTuple_CheckExact(shape) ? Py_NewRef(shape) : PyTuple_Pack(1, shape);
     idv = shape_t ? Py_TYPE(AR_IDS)->tp_iternext(AR_IDS) : NULL;
@@ -1134,8 +1141,8 @@ static PyObject *array_empty(PyObject *mod, PyObject *const *args, Py_ssize_t na
     set_slot(a, L_array.off[A_PINNED], Py_None);
     set_slot(a, L_array.off[A_KEEPALIVE], Py_None);
     if (nbytes) {
-        PyObject *call[3] = {mr, nb_o, stream};
-        block = PyObject_VectorcallMethod(STR_ALLOCATE, call, 3, NULL);
+        PyObject *call[4] = {mr, nb_o, stream, AR_TAG};  /* as the constructor: (nbytes, stream, UNTAGGED) */
+        block = PyObject_VectorcallMethod(STR_ALLOCATE, call, 4, NULL);
         if (block == NULL)
             goto error;
         PyObject *ptr = Py_TYPE(block) == L_block.type ? Py_XNewRef(SLOT(block, L_block, B_PTR))
@@ -1170,6 +1177,7 @@ static PyObject *array_empty(PyObject *mod, PyObject *const *args, Py_ssize_t na
     Py_DECREF(n_o);
     Py_DECREF(nb_o);
     Py_DECREF(defaults);
+    Py_DECREF(dt);
     return a;
 error:
     Py_XDECREF(block);
@@ -1180,6 +1188,7 @@ error:
     Py_XDECREF(n_o);
     Py_XDECREF(nb_o);
     Py_DECREF(defaults);
+    Py_DECREF(dt);
     return NULL;
 python:
     PyErr_Clear();
@@ -1193,6 +1202,14 @@ static PyObject *give_block(PyObject *mr, PyObject *block) {
     Py_DECREF(call[0]);
     Py_DECREF(call[1]);
     return r;
+}
+
+/* None for a result (free() returns None whatever deallocate returns), NULL for an error */
+static inline PyObject *none_from(PyObject *r) {
+    if (r == NULL)
+        return NULL;
+    Py_DECREF(r);
+    Py_RETURN_NONE;
 }
 
 /* NvArray.free(self, by="compute") */
@@ -1233,10 +1250,10 @@ static PyObject *array_free(PyObject *self, PyObject *const *args, Py_ssize_t na
         return NULL;
     PyObject *block = SLOT(self, L_array, A_BLOCK), *mr = SLOT(self, L_array, A_MR);
     if (SLOT(self, L_array, A_PINNED) != Py_None || SLOT(self, L_array, A_KEEPALIVE) != Py_None)
-        return PyObject_CallMethodNoArgs(self, STR_GIVE_BACK);
+        return none_from(PyObject_CallMethodNoArgs(self, STR_GIVE_BACK));
     if (SLOT(self, L_array, A_BASE) != Py_None || block == NULL || block == Py_None || mr == NULL)
         Py_RETURN_NONE;
-    return give_block(mr, block);
+    return none_from(give_block(mr, block));
 python:
     PyErr_Clear();
     if (AR_PY_FREE == NULL) {
@@ -1248,12 +1265,15 @@ python:
 
 /* NvArray.__del__: a freed array costs one check; a dropped owning array returns its block */
 static PyObject *array_del(PyObject *self, PyObject *unused) {
+    if (!PyObject_TypeCheck(self, L_array.type))  /* bound to a class set up before this one */
+        return PyObject_CallOneArg(AR_PY_DEL, self);
     PyObject *freed = SLOT(self, L_array, A_FREED);
     if (freed == NULL || freed == Py_True || finalizing())
         Py_RETURN_NONE;
     PyObject *block = SLOT(self, L_array, A_BLOCK), *mr = SLOT(self, L_array, A_MR);
     if (!array_on || Py_TYPE(self) != L_array.type || freed != Py_False || block == NULL || mr == NULL ||
-        SLOT(self, L_array, A_PINNED) != Py_None || PyList_GET_ITEM(AR_IN_GC, 0) != Py_False)
+        SLOT(self, L_array, A_PINNED) != Py_None || PyList_GET_SIZE(AR_IN_GC) != 1 ||
+        PyList_GET_ITEM(AR_IN_GC, 0) != Py_False)
         return PyObject_CallOneArg(AR_PY_DEL, self);
     set_slot(self, L_array.off[A_FREED], Py_True);
     if (block == Py_None || SLOT(self, L_array, A_BASE) != Py_None || SLOT(self, L_array, A_KEEPALIVE) != Py_None)

@@ -727,6 +727,9 @@ class NvArray:
 def _bind_speedups() -> Any:
     """Bind ``ignis._speedups`` to NvArray: ``ig.empty``'s common case, ``free`` and
     ``__del__`` run in C, and fall back to the Python code above for everything else.
+    ``ig.empty``'s C path does what ``NvArray.__init__`` does without calling it, and reads
+    the id counter and the clock itself: patching ``__init__``, ``_next_id`` or ``_now``
+    reaches ``NvArray(...)`` and the keyword forms of ``ig.empty`` only.
     Returns the module's ``array_empty``, or None (not built, or ``IGNIS_PURE_PYTHON=1``)."""
     from ..memory import current as _current
     from ..memory import pool as _pool
@@ -735,7 +738,8 @@ def _bind_speedups() -> Any:
         return None
     try:
         free_c, del_c = sp.array_setup(NvArray, _fast, backends, _current, _LOCKS, _deferred, _in_gc, contract,
-                                       _NAMES, _ids, _dt.float32, DEFAULT_OWNER, NvArray.free, NvArray.__del__)
+                                       _NAMES, _ids, _dt.float32, DEFAULT_OWNER, UNTAGGED, NvArray.free,
+                                       NvArray.__del__)
     except Exception as e:  # a layout this build does not know: run in Python, and say so
         import warnings
         warnings.warn(f"ignis._speedups could not bind NvArray ({type(e).__name__}: {e}); arrays run in Python",
