@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import copy
+import gc
 import importlib.util
 import io
 import json
@@ -688,3 +689,30 @@ def test_tour_catches_every_planted_bug(tmp_path):
     else:
         assert "timeline: skipped" in text
     assert history.recorder is None and not tstats.stats_enabled()  # put back as it was
+
+
+def test_a_reused_resource_id_keeps_the_new_resources_frames(dev):
+    # A resource that is gone leaves its id behind, and the next object may get the same
+    # id. The history then holds a dead reference under the new resource's id: the new
+    # resource's blocks must keep their frames (they are not the dead one's).
+    sn = importlib.import_module("ignis.telemetry.snapshot")
+    ig.record_memory_history("state", clear_history=True)
+    try:
+        old = ig.PoolResource(ig.DirectResource(dev))
+        old.deallocate(old.allocate(512, tag="old"))
+        dead = sn._h.resources[id(old)]
+        old.close()
+        del old
+        gc.collect()
+        assert dead() is None
+        mr = ig.PoolResource(ig.DirectResource(dev))
+        sn._h.resources[id(mr)] = dead  # what an address reuse leaves (made certain here)
+        blk = mr.allocate(512, tag="reused-id")
+        ig.snapshot()  # prunes resources that are gone
+        snap = ig.snapshot(resource=mr)
+        mine = [b for s in snap["segments"] for b in s["blocks"] if b.get("tag") == "reused-id"]
+        assert len(mine) == 1 and mine[0]["frames"] and mine[0]["frames"][0]["filename"].endswith(THIS_FILE)
+        mr.deallocate(blk)
+        mr.close()
+    finally:
+        ig.record_memory_history(False, clear_history=True)

@@ -88,6 +88,13 @@ class _History:
             f = f.f_back
         return tuple(out)
 
+    def forget(self, rid: int) -> None:
+        """Drop what is kept for the resource whose ``id`` was ``rid``."""
+        self.resources.pop(rid, None)
+        for frames in (self.live_frames, self.seg_frames):
+            for key in [k for k in list(frames) if k[0] == rid]:
+                frames.pop(key, None)
+
     def on_event(self, action: str, res: Any, ptr: int, size: int, stream: Any, block: Any) -> None:
         try:
             self._record(action, res, ptr, size, stream, block)
@@ -99,7 +106,10 @@ class _History:
         if tag == SEGMENT_TAG and action[0] != "s":
             return  # a pool's upstream block: the pool reports it as a segment
         rid = id(res)
-        if rid not in self.resources:
+        ref = self.resources.get(rid)
+        if ref is None or ref() is not res:
+            if ref is not None:  # a dead resource's id, now another's: its frames went with it
+                self.forget(rid)
             self.resources[rid] = weakref.ref(res)
         frames = self.capture()
         if action == "alloc":
@@ -187,19 +197,12 @@ def _stacks(resource: DeviceMemoryResource | None) -> list[Roles]:
                 cands.append(get_current_resource(ordinal))
             except Exception:
                 continue
-        dead = set()
         for rid, ref in list(_h.resources.items()):
             r = ref()
-            if r is None:
-                dead.add(rid)
-            else:
+            if r is not None:
                 cands.append(r)
-        if dead:  # gone: forget them, and the frames of their blocks
-            for rid in dead:
-                _h.resources.pop(rid, None)
-            for frames in (_h.live_frames, _h.seg_frames):
-                for key in [k for k in list(frames) if k[0] in dead]:
-                    frames.pop(key, None)
+            elif _h.resources.get(rid) is ref:  # gone (and its id not taken since): forget its frames
+                _h.forget(rid)
     all_roles = {id(r): roles(r) for r in cands}
     inner = {id(x) for ro in all_roles.values() for x in ro.chain[1:]}
     out = [ro for rid, ro in all_roles.items() if rid not in inner and live_context(ro.allocator)]
