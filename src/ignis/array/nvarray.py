@@ -721,8 +721,6 @@ class NvArray:
         return dlpack.cuda_array_interface(self)
 
 
-
-
 # -- the optional C fast path --------------------------------------------------------
 def _bind_speedups() -> Any:
     """Bind ``ignis._speedups`` to NvArray: ``ig.empty``'s common case, ``free`` and

@@ -119,7 +119,7 @@ class _History:
             # again: only the generation that was freed loses its frames.
             cur = self.live_frames.get((rid, ptr))
             if cur is not None and (block is None or cur[0] == block.generation):
-                del self.live_frames[(rid, ptr)]
+                self.live_frames.pop((rid, ptr), None)
         elif action == "segment_alloc":
             self.seg_frames[(rid, ptr)] = frames
         elif action == "segment_free":
