@@ -56,10 +56,16 @@ def streams(dev):
 
 
 def pytest_sessionfinish(session, exitstatus):
-    """Name the threads still alive at the end (they outlive the tests into interpreter exit)."""
+    """Name the threads and child processes still alive at the end (they outlive the
+    tests into interpreter exit)."""
+    import multiprocessing
     import threading
 
     alive = [t for t in threading.enumerate() if t is not threading.main_thread()]
     if alive:
         print("\nthreads alive at the end of the session: " +
               ", ".join(f"{t.name}{' (daemon)' if t.daemon else ''}" for t in alive))
+    children = multiprocessing.active_children()
+    if children:
+        print("child processes alive at the end of the session: " +
+              ", ".join(f"{p.name} (pid {p.pid}{', daemon' if p.daemon else ''})" for p in children))
