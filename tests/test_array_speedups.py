@@ -17,7 +17,7 @@ import numpy as np
 import pytest
 
 import ignis as ig
-from helpers import python_calls
+from helpers import current_resource, python_calls
 from ignis import dtypes as D
 from ignis.array import nvarray as _nv
 from ignis.memory import DeviceMemoryResource
@@ -37,19 +37,6 @@ def array_path(fast: bool):
         yield
     finally:
         _pool._speedups.array_enable(was)
-
-
-@contextmanager
-def current_resource(mr, dev):
-    """``mr`` as the device's current resource for the block; then what was there (a
-    default stays a default, so it is still remade after a context rebuild)."""
-    from ignis.memory import current
-    was_explicit = (id(dev.backend), dev.ordinal) in current._explicit
-    prev = ig.set_current_resource(mr, dev)
-    try:
-        yield mr
-    finally:
-        ig.set_current_resource(prev if was_explicit else None, dev)
 
 
 def test_the_fast_path_is_bound_where_built():

@@ -29,6 +29,8 @@ from ignis.io import PipelineOptions, SafetensorsError
 from ignis.io import pipeline as io_pipeline
 from ignis.io.cli import add_parser, run as cli_run
 
+from helpers import current_resource
+
 SMALL = PipelineOptions(chunk_bytes=1 << 20, buffers=3, workers=2, streams=2)
 
 
@@ -49,14 +51,11 @@ def fresh_resource():
     """Each test allocates from a resource of its own, so that a leak check counts only
     that test's allocations (garbage other tests left behind is freed at random times)."""
     from ignis.memory import current
-    dev = ig.Device(0)
-    was_explicit = (id(dev.backend), dev.ordinal) in current._explicit
-    mr = ig.PoolResource(current.default_upstream(dev))
-    prev = ig.set_current_resource(mr)
+    mr = ig.PoolResource(current.default_upstream(ig.Device(0)))
     try:
-        yield mr
+        with current_resource(mr):
+            yield mr
     finally:
-        ig.set_current_resource(prev if was_explicit else None)
         gc.collect()
         mr.trim()
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import sys
 import time
+from contextlib import contextmanager
 
 import numpy as np
 
@@ -99,3 +100,17 @@ def python_calls(fn) -> int:
     finally:
         sys.setprofile(None)
     return calls
+
+
+@contextmanager
+def current_resource(mr, dev=None):
+    """``mr`` as the device's current resource for the block; then what was there (a
+    default stays a default, so it is still remade after a context rebuild)."""
+    from ignis.memory import current
+    dev = ig.Device(0) if dev is None else dev
+    was_explicit = (id(dev.backend), dev.ordinal) in current._explicit
+    prev = ig.set_current_resource(mr, dev)
+    try:
+        yield mr
+    finally:
+        ig.set_current_resource(prev if was_explicit else None, dev)

@@ -52,19 +52,17 @@ def pinned_pool() -> PinnedHostResource:
     return pool
 
 
+def _worker_count() -> int:
+    return max(2, min(MAX_WORKERS, (os.cpu_count() or 2)))
+
+
 def _pool_workers() -> ThreadPoolExecutor:
     global _workers
     if _workers is None:
         with _pool_lock:
             if _workers is None:
-                n = max(2, min(MAX_WORKERS, (os.cpu_count() or 2)))
-                _workers = ThreadPoolExecutor(max_workers=n, thread_name_prefix="ignis-staging")
+                _workers = ThreadPoolExecutor(max_workers=_worker_count(), thread_name_prefix="ignis-staging")
     return _workers
-
-
-def _window() -> int:
-    """Chunks in flight: two per worker, so every worker has the next chunk queued."""
-    return 2 * _pool_workers()._max_workers
 
 
 def _fill(buf: PinnedBuffer, src: np.ndarray) -> PinnedBuffer:
@@ -102,7 +100,7 @@ def htod(src: np.ndarray, dst: int, stream: "Stream") -> None:
         futures.append((off, workers.submit(_fill, pool.allocate(piece.nbytes), piece)))
         nxt += 1
 
-    window = _window()
+    window = 2 * _worker_count()  # chunks in flight: each worker has its next one queued
     while nxt < len(offsets) and len(futures) < window:
         submit()
     done = 0

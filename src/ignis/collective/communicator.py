@@ -455,25 +455,25 @@ class Communicator:
     # -- point to point ---------------------------------------------------------------------
     def send(self, array: NvArray, peer: int) -> None:
         """Send ``array`` to rank ``peer`` (which calls ``recv`` with the same shape and dtype)."""
-        what = "send"
-        self._check_usable(what)
-        a = self._array(array, what, "array")
-        peer = self._peer(peer, what, "peer")
-        plan = movement_plan(a.dtype)
-        k = self._p2p_sent[peer]
-        self._p2p_sent[peer] = k + 1
-        self._submit(_Op(what, k, a, None, a.numel * plan.per_element, plan, None, peer, a.dtype.name), a, _READ)
+        self._p2p("send", array, peer)
 
     def recv(self, array: NvArray, peer: int) -> NvArray:
         """Receive into ``array`` what rank ``peer`` sends. Returns ``array``."""
-        what = "recv"
+        return self._p2p("recv", array, peer)
+
+    def _p2p(self, what: str, array: NvArray, peer: int) -> NvArray:
+        """Queue a send (``array`` read) or a recv (``array`` written), numbered per peer and direction."""
         self._check_usable(what)
         a = self._array(array, what, "array")
         peer = self._peer(peer, what, "peer")
         plan = movement_plan(a.dtype)
-        k = self._p2p_recvd[peer]
-        self._p2p_recvd[peer] = k + 1
-        self._submit(_Op(what, k, None, a, a.numel * plan.per_element, plan, None, peer, a.dtype.name), a, _WRITE)
+        sending = what == "send"
+        counts = self._p2p_sent if sending else self._p2p_recvd
+        k = counts[peer]
+        counts[peer] = k + 1
+        op = _Op(what, k, a if sending else None, None if sending else a, a.numel * plan.per_element, plan, None,
+                 peer, a.dtype.name)
+        self._submit(op, a, _READ if sending else _WRITE)
         return a
 
     # -- synchronization -----------------------------------------------------------------------
