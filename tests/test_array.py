@@ -158,8 +158,10 @@ def test_write_rows_kv_cache():
     assert (out[3:5] == np.arange(8).reshape(2, 4)).all() and (out[:3] == 0).all() and (out[5:] == 0).all()
     with pytest.raises(ValueError, match=r"overflow: writing 32 bytes at row 7 \(offset 112\) exceeds the 128-byte"):
         cache.write_rows(rows, 7)
-    with pytest.raises(ValueError, match="whole number"):
+    with pytest.raises(ValueError, match=r"source of shape \(3,\) is not rows of shape \(4,\)"):
         cache.write_rows(ig.empty(3, "float32"), 0)
+    cache.write_rows(ig.full(4, 9.0), 0)  # one row of the row shape
+    assert (cache.to_numpy()[0] == 9).all()
 
 
 # -- views ----------------------------------------------------------------------------

@@ -75,3 +75,90 @@ def test_cupy_allocator_plugin():
         assert mr.statistics.bytes.value == 0
     finally:
         cupy.cuda.set_allocator(prev)
+
+
+# -- exports are counted; read-only producers stay read-only (issue 14, A1 and A4) -----------
+
+@pytest.mark.parametrize("lib", ["torch", "cupy"])
+def test_free_refused_while_a_gpu_consumer_holds_a_dlpack_export(lib):
+    mod = pytest.importorskip(lib)
+    a = ig.full(4096, 1.0)
+    t = mod.from_dlpack(a)
+    with pytest.raises(ig.MemoryContractViolation, match=rf"NvArray#{a.id}: 1 DLPack export"):
+        a.free()
+    b = ig.full(4096, 2.0)  # the block was not handed out again
+    assert b.device_ptr != a.device_ptr
+    t.fill(5.0) if lib == "cupy" else t.fill_(5.0)
+    mod.cuda.get_current_stream().synchronize() if lib == "cupy" else mod.cuda.synchronize()
+    assert (b.to_numpy() == 2.0).all() and (a.to_numpy() == 5.0).all()
+    del t
+    gc.collect()
+    a.free()
+    b.free()
+
+
+def test_cai_export_keeps_memory_until_the_consumer_drops_the_array():
+    cupy = pytest.importorskip("cupy")
+    mr = ig.get_current_resource(ig.Device(0))
+    start = mr.bytes_outstanding
+    a = ig.full(4096, 3.0)
+    ptr = a.device_ptr
+    d = cupy.asarray(a)  # __cuda_array_interface__: no release signal
+    assert d.data.ptr == ptr
+    a.free()  # retires the array; the memory stays with the consumer
+    with pytest.raises(ig.UseAfterFreeError):
+        a.to_numpy()
+    others = [ig.full(4096, 9.0) for _ in range(8)]
+    assert all(o.device_ptr != ptr for o in others)
+    d += 1
+    cupy.cuda.get_current_stream().synchronize()
+    assert float(d.sum()) == 4.0 * 4096 and all((o.to_numpy() == 9.0).all() for o in others)
+    for o in others:
+        o.free()
+    del a, d
+    gc.collect()
+    assert mr.bytes_outstanding == start  # back once the consumer let go
+
+
+class _ReadOnlyTorchProducer:
+    """A producer that marks its tensor read-only with DLPack 1.x's flag."""
+
+    def __init__(self, t):
+        self.t = t
+
+    def __dlpack_device__(self):
+        return self.t.__dlpack_device__()
+
+    def __dlpack__(self, *, stream=None, max_version=None, **kw):
+        import ctypes
+        try:
+            cap = self.t.__dlpack__(stream=stream, max_version=(1, 0))
+        except TypeError:
+            pytest.skip("this PyTorch cannot export DLPack 1.x capsules")
+        get = ctypes.pythonapi.PyCapsule_GetPointer
+        get.restype, get.argtypes = ctypes.c_void_p, [ctypes.py_object, ctypes.c_char_p]
+        try:
+            addr = get(cap, b"dltensor_versioned")
+        except ValueError:
+            pytest.skip("this PyTorch answered with a legacy capsule")
+        ctypes.c_uint64.from_address(addr + 24).value |= 1  # DLManagedTensorVersioned.flags: READ_ONLY
+        return cap
+
+
+def test_read_only_import_from_a_torch_producer():
+    torch = pytest.importorskip("torch")
+    t = torch.arange(64, dtype=torch.float32, device="cuda")
+    a = ig.from_dlpack(_ReadOnlyTorchProducer(t))
+    assert a.readonly and a.device_ptr == t.data_ptr()
+    assert (a.to_numpy() == np.arange(64)).all()
+    for write in (lambda: a.fill_(1.0), lambda: a.zero_(), lambda: a[0:8].copy_(ig.zeros(8)),
+                  lambda: ig.kernels.fill(a, 0.0)):
+        with pytest.raises(ig.ReadOnlyError):
+            write()
+    torch.cuda.synchronize()
+    assert t.tolist() == list(range(64))
+    with pytest.raises(BufferError, match="read-only"):
+        a.__dlpack__(stream=None)
+    c = a.clone()
+    assert not c.readonly and c.fill_(1.0).to_numpy().sum() == 64
+    c.free()

@@ -902,10 +902,10 @@ error:
  * returned through the resource's own allocate / deallocate (PoolResource's are the C
  * functions above). */
 enum { A_ID, A_SHAPE, A_DTYPE, A_DEVICE, A_STREAM, A_OWNER, A_REF_COUNT, A_CREATED_AT, A_NUMEL, A_NBYTES, A_PTR,
-       A_BLOCK, A_MR, A_TRACKS, A_FREED, A_BASE, A_VIEWS, A_PINNED, A_KEEPALIVE, A_N };
+       A_BLOCK, A_MR, A_TRACKS, A_FREED, A_BASE, A_VIEWS, A_PINNED, A_KEEPALIVE, A_GATE, A_EXPORTS, A_N };
 static const char *ARRAY_SLOTS[] = {"id", "shape", "dtype", "device", "stream", "owner", "ref_count", "created_at",
                                     "numel", "nbytes", "_ptr", "_block", "_mr", "_tracks", "_freed", "_base",
-                                    "_views", "_pinned", "_keepalive"};
+                                    "_views", "_pinned", "_keepalive", "_gate", "_exports"};
 static Layout L_array;
 static PyObject *AR_FAST, *AR_BACKENDS, *AR_CURRENT, *AR_LOCKS, *AR_DEFERRED, *AR_IN_GC, *AR_CONTRACT, *AR_NAMES,
     *AR_IDS, *AR_F32, *AR_OWNER, *AR_TAG, *AR_PY_FREE, *AR_PY_DEL, *AR_EMPTY_TUPLE;
@@ -1140,6 +1140,8 @@ static PyObject *array_empty(PyObject *mod, PyObject *const *args, Py_ssize_t na
     set_slot(a, L_array.off[A_VIEWS], Py_None);
     set_slot(a, L_array.off[A_PINNED], Py_None);
     set_slot(a, L_array.off[A_KEEPALIVE], Py_None);
+    set_slot(a, L_array.off[A_GATE], Py_None);
+    set_slot(a, L_array.off[A_EXPORTS], Py_None);
     if (nbytes) {
         PyObject *call[4] = {mr, nb_o, stream, AR_TAG};  /* as the constructor: (nbytes, stream, UNTAGGED) */
         block = PyObject_VectorcallMethod(STR_ALLOCATE, call, 4, NULL);
@@ -1238,7 +1240,7 @@ static PyObject *array_free(PyObject *self, PyObject *const *args, Py_ssize_t na
         goto python;  /* another thread is changing an array of this stripe: wait in Python */
     PyObject *rc = SLOT(self, L_array, A_REF_COUNT), *owner = SLOT(self, L_array, A_OWNER);
     if (SLOT(self, L_array, A_FREED) != Py_False || rc == NULL || !PyLong_CheckExact(rc) || !is_zero(rc) ||
-        owner == NULL || SLOT(self, L_array, A_VIEWS) != Py_None ||
+        owner == NULL || SLOT(self, L_array, A_VIEWS) != Py_None || SLOT(self, L_array, A_EXPORTS) != Py_None ||
         (owner != by && (!PyUnicode_CheckExact(owner) || PyUnicode_Compare(owner, by) != 0))) {
         PyErr_Clear();
         if (unlock(lock) < 0)
@@ -1253,7 +1255,10 @@ static PyObject *array_free(PyObject *self, PyObject *const *args, Py_ssize_t na
         return none_from(PyObject_CallMethodNoArgs(self, STR_GIVE_BACK));
     if (SLOT(self, L_array, A_BASE) != Py_None || block == NULL || block == Py_None || mr == NULL)
         Py_RETURN_NONE;
-    return none_from(give_block(mr, block));
+    PyObject *r = give_block(mr, block);
+    if (r == NULL)  /* the resource kept the block: the array stays live, free() can be called again */
+        set_slot(self, L_array.off[A_FREED], Py_False);
+    return none_from(r);
 python:
     PyErr_Clear();
     if (AR_PY_FREE == NULL) {

@@ -24,6 +24,7 @@ __all__ = [
     "UseAfterFreeError",
     "DoubleFreeError",
     "MemoryContractViolation",
+    "ReadOnlyError",
     "OutOfBudgetError",
     "OutOfMemoryError",
     "StreamMisuseError",
@@ -167,6 +168,11 @@ class MemoryContractViolation(IgnisError):
                  caller: str | None = None, **more: Any) -> None:
         super().__init__(f"memory contract violation: {detail}", array_id=array_id, owner=owner,
                          caller=caller, detail=detail, **more)
+
+
+class ReadOnlyError(MemoryContractViolation, ValueError):
+    """A write to memory whose producer marked it read-only (a read-only DLPack import, a
+    non-writeable NumPy array, ``bytes``, a read-only mapping). Reads are allowed."""
 
 
 def _fmt_bytes(n: int | None) -> str:

@@ -10,6 +10,11 @@ Rules:
 - Device->host copies land in a pinned buffer that becomes the result's own
   memory (returned to the pool when the NumPy array dies), so the transfer is
   one DMA at the pinned rate.
+- A host buffer that a queued copy writes into is never released or reused
+  before that copy completes: when the wait for it is interrupted (an
+  exception, KeyboardInterrupt) the buffer is handed to the stream itself
+  (``keep_until_done``) and let go only when the stream gets there; if its
+  stream failed for good, never.
 """
 
 from __future__ import annotations
@@ -17,7 +22,7 @@ from __future__ import annotations
 import os
 import threading
 from concurrent.futures import ThreadPoolExecutor
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Callable
 
 import numpy as np
 
@@ -27,7 +32,7 @@ from ..memory import PinnedBuffer, PinnedHostResource
 if TYPE_CHECKING:
     from ..runtime import Stream
 
-__all__ = ["pinned_pool", "htod", "dtoh_pinned", "PINNED_RESULT_MIN"]
+__all__ = ["pinned_pool", "htod", "dtoh_pinned", "keep_until_done", "PINNED_RESULT_MIN"]
 
 SMALL = 1 << 20          # one staging buffer up to this size
 CHUNK = 4 << 20          # chunk of a large staged copy
@@ -38,6 +43,23 @@ PINNED_RESULT_MIN = 1 << 20  # device->host results at least this big land in pi
 _pools: dict[int, PinnedHostResource] = {}
 _pool_lock = threading.Lock()
 _workers: ThreadPoolExecutor | None = None
+_stranded: list = []  # host buffers behind copies whose stream failed: never released or reused
+
+
+def keep_until_done(stream: "Stream", hold: object, release: "Callable[[], None] | None" = None) -> None:
+    """Keep ``hold`` (a host buffer that work queued on ``stream`` may still write or read)
+    until the stream has done that work, then call ``release`` (if any) and let it go;
+    ``release`` must not call the backend. When nothing more can be queued on the stream
+    (it failed), the buffer is kept for the life of the process instead: its copy may or
+    may not still run, so no one else may have that memory."""
+    def done(hold: object = hold) -> None:
+        if release is not None:
+            release()
+
+    try:
+        stream.device.backend.launch_host_func(stream.handle, done)
+    except BaseException:
+        _stranded.append(hold)
 
 
 def pinned_pool() -> PinnedHostResource:
@@ -143,9 +165,13 @@ def dtoh_pinned(src: int, nbytes: int, np_dtype: np.dtype, shape: tuple, stream:
     buf = pinned_pool().allocate(nbytes)
     try:
         stream.device.backend.memcpy_dtoh_async(buf.ptr, src, nbytes, stream.handle)
+    except BaseException:
+        buf.release()  # nothing was queued into it
+        raise
+    try:
         stream.synchronize()
     except BaseException:
-        buf.release()
+        keep_until_done(stream, buf, buf.release)  # the copy may still be writing into it
         raise
     holder = _PinnedHolder(buf, shape, np_dtype.str, np_dtype.descr)
     return np.asarray(holder).view(np_dtype)

@@ -60,8 +60,8 @@ def launch(kernel: Kernel, grid: Any, block: Any, *args: Any, stream: Stream | N
         if type(arg) is not NvArray or arg._freed or (arg._block is not None and not arg._tracks) \
                 or (device is not None and arg.device is not device):
             raise _preflight_error(kernel, i, arg, acc, device)
-        if arg._base is not None:
-            arg._check_live(f"pass to kernel {kernel.name}")
+        if arg._base is not None or arg._gate is not None:
+            arg._check_live(f"pass to kernel {kernel.name}", acc)
         device = arg.device
         if rng is None:
             uses.append((arg, acc, 0, arg.nbytes))

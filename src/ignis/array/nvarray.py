@@ -37,7 +37,8 @@ import numpy as np
 from .. import backends
 from .. import dtypes as _dt
 from ..dtypes import DType
-from ..errors import DoubleFreeError, MemoryContractViolation, StreamMisuseError, UseAfterFreeError
+from ..errors import (DoubleFreeError, MemoryContractViolation, ReadOnlyError, StreamMisuseError,
+                      UseAfterFreeError)
 from ..memory import Access, DeviceMemoryResource, current, get_current_resource
 from ..memory import ordering as _ord
 from ..memory.types import UNTAGGED, DeviceBlock
@@ -120,6 +121,79 @@ def drain_deferred() -> None:
         _release(mr, block, pinned)
 
 
+class _Gate:
+    """What an access to an array (and to every view of it) must pass first."""
+
+    __slots__ = ()
+
+    def check(self, array: "NvArray", what: str, access: Access | None) -> None:
+        raise NotImplementedError
+
+
+class _ReadOnly(_Gate):
+    """Memory whose producer marked it read-only: reads pass, every write raises."""
+
+    __slots__ = ("source",)
+
+    def __init__(self, source: str) -> None:
+        self.source = source
+
+    def check(self, array: "NvArray", what: str, access: Access | None) -> None:
+        if access is not None and access is not _READ:
+            raise ReadOnlyError(
+                f"cannot {what} NvArray#{array.id}: its memory is read-only ({self.source}); writing "
+                "needs a writable copy (clone())", array_id=array.id, owner=array.owner)
+
+
+class _Poisoned(_Gate):
+    """A failed operation was to write this memory: its bytes are not what the program
+    expects, so every access raises the error that ``make_error(array, what)`` builds."""
+
+    __slots__ = ("make_error",)
+
+    def __init__(self, make_error: Any) -> None:
+        self.make_error = make_error
+
+    def check(self, array: "NvArray", what: str, access: Access | None) -> None:
+        raise self.make_error(array, what)
+
+
+class _Export:
+    """A live DLPack export of an array. The entry that keeps the exported tensor alive
+    holds it, so it dies when the consumer's deleter runs (or the capsule dies unconsumed)."""
+
+    __slots__ = ("array_id", "created_at", "__weakref__")
+
+    def __init__(self, array_id: int) -> None:
+        self.array_id = array_id
+        self.created_at = _now()
+
+
+# In an array's _exports: it was exported through __cuda_array_interface__, which has no
+# release signal. Its free() then retires the array at once, but its memory goes back only
+# when the array object is collected; CAI consumers (CuPy, PyTorch, Numba) hold the object
+# for as long as they use its memory, so none of them can see that memory reused.
+_CAI = "__cuda_array_interface__"
+
+
+class _ReturnWhenCollected:
+    """A freed block whose memory may still be used through a CAI export: it goes back to
+    its resource when this object (kept by the array) is collected."""
+
+    __slots__ = ("mr", "block")
+
+    def __init__(self, mr: Any, block: Any) -> None:
+        self.mr, self.block = mr, block
+
+    def __del__(self) -> None:
+        if sys.is_finalizing():
+            return
+        if _in_gc[0]:
+            _deferred.append((self.mr, self.block, None))
+        else:
+            _release(self.mr, self.block, None)
+
+
 def _defaults() -> tuple[Device, Stream, DeviceMemoryResource, bool]:
     """Device 0, its default stream, current resource and whether that tracks;
     cached until any of them changes."""
@@ -139,11 +213,13 @@ class NvArray:
 
     __slots__ = ("id", "shape", "dtype", "device", "stream", "owner", "ref_count", "created_at", "numel",
                  "nbytes", "_ptr", "_block", "_mr", "_tracks", "_freed", "_base", "_views", "_pinned",
-                 "_keepalive", "__dict__", "__weakref__")
+                 "_keepalive", "_gate", "_exports", "__dict__", "__weakref__")
     _base: "NvArray | None"  # the parent of a view
     _views: "list | None"  # weak references to this array's views, once it has any
     _pinned: "PinnedBuffer | None"  # the host staging buffer of pin()
     _keepalive: Any  # the producer of adopted foreign memory
+    _gate: "_Gate | None"  # what every access must pass first: read-only memory, or a failed write
+    _exports: "list | None"  # live exports: weak references to DLPack export tokens, and _CAI
 
     @property
     def _lock(self) -> threading.Lock:
@@ -202,7 +278,7 @@ class NvArray:
         self.numel = numel
         self.nbytes = nbytes
         self._mr = mr
-        self._base = self._views = self._pinned = self._keepalive = None
+        self._base = self._views = self._pinned = self._keepalive = self._gate = self._exports = None
         if nbytes:
             block = mr.allocate(nbytes, stream, tag)
             self._ptr = block.ptr
@@ -237,7 +313,7 @@ class NvArray:
         a._mr = mr
         a._tracks = bool(mr is not None and block is not None and mr.supports_block_use_tracking)
         a._base = base
-        a._views = a._pinned = None
+        a._views = a._pinned = a._gate = a._exports = None
         a._keepalive = keepalive
         a._freed = False
         return a
@@ -298,22 +374,42 @@ class NvArray:
                 f"freed={str(self._freed).lower()}>")
 
     # -- liveness and tracked use ------------------------------------------------
-    def _check_live(self, what: str = "use") -> None:
-        if self._freed:
-            raise UseAfterFreeError(f"cannot {what} NvArray#{self.id}: it was freed", array_id=self.id,
-                                    generation=self.generation, ptr=self._ptr)
-        base = self._base
-        while base is not None:
-            if base._freed:
-                raise UseAfterFreeError(f"cannot {what} NvArray#{self.id}: its base NvArray#{base.id} was freed",
+    def _check_live(self, what: str = "use", access: Access | None = None, op: str | None = None) -> None:
+        """Raise unless this array may be touched: not freed, no freed base, and every gate
+        on the way to the root passed (read-only memory refuses an ``access`` that writes; a
+        failed operation's target refuses everything)."""
+        a = self
+        while a is not None:
+            if a._freed:
+                if a is self:
+                    raise UseAfterFreeError(f"cannot {what} NvArray#{self.id}: it was freed", array_id=self.id,
+                                            generation=self.generation, ptr=self._ptr)
+                raise UseAfterFreeError(f"cannot {what} NvArray#{self.id}: its base NvArray#{a.id} was freed",
                                         array_id=self.id, generation=self.generation, ptr=self._ptr)
-            base = base._base
+            if a._gate is not None:
+                a._gate.check(self, op or what, access)
+            a = a._base
+
+    @property
+    def readonly(self) -> bool:
+        """True for memory that must not be written (a read-only DLPack import, and its views)."""
+        a: NvArray | None = self
+        while a is not None:
+            if isinstance(a._gate, _ReadOnly):
+                return True
+            a = a._base
+        return False
+
+    def _poison(self, make_error: Any) -> None:
+        """A failed operation was to write this array: from now on every access to it, to its
+        root and to every view of them raises ``make_error(array, what)``; freeing stays allowed."""
+        self._root()._gate = _Poisoned(make_error)
 
     def _begin(self, stream: Stream, access: Access, op: str = "use", off: int = 0, n: int = -1) -> None:
         """Checks and waits before queuing work that touches bytes ``[off, off + n)``
         of this array (``n < 0``: all of them)."""
-        if self._freed or self._base is not None:
-            self._check_live()
+        if self._freed or self._base is not None or self._gate is not None:
+            self._check_live("use", access, op)
         chk = _ord.checker
         block = self._block
         if self._tracks:  # prepare_block_use refuses a closed or stale stream itself
@@ -374,16 +470,37 @@ class NvArray:
 
     def transfer_ownership(self, new_owner: str) -> str:
         """Hand the array to ``new_owner`` directly (``contract.acquire`` / ``release``
-        are the checked way for layers)."""
+        are the checked way for layers). A view's owner is its root's: handing a view
+        over hands over the root and every view of it."""
         validate_owner(new_owner)
-        with self._lock:
+        root = self._root()
+        with root._lock:
             self._check_live("transfer ownership of")
-            if self.ref_count > 1:
+            if root.ref_count > 1:
                 raise MemoryContractViolation(
-                    f"cannot transfer ownership of NvArray#{self.id} while ref_count={self.ref_count} > 1",
-                    array_id=self.id, owner=self.owner, caller=new_owner)
-            self.owner = new_owner
+                    f"cannot transfer ownership of NvArray#{root.id} while ref_count={root.ref_count} > 1",
+                    array_id=root.id, owner=root.owner, caller=new_owner)
+            root._set_owner(new_owner)
         return new_owner
+
+    def _root(self) -> "NvArray":
+        """The array that holds this one's memory (itself unless it is a view)."""
+        a = self
+        while a._base is not None:
+            a = a._base
+        return a
+
+    def _set_owner(self, owner: str) -> "list[NvArray]":
+        """Set the owner of this root array and of every live view of it (their owner is
+        its). Returns the arrays changed."""
+        todo, done = [self], []
+        while todo:
+            a = todo.pop()
+            a.owner = owner
+            done.append(a)
+            if a._views:
+                todo.extend(v for v in (r() for r in a._views) if v is not None)
+        return done
 
     def ref(self) -> "GpuRef":
         """A generation-checked handle that keeps this array's memory alive."""
@@ -393,12 +510,18 @@ class NvArray:
 
     # -- free ------------------------------------------------------------------
     def free(self, by: str = DEFAULT_OWNER) -> None:
-        """Give the memory back (stream-ordered). Views only mark themselves freed."""
+        """Give the memory back (stream-ordered). Views only mark themselves freed.
+
+        Refused (``MemoryContractViolation``) while ``ref_count > 0``, while a layer other
+        than ``by`` owns the array, while views of it are alive, and while a DLPack consumer
+        still holds an export of it. If the resource refuses to take the memory back (a
+        driver error), the error is raised and the array stays live: ``free()`` can be
+        called again."""
         if _deferred:
             drain_deferred()
         lock = _LOCKS[self.id & 63]
         lock.acquire()
-        if self._freed or self.ref_count > 0 or self.owner != by or self._views:
+        if self._freed or self.ref_count > 0 or self.owner != by or self._views or self._exports:
             lock.release()
             self._free_checked(by)  # the full checks: raises, or frees an array with dead views
             return
@@ -406,9 +529,42 @@ class NvArray:
         lock.release()
         if self._pinned is None and self._keepalive is None:  # the common case
             if self._base is None and self._block is not None:
-                self._mr.deallocate(self._block)
+                try:
+                    self._mr.deallocate(self._block)
+                except BaseException:
+                    self._freed = False  # the resource kept the block: it can be freed again
+                    raise
             return
         self._give_back()
+
+    def _live_exports(self) -> tuple[list, bool]:
+        """(the live DLPack export tokens, whether it was exported through the CUDA array
+        interface); forgets dead tokens. Call with the array's lock held."""
+        exports = self._exports
+        if not exports:
+            return [], False
+        live = [t for t in (e() for e in exports if e is not _CAI) if t is not None]
+        cai = _CAI in exports
+        if not live and not cai:
+            self._exports = None
+        elif len(live) + cai < len(exports):
+            self._exports = [weakref.ref(t) for t in live] + ([_CAI] if cai else [])
+        return live, cai
+
+    def _add_export(self, token: "_Export | str") -> None:
+        """Count an export (a DLPack token, or _CAI) on this array and on each base up to its root."""
+        a: NvArray | None = self
+        while a is not None:
+            with a._lock:
+                if a._exports is not None and len(a._exports) > 64:
+                    a._live_exports()
+                if a._exports is None:
+                    a._exports = []
+                if token is not _CAI:
+                    a._exports.append(weakref.ref(token))
+                elif _CAI not in a._exports:
+                    a._exports.append(_CAI)
+            a = a._base
 
     def _free_checked(self, by: str) -> None:
         lock = _LOCKS[self.id & 63]
@@ -425,6 +581,15 @@ class NvArray:
                 raise MemoryContractViolation(
                     f"NvArray#{self.id} is owned by {self.owner!r}; {by!r} cannot free it (the owner must "
                     "release it first)", array_id=self.id, owner=self.owner, caller=by)
+            exports, _ = self._live_exports()
+            if exports:
+                names = ", ".join(sorted({f"NvArray#{t.array_id}" for t in exports}))
+                raise MemoryContractViolation(
+                    f"cannot free NvArray#{self.id}: {len(exports)} DLPack export(s) of its memory are still "
+                    f"alive (exported from {names}), so a consumer (NumPy, PyTorch, CuPy, ...) may still use "
+                    "it. Drop what the consumer imported first; or drop this array instead of freeing it: "
+                    "its memory then goes back when the last consumer lets go",
+                    array_id=self.id, owner=self.owner, caller=by, exports=len(exports))
             views = self._views
             if views:
                 live = [v for v in (r() for r in views) if v is not None and not v._freed]
@@ -439,7 +604,8 @@ class NvArray:
         self._give_back()
 
     def _give_back(self) -> None:
-        """After ``_freed`` was set: the pinned buffer, then the block (or the foreign memory's keep-alive)."""
+        """After ``_freed`` was set: the pinned buffer, then the block (or the foreign memory's
+        keep-alive). A block the resource refuses to take back leaves the array live."""
         pinned = self._pinned
         try:
             if pinned is not None:
@@ -448,7 +614,15 @@ class NvArray:
         finally:
             if self._base is None and self._block is not None:
                 if self._keepalive is None:
-                    self._mr.deallocate(self._block)
+                    if self._exports is not None and _CAI in self._exports:
+                        # Exported with no release signal: back when this object is collected.
+                        self._keepalive = _ReturnWhenCollected(self._mr, self._block)
+                    else:
+                        try:
+                            self._mr.deallocate(self._block)
+                        except BaseException:
+                            self._freed = False
+                            raise
             elif self._keepalive is not None:
                 self._keepalive = None
 
@@ -553,6 +727,9 @@ class NvArray:
         """Set every element to ``value``, on the device (a memset when all bytes
         of the element are equal, otherwise one element written and doubled by
         device-to-device copies)."""
+        if np.ndim(value) != 0:
+            raise TypeError(f"fill_ takes one scalar value, got {type(value).__name__} of shape "
+                            f"{np.shape(value)}; to write several values use from_host(...)")
         elem = np.array(value, dtype=self.dtype.numpy).tobytes()
         s = self._stream_arg(stream)
         backend = self.device.backend
@@ -620,10 +797,11 @@ class NvArray:
             raise ValueError(f"write_rows needs an array with rows, got shape {self.shape}")
         if src.dtype is not self.dtype:
             raise ValueError(f"write_rows: dtype {src.dtype.name} does not match {self.dtype.name}")
+        row = self.shape[1:]
+        if src.shape[1:] != row and src.shape != row:
+            raise ValueError(f"write_rows: source of shape {src.shape} is not rows of shape {row}: it must be "
+                             f"(n, {', '.join(map(str, row))}) or one row of shape {row}")
         row_bytes = self.nbytes // self.shape[0]
-        if src.nbytes % row_bytes if row_bytes else src.nbytes:
-            raise ValueError(f"write_rows: source of {src.nbytes} bytes is not a whole number of "
-                             f"{row_bytes}-byte rows (row shape {self.shape[1:]})")
         if not isinstance(start_row, int) or start_row < 0:
             raise ValueError(f"start_row must be a non-negative int, got {start_row!r}")
         offset = start_row * row_bytes
@@ -673,7 +851,11 @@ class NvArray:
             out = np.empty(self.shape, npd)
             if self.nbytes:
                 self.device.backend.memcpy_dtoh_async(out.ctypes.data, self._ptr, self.nbytes, s.handle)
-                s.synchronize()
+                try:
+                    s.synchronize()
+                except BaseException:
+                    hostcopy.keep_until_done(s, out)  # the copy may still be writing into it
+                    raise
             return out
         finally:
             self._end(s, _READ)
@@ -704,6 +886,16 @@ class NvArray:
     def pinned_host(self) -> np.ndarray | None:
         """The pinned staging buffer as uint8, or None when not pinned."""
         return None if self._pinned is None else self._pinned.array
+
+    # -- conversions that would hide a copy or a sharing -----------------------------------
+    def __array__(self, dtype: Any = None, copy: Any = None) -> np.ndarray:
+        raise TypeError(f"NvArray#{self.id} lives in device memory and is not converted to a NumPy array "
+                        "implicitly; call to_numpy() for a host copy")
+
+    def __reduce_ex__(self, protocol: Any) -> Any:
+        raise TypeError(f"NvArray#{self.id} cannot be pickled or deep-copied: it is device memory. To share it "
+                        "with another process use ignis.ipc (ipc.share / VmmResource); to copy it use clone() "
+                        "on the device or to_numpy() to the host")
 
     # -- interop (DLPack, CUDA array interface) --------------------------------------------
     def __dlpack__(self, *, stream: Any = None, max_version: Any = None, dl_device: Any = None,

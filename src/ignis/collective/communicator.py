@@ -151,17 +151,21 @@ class _Op:
 
 
 class _Group:
-    __slots__ = ("ops", "held")
+    __slots__ = ("ops", "held", "roots")
 
     def __init__(self) -> None:
         self.ops: list[_Op] = []
         self.held: dict[int, list] = {}  # id(array) -> [array, Access]
+        self.roots: set[int] = set()  # ids of the roots acquired (a view is held through its root)
 
     def add(self, a: NvArray, acc: Access) -> None:
         """Acquire ``a`` for the group, once; an array used twice gets the union of the accesses."""
         entry = self.held.get(id(a))
         if entry is None:
-            contract.acquire(a, OWNER)
+            root = a._root()
+            if id(root) not in self.roots:
+                contract.acquire(a, OWNER)
+                self.roots.add(id(root))
             self.held[id(a)] = [a, acc]
         else:
             entry[1] = _merge(entry[1], acc)
@@ -299,7 +303,9 @@ class Communicator:
                 self._engine.run((op,), st)
                 a._end(st, acc)
                 return
-            contract.acquire(b, OWNER)
+            shared = b._root() is a._root()  # two views of one array (an in-place operation)
+            if not shared:
+                contract.acquire(b, OWNER)
             try:
                 a._begin(st, acc, op.name)
                 b._begin(st, acc_b, op.name)
@@ -307,7 +313,8 @@ class Communicator:
                 a._end(st, acc)
                 b._end(st, acc_b)
             finally:
-                contract.release(b, OWNER)
+                if not shared:
+                    contract.release(b, OWNER)
         finally:
             contract.release(a, OWNER)
 

@@ -157,8 +157,18 @@ def _consumer_stream(a: "NvArray", stream: Any) -> Stream | None:
 
 def export(a: "NvArray", *, stream: Any = None, max_version: Any = None, dl_device: Any = None,
            copy: Any = None) -> Any:
-    """The ``__dlpack__`` protocol for an NvArray."""
+    """The ``__dlpack__`` protocol for an NvArray. The export is counted on the array (and
+    its bases) until the consumer's deleter runs: ``free()`` refuses meanwhile, and a
+    dropped array keeps its memory until then. Read-only memory is exported with DLPack's
+    read-only flag, which a legacy (unversioned) capsule cannot carry, so that is refused."""
+    from ..array.nvarray import _Export
     a._check_live("export through DLPack")
+    readonly = a.readonly
+    versioned = max_version is not None and tuple(max_version)[0] >= 1
+    if readonly and not versioned:
+        raise BufferError(f"NvArray#{a.id} is read-only, and a legacy DLPack capsule cannot say so; the consumer "
+                          "must ask for DLPack 1.0 or newer (max_version), or export a writable clone()")
+    acc = Access.READ if readonly else Access.READ_WRITE
     if copy:
         raise UnsupportedError("__dlpack__(copy=True)", a.device.backend.name, "call clone() first")
     dev_type, dev_id = device_of(a)
@@ -170,22 +180,21 @@ def export(a: "NvArray", *, stream: Any = None, max_version: Any = None, dl_devi
             raise ValueError("the emulated backend exports CPU tensors; DLPack requires stream=None for them")
         # A CPU consumer reads at once: make the bytes current first.
         s = a.stream
-        a._begin(s, Access.READ_WRITE, "DLPack export")
-        a._end(s, Access.READ_WRITE)
+        a._begin(s, acc, "DLPack export")
+        a._end(s, acc)
         s.synchronize()
         data = a.device.backend.host_address(a._ptr) if a.nbytes else 0
     else:
         consumer = _consumer_stream(a, stream)
         if consumer is None and stream != -1:
             consumer = a.stream
-            a._begin(consumer, Access.READ_WRITE, "DLPack export")
-            a._end(consumer, Access.READ_WRITE)
+            a._begin(consumer, acc, "DLPack export")
+            a._end(consumer, acc)
             consumer.synchronize()  # a legacy-default-stream consumer: only a host sync orders it
         elif consumer is not None:
-            a._begin(consumer, Access.READ_WRITE, "DLPack export")
-            a._end(consumer, Access.READ_WRITE)
+            a._begin(consumer, acc, "DLPack export")
+            a._end(consumer, acc)
         data = a._ptr
-    versioned = max_version is not None and tuple(max_version)[0] >= 1
     ndim = a.ndim
     shape = (ctypes.c_int64 * max(ndim, 1))(*a.shape)
     managed: Any = _DLManagedTensorVersioned() if versioned else _DLManagedTensor()
@@ -202,9 +211,11 @@ def export(a: "NvArray", *, stream: Any = None, max_version: Any = None, dl_devi
     managed.deleter = _delete
     if versioned:
         managed.version = _DLPackVersion(1, 1)
-        managed.flags = 0
+        managed.flags = _FLAG_READ_ONLY if readonly else 0
     addr = ctypes.addressof(managed)
-    _exports[addr] = (managed, shape, a)
+    token = _Export(a.id)
+    _exports[addr] = (managed, shape, a, token)
+    a._add_export(token)
     return _PyCapsule_New(addr, _VERSIONED if versioned else _LEGACY, _capsule_destructor)
 
 
@@ -229,8 +240,12 @@ class _Imported:
 
 
 def from_dlpack(x: Any, *, stream: Stream | None = None, owner: str = "compute") -> "NvArray":
-    """Adopt a DLPack-capable object's memory as a non-owning NvArray (zero-copy)."""
+    """Adopt a DLPack-capable object's memory as a non-owning NvArray (zero-copy). A
+    producer that marks its tensor read-only (DLPack 1.x's flag: a non-writeable NumPy
+    array, a read-only mapping) gives a read-only array: every write to it raises
+    ``ReadOnlyError``."""
     from ..array import NvArray
+    from ..array.nvarray import _ReadOnly
 
     if isinstance(x, NvArray):
         return x
@@ -264,9 +279,11 @@ def from_dlpack(x: Any, *, stream: Stream | None = None, owner: str = "compute")
             capsule = x.__dlpack__()
             if backend.name != "emulated":
                 device.synchronize()
+    readonly = False
     if _PyCapsule_IsValid(capsule, _VERSIONED):
         managed: Any = _DLManagedTensorVersioned.from_address(_PyCapsule_GetPointer(capsule, _VERSIONED))
         used = b"used_dltensor_versioned"
+        readonly = bool(managed.flags & _FLAG_READ_ONLY)
     elif _PyCapsule_IsValid(capsule, _LEGACY):
         managed = _DLManagedTensor.from_address(_PyCapsule_GetPointer(capsule, _LEGACY))
         used = b"used_dltensor"
@@ -298,7 +315,10 @@ def from_dlpack(x: Any, *, stream: Stream | None = None, owner: str = "compute")
     else:
         ptr = data
     s = stream if stream is not None else device.default_stream
-    return NvArray._wrap(shape, dt, device, s, ptr, None, None, owner, keepalive=keep)
+    out = NvArray._wrap(shape, dt, device, s, ptr, None, None, owner, keepalive=keep)
+    if readonly:
+        out._gate = _ReadOnly(f"the {type(x).__name__} it was imported from is read-only (DLPack's read-only flag)")
+    return out
 
 
 class _EmuAdopted:
@@ -333,18 +353,35 @@ def _from_cai(x: Any, owner: str) -> "NvArray":
         device.backend.event_record(ev, int(cai["stream"]))
         device.backend.stream_wait_event(s.handle, ev)
         device.backend.event_destroy(ev)
-    return NvArray._wrap(shape, dt, device, s, ptr, None, None, owner, keepalive=x)
+    out = NvArray._wrap(shape, dt, device, s, ptr, None, None, owner, keepalive=x)
+    if cai["data"][1]:
+        from ..array.nvarray import _ReadOnly
+        out._gate = _ReadOnly(f"the {type(x).__name__} it was imported from is read-only "
+                              "(__cuda_array_interface__ data flag)")
+    return out
 
 
 def cuda_array_interface(a: "NvArray") -> dict[str, Any]:
     """``__cuda_array_interface__`` version 3, with the array's stream (the consumer
-    must order its work after it, as the protocol says)."""
+    must order its work after it, as the protocol says).
+
+    The interface has no release signal, so Ignis cannot know when a consumer stops using
+    the memory. The safe rule: once exported this way, ``free()`` retires the array (any
+    later use through Ignis raises) but its memory goes back to the pool only when the
+    array object itself is collected. Consumers (CuPy, PyTorch, Numba) keep the object
+    alive for as long as they use its memory, so none of them can see it reused. A raw
+    pointer taken from the interface and kept without the object is outside this rule:
+    keep the array alive, or use DLPack, whose exports are counted."""
+    from ..array.nvarray import _CAI
     if _is_emulated(a):
         raise AttributeError("__cuda_array_interface__ is CUDA-only; the emulated backend exports "
                              "through __dlpack__ (a CPU tensor) instead")
     a._check_live("export through __cuda_array_interface__")
+    readonly = a.readonly
+    acc = Access.READ if readonly else Access.READ_WRITE
     s = a.stream
-    a._begin(s, Access.READ_WRITE, "__cuda_array_interface__ export")
-    a._end(s, Access.READ_WRITE)
-    return {"shape": a.shape, "typestr": a.dtype.numpy.str, "data": (a._ptr, False), "version": 3,
+    a._begin(s, acc, "__cuda_array_interface__ export")
+    a._end(s, acc)
+    a._add_export(_CAI)
+    return {"shape": a.shape, "typestr": a.dtype.numpy.str, "data": (a._ptr, readonly), "version": 3,
             "strides": None, "stream": s.handle}

@@ -286,7 +286,7 @@ def _load(fd: int, header: Header, entries: list[TensorEntry], target: Stream, s
             arrays[e.name] = a
             runs.append((base + e.begin, a._ptr, e.nbytes))
         owners = [a for a in made if a.owns_memory]  # the parent, or each separate array
-        for a in made:
+        for a in owners:  # a view's owner is its root's: holding the parent holds its views
             contract.acquire(a, by=_OWNER)
             acquired.append(a)
         for a in owners:

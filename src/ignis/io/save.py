@@ -107,7 +107,7 @@ def save_safetensors(arrays: Mapping[str, NvArray], path: "str | os.PathLike[str
     unique = list({id(a): a for _, a in items}.values())
     acquired: list[NvArray] = []
     try:
-        for a in unique:
+        for a in {id(r): r for r in (a._root() for a in unique)}.values():  # a view is held through its root
             contract.acquire(a, by=_OWNER)
             acquired.append(a)
         _write(path, header, layout, by_name, unique, stream, opts, progress)

@@ -71,10 +71,12 @@ class MemoryContract:
 
     # -- ownership ---------------------------------------------------------
     def acquire(self, array: "NvArray", by: str) -> bool:
-        """Move ``array`` from the default owner to layer ``by``."""
+        """Move ``array`` from the default owner to layer ``by``. A view's owner is its
+        root's: acquiring a view acquires the root, with every view of it."""
         validate_owner(by)
+        view, array = array, array._root()
         with self._lock, array._lock:
-            array._check_live("acquire")
+            view._check_live("acquire")
             cur = array.owner
             if cur == by:
                 raise MemoryContractViolation(f"NvArray#{array.id} is already owned by {by!r}: double acquire",
@@ -87,24 +89,25 @@ class MemoryContract:
                 raise MemoryContractViolation(
                     f"NvArray#{array.id} is shared (ref_count={array.ref_count}); {by!r} cannot acquire it "
                     "until the other references are dropped (decref)", array_id=array.id, owner=cur, caller=by)
-            array.owner = by
-            self.track(array)
+            for a in array._set_owner(by):  # the root and its views: all held now
+                self.track(a)
             return True
 
     def release(self, array: "NvArray", by: str) -> bool:
         """Give ``array`` back to the default owner; only its holder may."""
         validate_owner(by)
+        array = array._root()
         with self._lock, array._lock:
             if array.owner != by:
                 raise MemoryContractViolation(
                     f"NvArray#{array.id} is owned by {array.owner!r}, not {by!r}: cannot release",
                     array_id=array.id, owner=array.owner, caller=by)
-            array.owner = DEFAULT_OWNER
+            array._set_owner(DEFAULT_OWNER)
             return True
 
     def assert_owner(self, array: "NvArray", owner: str) -> None:
         validate_owner(owner)
-        actual = array.owner
+        actual = array._root().owner
         if actual != owner:
             raise MemoryContractViolation(f"NvArray#{array.id} expected owner {owner!r}, actual {actual!r}",
                                           array_id=array.id, owner=actual, caller=owner)
