@@ -36,8 +36,12 @@ def test_attributes(dev):
     assert a.stream is dev.default_stream and a.generation is not None
     b = ig.empty(4)
     assert b.id != a.id
-    assert repr(a) == (f"<ignis.NvArray id={a.id} shape=[2, 3, 4] dtype=float16 device=0 owner=compute "
-                       "ref_count=0 freed=false>")
+    assert a.size == 24 and a.itemsize == 2 and a.strides == (24, 8, 2)
+    c = ig.from_numpy(np.arange(6, dtype=np.int32).reshape(2, 3))
+    assert repr(c) == (f"ignis.NvArray#{c.id}([[0, 1, 2],\n{' ' * (len(str(c.id)) + 15)} [3, 4, 5]], "
+                       "shape=(2, 3), dtype=int32, device=0, stream=#%d)" % c.stream.id)
+    c.free()
+    assert repr(c).startswith(f"<ignis.NvArray#{c.id}(shape=(2, 3), dtype=int32") and "it was freed" in repr(c)
 
 
 @pytest.mark.parametrize("shape", [(-1,), (2, -3), "abc", (1.5,), [None]])
@@ -476,3 +480,48 @@ def test_arrays_in_reference_cycles_are_freed_safely():
     gc.collect()  # finalizers run inside the collector: memory is handed back afterwards
     ig.empty(1, mr=mr).free()  # any array operation returns it
     assert mr.bytes_outstanding == before
+
+
+# -- the conventions NumPy, PyTorch and CuPy users bring (issue 17, items 3 and 4) ------------
+
+def test_dtypes_compare_like_numpy_dtypes():
+    a = ig.zeros(3)
+    assert a.dtype == np.float32 and a.dtype == "float32" and a.dtype == np.dtype("f4") and a.dtype == "f4"
+    assert a.dtype != np.float64 and a.dtype != "int32" and a.dtype != "no such type" and a.dtype != 3
+    assert np.dtype(a.dtype) == np.float32 and ig.float32 is D.float32 and ig.bfloat16 is D.bfloat16
+    assert {ig.float32: "x"}[ig.dtype("f4")] == "x"
+    assert ig.empty(2, "f8").dtype is ig.float64 and ig.empty(2, "<i4").dtype is ig.int32
+    assert ig.empty(2, None).dtype is ig.float32 and ig.dtype(None) is ig.float32
+    with pytest.raises(ValueError, match="valid dtypes are"):
+        ig.empty(2, "f3")
+
+
+def test_array_basics():
+    a = ig.ones((2, 3), "int16")
+    assert a.tolist() == [[1] * 3] * 2 and a.size == 6 and a.itemsize == 2 and a.strides == (6, 2)
+    for like, want in ((ig.zeros_like(a), 0), (ig.ones_like(a), 1), (ig.full_like(a, 7), 7)):
+        assert like.shape == a.shape and like.dtype is a.dtype and like.stream is a.stream
+        assert (like.to_numpy() == want).all()
+    assert ig.empty_like(a, "float32").dtype is ig.float32
+    with pytest.raises(TypeError, match="NvArray to take the shape of"):
+        ig.zeros_like(np.zeros(3))
+    ig.synchronize()
+
+
+def test_indexing_makes_views_where_contiguous_and_says_what_to_do_otherwise():
+    h = np.arange(24, dtype=np.float32).reshape(2, 3, 4)
+    a = ig.from_numpy(h)
+    for k in (1, (1, 2), (1, 2, 3), (0, slice(1, 3)), (slice(0, 1),), (1, Ellipsis), (Ellipsis,), -1,
+              (1, -1, slice(1, 3)), (slice(1, 2), slice(None), slice(None))):
+        v = a[k]
+        assert v.is_view and v.shape == h[k].shape and (v.to_numpy() == h[k]).all(), k
+    with pytest.raises(ValueError, match=r"strided.*a\[i\]\[2:5\]"):
+        a[0:2, 1]
+    with pytest.raises(ValueError, match="step 1"):
+        a[::2]
+    with pytest.raises(TypeError, match="fancy or boolean indexing"):
+        a[[0, 1]]
+    with pytest.raises(IndexError, match="too many indices"):
+        a[0, 0, 0, 0]
+    with pytest.raises(IndexError, match="out of range"):
+        a[1, 3]

@@ -5,6 +5,8 @@ from __future__ import annotations
 from . import dtypes, errors
 from .backends import backend_name, get_backend, set_backend
 from .dtypes import DType, dtype
+from .dtypes import (bfloat16, bool_, complex64, float8_e4m3fn, float8_e5m2, float16, float32, float64, int8,
+                     int16, int32, int64, uint8, uint16, uint32, uint64)
 from .errors import *  # noqa: F401,F403
 from .errors import __all__ as _errors_all
 from .runtime import Device, DeviceState, Event, Stream, device_count
@@ -13,7 +15,8 @@ from .memory import *  # noqa: F401,F403
 from .memory import __all__ as _memory_all
 from .safety import (DEFAULT_OWNER, GpuRef, MemoryContract, contract, get_ordering, ordering, owners,
                      register_owner, sanitizer, set_ordering)
-from .array import NvArray, asarray, empty, from_dlpack, from_numpy, full, launch, zeros
+from .array import (NvArray, asarray, empty, empty_like, from_dlpack, from_numpy, full, full_like, launch, ones,
+                    ones_like, synchronize, zeros, zeros_like)
 from .array import builtins as kernels
 from .runtime import Kernel, RawPtr
 from . import interop
@@ -26,10 +29,12 @@ from .telemetry import dump_snapshot, memory_stats, memory_summary, plot_timelin
 __version__ = "0.1.0"
 
 __all__ = ["__version__", "backend_name", "get_backend", "set_backend", "dtypes", "errors",
-           "DType", "dtype", "Device", "DeviceState", "Event", "Stream", "device_count",
+           "DType", "dtype", "bool_", "int8", "int16", "int32", "int64", "uint8", "uint16", "uint32", "uint64",
+           "float16", "bfloat16", "float32", "float64", "float8_e4m3fn", "float8_e5m2", "complex64", "Device", "DeviceState", "Event", "Stream", "device_count",
            "memory", "interop", "io", "ipc", "collective", "MemoryContract", "contract", "register_owner", "owners", "DEFAULT_OWNER",
            "GpuRef", "NvArray", "launch", "Kernel", "RawPtr", "kernels", "sanitizer", "ordering", "set_ordering",
-           "get_ordering", "empty", "zeros", "full", "from_numpy", "asarray", "from_dlpack",
+           "get_ordering", "empty", "zeros", "ones", "full", "empty_like", "zeros_like", "ones_like", "full_like",
+           "from_numpy", "asarray", "from_dlpack", "synchronize",
            "telemetry", "memory_stats", "memory_summary", "reset_peak_stats", "record_memory_history", "snapshot",
            "dump_snapshot", "plot_timeline",
            *_errors_all, *_memory_all]

@@ -2,8 +2,13 @@
 
 Each row names the item size, the NumPy dtype (bfloat16 and float8 come from
 ``ml_dtypes``), the DLPack ``(code, bits)`` pair and the safetensors code.
-``dtype(x)`` resolves a name, a ``DType``, a NumPy dtype or a safetensors
-code, and raises ``ValueError`` listing the valid names when it cannot.
+``dtype(x)`` resolves a name, a ``DType``, a NumPy dtype, type or type code
+(``"f4"``) or a safetensors code, and raises ``ValueError`` listing the valid
+names when it cannot. ``dtype(None)`` is the default, float32, everywhere.
+
+A ``DType`` compares equal to everything that resolves to it, as NumPy's dtypes
+do: ``a.dtype == np.float32``, ``== "float32"``, ``== np.dtype("f4")``; and
+``np.dtype(a.dtype)`` is the NumPy dtype.
 """
 
 from __future__ import annotations
@@ -29,9 +34,10 @@ _DL_INT, _DL_UINT, _DL_FLOAT, _DL_BFLOAT, _DL_COMPLEX, _DL_BOOL = 0, 1, 2, 4, 5,
 _DL_F8_E4M3FN, _DL_F8_E5M2 = 10, 12
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True, slots=True, eq=False)
 class DType:
-    """One element type. Compare with ``==`` or by identity (rows are unique)."""
+    """One element type. Rows are unique, so identity works; ``==`` also accepts a
+    name, a NumPy dtype or type, or a type code (``"f4"``)."""
 
     name: str
     itemsize: int
@@ -43,6 +49,24 @@ class DType:
     def dlpack(self) -> tuple[int, int, int]:
         """The DLPack ``(code, bits, lanes)`` triple."""
         return (self.dlpack_code, self.itemsize * 8, 1)
+
+    @property
+    def dtype(self) -> np.dtype:
+        """The NumPy dtype (so ``np.dtype(ig.float32)`` works)."""
+        return self.numpy
+
+    def __eq__(self, other: Any) -> bool:
+        if other is self:
+            return True
+        if isinstance(other, DType) or other is None:
+            return False
+        try:
+            return dtype(other) is self
+        except (ValueError, TypeError):
+            return False
+
+    def __hash__(self) -> int:
+        return hash(self.numpy)
 
     def __repr__(self) -> str:
         return f"ignis.{self.name}"
@@ -90,22 +114,29 @@ def names() -> list[str]:
     return [d.name for d in _ALL]
 
 
+DEFAULT = float32  # what dtype=None means, in every factory
+
+
 def dtype(x: Any) -> DType:
-    """Resolve ``x`` (name, DType, NumPy dtype or type, safetensors code) to a DType.
+    """Resolve ``x`` to a DType: a name (``"float32"``), a NumPy type code (``"f4"``), a
+    safetensors code (``"F32"``), a DType, a NumPy dtype or type (``np.float32``), or
+    None (the default, float32).
 
     Raises:
         ValueError: ``x`` names no dtype Ignis knows; the message lists the valid names.
     """
     if isinstance(x, DType):
         return x
+    if x is None:
+        return DEFAULT
     if isinstance(x, str):
         d = _BY_NAME.get(x) or _BY_SAFETENSORS.get(x)
         if d is not None:
             return d
-    else:
+    if not isinstance(x, (bool, int, float)):  # np.dtype() reads 0 or 1.0 as a type; those are not dtypes
         try:
             d = _BY_NUMPY.get(np.dtype(x))
-        except TypeError:
+        except (TypeError, ValueError, SyntaxError):
             d = None
         if d is not None:
             return d

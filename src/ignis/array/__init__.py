@@ -11,7 +11,8 @@ from ..runtime import Stream
 from .launch import launch
 from .nvarray import NvArray, _empty_c
 
-__all__ = ["NvArray", "launch", "empty", "zeros", "full", "from_numpy", "asarray", "from_dlpack"]
+__all__ = ["NvArray", "launch", "empty", "zeros", "ones", "full", "empty_like", "zeros_like", "ones_like",
+           "full_like", "from_numpy", "asarray", "from_dlpack", "synchronize"]
 
 
 # ``empty(shape, dtype, *, device, stream, owner, mr, tag)``: an uninitialized array from
@@ -25,9 +26,52 @@ def zeros(shape: Any, dtype: Any = _dt.float32, **kw: Any) -> NvArray:
     return empty(shape, dtype, **kw).zero_()
 
 
+def ones(shape: Any, dtype: Any = _dt.float32, **kw: Any) -> NvArray:
+    """An array of ones (filled on the device)."""
+    return empty(shape, dtype, **kw).fill_(1)
+
+
 def full(shape: Any, value: Any, dtype: Any = _dt.float32, **kw: Any) -> NvArray:
     """An array with every element equal to ``value`` (filled on the device)."""
     return empty(shape, dtype, **kw).fill_(value)
+
+
+def _like(a: NvArray, dtype: Any, kw: dict) -> tuple[tuple[int, ...], Any, dict]:
+    if not isinstance(a, NvArray):
+        raise TypeError(f"expected an NvArray to take the shape of, got {type(a).__name__}")
+    if "stream" not in kw and "device" not in kw:
+        kw["stream"] = a.stream
+    return a.shape, a.dtype if dtype is None else dtype, kw
+
+
+def empty_like(a: NvArray, dtype: Any = None, **kw: Any) -> NvArray:
+    """An uninitialized array with ``a``'s shape, dtype (unless given), device and stream."""
+    shape, dt, kw = _like(a, dtype, kw)
+    return empty(shape, dt, **kw)
+
+
+def zeros_like(a: NvArray, dtype: Any = None, **kw: Any) -> NvArray:
+    """Zeros with ``a``'s shape, dtype (unless given), device and stream."""
+    shape, dt, kw = _like(a, dtype, kw)
+    return zeros(shape, dt, **kw)
+
+
+def ones_like(a: NvArray, dtype: Any = None, **kw: Any) -> NvArray:
+    """Ones with ``a``'s shape, dtype (unless given), device and stream."""
+    shape, dt, kw = _like(a, dtype, kw)
+    return ones(shape, dt, **kw)
+
+
+def full_like(a: NvArray, value: Any, dtype: Any = None, **kw: Any) -> NvArray:
+    """``value`` everywhere, with ``a``'s shape, dtype (unless given), device and stream."""
+    shape, dt, kw = _like(a, dtype, kw)
+    return full(shape, value, dt, **kw)
+
+
+def synchronize(device: Any = None) -> None:
+    """Wait on the host until all work queued on ``device`` (default: device 0) has finished."""
+    from ..runtime import Device
+    Device(0 if device is None else device).synchronize()
 
 
 def from_numpy(a: np.ndarray, *, dtype: Any = None, **kw: Any) -> NvArray:

@@ -368,10 +368,49 @@ class NvArray:
             raise TypeError("len() of a 0-d NvArray")
         return self.shape[0]
 
+    @property
+    def size(self) -> int:
+        """The number of elements (NumPy's and CuPy's name for ``numel``)."""
+        return self.numel
+
+    @property
+    def itemsize(self) -> int:
+        """Bytes per element."""
+        return self.dtype.itemsize
+
+    @property
+    def strides(self) -> tuple[int, ...]:
+        """Bytes to step in each dimension (arrays and views are C-contiguous)."""
+        out, step = [], self.dtype.itemsize
+        for d in reversed(self.shape):
+            out.append(step)
+            step *= max(d, 1)
+        return tuple(reversed(out))
+
     def __repr__(self) -> str:
-        return (f"<ignis.NvArray id={self.id} shape={list(self.shape)} dtype={self.dtype.name} "
-                f"device={self.device.ordinal} owner={self.owner} ref_count={self.ref_count} "
-                f"freed={str(self._freed).lower()}>")
+        """Shape, dtype, device, stream and a few values, as NumPy, PyTorch and CuPy print
+        theirs (reading the values waits for the array's pending writes). Never raises."""
+        where = f"dtype={self.dtype.name}, device={self.device.ordinal}, stream=#{self.stream.id}"
+        if self.owner != DEFAULT_OWNER:
+            where += f", owner={self.owner}"
+        if self.readonly:
+            where += ", readonly"
+        head = f"ignis.NvArray#{self.id}("
+        try:
+            self._check_live("show")
+            values = np.array2string(self._peek(), separator=", ", prefix=head, threshold=24, edgeitems=3)
+        except Exception as e:  # freed, poisoned, or a failed read: say so instead of the values
+            return f"<{head}shape={self.shape}, {where}): {type(e).__name__}: {str(e).splitlines()[0]}>"
+        return f"{head}{values}, shape={self.shape}, {where})"
+
+    def _peek(self) -> np.ndarray:
+        """The values a repr shows: all of a small array; the first and last few of a large one."""
+        if self.numel <= 1024:
+            return self.to_numpy()
+        flat = self.reshape(-1)
+        ends = np.concatenate([flat[:3].to_numpy(), flat[-3:].to_numpy()])
+        # an array that array2string summarizes to exactly these six values
+        return np.concatenate([ends[:3], np.zeros(1019, ends.dtype), ends[3:]])
 
     # -- liveness and tracked use ------------------------------------------------
     def _check_live(self, what: str = "use", access: Access | None = None, op: str | None = None) -> None:
@@ -693,22 +732,43 @@ class NvArray:
         return self._view(new, 0)
 
     def __getitem__(self, key: Any) -> "NvArray":
-        if not self.shape:
-            raise IndexError("a 0-d NvArray cannot be indexed")
-        n = self.shape[0]
-        if isinstance(key, (int, np.integer)) and not isinstance(key, bool):
-            i = operator.index(key)
+        """A zero-copy view: integers and contiguous slices, as long as the bytes selected
+        are contiguous (``a[i]``, ``a[i, j]``, ``a[2:5]``, ``a[i, 2:5]``, ``a[1:3, :]``)."""
+        if not isinstance(key, tuple):
+            key = (key,)
+        if key.count(Ellipsis) > 1:
+            raise IndexError("an index can only have a single ellipsis ('...')")
+        if Ellipsis in key:
+            i = key.index(Ellipsis)
+            key = key[:i] + (slice(None),) * (self.ndim - len(key) + 1) + key[i + 1:]
+        if len(key) > self.ndim:
+            raise IndexError(f"too many indices ({len(key)}) for an array of {self.ndim} dimension(s)")
+        out = self
+        for done, k in enumerate(key):  # each index applies to the first remaining dimension
+            if isinstance(k, slice):
+                break
+            if not isinstance(k, (int, np.integer)) or isinstance(k, bool):
+                raise TypeError(f"NvArray views take integers, contiguous slices and '...', not "
+                                f"{type(k).__name__}; for fancy or boolean indexing copy to the host "
+                                "(to_numpy()) or gather on the device (ig.kernels.gather)")
+            n = out.shape[0]
+            i = operator.index(k)
             if not -n <= i < n:
-                raise IndexError(f"index {i} out of range for dimension 0 of size {n}")
-            i %= n
-            return self.slice(0, i, 1).reshape(self.shape[1:]) if self.ndim > 1 else self.slice(0, i, 1).reshape(())
-        if isinstance(key, slice):
-            start, stop, step = key.indices(n)
-            if step != 1:
-                raise ValueError("only contiguous slices (step 1) are views; use a copy for strided selection")
-            return self.slice(0, start, max(0, stop - start))
-        raise TypeError(f"NvArray supports int and contiguous slice indexing on the first dimension, "
-                        f"not {type(key).__name__}")
+                raise IndexError(f"index {i} out of range for a dimension of size {n}")
+            out = out.slice(0, i % n, 1).reshape(out.shape[1:])
+        else:
+            return out
+        # a slice: the rest of the key must be full slices, or the view would be strided
+        start, stop, step = k.indices(out.shape[0])
+        if step != 1:
+            raise ValueError("only contiguous slices (step 1) are views; use a copy for strided selection "
+                             "(to_numpy()[...] on the host, or ig.kernels.gather on the device)")
+        for j, rest in enumerate(key[done + 1:], 1):
+            if not (isinstance(rest, slice) and rest.indices(out.shape[j]) == (0, out.shape[j], 1)):
+                raise ValueError(f"index {key!r} selects a strided (non-contiguous) region of shape {self.shape}, "
+                                 "which a view cannot represent; index the leading dimensions first "
+                                 "(a[i][2:5]) or copy (to_numpy()[...], ig.kernels.gather)")
+        return out.slice(0, start, max(0, stop - start))
 
     # -- device-side writes -------------------------------------------------------------
     def _stream_arg(self, stream: Stream | None) -> Stream:
