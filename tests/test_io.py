@@ -2,10 +2,13 @@
 
 Round trips for every dtype (empty and 0-d tensors, metadata); interchange
 with the reference ``safetensors`` package both ways, bit-exact, and
-byte-identical files; hostile headers (explicit cases and a hypothesis fuzz)
-that raise only ``SafetensorsError`` and leak nothing; errors in the middle of
-the pipeline; ownership ("io" during, "compute" after); a file larger than
-the chunk size and the pinned ring; the ``ignis load`` command.
+byte-identical files; empty tensors; hostile headers (explicit cases and a
+hypothesis fuzz; ``test_io_fuzz`` compares with the reference case by case)
+that raise only ``SafetensorsError`` and leak nothing; files cut short or
+rewritten between open and load; errors in the middle of the pipeline, failed
+destroys, and ring buffers held while a queued copy may still use them;
+ownership ("io" during, "compute" after); a file larger than the chunk size
+and the pinned ring; the ``ignis load`` command.
 """
 
 from __future__ import annotations
@@ -18,6 +21,8 @@ import os
 import pickle
 import struct
 import threading
+import warnings
+from collections import Counter
 
 import numpy as np
 import pytest
@@ -152,6 +157,28 @@ def test_empty_file_and_no_tensors(tmp_path, stnp):
     ig.io.save_safetensors({}, path, metadata={"a": "b"})
     assert path.read_bytes() == stnp.save({}, metadata={"a": "b"})
     assert ig.io.safe_open(path).metadata() == {"a": "b"}
+
+
+
+@pytest.mark.parametrize("where", ["first", "middle", "last", "alone"])
+def test_empty_tensors_are_valid_both_ways(tmp_path, stnp, where):
+    """Issue #14 item 11: a [64, 0] tensor (which save_safetensors writes and the
+    reference reads) loads, wherever it falls in the file, with either layout."""
+    empty = np.zeros((64, 0), np.float32)
+    tensors = {"a.w": rand(D.float64, (3, 2), 1), "z.b": rand(D.int8, (5,), 2)}
+    tensors = {"alone": {}, "first": {"0.e": empty, **tensors}, "middle": {"b.e": empty, **tensors},
+               "last": {**tensors, "zz.e": empty}}[where] or {"e": empty}
+    mine, theirs = tmp_path / "mine.safetensors", tmp_path / "theirs.safetensors"
+    ig.io.save_safetensors({k: ig.from_numpy(v) for k, v in tensors.items()}, mine)
+    theirs.write_bytes(stnp.save(tensors))
+    assert mine.read_bytes() == theirs.read_bytes()
+    assert {k: v.shape for k, v in stnp.load_file(str(mine)).items()} == {k: v.shape for k, v in tensors.items()}
+    before = outstanding()
+    for separate in (False, True):
+        out = ig.io.load_safetensors(mine, separate=separate)
+        assert_same(out, tensors)
+        del out
+    assert outstanding() == before
 
 
 # -- the reference library, both ways -----------------------------------------------------
@@ -350,6 +377,28 @@ HOSTILE = {
     "metadata not strings": ({"__metadata__": {"a": 1}, "x": entry("U8", [1], 0, 1)}, bytes(1),
                              "__metadata__ must map strings", None),
     "metadata a list": ({"__metadata__": ["a"]}, b"", "__metadata__ must map strings", None),
+    # Issue #14 item 11: what cannot be materialised, or what the reference's parser refuses.
+    "empty shape too big for numpy": ({"a": entry("F32", [0, 2 ** 63], 0, 0)}, b"", "cannot be materialised",
+                                      "a"),
+    "empty shape spans too much": ({"a": entry("U8", [0, 2 ** 40, 2 ** 40], 0, 0)}, b"",
+                                   "cannot be materialised", "a"),
+    "dim beyond u64": ({"a": entry("F32", [0, 2 ** 70], 0, 0)}, b"", "not a list of non-negative", "a"),
+    "10,000 dimensions": ({"a": entry("F32", [1] * 10_000, 0, 4)}, bytes(4), "10000 dimensions", "a"),
+    "minus zero dim": (b'{"a":{"dtype":"U8","shape":[-0],"data_offsets":[0,0]}}', b"",
+                       "not a list of non-negative", "a"),
+    "lone surrogate name": (b'{"\\ud800":{"dtype":"U8","shape":[1],"data_offsets":[0,1]}}', bytes(1),
+                            "lone UTF-16 surrogate", "\ud800"),
+    "lone surrogate in metadata": (b'{"__metadata__":{"k":"x\\udc00"}}', b"", "lone UTF-16 surrogate", None),
+    "lone surrogate in an unread field": (b'{"a":{"dtype":"U8","shape":[1],"data_offsets":[0,1],'
+                                          b'"x":["\\ud83d"]}}', bytes(1), "lone UTF-16 surrogate", "a"),
+    "NaN in an unread field": (b'{"a":{"dtype":"U8","shape":[1],"data_offsets":[0,1],"x":NaN}}', bytes(1),
+                               "NaN is not a JSON value", None),
+    "number out of range": (b'{"a":{"dtype":"U8","shape":[1],"data_offsets":[0,1],"x":1e400}}', bytes(1),
+                            "out of range", None),
+    "integer out of range": (b'{"a":{"dtype":"U8","shape":[1],"data_offsets":[0,1],"x":' + b"9" * 400 + b"}}",
+                             bytes(1), "out of range", None),
+    "unread field too deep": (b'{"a":{"dtype":"U8","shape":[1],"data_offsets":[0,1],"x":' + b"[" * 126 +
+                              b"]" * 126 + b"}}", bytes(1), "deeper than 127", "a"),
 }
 
 
@@ -536,6 +585,110 @@ def test_file_cut_short_under_the_mmap_reader(tmp_path, monkeypatch):
     assert outstanding() == before
 
 
+_TRUNCATE_SCRIPT = r"""
+import json, os, sys
+import numpy as np
+import ignis as ig
+from ignis.io import PipelineOptions, SafetensorsError, pipeline
+from ignis.io.format import read_header
+
+path = sys.argv[1]
+x = np.arange(1_500_000, dtype=np.float32)   # 6 MB: six 1 MiB chunks through a ring of three
+results = []
+for reader in ("default", "mmap"):
+    opts = None if reader == "default" else PipelineOptions(chunk_bytes=1 << 20, buffers=3, workers=2,
+                                                              reader="mmap")
+    for cut in ("nothing", "header", "page", "half", "all but one byte"):
+        ig.io.save_safetensors({"x": ig.from_numpy(x)}, path)
+        full = os.path.getsize(path)
+        size = {"nothing": 0, "header": full - x.nbytes, "page": 4096, "half": full // 2,
+                "all but one byte": full - 1}[cut]
+        with ig.io.safe_open(path, options=opts) as f:
+            os.truncate(path, size)
+            try:
+                out = f.load()
+                results.append([reader, cut, "returned", bool((out["x"].to_numpy() == x).all())])
+            except SafetensorsError as e:
+                results.append([reader, cut, "SafetensorsError", e.problem])
+    # The reader's own guard, without the loader's size check: the pipeline alone on a file cut short.
+    ig.io.save_safetensors({"x": ig.from_numpy(x)}, path)
+    fd = os.open(path, os.O_RDONLY)
+    header = read_header(fd, path)
+    dst = ig.empty(x.shape, "float32")
+    chunks = pipeline.plan_chunks([(header.data_start, dst.device_ptr, x.nbytes)], 1 << 20)
+    os.truncate(path, header.data_start + x.nbytes // 2)
+    try:
+        pipeline.load(fd, chunks, dst.stream, opts or PipelineOptions())
+        results.append([reader, "pipeline", "returned", None])
+    except EOFError as e:
+        results.append([reader, "pipeline", "EOFError", str(e)])
+    os.close(fd)
+print(json.dumps(results))
+"""
+
+
+def test_file_cut_short_between_open_and_load_is_an_error_never_a_crash(tmp_path):
+    """Issue #14 item 5: a file truncated between safe_open and load() is a
+    SafetensorsError on the default reader and on the mmap reader, never a crash
+    (the mmap reader read past its mapping: a SIGBUS, or other memory returned as
+    tensor data). Run in a child process, since the failure being guarded is a signal."""
+    import subprocess
+    import sys
+    assert PipelineOptions().reader == "pread"
+    run = subprocess.run([sys.executable, "-c", _TRUNCATE_SCRIPT, str(tmp_path / "t.safetensors")],
+                         capture_output=True, text=True, timeout=120)
+    assert run.returncode == 0, f"the loader crashed (exit {run.returncode}): {run.stderr[-2000:]}"
+    results = json.loads(run.stdout.strip().splitlines()[-1])
+    assert len(results) == 12
+    for reader, cut, outcome, detail in results:
+        if cut == "pipeline":
+            assert outcome == "EOFError" and "shrank" in detail, (reader, outcome, detail)
+        else:
+            assert outcome == "SafetensorsError", (reader, cut, outcome, detail)
+            assert "the file changed since its header was read" in detail and "size went from" in detail
+
+
+def test_file_modified_in_place_is_an_error_not_other_data(tmp_path):
+    """A file rewritten in place (same size) before or during a load raises: the
+    header no longer describes it, so its bytes are not returned as the tensors."""
+    import time
+    path, tensors = _big_file(tmp_path)
+    before = outstanding()
+
+    def rewrite():
+        time.sleep(0.05)  # past the file system's timestamp granularity
+        with open(path, "r+b") as fh:
+            fh.seek(-4, os.SEEK_END)
+            fh.write(b"\xff\xff\xff\xff")
+
+    with ig.io.safe_open(path, options=SMALL) as f:
+        rewrite()
+        with pytest.raises(SafetensorsError, match="changed since its header was read: it was modified"):
+            f.load()
+    assert outstanding() == before
+
+    path, tensors = _big_file(tmp_path)
+    calls = []
+
+    def progress(done, total):  # runs on the loading thread while chunks are in flight
+        calls.append(done)
+        if len(calls) == 2:
+            rewrite()
+
+    with ig.io.safe_open(path, options=SMALL) as f:
+        with pytest.raises(SafetensorsError, match="changed while it was read"):
+            f.load(progress=progress)
+    assert len(calls) >= 2
+    assert outstanding() == before
+    # Renamed over (the usual way to replace a file): the open file keeps its contents.
+    path, tensors = _big_file(tmp_path)
+    with ig.io.safe_open(path, options=SMALL) as f:
+        other = tmp_path / "other.safetensors"
+        ig.io.save_safetensors({"z": ig.zeros((3,))}, other)
+        os.replace(other, path)
+        assert_same(f.load(), tensors)
+
+
 def test_progress_callback_error_frees_everything(tmp_path):
     path, _ = _big_file(tmp_path)
     before = outstanding()
@@ -561,6 +714,180 @@ def test_copy_failure_mid_save_leaves_no_file(tmp_path, backend):
     assert sorted(p.name for p in tmp_path.iterdir()) == ["out.safetensors"]
     assert arrays["x"].owner == "compute"
     assert outstanding() == before
+
+
+# -- a host buffer a queued copy uses is never handed out again (issue #14, items 3 and 12) -------
+ONE_STREAM = PipelineOptions(chunk_bytes=1 << 20, buffers=3, workers=2, streams=1)
+
+
+class _Gate:
+    """Holds a stream: work queued on it after the gate waits until ``open()``."""
+
+    def __init__(self, stream: ig.Stream) -> None:
+        self.event = threading.Event()
+        stream.launch_host_func(lambda: self.event.wait(30))
+
+    def open(self) -> None:
+        self.event.set()
+
+
+def _record_pinned(monkeypatch) -> list[int]:
+    """Record the pointer of every pinned buffer handed out from now on."""
+    pool = hostcopy.pinned_pool()
+    real = pool.allocate
+    ptrs: list[int] = []
+
+    def allocate(nbytes):
+        buf = real(nbytes)
+        ptrs.append(buf.ptr)
+        return buf
+
+    monkeypatch.setattr(pool, "allocate", allocate)
+    return ptrs
+
+
+def _reclaim_until_free(timeout: float = 10.0) -> None:
+    import time
+    deadline = time.monotonic() + timeout
+    while io_pipeline.held_bytes() and time.monotonic() < deadline:
+        io_pipeline.reclaim_held()
+        time.sleep(0.01)
+    assert io_pipeline.held_bytes() == 0
+
+
+@pytest.mark.parametrize("direction", ["load", "save"])
+def test_failed_drain_holds_ring_buffers_a_queued_copy_still_uses(tmp_path, backend, monkeypatch, direction):
+    """A transfer fails with a copy still queued (the stream is held by a gate) and the
+    error path cannot drain the stream (its synchronize fails): the ring buffers the
+    queued copy reads or writes must not be handed out again until the copy has run."""
+    x = rand(D.float32, (655_360,), 1)  # 2.5 MiB: three 1 MiB chunks, three ring buffers, no slot reuse
+    path = tmp_path / "g.safetensors"
+    ig.io.save_safetensors({"x": ig.from_numpy(x)}, path)
+    s = ig.Device(0).create_stream()
+    src = ig.from_numpy(x, stream=s) if direction == "save" else None
+    s.synchronize()
+    before = outstanding()
+    ring = _record_pinned(monkeypatch)
+    gate = _Gate(s)
+    try:
+        if direction == "load":
+            backend.inject_fault("memcpy_htod_async", nth=2)  # chunk 0's copy is queued behind the gate
+        else:
+            backend.inject_fault("event_record", nth=1)       # chunk 0's copy is queued, its record fails
+        backend.inject_fault("stream_synchronize", nth=1)     # and the error path cannot drain the stream
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            with pytest.raises(ig.DriverError, match="injected"):
+                if direction == "load":
+                    ig.io.load_safetensors(path, stream=s, options=ONE_STREAM)
+                else:
+                    ig.io.save_safetensors({"x": src}, tmp_path / "out.safetensors", stream=s,
+                                           options=ONE_STREAM)
+        monkeypatch.undo()
+        assert len(ring) == 3
+        # The copy is still queued: none of its buffers may come out of the pool.
+        pool = hostcopy.pinned_pool()
+        fresh = [pool.allocate(1 << 20) for _ in range(6)]
+        assert not {b.ptr for b in fresh} & set(ring), "a ring buffer was handed out under a queued copy"
+        for b in fresh:
+            b.release()
+        held = [w for w in caught if "held out of the staging pool" in str(w.message)]
+        assert len(held) == 1 and held[0].category is RuntimeWarning
+        assert "3145728 bytes" in str(held[0].message)
+        assert io_pipeline.held_bytes() == 3 << 20
+        assert io_pipeline.reclaim_held() == 0  # never waits; the stream is still busy
+    finally:
+        backend.clear_faults()
+        gate.open()
+    later = _Gate(s)  # the caller's stream goes on with other work: the held ring need not wait for it
+    try:
+        _reclaim_until_free()
+    finally:
+        later.open()
+    s.synchronize()
+    del src
+    assert outstanding() == before
+    assert not (tmp_path / "out.safetensors").exists()
+    s.close()
+
+
+@pytest.mark.parametrize("op", ["stream_destroy", "event_destroy"])
+@pytest.mark.parametrize("direction", ["load", "save"])
+def test_failed_destroy_leaks_nothing(tmp_path, backend, direction, op):
+    """A stream or event destroy that fails (at the end of a transfer, or anywhere in it)
+    raises, and every pinned and device byte goes back all the same."""
+    path, tensors = _big_file(tmp_path)
+    src = {k: ig.from_numpy(v) for k, v in tensors.items()} if direction == "save" else None
+    before = outstanding()
+    failed = 0
+    for nth in range(1, 9):
+        streams = set(getattr(backend, "_streams", ()))  # the emulator's live stream handles
+        backend.inject_fault(op, nth=nth)
+        try:
+            if direction == "load":
+                out = ig.io.load_safetensors(path, options=SMALL)
+                assert_same(out, tensors)
+                del out
+            else:
+                ig.io.save_safetensors(src, tmp_path / "out.safetensors", options=SMALL)
+        except ig.DriverError as e:
+            assert "injected" in str(e)
+            failed += 1
+        finally:
+            backend.clear_faults()
+            for handle in set(getattr(backend, "_streams", ())) - streams:
+                backend.stream_destroy(handle)  # the stream whose destroy was made to fail: retire its worker
+        assert outstanding() == before, f"{op} failing at call {nth} leaked"
+    assert failed >= 1
+    assert io_pipeline.held_bytes() == 0
+
+
+
+PIPELINE_OPS = ["mem_alloc_async", "mem_free_async", "host_alloc", "memcpy_htod_async", "memcpy_dtoh_async",
+                "stream_create", "stream_destroy", "stream_wait_event", "stream_synchronize", "event_create",
+                "event_destroy", "event_record", "event_query", "event_synchronize"]
+
+
+@pytest.mark.parametrize("direction", ["load", "save"])
+def test_a_driver_failure_anywhere_leaks_nothing(tmp_path, backend, direction):
+    """Every driver call a transfer makes, failing at its 1st, 2nd, 4th or 7th use:
+    the transfer raises that error or completes with the right bytes, and the device and
+    pinned bytes go back (rings held after a failed drain once their streams are idle)."""
+    tensors = {"x": rand(D.float32, (1_000_000,), 1), "y": rand(D.int8, (300_000,), 2)}  # 4.3 MB: 5 chunks
+    path = tmp_path / "f.safetensors"
+    ig.io.save_safetensors({k: ig.from_numpy(v) for k, v in tensors.items()}, path)
+    src = {k: ig.from_numpy(v) for k, v in tensors.items()} if direction == "save" else None
+    before = outstanding()
+    outcomes = Counter()
+    for op in PIPELINE_OPS:
+        for nth in (1, 2, 4, 7):
+            streams = set(getattr(backend, "_streams", ()))
+            backend.inject_fault(op, nth=nth)
+            try:
+                with warnings.catch_warnings():
+                    warnings.simplefilter("ignore")
+                    if direction == "load":
+                        out = ig.io.load_safetensors(path, options=SMALL)
+                    else:
+                        ig.io.save_safetensors(src, tmp_path / "out.safetensors", options=SMALL)
+                outcomes["completed"] += 1
+            except ig.DriverError as e:
+                assert "injected" in str(e), (op, nth, e)
+                outcomes["raised"] += 1
+                out = None
+            finally:
+                backend.clear_faults()
+                for handle in set(getattr(backend, "_streams", ())) - streams:
+                    backend.stream_destroy(handle)
+            if direction == "load" and out is not None:
+                assert_same(out, tensors)
+                del out
+            elif direction == "save" and outcomes["completed"] and (tmp_path / "out.safetensors").exists():
+                assert_same(ig.io.load_safetensors(tmp_path / "out.safetensors"), tensors)
+                os.unlink(tmp_path / "out.safetensors")
+            _reclaim_until_free()
+            assert outstanding() == before, f"{direction}: {op} failing at call {nth} leaked"
+    assert outcomes["raised"] >= 15 and outcomes["completed"] >= 15, outcomes
 
 
 # -- ownership ----------------------------------------------------------------------------------

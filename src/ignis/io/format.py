@@ -8,15 +8,33 @@ string -> string map.
 Rules for reading (every file is hostile until the whole header is checked):
 - ``N`` is at most ``MAX_HEADER_SIZE`` (100,000,000, the reference's limit)
   and the header must lie inside the file.
-- The header is UTF-8 JSON, an object, with no duplicate key at any level.
+- The header is UTF-8 JSON, an object, with no duplicate key at any level, read
+  as the reference's parser (serde_json) reads it: no ``NaN`` / ``Infinity``,
+  no number outside the double range, ``-0`` and integers outside
+  ``[-2**63, 2**64)`` are floats, nesting at most ``MAX_DEPTH`` deep, and no
+  string (name, metadata, or a field nobody reads) holding a lone UTF-16
+  surrogate (``"\ud800"``: not Unicode, it could not be written back).
 - Each tensor has a known dtype (or one given by ``dtype_map``), a shape of
   non-negative ints and two non-negative int offsets, ``begin <= end``, inside
   the data section; ``end - begin`` equals the shape's element count times the
-  item size.
+  item size. Empty tensors (a 0 anywhere in the shape, e.g. ``[64, 0]``) hold
+  no bytes and are valid.
+- The shape can be materialised: at most ``MAX_NDIM`` dimensions and, for an
+  empty tensor, its non-zero dimensions times the item size at most
+  ``2**63 - 1`` bytes (NumPy's limits). The reference accepts such shapes (say
+  ``[0, 2**63]`` or 10,000 dimensions); Ignis refuses them here, where the
+  error can say what is wrong, rather than fail later inside NumPy.
 - Sorted by offset, the tensors tile the data section: no gap, no overlap, and
   the last one ends at the end of the file.
 - Any violation raises ``SafetensorsError`` naming the file, the tensor (where
   there is one) and the problem, before anything is allocated.
+
+Where Ignis is deliberately stricter than the reference ``safetensors``
+(``tests/test_io_fuzz.py`` lists each difference): duplicate keys (the
+reference keeps the last tensor or metadata value of a repeated name, so two
+readers may disagree on a file's contents), shapes that cannot be materialised
+(above), and dtypes Ignis has no type for (sub-byte ``F4`` / ``F6_*``, and
+``F8_E8M0`` / ``F8_E4M3FNUZ`` / ``F8_E5M2FNUZ`` unless ``dtype_map`` maps them).
 
 Rules for writing (byte-identical to the reference ``safetensors`` library):
 - Tensors are sorted by dtype, descending in the reference's ``Dtype`` enum
@@ -30,19 +48,29 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import struct
 from dataclasses import dataclass
 from typing import Any, Iterable, Mapping
+
+import numpy as np
 
 from .. import dtypes as _dt
 from ..dtypes import DType
 from ..errors import SafetensorsError
 
-__all__ = ["SafetensorsError", "TensorEntry", "Header", "MAX_HEADER_SIZE", "METADATA_KEY", "read_header",
-           "parse_header", "build_header", "resolve_dtype_map", "sort_key"]
+__all__ = ["SafetensorsError", "TensorEntry", "Header", "MAX_HEADER_SIZE", "MAX_DEPTH", "MAX_NDIM",
+           "METADATA_KEY", "read_header", "parse_header", "build_header", "resolve_dtype_map", "sort_key"]
 
 MAX_HEADER_SIZE = 100_000_000
 METADATA_KEY = "__metadata__"
+MAX_DEPTH = 127                     # serde_json's recursion limit, as the reference applies it
+MAX_NDIM = 64 if int(np.__version__.split(".")[0]) >= 2 else 32   # NumPy's NPY_MAXDIMS
+_MAX_BYTES = (1 << 63) - 1          # NumPy's limit on any array's extent in bytes
+_U64 = (1 << 64) - 1
+_I64_MIN = -(1 << 63)
+_SURROGATE_ESCAPE = re.compile(r"\\u[dD][89a-fA-F]")
+_INT_HAZARD = re.compile(r"-0(?![0-9.eE])|[0-9]{19}")
 
 # The reference's Dtype enum, in declaration (ascending) order; files are
 # written sorted by this rank, descending.
@@ -176,6 +204,64 @@ def _is_count(x: Any) -> bool:
     return type(x) is int and x >= 0
 
 
+# Numbers as serde_json (the reference's parser) reads them: integers that fit a u64 or an
+# i64 are integers, other numbers are doubles, and a double out of range is an error.
+def _parse_int(text: str) -> int | float:
+    if text == "-0":
+        return -0.0
+    try:
+        v = int(text)
+    except ValueError:  # more digits than Python converts (4300): far outside any double
+        raise ValueError(f"number {text[:20]}... is out of range") from None
+    if _I64_MIN <= v <= _U64:
+        return v
+    return _parse_float(text)
+
+
+def _parse_float(text: str) -> float:
+    v = float(text)
+    if v in (float("inf"), float("-inf")):
+        raise ValueError(f"number {_clip(text)} is out of range")
+    return v
+
+
+def _reject_constant(name: str) -> Any:
+    raise ValueError(f"{name} is not a JSON value")
+
+
+def _unicode(s: str) -> bool:
+    """False for a string holding a lone UTF-16 surrogate (from a ``\\ud800`` escape)."""
+    if s.isascii():
+        return True
+    try:
+        s.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
+
+
+def _check_value(value: Any, depth: int) -> str | None:
+    """Why a JSON value (at nesting ``depth``, 1 for the header's object) fails the
+    reference's parser: nested deeper than ``MAX_DEPTH``, or a string with a lone
+    surrogate. None when it passes."""
+    stack = [(value, depth)]
+    while stack:
+        v, d = stack.pop()
+        if isinstance(v, str):
+            if not _unicode(v):
+                return f"a string holds a lone UTF-16 surrogate ({_clip(v)}), which is not Unicode"
+        elif isinstance(v, (dict, list)):
+            if d > MAX_DEPTH:
+                return f"the JSON nests deeper than {MAX_DEPTH} levels"
+            if isinstance(v, dict):
+                for k, item in v.items():
+                    stack.append((k, d))
+                    stack.append((item, d + 1))
+            else:
+                stack.extend((item, d + 1) for item in v)
+    return None
+
+
 def parse_header(raw: bytes, file: str, file_size: int,
                  dtype_map: Mapping[str, DType] | None = None) -> Header:
     """Validate header bytes ``raw`` of a ``file_size``-byte file; return its entries in offset order."""
@@ -184,7 +270,10 @@ def parse_header(raw: bytes, file: str, file_size: int,
     except UnicodeDecodeError as e:
         raise SafetensorsError(file, f"header is not valid UTF-8 (byte {e.start})") from None
     try:
-        obj = json.loads(text, object_pairs_hook=_no_duplicates)
+        # Only a "-0" or a long run of digits needs the integer hook (a Python call per integer).
+        parse_int = _parse_int if _INT_HAZARD.search(text) else None
+        obj = json.loads(text, object_pairs_hook=_no_duplicates, parse_int=parse_int, parse_float=_parse_float,
+                         parse_constant=_reject_constant)
     except _Duplicate as e:
         raise SafetensorsError(file, f"duplicate key {e.args[0]!r} in the header JSON",
                                tensor=e.args[0]) from None
@@ -194,6 +283,8 @@ def parse_header(raw: bytes, file: str, file_size: int,
         raise SafetensorsError(file, f"header is not valid JSON ({e})") from None
     if not isinstance(obj, dict):
         raise SafetensorsError(file, f"header JSON is a {type(obj).__name__}, not an object")
+    # A lone surrogate can only come from an escape: look for strings holding one only then.
+    surrogates = _SURROGATE_ESCAPE.search(text) is not None
     data_start = 8 + len(raw)
     data_size = file_size - data_start
     dmap = dtype_map or {}
@@ -205,8 +296,16 @@ def parse_header(raw: bytes, file: str, file_size: int,
                 continue
             if not isinstance(info, dict) or not all(isinstance(v, str) for v in info.values()):
                 raise SafetensorsError(file, "__metadata__ must map strings to strings")
+            if surrogates:
+                why = _check_value(info, 2)
+                if why is not None:
+                    raise SafetensorsError(file, f"__metadata__: {why}")
             metadata = info
             continue
+        if surrogates and not _unicode(name):
+            raise SafetensorsError(file, "the tensor name holds a lone UTF-16 surrogate, which is not Unicode "
+                                         "(the reference refuses it and no file could be saved with it)",
+                                   tensor=name)
         entries.append(_entry(file, name, info, data_size, dmap))
     entries.sort(key=lambda e: (e.begin, e.end))
     expect = 0
@@ -228,6 +327,9 @@ def parse_header(raw: bytes, file: str, file_size: int,
     return Header(file, tuple(entries), metadata, data_start, data_size)
 
 
+_FIELDS = ("dtype", "shape", "data_offsets")
+
+
 def _entry(file: str, name: str, info: Any, data_size: int, dmap: Mapping[str, DType]) -> TensorEntry:
     def bad(problem: str) -> SafetensorsError:
         return SafetensorsError(file, problem, tensor=name)
@@ -238,6 +340,12 @@ def _entry(file: str, name: str, info: Any, data_size: int, dmap: Mapping[str, D
     if missing:
         raise bad(f"entry lacks {', '.join(missing)}")
     code, shape, offsets = info["dtype"], info["shape"], info["data_offsets"]
+    if len(info) > 3:  # fields nobody reads must still parse as the reference parses them
+        for key, value in info.items():
+            if key not in _FIELDS:
+                why = _check_value(key, 2) or _check_value(value, 3)
+                if why is not None:
+                    raise bad(f"field {_clip(key)}: {why}")
     if not isinstance(code, str):
         raise bad(f"dtype {code!r} is not a string")
     dt = dmap.get(code)
@@ -258,11 +366,22 @@ def _entry(file: str, name: str, info: Any, data_size: int, dmap: Mapping[str, D
     if end > data_size:
         raise bad(f"truncated: data_offsets [{begin}, {end}] run past the end of the {data_size}-byte "
                   "data section")
-    numel = 1
-    for d in shape:
-        numel *= d
-        if numel > data_size:  # stop early: hostile shapes can make huge products
-            break
+    if len(shape) > MAX_NDIM:
+        raise bad(f"shape has {len(shape)} dimensions; arrays have at most {MAX_NDIM}")
+    if 0 in shape:  # an empty tensor: no bytes, but NumPy must still be able to describe it
+        numel = 0
+        extent = dt.itemsize
+        for d in shape:
+            extent *= d or 1
+            if extent > _MAX_BYTES:
+                raise bad(f"empty shape {_clip(shape)} of {code} cannot be materialised: its non-zero "
+                          f"dimensions span more than 2**63 - 1 bytes")
+    else:
+        numel = 1
+        for d in shape:
+            numel *= d
+            if numel > data_size:  # stop early: hostile shapes can make huge products
+                break
     if numel * dt.itemsize != end - begin:
         raise bad(f"shape {_clip(shape)} of {code} needs "
                   f"{'more than ' + str(data_size) if numel > data_size else numel * dt.itemsize} bytes, "

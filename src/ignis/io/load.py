@@ -20,6 +20,13 @@ Rules:
   callback), every array of the load is freed before the error propagates.
 - The file is opened non-blocking and must be a regular file, so a FIFO or a
   device node cannot hang the loader.
+- A file changed under a load is a ``SafetensorsError``, never a crash or
+  other bytes returned as tensor data: its size and modification time are
+  taken when the header is read and compared before and after every load
+  (the reads themselves stop at a file cut short; see ``pipeline``). Replacing
+  the file by a rename is not a change: the open file keeps its old contents.
+  A rewrite of the same size within one tick of the file system's clock
+  (a few ms on some) leaves both unchanged and cannot be seen.
 """
 
 from __future__ import annotations
@@ -88,7 +95,9 @@ class SafetensorsFile:
         self.device = None if device is None else Device(device)
         fd = _open_regular(self.path)
         try:
+            self._identity = _identity(fd)
             self._header: Header = read_header(fd, self.path, dmap)
+            self._check_unchanged(fd, "while its header was read")
         except BaseException:
             os.close(fd)
             raise
@@ -140,7 +149,19 @@ class SafetensorsFile:
             raise ClosedError(f"safetensors file {self.path!r}", "open it again with ig.io.safe_open")
         target = _target_stream(self.device, stream)
         entries = self._select(names)
-        return _load(self._fd, self._header, entries, target, separate, progress, self.options)
+        self._check_unchanged(self._fd, "since its header was read")
+        return _load(self._fd, self._header, entries, target, separate, progress, self.options,
+                     lambda: self._check_unchanged(self._fd, "while it was read"))
+
+    def _check_unchanged(self, fd: int, when: str) -> None:
+        """Raise ``SafetensorsError`` if the file's size or modification time moved."""
+        now = _identity(fd)
+        if now != self._identity:
+            (size0, mtime0), (size1, mtime1) = self._identity, now
+            what = f"its size went from {size0} to {size1} bytes" if size1 != size0 else \
+                f"it was modified (mtime {mtime0} -> {mtime1} ns)"
+            raise SafetensorsError(self.path, f"the file changed {when}: {what}; its header no longer "
+                                              "describes it. Open it again once nothing writes to it")
 
     def _select(self, names: Iterable[str] | None) -> list[TensorEntry]:
         if names is None:
@@ -180,6 +201,11 @@ class SafetensorsFile:
     def __repr__(self) -> str:
         state = "closed" if self._fd < 0 else f"{len(self._index)} tensors, {self._header.data_size} bytes"
         return f"<ignis.io.SafetensorsFile {self.path!r} {state}>"
+
+
+def _identity(fd: int) -> tuple[int, int]:
+    st = os.fstat(fd)
+    return st.st_size, st.st_mtime_ns
 
 
 def safe_open(path: "str | os.PathLike[str]", device: "Device | int | None" = None, *,
@@ -264,7 +290,7 @@ def _view(parent: NvArray, e: TensorEntry, offset: int) -> NvArray:
 
 
 def _load(fd: int, header: Header, entries: list[TensorEntry], target: Stream, separate: bool,
-          progress: Progress | None, opts: PipelineOptions) -> dict[str, NvArray]:
+          progress: Progress | None, opts: PipelineOptions, check: Any) -> dict[str, NvArray]:
     arrays: dict[str, NvArray] = {}
     made: list[NvArray] = []     # every array of this load, the hidden parent included
     acquired: list[NvArray] = []
@@ -296,6 +322,7 @@ def _load(fd: int, header: Header, entries: list[TensorEntry], target: Stream, s
             pipeline.load(fd, chunks, target, opts, progress, header.file)
         except EOFError as exc:
             raise SafetensorsError(header.file, f"truncated: {exc}") from None
+        check()  # the bytes read are the ones the header described
         for a in owners:
             a._end(target, _WRITE)
         for a in acquired:

@@ -26,12 +26,27 @@ Rules:
   call, the progress callback) reads and writes not started are cancelled,
   running ones awaited, the copy streams drained, and the ring buffers handed
   back before the error propagates; the caller then frees its device memory.
+  A failed stream or event destroy at the end still hands every buffer, event
+  and stream back before it is raised.
 - Ring buffers come from the process's pinned staging pool (``hostcopy``),
   sized to the transfer, and stay cached there for the next one.
 - A copy through a mapping faults its pages in first (MADV_POPULATE_*), so
   a full file system or a file cut short is an error, never a SIGBUS;
   the ``"auto"`` writer maps only where the kernel can do that (Linux 5.14+),
   on tmpfs, with room to spare.
+- A file cut short under a load is an ``EOFError`` (the loader makes it a
+  ``SafetensorsError``), never a crash or other memory read as tensor data.
+  The ``"pread"`` reader (the default) promises that outright: a read past the
+  end returns short. The ``"mmap"`` reader checks the file's size before it
+  maps it (and maps only the bytes the transfer reads) and again before each
+  chunk, and faults each chunk's pages in with an error rather than a signal,
+  but a file truncated between that and the copy is still a SIGBUS, which
+  kills the process: it is opt-in, for files nothing truncates while they load.
+- A host buffer that a queued copy reads or writes is never released or reused
+  until that copy has completed: after an error, the ring goes back to the
+  pinned pool only once the copy streams are drained; if draining fails, the
+  ring is held out of circulation (with a ``RuntimeWarning``) until those
+  streams are idle or the context is rebuilt (``held_bytes``, ``reclaim_held``).
 """
 
 from __future__ import annotations
@@ -41,6 +56,7 @@ import errno
 import mmap
 import os
 import threading
+import warnings
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any, Callable, Iterable, Sequence
@@ -50,7 +66,8 @@ import numpy as np
 from ..array import hostcopy
 from ..runtime import Stream
 
-__all__ = ["PipelineOptions", "Chunk", "plan_chunks", "load", "save", "fs_type", "pwrite_all"]
+__all__ = ["PipelineOptions", "Chunk", "plan_chunks", "load", "save", "fs_type", "pwrite_all", "held_bytes",
+           "reclaim_held"]
 
 Progress = Callable[[int, int], Any]
 # (file offset, length, [(buffer offset, device address, nbytes), ...])
@@ -71,8 +88,12 @@ class PipelineOptions:
         buffers: pinned ring buffers (at most this many chunks in flight).
         workers: threads that read or write the file (default: the CPUs, at most 16).
         streams: copy streams (the caller's and ``streams - 1`` helpers).
-        reader: how a load reads: ``"pread"`` (positional reads into the ring)
-            or ``"mmap"`` (copies out of a shared mapping of the file).
+        reader: how a load reads: ``"pread"`` (positional reads into the ring;
+            the default) or ``"mmap"`` (copies out of a shared mapping of the
+            file). ``"mmap"`` is opt-in: a file truncated by someone else while
+            a chunk is copied out of the mapping raises SIGBUS and kills the
+            process (its checks narrow that window but cannot close it), where
+            ``"pread"`` always raises a clean error.
         writer: how a save writes: ``"pwrite"``, ``"mmap"`` (copies into a
             shared mapping of the file), or ``"auto"`` (``mmap`` on tmpfs with
             room to spare, else ``pwrite``).
@@ -156,6 +177,8 @@ class _Ring:
     """Pinned buffers, their events, the copy streams and the file workers of one transfer."""
 
     def __init__(self, stream: Stream, chunks: Sequence[Chunk], opts: PipelineOptions) -> None:
+        if _held:
+            reclaim_held()
         n = len(chunks)
         self.stream = stream
         self.k = min(opts.buffers, n)
@@ -190,7 +213,12 @@ class _Ring:
             self.stream.wait(s)
 
     def close(self, ok: bool) -> None:
-        """Stop the workers, drain the streams (after an error), hand everything back."""
+        """Stop the workers and hand everything back, raising (when ``ok``) the first
+        failure of a destroy only after every buffer, event and stream has been handed
+        back. After an error, the ring buffers go back only once the streams are drained:
+        a copy still queued on them may read or write the buffers. When a stream cannot be
+        drained (its synchronize fails), the buffers are held out of the pinned pool
+        (``held_bytes``) until ``reclaim_held`` finds those streams idle."""
         if self.executor is not None:
             for fut in self.futures.values():
                 fut.cancel()
@@ -198,30 +226,99 @@ class _Ring:
             self.executor = None
         self.futures.clear()
         if not ok:  # copies may still be queued: they must finish before buffers and memory go back
+            failed = None
             for s in self.streams:
                 try:
                     s.synchronize()
-                except Exception:
-                    pass
-        for s in self.streams[1:]:
-            _quietly(s.close, ok)
-        for ev in self.events:
-            _quietly(ev.close, ok)
-        for b in self.bufs:
-            _quietly(b.release, ok)
-        self.streams[1:] = []
-        self.events = []
-        self.bufs = []
+                except Exception as e:  # noqa: BLE001 - the buffers are held instead; see below
+                    failed = failed or e
+            if failed is not None and self.bufs:
+                _hold(self, failed)
+                return
+        bufs, events, helpers = self.bufs, self.events, self.streams[1:]
+        self.bufs, self.events, self.streams[1:] = [], [], []
+        _hand_back(bufs, events, helpers, raise_first=ok)
 
 
-def _quietly(fn: Callable[[], Any], ok: bool) -> None:
-    if ok:
-        fn()
-        return
-    try:
-        fn()
-    except Exception:
-        pass
+def _hand_back(bufs: list, events: list, helpers: list, raise_first: bool) -> None:
+    """Release the buffers, then destroy the events and helper streams. Every one is
+    handed back whatever fails; the first failure is raised at the end if asked."""
+    first: BaseException | None = None
+    for fn in [b.release for b in bufs] + [ev.close for ev in events] + [s.close for s in helpers]:
+        try:
+            fn()
+        except Exception as e:  # noqa: BLE001 - the others still go back; the first is raised below
+            first = first or e
+    if first is not None and raise_first:
+        raise first
+
+
+# -- ring buffers held back after an error -------------------------------------------
+class _Held:
+    """A failed transfer's ring: buffers, events and helper streams kept out of circulation."""
+
+    __slots__ = ("bufs", "events", "helpers", "marks", "device", "generation", "nbytes")
+
+    def __init__(self, ring: _Ring) -> None:
+        self.bufs, self.events, self.helpers = ring.bufs, ring.events, ring.streams[1:]
+        self.device = ring.stream.device
+        self.generation = self.device.state.generation
+        self.nbytes = sum(b.capacity for b in self.bufs)
+        # What proves the copies done: an event recorded after them on each stream (the
+        # caller's stream may stay busy with later work), else the stream falling idle.
+        self.marks: list[Any] = []
+        for s in ring.streams:
+            try:
+                self.marks.append(s.record())
+            except Exception:  # noqa: BLE001 - the driver refuses: wait for the stream to be idle
+                self.marks.append(s)
+
+    def settled(self) -> bool:
+        """True once no copy queued by the transfer can touch the buffers: every mark is
+        reached, or the context was rebuilt (its queued work is gone)."""
+        if self.device.state.generation != self.generation:
+            return True
+        try:
+            return all(m.query() for m in self.marks)
+        except Exception:  # noqa: BLE001 - a failed or closed stream proves nothing: keep holding
+            return False
+
+    def hand_back(self) -> None:
+        marks = [m for m in self.marks if not isinstance(m, Stream)]
+        _hand_back(self.bufs, self.events + marks, self.helpers, raise_first=False)
+
+
+_held: list[_Held] = []
+_held_lock = threading.Lock()
+
+
+def _hold(ring: _Ring, why: BaseException) -> None:
+    entry = _Held(ring)
+    ring.bufs, ring.events, ring.streams[1:] = [], [], []
+    with _held_lock:
+        _held.append(entry)
+    warnings.warn(f"ignis.io: the copy streams of a failed transfer could not be drained ({why}); its "
+                  f"{len(entry.bufs)} pinned ring buffers ({entry.nbytes} bytes) are held out of the "
+                  "staging pool until those streams are idle or the context is rebuilt, since a queued "
+                  "copy may still read or write them", RuntimeWarning, stacklevel=4)
+
+
+def held_bytes() -> int:
+    """Pinned bytes held back from failed transfers (see ``_Ring.close``)."""
+    with _held_lock:
+        return sum(h.nbytes for h in _held)
+
+
+def reclaim_held() -> int:
+    """Hand back the held rings whose streams are now idle (never waits). Returns the
+    bytes handed back. Each new transfer calls it first."""
+    with _held_lock:
+        done = [h for h in _held if h.settled()]
+        for h in done:
+            _held.remove(h)
+    for h in done:
+        h.hand_back()
+    return sum(h.nbytes for h in done)
 
 
 # -- load -----------------------------------------------------------------------
@@ -237,11 +334,19 @@ def _read_into(fd: int, view: memoryview, offset: int, wait: Any) -> None:
         got += k
 
 
-def _copy_from(src: int, dst: int, n: int, path: str, wait: Any) -> None:
+def _copy_from(fd: int, mapping: "_Mapping", offset: int, dst: int, n: int, path: str, wait: Any) -> None:
     if wait is not None:
         wait.synchronize()
-    _populate(src, n, path, write=False)
-    ctypes.memmove(dst, src, n)
+    _check_size(fd, offset + n)  # a page past the end of the file is a SIGBUS: look first
+    _populate(mapping.addr + offset, n, path, write=False)
+    ctypes.memmove(dst, mapping.addr + offset, n)
+
+
+def _check_size(fd: int, need: int) -> None:
+    size = os.fstat(fd).st_size
+    if size < need:
+        raise EOFError(f"the file is {size} bytes, shorter than the {need} bytes its header promised (it "
+                       "shrank after its header was read)")
 
 
 def load(fd: int, chunks: Sequence[Chunk], stream: Stream, opts: PipelineOptions,
@@ -255,7 +360,11 @@ def load(fd: int, chunks: Sequence[Chunk], stream: Stream, opts: PipelineOptions
         progress(0, total)
     if not chunks:
         return
-    mapping = _Mapping(fd, os.fstat(fd).st_size, write=False) if opts.reader == "mmap" else None
+    mapping = None
+    if opts.reader == "mmap":
+        need = max(off + length for off, length, _ in chunks)
+        _check_size(fd, need)
+        mapping = _Mapping(fd, need, write=False)  # only the bytes the header promised: never beyond them
     ring = None
     ok = False
     try:
@@ -270,7 +379,7 @@ def load(fd: int, chunks: Sequence[Chunk], stream: Stream, opts: PipelineOptions
             off, length, _ = chunks[i]
             wait = events[slot] if i >= k else None
             if mapping is not None:
-                futures[i] = ring.executor.submit(_copy_from, mapping.addr + off, bufs[slot].ptr, length, path,
+                futures[i] = ring.executor.submit(_copy_from, fd, mapping, off, bufs[slot].ptr, length, path,
                                                   wait)
             else:
                 futures[i] = ring.executor.submit(_read_into, fd, views[slot][:length], off, wait)
