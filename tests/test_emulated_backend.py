@@ -448,6 +448,60 @@ def test_sticky_error_from_a_raising_host_function(emu):
     emu.stream_synchronize(emu.stream_create(0))
 
 
+@pytest.mark.parametrize("reached", [False, True], ids=["wait-queued-first", "failure-already-reached"])
+def test_waiting_on_a_failed_stream_passes_the_failure_on(emu, reached):
+    """As a GPU's sticky error: a stream that waits on an event recorded after a failure
+    fails too, and so do its synchronizes, its queries and events recorded on it later."""
+    bad, waiter, other = emu.stream_create(0), emu.stream_create(0), emu.stream_create(1)
+    before, after_fail, on_waiter = emu.event_create(0), emu.event_create(0), emu.event_create(0)
+    go = threading.Event()
+    emu.launch_host_func(bad, lambda: go.wait(10))
+    emu.event_record(before, bad)  # reached before the failure: waiting on it is fine
+
+    def boom() -> None:
+        raise RuntimeError("illegal address in kernel k")
+
+    emu.launch_host_func(bad, boom)
+    emu.event_record(after_fail, bad)
+    if reached:
+        go.set()
+        with pytest.raises(DriverError):
+            emu.event_synchronize(after_fail)
+    emu.stream_wait_event(waiter, after_fail)
+    emu.event_record(on_waiter, waiter)
+    emu.stream_wait_event(other, before)  # a wait across devices, on work that succeeded
+    go.set()
+    with raises_driver("CUDA_ERROR_LAUNCH_FAILED", OPS["stream_synchronize"]) as info:
+        emu.stream_synchronize(waiter)
+    assert f"stream {bad}" in info.value.detail and "illegal address in kernel k" in info.value.detail
+    with raises_driver("CUDA_ERROR_LAUNCH_FAILED", OPS["event_synchronize"]):
+        emu.event_synchronize(on_waiter)
+    with raises_driver("CUDA_ERROR_LAUNCH_FAILED", OPS["event_query"]):
+        emu.event_query(on_waiter)
+    with raises_driver("CUDA_ERROR_LAUNCH_FAILED", OPS["stream_query"]):
+        emu.stream_query(waiter)
+    emu.stream_synchronize(other)  # waited only on work before the failure: healthy
+    emu.device_synchronize(1)
+
+
+def test_a_wait_on_work_before_a_failure_does_not_fail(emu):
+    bad, waiter = emu.stream_create(0), emu.stream_create(0)
+    ev = emu.event_create(0)
+    go = threading.Event()
+    emu.launch_host_func(bad, lambda: go.wait(10))
+    emu.event_record(ev, bad)
+    emu.stream_wait_event(waiter, ev)
+
+    def boom() -> None:
+        raise RuntimeError("later failure")
+
+    emu.launch_host_func(bad, boom)
+    go.set()
+    emu.stream_synchronize(waiter)  # its wait covers only the work that succeeded
+    with raises_driver("CUDA_ERROR_LAUNCH_FAILED", OPS["stream_synchronize"]):
+        emu.stream_synchronize(bad)
+
+
 def test_rebuild_context_invalidates_handles_and_memory(emu):
     s, s1 = emu.stream_create(0), emu.stream_create(1)
     ev = emu.event_create(0)

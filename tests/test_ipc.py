@@ -393,6 +393,46 @@ def test_open_refuses_forged_handles_and_leaks_nothing(dev, mr, backend):
     a.free()
 
 
+def test_open_checks_the_descriptor_before_any_driver_call(dev, mr, backend, monkeypatch):
+    """A size no device has (2**40), fields forged after parsing and an fd closed behind the
+    handle's back are ValueError, found before the driver is asked anything."""
+    a = ig.from_numpy(pattern(16), mr=mr)
+    g = mr.granularity
+    calls: list[str] = []
+    for name in ("vmm_import_fd", "vmm_reserve", "vmm_map", "vmm_set_access", "vmm_release", "vmm_unmap"):
+        orig = getattr(backend, name)
+        monkeypatch.setattr(backend, name, lambda *args, _n=name, _o=orig: (calls.append(_n), _o(*args))[1])
+    with ig.ipc.export(a) as h:
+        fds, free = fd_count(), backend.mem_get_info(0)[0]
+        too_big = (dev.total_memory // g + 1) * g
+        cases = [
+            (dict(size=2 ** 40), "more than the"),
+            (dict(size=too_big), "more than the"),
+            (dict(size=2 ** 51), "size must be an int"),
+            (dict(size=-g), "size must be an int"),
+            (dict(size=float(g)), "size must be an int"),
+            (dict(shape=(-1,)), "shape"),
+            (dict(shape=(g,)), "runs past the end"),
+            (dict(dtype="complex256"), "dtype"),
+            (dict(offset=-4), "offset"),
+            (dict(device_uuid=None), "device_uuid"),
+            (dict(version=0), "incompatible"),
+        ]
+        for change, match in cases:
+            with _forge(h, **change) as forged, pytest.raises(ValueError, match=match):
+                ig.ipc.open(forged)
+        closed = IpcHandle(os.dup(h.fd), h.descriptor)
+        os.close(closed.fd)  # closed behind the handle's back
+        with pytest.raises(ValueError, match="not open"):
+            ig.ipc.open(closed)
+        closed.detach()
+        assert calls == [], f"the driver was asked first: {calls}"
+        assert fd_count() == fds
+        if backend.name == "emulated":
+            assert backend.mem_get_info(0)[0] == free
+    a.free()
+
+
 @pytest.mark.parametrize("op", ["vmm_import_fd", "vmm_reserve", "vmm_map", "vmm_set_access"])
 def test_open_failure_leaves_nothing_behind(dev, mr, backend, op):
     a = ig.from_numpy(pattern(16), mr=mr)
@@ -406,6 +446,30 @@ def test_open_failure_leaves_nothing_behind(dev, mr, backend, op):
         b = ig.ipc.open(h)
         assert b.resource.bytes_outstanding == mr.granularity
         ig.ipc.close(b)
+    a.free()
+
+
+@pytest.mark.parametrize("op", ["stream_synchronize", "vmm_unmap", "vmm_free_address"])
+def test_a_refused_unmap_of_an_import_can_be_finished(dev, mr, backend, op):
+    a = ig.from_numpy(pattern(1024), mr=mr)
+    with ig.ipc.export(a) as h:
+        b = ig.ipc.open(h)
+        res = b.resource
+        free = backend.mem_get_info(0)[0]
+        backend.inject_fault(op, error="CUDA_ERROR_INVALID_VALUE")
+        with pytest.raises(ig.DriverError, match="injected fault"):
+            ig.ipc.close(b)
+        backend.clear_faults()
+        assert res.bytes_outstanding == mr.granularity, "a refused unmap changed the count"
+        if op == "vmm_free_address":  # unmapped already: unusable, but still to be finished
+            with pytest.raises(ig.UseAfterFreeError):
+                b.to_numpy()
+        else:  # still mapped: the bytes are there
+            assert np.array_equal(b.to_numpy(), pattern(1024))
+        ig.ipc.close(b)  # the retry finishes it
+        assert res.bytes_outstanding == 0
+        if backend.name == "emulated":
+            assert backend.mem_get_info(0)[0] == free
     a.free()
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import csv
 import io
 import threading
+import time
 
 import numpy as np
 import pytest
@@ -557,3 +558,325 @@ def test_streams_of_another_device_are_refused(dev, base):
     with ig.Device(1).create_stream() as other:
         with pytest.raises(ValueError, match="belongs to device 1"):
             mr.allocate(64, other)
+
+
+# -- a refused driver free loses nothing (issue #14, item 13) ---------------------------------
+
+def _device_free(backend) -> int | None:
+    """Free device bytes as the emulator counts them (None on a GPU: others share it)."""
+    return backend.mem_get_info(0)[0] if backend.name == "emulated" else None
+
+
+def _adaptor_counts(mr) -> dict:
+    """Every counter an adaptor stack keeps, outermost first."""
+    out, r = {}, mr
+    while r is not None:
+        name = type(r).__name__
+        if isinstance(r, ig.BudgetResource):
+            out[name + ".used"] = r.used_bytes
+        if isinstance(r, ig.StatisticsResource):
+            out[name + ".bytes"] = r.statistics.bytes.value
+            out[name + ".count"] = r.statistics.count.value
+        if isinstance(r, ig.TrackingResource):
+            out[name + ".outstanding"] = len(r.outstanding())
+        out[name + ".bytes_outstanding"] = r.bytes_outstanding
+        r = getattr(r, "upstream", None)
+    return out
+
+
+# (base, the backend op made to fail, which uses the block has before its free)
+REFUSED = [
+    ("direct", "mem_free", "none"),
+    ("async", "mem_free_async", "none"),
+    ("async", "mem_free_async", "other_stream"),
+    ("async", "stream_wait_event", "other_stream"),
+    ("async", "stream_wait_event", "two_streams"),
+    ("async", "mem_free", "closed_stream"),
+    ("async", "device_synchronize", "closed_stream"),
+    ("pool_direct", "stream_wait_event", "other_stream"),
+    ("pool_direct", "stream_wait_event", "two_streams"),
+    ("pool_async", "stream_wait_event", "two_streams"),
+]
+
+
+@pytest.mark.parametrize("adaptor", ["plain", "stack"])
+@pytest.mark.parametrize("base,op,uses", REFUSED, ids=["-".join(c) for c in REFUSED])
+def test_a_refused_free_leaves_the_block_live_and_the_counters_true(dev, backend, base, op, uses, adaptor):
+    mr = make(dev, base, adaptor)
+    a, s1, s2 = dev.create_stream(), dev.create_stream(), dev.create_stream()
+    try:
+        free0 = _device_free(backend)
+        counts0 = _adaptor_counts(mr)
+        blk = mr.allocate(4096, a, tag="refused")
+        keep = write(blk.ptr, b"\x2a" * 4096, a)
+        if uses in ("other_stream", "two_streams"):
+            mr.finish_block_use(blk, a, W)
+            mr.prepare_block_use(blk, s1, RW)
+            mr.finish_block_use(blk, s1, RW)  # s1 wrote it (an event on s1)
+        if uses == "two_streams":
+            mr.prepare_block_use(blk, s2, R)
+            mr.finish_block_use(blk, s2, R)  # s2 read it: the free's second wait fails
+        if uses == "closed_stream":
+            a.synchronize()
+            a.close()
+        counts1 = _adaptor_counts(mr)
+        backend.inject_fault(op, nth=2 if uses == "two_streams" else 1, error="CUDA_ERROR_INVALID_VALUE")
+        with pytest.raises(ig.DriverError, match="injected fault"):
+            mr.deallocate(blk)
+        backend.clear_faults()
+        assert blk.state is BlockState.LIVE
+        assert _adaptor_counts(mr) == counts1, "a refused free changed a counter"
+        if uses != "closed_stream":  # still the caller's memory: usable, bytes intact
+            if tracks(mr):
+                mr.prepare_block_use(blk, a, R)
+            assert read(blk.ptr, 4096, a) == b"\x2a" * 4096
+            if tracks(mr):
+                mr.finish_block_use(blk, a, R)
+        mr.deallocate(blk)  # the retry frees it
+        with pytest.raises(ig.DoubleFreeError):
+            mr.deallocate(blk)
+        dev.synchronize()
+        mr.reap_pending()
+        trim = getattr(mr, "trim", None)
+        if trim is not None:
+            trim()
+        mr.reap_pending()
+        assert _adaptor_counts(mr) == counts0
+        if free0 is not None:
+            assert _device_free(backend) == free0, "device memory leaked"
+        del keep
+    finally:
+        backend.clear_faults()
+        for s in (a, s1, s2):
+            s.close()
+
+
+def test_a_refused_free_keeps_the_block_ordered_after_its_uses(dev, backend, streams):
+    """The release ordering was queued, then the driver refused the free: a later use on
+    a third stream must still wait for the write it ordered (the hazard record is sound)."""
+    mr = make(dev, "async")
+    a, s1, s2 = streams
+    blk = mr.allocate(4096, a)
+    mr.prepare_block_use(blk, s1, W)
+    sleep_on(s1, 0.25)
+    keep = write(blk.ptr, b"\x07" * 4096, s1)  # a late write on s1
+    mr.finish_block_use(blk, s1, W)
+    backend.inject_fault("mem_free_async", error="CUDA_ERROR_INVALID_VALUE")
+    with pytest.raises(ig.DriverError):
+        mr.deallocate(blk)  # made a wait for s1, then failed
+    mr.prepare_block_use(blk, s2, R)
+    out = pinned(4096)
+    read_into(out, blk.ptr, s2)
+    mr.finish_block_use(blk, s2, R)
+    dev.synchronize()
+    assert (out == 7).all(), "the read on s2 ran before s1's write: the failed free lost the ordering"
+    mr.deallocate(blk)
+    mr.reap_pending()
+    assert mr.bytes_outstanding == 0
+    del keep
+
+
+@pytest.mark.parametrize("base,op", [("pool_direct", "mem_free"), ("pool_async", "mem_free_async"),
+                                     ("pool_direct", "stream_synchronize")])
+def test_a_pool_whose_upstream_refuses_a_segment_free_keeps_it(dev, backend, streams, base, op):
+    pool = make(dev, base)
+    a, b = streams[0], streams[1]
+    free0 = _device_free(backend)
+    blocks = [pool.allocate(1000, a), pool.allocate(3 << 20, a)]  # a small and a large segment
+    for blk in blocks:
+        pool.deallocate(blk)
+    if op == "stream_synchronize":  # a piece now on stream b: its release waits for b (on the host)
+        pool.deallocate(pool.allocate(1000, b))
+    reserved = pool.bytes_reserved
+    assert reserved == (2 << 20) + (20 << 20) and pool.bytes_cached == reserved
+    backend.inject_fault(op, error="CUDA_ERROR_INVALID_VALUE")
+    with pytest.raises(ig.DriverError, match="injected fault"):
+        pool.trim()
+    backend.clear_faults()
+    released_first = reserved - pool.bytes_reserved  # segments released before the refused one
+    assert pool.bytes_cached == pool.bytes_reserved == pool.upstream.bytes_outstanding
+    again = pool.allocate(1000, a)  # the cache is still whole and usable
+    pool.deallocate(again)
+    assert pool.trim() == reserved - released_first  # and a later trim releases the rest
+    pool.upstream.reap_pending()
+    assert pool.bytes_reserved == 0 and pool.upstream.bytes_outstanding == 0
+    if free0 is not None:
+        assert _device_free(backend) == free0
+
+
+def test_pinned_release_and_trim_survive_refused_driver_calls(dev, backend, streams):
+    ph = ig.PinnedHostResource()
+    buf = ph.allocate(5000)
+    buf.array[:] = 3
+    backend.inject_fault("event_record", error="CUDA_ERROR_INVALID_VALUE")
+    with pytest.raises(ig.DriverError):
+        buf.release(streams[0])
+    assert ph.bytes_outstanding == 8192 and ph.bytes_cached == 0
+    assert (buf.array == 3).all()  # still the caller's
+    buf.release(streams[0])
+    assert ph.bytes_outstanding == 0 and ph.bytes_cached == 8192
+    other = ph.allocate(100_000)
+    other.release()
+    backend.inject_fault("host_free", error="CUDA_ERROR_INVALID_VALUE")
+    with pytest.raises(ig.DriverError):
+        ph.trim()
+    assert ph.bytes_cached == 8192 + 131072, "a refused host free lost the cached buffers"
+    assert ph.trim() == 8192 + 131072
+    assert ph.bytes_cached == 0
+
+
+@pytest.mark.parametrize("op", ["stream_synchronize", "vmm_release", "vmm_unmap", "vmm_free_address"])
+def test_vmm_free_refused_at_each_step_can_be_finished(dev, backend, op):
+    mr = ig.VmmResource(dev)
+    s = dev.create_stream()
+    free0 = _device_free(backend)
+    blk = mr.allocate(100, s)
+    keep = write(blk.ptr, b"\x11" * 100, s)
+    fd = mr.export_fd(blk)
+    os_close = __import__("os").close
+    os_close(fd)
+    n = mr.bytes_outstanding
+    backend.inject_fault(op, error="CUDA_ERROR_INVALID_VALUE")
+    with pytest.raises(ig.DriverError, match="injected fault"):
+        mr.deallocate(blk)
+    backend.clear_faults()
+    assert blk.state is BlockState.LIVE and mr.bytes_outstanding == n
+    if op == "vmm_free_address":  # unmapped already: no longer usable, but still this resource's
+        with pytest.raises(ig.UseAfterFreeError):
+            mr.export_fd(blk)
+        with pytest.raises(ig.UseAfterFreeError):
+            mr.prepare_block_use(blk, s, R)
+    else:  # still mapped: usable, exportable, bytes intact
+        assert read(blk.ptr, 100, s) == b"\x11" * 100
+        os_close(mr.export_fd(blk))
+    mr.deallocate(blk)
+    assert blk.state is BlockState.FREED and mr.bytes_outstanding == 0
+    with pytest.raises(ig.DoubleFreeError):
+        mr.deallocate(blk)
+    if free0 is not None:
+        assert _device_free(backend) == free0
+    del keep
+    s.close()
+
+
+def test_guard_keeps_what_its_upstream_refuses(dev, backend, streams):
+    s = streams[0]
+    free0 = _device_free(backend)
+    g = ig.DebugGuardResource(ig.DirectResource(dev), quarantine_count=0)  # frees go straight upstream
+    blk = g.allocate(1000, s)
+    backend.inject_fault("mem_free", error="CUDA_ERROR_INVALID_VALUE")
+    with pytest.raises(ig.DriverError):
+        g.deallocate(blk)
+    assert blk.state is BlockState.LIVE and g.bytes_outstanding == 1000
+    g.deallocate(blk)
+    assert g.bytes_outstanding == 0 and g.upstream.bytes_outstanding == 0
+    q = ig.DebugGuardResource(ig.DirectResource(dev))  # with a quarantine: the flush is refused
+    blk = q.allocate(1000, s)
+    q.deallocate(blk)
+    held = q.quarantined_bytes
+    backend.inject_fault("mem_free", error="CUDA_ERROR_INVALID_VALUE")
+    with pytest.raises(ig.DriverError):
+        q.flush()
+    assert q.quarantined_bytes == held and q.quarantined_count == 1 and blk.state is BlockState.QUARANTINED
+    q.flush()
+    assert q.quarantined_count == 0 and blk.state is BlockState.FREED and q.upstream.bytes_outstanding == 0
+    if free0 is not None:
+        assert _device_free(backend) == free0
+
+
+# -- AsyncResource reports true figures (issue #14, item 14) ------------------------------------
+
+def _gate(stream):
+    """Hold ``stream`` until the returned event is set (set it within 10 s, or it opens itself)."""
+    gate = threading.Event()
+    stream.launch_host_func(lambda: gate.wait(10))
+    return gate
+
+
+def test_async_reaps_completed_frees_without_a_host_sync(dev, streams):
+    mr = make(dev, "async")
+    s = streams[0]
+    blocks = [mr.allocate(1 << 20, s) for _ in range(4)]
+    gate = _gate(s)
+    for b in blocks:
+        mr.deallocate(b)
+    t0 = time.perf_counter()
+    assert mr.bytes_outstanding == 4 << 20  # the frees are queued behind the gate: still held
+    assert mr.memory_numbers()["cached_bytes"] == 4 << 20
+    assert time.perf_counter() - t0 < 2, "reporting waited for the stream"
+    gate.set()
+    s.synchronize()  # the test waits; the resource never did
+    assert mr.bytes_outstanding == 0, "frees the stream already reached are still counted"
+    assert all(b.state is BlockState.FREED for b in blocks)
+    assert mr.memory_numbers() == {"live_bytes": 0, "cached_bytes": 0, "largest_free_block": 0}
+
+
+def test_async_figures_stay_true_in_a_loop_that_never_reports(dev, streams):
+    mr = make(dev, "async")
+    s = streams[0]
+    from ignis.memory.async_resource import REAP_BATCH
+    first = []
+    for i in range(3 * REAP_BATCH):
+        b = mr.allocate(4096, s)
+        mr.deallocate(b)
+        if i < REAP_BATCH:
+            first.append(b)
+        if i == REAP_BATCH:
+            s.synchronize()
+    # deallocate covered its batches with events and reaped the reached ones by itself
+    assert all(b.state is BlockState.FREED for b in first)
+    s.synchronize()
+    assert mr.bytes_outstanding == 0
+
+
+def test_async_out_of_memory_message_counts_only_queued_frees(streams):
+    be = ig.backends.emulated.EmulatedBackend(devices=1, memory="64MiB")
+    prev = ig.get_backend()
+    ig.set_backend(be)
+    try:
+        d = ig.Device(0)
+        s = d.create_stream()
+        mr = ig.AsyncResource(d)
+        a = mr.allocate(40 << 20, s)
+        mr.deallocate(a)
+        s.synchronize()  # the free has happened on the device
+        b = mr.allocate(30 << 20, s)
+        with pytest.raises(ig.OutOfMemoryError) as ei:
+            mr.allocate(50 << 20, s)
+        assert ei.value.cached_bytes == 0 and ei.value.live_bytes == 30 << 20, str(ei.value)
+        assert "0 B cached" in str(ei.value)
+        assert mr.bytes_outstanding == 30 << 20
+        mr.deallocate(b)
+        s.synchronize()
+        assert mr.bytes_outstanding == 0
+        s.close()
+    finally:
+        ig.set_backend(prev)
+
+
+def test_async_frees_of_a_closed_stream_are_reaped(dev):
+    mr = make(dev, "async")
+    s = dev.create_stream()
+    blk = mr.allocate(1 << 20, s)
+    gate = _gate(s)
+    mr.deallocate(blk)
+    s.close()  # the close hook covers the queued free with a last event
+    assert mr.bytes_outstanding == 1 << 20
+    gate.set()
+    dev.synchronize()
+    assert mr.bytes_outstanding == 0 and blk.state is BlockState.FREED
+
+
+def test_async_reap_pending_failure_keeps_the_frees_counted(dev, backend, streams):
+    mr = make(dev, "async")
+    s = streams[0]
+    gate = _gate(s)
+    blk = mr.allocate(1 << 20, s)
+    mr.deallocate(blk)
+    backend.inject_fault("stream_synchronize", error="CUDA_ERROR_INVALID_VALUE")
+    with pytest.raises(ig.DriverError):
+        mr.reap_pending()
+    assert mr.bytes_outstanding == 1 << 20 and blk.state is BlockState.RETIRED
+    gate.set()
+    mr.reap_pending()
+    assert mr.bytes_outstanding == 0 and blk.state is BlockState.FREED

@@ -209,3 +209,38 @@ def test_streams_overlap(dev):
     a.synchronize()
     mr.deallocate(blk)
     a.close(), b.close()
+
+
+# -- construction with wrong arguments (issue #14, item 15) -----------------------------
+
+@pytest.mark.parametrize("make,exc,match", [
+    (lambda dev: ig.Stream(), TypeError, None),                                 # missing arguments
+    (lambda dev: ig.Stream(0, 5, owned=True), TypeError, "needs an ignis.Device"),
+    (lambda dev: ig.Stream(dev, "5", owned=True), ValueError, "positive int"),
+    (lambda dev: ig.Stream(dev, 0, owned=True), ValueError, "positive int"),
+    (lambda dev: ig.Stream.from_handle(-1, dev), ValueError, "positive int"),
+    (lambda dev: ig.Event(), TypeError, None),
+    (lambda dev: ig.Event(0), TypeError, "needs an ignis.Device"),
+    (lambda dev: ig.Event("cuda:0", timing=True), TypeError, "create_event"),
+], ids=["stream-no-args", "stream-int-device", "stream-str-handle", "stream-zero-handle", "adopt-negative",
+        "event-no-args", "event-int-device", "event-str-device"])
+def test_half_built_streams_and_events_raise_cleanly(dev, monkeypatch, capfd, make, exc, match):
+    """A constructor that refuses its arguments raises a clear error, and the half-built
+    object's finalizer stays silent (no 'Exception ignored in __del__')."""
+    import gc
+    import sys
+    unraisable = []
+    monkeypatch.setattr(sys, "unraisablehook", unraisable.append)
+    with pytest.raises(exc, match=match):
+        make(dev)
+    gc.collect()
+    assert not unraisable, [f"{u.exc_type.__name__}: {u.exc_value} in {u.object!r}" for u in unraisable]
+    assert "Exception ignored" not in capfd.readouterr().err
+
+
+def test_half_built_repr_does_not_raise():
+    s = object.__new__(ig.Stream)
+    e = object.__new__(ig.Event)
+    assert "not constructed" in repr(s) and "not constructed" in repr(e)
+    s.__del__()
+    e.__del__()

@@ -34,6 +34,7 @@ __all__ = [
     "SafetensorsError",
     "CollectiveError",
     "CollectiveTimeoutError",
+    "ForkedProcessError",
 ]
 
 
@@ -291,3 +292,23 @@ def _rebuild_timeout(message: str, state: dict[str, Any]) -> CollectiveTimeoutEr
     err = OSError.__new__(CollectiveTimeoutError, message)
     err.__dict__.update(state)
     return err
+
+
+class ForkedProcessError(IgnisError, RuntimeError):
+    """Ignis was used in a child process made by ``fork()`` after the parent had
+    used the device: the child has none of the parent's device state (the
+    emulator's stream threads, the CUDA driver's context), so nothing it
+    inherited can work. Start such children with the ``spawn`` (or
+    ``forkserver``) start method instead. ``backend``, ``parent_pid`` and
+    ``pid`` say which backend, which parent and which child."""
+
+    def __init__(self, what: str, *, backend: str, parent_pid: int, pid: int) -> None:
+        super().__init__(
+            f"cannot {what} in a process made by fork(): this process (pid {pid}) is a fork of pid "
+            f"{parent_pid}, which had already used the {backend!r} backend, and a forked child has none "
+            "of its device state (Ignis cannot re-initialize the device in a forked subprocess). Start "
+            "processes that use Ignis with the 'spawn' or 'forkserver' start method: "
+            "multiprocessing.get_context('spawn').Process(...) or multiprocessing.set_start_method('spawn') "
+            "(for a pool: multiprocessing.get_context('spawn').Pool(...)), or fork before the parent first "
+            "uses Ignis",
+            what=what, backend=backend, parent_pid=parent_pid, pid=pid)

@@ -4,6 +4,16 @@
 ``cuda`` backend when a driver and at least one device answer, otherwise the
 ``emulated`` one, and says which once on stderr. The choice is made once per
 process, on first use; ``set_backend`` replaces it (tests, the CLI).
+
+Fork: a child made by ``fork()`` (multiprocessing's default start method on
+Linux) after the parent used a backend cannot use it: the emulator's stream
+threads and the CUDA driver's contexts do not survive a fork, and work queued
+there would wait forever. An at-fork handler marks such a backend in the
+child, so ``get_backend()`` and every operation of objects inherited from the
+parent raise ``ForkedProcessError`` (which says to use the ``spawn`` or
+``forkserver`` start method) instead of hanging. A child of a parent that only
+imported Ignis, or never touched a device, uses Ignis normally; so does a
+child that only imports it. ``set_backend`` in the child starts afresh.
 """
 
 from __future__ import annotations
@@ -12,6 +22,7 @@ import os
 import sys
 import threading
 
+from . import base as _base
 from .base import CU_STATUS, OPS, Backend, DeviceProperties, driver_error
 
 __all__ = ["Backend", "DeviceProperties", "CU_STATUS", "OPS", "driver_error",
@@ -51,6 +62,8 @@ def get_backend() -> Backend:
     global _backend
     b = _backend
     if b is not None:
+        if b._forked_from is not None:
+            raise b.forked_error("use Ignis")
         return b
     with _lock:
         if _backend is None:
@@ -73,3 +86,22 @@ def set_backend(backend: Backend | str) -> Backend:
 def backend_name() -> str:
     """``"cuda"`` or ``"emulated"``."""
     return get_backend().name
+
+
+def _after_fork_in_child() -> None:
+    """os.register_at_fork(after_in_child=...): a lock held by a parent thread at the
+    fork stays held in the child, so replace it; mark every backend the parent used
+    (the process's, and any other made here, e.g. by set_backend)."""
+    global _lock
+    _lock = threading.Lock()
+    parent = os.getppid()
+    for b in list(_base._instances):
+        try:
+            if b._forked_from is None and b.fork_unsafe():
+                b.mark_forked(parent)
+        except Exception:  # noqa: BLE001 - a half-built backend: nothing to mark
+            pass
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_after_fork_in_child)

@@ -14,18 +14,28 @@ Rules every backend follows:
 - ``inject_fault(op, nth)`` makes the nth future call of ``op`` fail with
   the error the real driver gives, so every error path is testable. The
   check costs one attribute test when no fault is armed.
+- Fork: a child made by ``fork()`` after the parent used a backend inherits
+  none of its device state. ``mark_forked`` (run in the child by the at-fork
+  handler of ``ignis.backends``) arms a permanent entry in the fault table,
+  so every operation of the inherited backend raises ``ForkedProcessError``
+  before it touches a lock or the driver, at no cost in the parent.
 """
 
 from __future__ import annotations
 
 import functools
+import os
 import threading
+import weakref
 from dataclasses import dataclass, field
 from typing import Any, Callable, Sequence
 
-from ..errors import DriverError, UnsupportedError
+from ..errors import DriverError, ForkedProcessError, UnsupportedError
 
-__all__ = ["Backend", "DeviceProperties", "CU_STATUS", "OPS", "driver_error"]
+__all__ = ["Backend", "DeviceProperties", "CU_STATUS", "OPS", "driver_error", "FORKED"]
+
+# The fault-table key that marks a backend inherited through fork() (never an op name).
+FORKED = "<forked>"
 
 # CUresult values for the statuses Ignis raises or injects (cuda.h).
 CU_STATUS: dict[str, int] = {
@@ -91,6 +101,10 @@ OPS: dict[str, str] = {
 }
 
 
+# Every backend made in this process (weakly): the at-fork handler of ignis.backends marks them.
+_instances: "weakref.WeakSet[Backend]" = weakref.WeakSet()
+
+
 def driver_error(name: str, call: str, detail: str = "") -> DriverError:
     """A DriverError for the status ``name`` (e.g. "CUDA_ERROR_OUT_OF_MEMORY")."""
     return DriverError(CU_STATUS.get(name, CU_STATUS["CUDA_ERROR_UNKNOWN"]), name, call, detail)
@@ -130,6 +144,31 @@ class Backend:
         # op -> [calls_until_failure, status name, remaining failures]
         self._faults: dict[str, list] = {}
         self._fault_lock = threading.Lock()
+        self._used = False            # set once a device was initialized (fork safety)
+        self._forked_from: int | None = None  # the parent's pid in a forked child
+        _instances.add(self)
+
+    # -- fork safety ----------------------------------------------------------
+    def fork_unsafe(self) -> bool:
+        """True when a child forked now could not use this backend: the parent has
+        device state (threads, driver contexts) that a fork does not copy."""
+        return self._used
+
+    def mark_forked(self, parent_pid: int) -> None:
+        """In a forked child: make every later operation raise ``ForkedProcessError``.
+        The fault table is mutated in place (the C fast path holds it too), and the
+        lock a parent thread may have held at the fork is replaced."""
+        self._fault_lock = threading.Lock()
+        self._forked_from = parent_pid
+        self._faults[FORKED] = [0, "CUDA_ERROR_NOT_INITIALIZED", 0]
+
+    def forked_error(self, what: str) -> ForkedProcessError:
+        return ForkedProcessError(what, backend=self.name, parent_pid=self._forked_from or 0, pid=os.getpid())
+
+    def _check_fork(self, what: str) -> None:
+        """Raise ``ForkedProcessError`` in a forked child (for helpers outside ``OPS``)."""
+        if self._forked_from is not None:
+            raise self.forked_error(what)
 
     def tracking_calls(self) -> dict[str, Any]:
         """What the memory layer's optional C fast path (ignis/_speedups.c) may call to
@@ -162,11 +201,16 @@ class Backend:
     def clear_faults(self) -> None:
         """Disarm every injected fault."""
         with self._fault_lock:
+            forked = self._faults.get(FORKED)
             self._faults.clear()
+            if forked is not None:
+                self._faults[FORKED] = forked
 
     def _fault(self, op: str) -> None:
         """Raise the injected error if ``op`` is armed and its turn has come.
         Callers test ``if self._faults:`` first so the unarmed cost is nil."""
+        if self._forked_from is not None:
+            raise self.forked_error(f"call {OPS.get(op, op)} ({op})")
         with self._fault_lock:
             entry = self._faults.get(op)
             if entry is None:

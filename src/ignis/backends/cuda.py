@@ -29,6 +29,11 @@ Design and rules:
   ``if self._faults: self._fault(op)``.
 - Thread-safe: binding calls release the GIL; the tables are changed under
   the GIL (single dict operations) or ``self._lock``.
+- Fork: the driver was initialized (``cuInit``) when this backend was made,
+  and a child made by ``fork()`` cannot use the parent's driver state or
+  contexts (CUDA does not support it). In such a child every operation raises
+  ``ForkedProcessError`` saying to use the ``spawn`` or ``forkserver`` start
+  method (see ``ignis.backends``); the exit-time drain does nothing there.
 """
 
 from __future__ import annotations
@@ -126,7 +131,7 @@ def _drain_at_exit(ref: "weakref.ref[CudaBackend]") -> None:
     host functions queued after this run inline (see launch_host_func)."""
     backend = ref()
     _EXITING[0] = True
-    if backend is None:
+    if backend is None or backend._forked_from is not None:  # a forked child has no context to drain
         return
     for dev in list(backend._devs.values()):
         try:
@@ -242,6 +247,10 @@ class CudaBackend(CudaVmm, Backend):
         self._cuEventSynchronize = cu.cuEventSynchronize
         atexit.register(_drain_at_exit, weakref.ref(self))
 
+    def fork_unsafe(self) -> bool:
+        """Always: cuInit ran in this process, and the driver's state does not survive a fork."""
+        return True
+
     def tracking_calls(self) -> dict[str, Any]:
         """For the memory layer's optional C fast path: this backend's handle tables
         (handle -> (device, binding object)), the thread's current-context record, the
@@ -316,6 +325,8 @@ class CudaBackend(CudaVmm, Backend):
         """Make ``ordinal``'s primary context current on the calling thread
         (always calls cuCtxSetCurrent, so it also repairs the thread after
         foreign code changed its context)."""
+        if self._forked_from is not None:
+            self._check_fork("make a CUDA context current")
         dev = self._devs.get(ordinal) or self._retain(ordinal)
         self._make_current(dev)
 
@@ -364,6 +375,8 @@ class CudaBackend(CudaVmm, Backend):
     # -- devices -----------------------------------------------------------
     def device_count(self) -> int:
         if self._count is None:
+            if self._forked_from is not None:
+                self._check_fork("count CUDA devices")
             self._count = int(_check(cu.cuDeviceGetCount(), "cuDeviceGetCount")[1])
         return self._count
 
@@ -371,6 +384,8 @@ class CudaBackend(CudaVmm, Backend):
         props = self._props.get(ordinal)
         if props is not None:
             return props
+        if self._forked_from is not None:
+            self._check_fork("query CUDA device properties")
         handle = _check(cu.cuDeviceGet(ordinal), "cuDeviceGet")[1]
 
         def attr(*names: str) -> int:
@@ -503,10 +518,15 @@ class CudaBackend(CudaVmm, Backend):
         if raw is None:
             raise driver_error("CUDA_ERROR_INVALID_VALUE", "cuMemFreeHost",
                                f"{ptr:#x} is not pinned memory from this backend")
-        self._enter_any()
-        res = cu.cuMemHostUnregister(ptr)
-        if res[0] and int(res[0]) != self._not_registered:  # a context reset already dropped it
-            raise _error(res[0], "cuMemHostUnregister")
+        try:
+            self._enter_any()
+            res = cu.cuMemHostUnregister(ptr)
+            if res[0] and int(res[0]) != self._not_registered:  # a context reset already dropped it
+                raise _error(res[0], "cuMemHostUnregister")
+        except BaseException:
+            with self._lock:  # still registered: keep the memory, so a later host_free can retry
+                self._host[ptr] = raw
+            raise
         del raw
 
     def memcpy_htod_async(self, dst: int, src_host: int, nbytes: int, stream: int) -> None:

@@ -31,6 +31,15 @@ Rules:
   of events recorded on it, and ``device_synchronize`` raise
   ``CUDA_ERROR_LAUNCH_FAILED`` with the exception text, until
   ``rebuild_context``. Later items still run, so nothing waiting on them hangs.
+- A failure travels along waits, as a GPU's sticky error does: a stream that
+  waits on an event whose record comes after (or is) a failed item of its
+  stream fails too when it reaches the wait, with an error that names the
+  stream it waited on; so do its later synchronizes and queries and the events
+  recorded on it afterwards. A wait on a record made before the failure
+  passes (the work it waits for succeeded).
+- Fork: the worker threads do not exist in a child made by ``fork()``, so a
+  backend that had streams or initialized devices is unusable there (see
+  ``ignis.backends``); every operation raises ``ForkedProcessError``.
 - Handles are never reused. A destroyed stream drains its queue, then its
   worker exits; a context rebuild drops queued work at once.
 - Timings are host ``time.perf_counter()`` readings taken when a worker
@@ -227,7 +236,7 @@ class _Device:
 class _Stream:
     """A FIFO of (func, args, keepalive) items worked by one daemon thread."""
 
-    __slots__ = ("handle", "device", "priority", "closed", "dead", "error", "_lock", "_has_work",
+    __slots__ = ("handle", "device", "priority", "closed", "dead", "error", "failed_at", "_lock", "_has_work",
                  "_progress", "_queue", "_submitted", "_completed", "_idle", "_waiters", "_rng",
                  "_max_s")
 
@@ -239,6 +248,7 @@ class _Stream:
         self.closed = False        # destroyed: no new work; the worker exits once drained
         self.dead = False          # context rebuilt: queued work dropped
         self.error: str | None = None
+        self.failed_at = 0         # ticket of the first item that failed (0: none)
         self._lock = threading.Lock()
         self._has_work = threading.Condition(self._lock)
         self._progress = threading.Condition(self._lock)
@@ -317,8 +327,12 @@ class _Stream:
                 func(*args)
             except BaseException as exc:  # any failure becomes the stream's sticky error
                 if self.error is None:
-                    name = getattr(func, "__qualname__", None) or repr(func)
-                    self.error = f"{name} raised {type(exc).__name__}: {exc}"
+                    if isinstance(exc, _WaitedOnFailure):
+                        self.error = str(exc)
+                    else:
+                        name = getattr(func, "__qualname__", None) or repr(func)
+                        self.error = f"{name} raised {type(exc).__name__}: {exc}"
+                    self.failed_at = self._completed + 1
                     if self.device.error is None and not self.dead:  # not into a rebuilt context
                         self.device.error = f"stream {self.handle}: {self.error}"
             del func, args, keep
@@ -326,6 +340,18 @@ class _Stream:
                 self._completed += 1
                 if self._waiters:
                     self._progress.notify_all()
+
+
+class _WaitedOnFailure(Exception):
+    """Raised by a wait item whose awaited work failed: the waiting stream fails too."""
+
+
+def _wait_item(src: "_Stream", ticket: int) -> None:
+    """A queued stream wait: block this worker until ``src`` reaches ``ticket``; then
+    pass on ``src``'s failure if the awaited work includes it."""
+    src.wait_for(ticket)
+    if src.failed_at and src.failed_at <= ticket:
+        raise _WaitedOnFailure(f"waited on an event of stream {src.handle}, which failed: {src.error}")
 
 
 class _Record:
@@ -461,6 +487,8 @@ class EmulatedBackend(EmulatedVmm, Backend):
         """A writable uint8 NumPy view of ``nbytes`` of device memory at ``ptr``
         (kernels and debug guards use it). Raises ``DriverError``
         CUDA_ERROR_INVALID_VALUE unless the range lies in one live allocation."""
+        if self._forked_from is not None:
+            self._check_fork("use host_view")
         self._check_size(nbytes, "host_view")
         if nbytes == 0:
             return np.empty(0, dtype=np.uint8)
@@ -470,6 +498,8 @@ class EmulatedBackend(EmulatedVmm, Backend):
 
     def host_address(self, ptr: int) -> int:
         """The host address backing device pointer ``ptr`` (interior pointers too)."""
+        if self._forked_from is not None:
+            self._check_fork("use host_address")
         alloc = self._find(ptr, 0, "host_address")
         return alloc.host + (ptr - alloc.base)
 
@@ -480,6 +510,8 @@ class EmulatedBackend(EmulatedVmm, Backend):
         its device address. Counted as used until ``release_host_memory``; the caller
         keeps the host memory alive. Returns ``(device_ptr, adopted)``: ``adopted`` is
         False when the memory already was emulated device memory (nothing to release)."""
+        if self._forked_from is not None:
+            self._check_fork("use adopt_host_memory")
         dev = self._device(ordinal, "adopt_host_memory")
         self._check_size(nbytes, "adopt_host_memory")
         with dev.lock:
@@ -498,11 +530,15 @@ class EmulatedBackend(EmulatedVmm, Backend):
 
     def release_host_memory(self, ordinal: int, ptr: int) -> None:
         """Forget memory adopted with ``adopt_host_memory``."""
+        if self._forked_from is not None:
+            self._check_fork("use release_host_memory")
         self._device(ordinal, "release_host_memory").free(ptr, "release_host_memory")
 
     def allocation_view(self, ptr: int) -> tuple[np.ndarray, int]:
         """Emulator only: the whole allocation holding ``ptr`` as uint8, and ``ptr``'s
         offset in it (kernels' raw pointers are bounded by their allocation, as on a GPU)."""
+        if self._forked_from is not None:
+            self._check_fork("use allocation_view")
         alloc = self._find(ptr, 0, "allocation_view")
         return alloc.buf, ptr - alloc.base
 
@@ -546,6 +582,7 @@ class EmulatedBackend(EmulatedVmm, Backend):
         if self._faults:
             self._fault("init_device")
         self._device(ordinal, OPS["init_device"])
+        self._used = True
 
     def set_current(self, ordinal: int) -> None:
         """No-op: the emulator has no per-thread context."""
@@ -733,6 +770,7 @@ class EmulatedBackend(EmulatedVmm, Backend):
         if self._faults:
             self._fault("stream_create")
         dev = self._device(ordinal, OPS["stream_create"])
+        self._used = True  # a worker thread exists from now on: a forked child cannot use this backend
         handle = next(self._stream_ids)
         s = _Stream(handle, dev, priority, self.jitter)
         with dev.lock:  # atomic with respect to rebuild_context
@@ -758,9 +796,12 @@ class EmulatedBackend(EmulatedVmm, Backend):
         call = OPS["stream_wait_event"]
         s = self._stream(stream, call)
         rec = self._event(event, call).latest
-        if rec is None or rec.stream is s or rec.done():
-            return  # nothing to wait for (never recorded, FIFO order, or already reached)
-        self._put(s, call, rec.stream.wait_for, (rec.ticket,), rec)
+        if rec is None or rec.stream is s:
+            return  # nothing to wait for (never recorded, or FIFO order)
+        src = rec.stream
+        if rec.done() and not (src.failed_at and src.failed_at <= rec.ticket):
+            return  # already reached, and the work before it succeeded
+        self._put(s, call, _wait_item, (src, rec.ticket), rec)
 
     def stream_query(self, stream: int) -> bool:
         """True when nothing is queued or running. A failed stream raises its

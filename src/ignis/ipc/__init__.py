@@ -33,6 +33,16 @@ Rules (details in each module):
   it on a ``Queue`` and drop it (do not close it: the queue pickles it later,
   from a thread; garbage collection closes it afterwards). A handle put on a
   queue and never taken keeps a duplicate fd until the process exits.
+- Start method: start the processes that use Ignis with ``spawn`` (or
+  ``forkserver``), never ``fork`` (the default on Linux before Python 3.14)::
+
+      ctx = multiprocessing.get_context("spawn")
+      p = ctx.Process(target=consumer, args=(handle,)); p.start()
+
+  A child forked after the parent used a device has none of the parent's
+  device state (the emulator's stream threads, the CUDA driver's context):
+  Ignis raises ``ForkedProcessError`` there at the first use, rather than
+  hang. ``spawn`` also passes the handle's fd to the child properly.
 """
 
 from __future__ import annotations

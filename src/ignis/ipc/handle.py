@@ -7,8 +7,10 @@ Rules:
 - The descriptor is untrusted input whenever it comes from elsewhere:
   ``IpcDescriptor.parse`` checks every field's type and range, the dtype,
   and that ``offset + shape * itemsize`` lies inside ``size``, and raises
-  ``ValueError`` saying which field is wrong. ``size`` itself is checked by
-  the driver when the importer maps the memory.
+  ``ValueError`` saying which field is wrong. ``open`` checks again, before
+  any driver call, that ``size`` fits the device and that the fd is open; a
+  ``size`` larger than the real allocation is refused when the importer
+  maps the memory (also ``ValueError``).
 - Plain ``pickle`` of a handle is refused (an fd number means nothing in
   another process). ``multiprocessing`` pickles it through its fd-passing
   reduction (``DupFd``), so a handle can be a ``Process`` argument or travel
@@ -39,6 +41,15 @@ _DTYPES = frozenset(_dt.names())
 _FIELDS = ("version", "size", "offset", "shape", "dtype", "generation", "device_uuid", "pid", "uid", "service")
 
 
+def _show(v: Any) -> str:
+    """A short repr of untrusted data (a huge int's repr raises; a huge list's floods the message)."""
+    try:
+        r = repr(v)
+    except Exception:  # noqa: BLE001
+        return f"<a {type(v).__name__}>"
+    return r if len(r) <= 80 else f"{r[:77]}..."
+
+
 def _bad(field: str, why: str) -> ValueError:
     return ValueError(f"invalid IPC descriptor: {field} {why}; the handle is corrupt, truncated or forged "
                       "(export the array again with ig.ipc.export)")
@@ -47,7 +58,7 @@ def _bad(field: str, why: str) -> ValueError:
 def _int(d: dict, field: str, lo: int, hi: int) -> int:
     v = d[field]
     if type(v) is not int or not lo <= v <= hi:
-        raise _bad(field, f"must be an int in [{lo}, {hi}], got {v!r}")
+        raise _bad(field, f"must be an int in [{lo}, {hi}], got {_show(v)}")
     return v
 
 
@@ -81,6 +92,14 @@ class IpcDescriptor:
             n *= d
         return n
 
+    def validated(self) -> "IpcDescriptor":
+        """This descriptor, checked as ``parse`` checks untrusted data (one made by
+        calling the class directly skipped that); raises ``ValueError`` if it fails."""
+        d = {f: getattr(self, f) for f in _FIELDS}
+        shape = d["shape"]
+        d["shape"] = list(shape) if isinstance(shape, (list, tuple)) else shape
+        return type(self).parse(d)
+
     def to_bytes(self) -> bytes:
         """The descriptor as compact JSON (what ``parse`` reads)."""
         d = {f: getattr(self, f) for f in _FIELDS}
@@ -92,14 +111,16 @@ class IpcDescriptor:
         """Validate untrusted descriptor data (bytes from ``to_bytes``, or its dict)."""
         if isinstance(data, dict):
             d = data
+        elif not isinstance(data, (bytes, bytearray, memoryview, str)):
+            raise TypeError(f"an IPC descriptor is parsed from bytes, str or a dict, got {type(data).__name__}")
         else:
-            raw = bytes(data, "utf-8") if isinstance(data, str) else bytes(data)
+            raw = bytes(data, "utf-8", "surrogatepass") if isinstance(data, str) else bytes(data)
             if len(raw) > MAX_DESCRIPTOR_BYTES:
                 raise _bad("data", f"is {len(raw)} bytes, more than the {MAX_DESCRIPTOR_BYTES}-byte limit")
             try:
                 d = json.loads(raw)
-            except (UnicodeDecodeError, json.JSONDecodeError) as exc:
-                raise _bad("data", f"is not a complete JSON object ({exc})") from None
+            except (ValueError, RecursionError) as exc:  # bad JSON or UTF-8, a 5000-digit int, deep nesting
+                raise _bad("data", f"is not a complete JSON object ({type(exc).__name__}: {str(exc)[:200]})") from None
         if not isinstance(d, dict):
             raise _bad("data", f"must be a JSON object, got {type(d).__name__}")
         missing = [f for f in _FIELDS if f not in d]
@@ -108,9 +129,9 @@ class IpcDescriptor:
         extra = sorted(str(k) for k in d if k not in _FIELDS)
         if extra:
             raise _bad("data", f"has unknown field(s) {', '.join(extra)}")
-        if d["version"] != VERSION:
-            raise ValueError(f"IPC descriptor version {d['version']!r} was made by an incompatible Ignis; "
-                             f"this one reads version {VERSION}: use the same Ignis on both sides")
+        if type(d["version"]) is not int or d["version"] != VERSION:
+            raise ValueError(f"IPC descriptor version {str(d['version'])[:40]!r} was made by an incompatible "
+                             f"Ignis; this one reads version {VERSION}: use the same Ignis on both sides")
         size = _int(d, "size", 1, _MAX_BYTES)
         offset = _int(d, "offset", 0, size - 1)
         generation = _int(d, "generation", 1, 2**63 - 1)
@@ -119,17 +140,17 @@ class IpcDescriptor:
         shape = d["shape"]
         if not isinstance(shape, (list, tuple)) or len(shape) > _MAX_NDIM \
                 or any(type(x) is not int or not 0 <= x <= _MAX_BYTES for x in shape):
-            raise _bad("shape", f"must be a list of at most {_MAX_NDIM} non-negative ints, got {shape!r}")
+            raise _bad("shape", f"must be a list of at most {_MAX_NDIM} non-negative ints, got {_show(shape)}")
         name = d["dtype"]
         if not isinstance(name, str) or name not in _DTYPES:
-            raise _bad("dtype", f"must be one of {', '.join(_dt.names())}, got {name!r}")
+            raise _bad("dtype", f"must be one of {', '.join(_dt.names())}, got {_show(name)}")
         uuid = d["device_uuid"]
         if not isinstance(uuid, str) or not _UUID.fullmatch(uuid):
-            raise _bad("device_uuid", f"must look like GPU-xxxxxxxx-xxxx-xxxx-xxxx-xxxxxxxxxxxx, got {uuid!r}")
+            raise _bad("device_uuid", f"must look like GPU-xxxxxxxx-xxxx-xxxx-xxxx-xxxxxxxxxxxx, got {_show(uuid)}")
         service = d["service"]
         m = _SERVICE.fullmatch(service) if isinstance(service, str) else None
         if not isinstance(service, str) or service and (m is None or int(m.group(1)) != pid):
-            raise _bad("service", f"must be '' or the exporter's own service name, got {service!r}")
+            raise _bad("service", f"must be '' or the exporter's own service name, got {_show(service)}")
         itemsize = _dt.dtype(name).itemsize
         nbytes = itemsize
         for x in shape:
@@ -151,8 +172,8 @@ class IpcHandle:
     __slots__ = ("_fd", "descriptor", "__weakref__")
 
     def __init__(self, fd: int, descriptor: IpcDescriptor) -> None:
-        if type(fd) is not int or fd < 0:
-            raise ValueError(f"fd must be an open file descriptor (an int >= 0), got {fd!r}")
+        if type(fd) is not int or not 0 <= fd < 2 ** 31:
+            raise ValueError(f"fd must be an open file descriptor (an int in [0, 2**31)), got {_show(fd)}")
         if not isinstance(descriptor, IpcDescriptor):
             raise TypeError(f"descriptor must be an IpcDescriptor, got {type(descriptor).__name__}")
         self._fd = fd

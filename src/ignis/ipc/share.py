@@ -22,11 +22,12 @@ Design and rules:
 - Imported arrays are tracked like any other (cross-stream waits, sanitizer):
   their blocks live in a per-device ``ImportedMemory`` resource. Arrays made
   from them (``clone``) come from the device's current resource.
-- Descriptors are untrusted: they are validated when parsed, the uid must be
-  this process's unless ``allow_other_users``, the size must be a multiple of
-  the local granularity, and a size larger than the real allocation is
-  refused by the driver's map (reported as ``ValueError``). Nothing is leaked
-  on any failure.
+- Descriptors are untrusted: they are validated when parsed and again by
+  ``open`` before any driver call (every field, the fd open, the size within
+  the device's memory and a multiple of the local granularity), the uid must
+  be this process's unless ``allow_other_users``, and a size larger than the
+  real allocation is refused by the driver's map (reported as ``ValueError``).
+  Nothing is leaked on any failure.
 """
 
 from __future__ import annotations
@@ -41,7 +42,7 @@ from ..backends import get_backend
 from ..errors import DriverError, UnsupportedError, UseAfterFreeError
 from ..memory import Access, ResourceAdaptor, TrackedResource, VmmResource, get_current_resource
 from ..memory.types import UNTAGGED, BlockState, DeviceBlock, _next_generation
-from ..memory.vmm import map_range, release_streams, synchronize_streams, unmap_range
+from ..memory.vmm import _Mapping, map_range, release_streams, synchronize_streams, unmap_block, unmap_range
 from ..runtime import Device, Stream
 from ..safety.contract import contract
 from . import liveness
@@ -138,23 +139,38 @@ def open(handle: IpcHandle, *, device: "Device | int | None" = None, stream: Str
     ``allow_other_users``: accept a handle exported by another uid.
     The handle stays open (and the caller's); the array does not need it.
 
-    Raises ``ValueError`` for a forged, corrupt or foreign descriptor,
-    ``PermissionError`` for another user's handle, ``UnsupportedError`` where
-    the device cannot import, ``ClosedError`` for a closed handle.
+    Raises ``ValueError`` for a forged, corrupt or foreign descriptor (all but a
+    size larger than the real allocation found before any driver call, e.g. a
+    ``size`` beyond the device's memory) or an fd that is not open,
+    ``TypeError`` for arguments of the wrong type, ``PermissionError`` for
+    another user's handle, ``UnsupportedError`` where the device cannot import,
+    ``ClosedError`` for a closed handle.
     """
     if not isinstance(handle, IpcHandle):
         raise TypeError(f"ig.ipc.open needs an IpcHandle, got {type(handle).__name__}")
     fd = handle.fd
-    desc = handle.descriptor
+    # Everything checkable on the host is checked before the first driver call.
+    desc = handle.descriptor.validated()
+    try:
+        os.fstat(fd)
+    except OSError as exc:
+        raise ValueError(f"the handle's file descriptor {fd} is not open ({exc.strerror}); it was closed "
+                         "behind the handle's back, or the handle is forged: export the array again") from None
     if desc.uid != os.geteuid() and not allow_other_users:
         raise PermissionError(f"the handle was exported by uid {desc.uid} (pid {desc.pid}), not by this "
                               f"process's user (uid {os.geteuid()}); pass allow_other_users=True to map "
                               "another user's memory")
     dev = _device_for(desc.device_uuid, device)
+    if desc.size > dev.total_memory:
+        raise ValueError(f"invalid IPC descriptor: size {desc.size} bytes is more than the {dev.total_memory} bytes "
+                         f"of device {dev.ordinal} ({dev.name}), where the memory would live; the handle is "
+                         "corrupt or forged (export the array again with ig.ipc.export)")
     caps = dev.capabilities
     if not (caps.get("vmm") and caps.get("posix_fd_ipc")):
         raise UnsupportedError(f"importing shared memory on device {dev.ordinal}", dev.backend.name,
                                "the device or driver lacks VMM or POSIX fd handles")
+    if stream is not None and not isinstance(stream, Stream):
+        raise TypeError(f"stream must be an ignis.Stream, got {type(stream).__name__}")
     if stream is not None and stream.device is not dev:
         raise ValueError(f"stream {stream!r} is on device {stream.device.ordinal}, not device {dev.ordinal}")
     if check_live and liveness.query(desc, timeout) is False:
@@ -248,11 +264,12 @@ class ImportedMemory(TrackedResource):
         self.granularity: int = self._backend.vmm_granularity(self.device.ordinal)
         self._bytes = 0
         self._forwarded: dict[int, Any] = {}  # generation -> resource of a block made by allocate()
+        self._unmapped: dict[int, DeviceBlock] = {}  # blocks whose unmap succeeded but address free failed
 
     def adopt(self, ptr: int, nbytes: int, stream: Stream, tag: str) -> DeviceBlock:
         """A live block for a mapping made by ``open``."""
         self._check_alive()
-        block = DeviceBlock(ptr, stream, nbytes, nbytes, tag, _next_generation())
+        block = DeviceBlock(ptr, stream, nbytes, nbytes, tag, _next_generation(), _Mapping(None))
         with self._lock:
             self._live[ptr] = block
             self._bytes += nbytes
@@ -292,21 +309,42 @@ class ImportedMemory(TrackedResource):
     # -- unmapping --------------------------------------------------------------------------------
     def deallocate(self, block: DeviceBlock) -> None:
         """Unmap an imported block once its queued uses are done (a host synchronization)."""
-        up = self._forwarded.pop(int(block.generation), None)
+        up = self._forwarded.get(int(block.generation)) if self._forwarded else None
         if up is not None:
-            up.deallocate(block)
+            up.deallocate(block)  # if it raises, the block stays forwarded: a retry goes there again
+            self._forwarded.pop(int(block.generation), None)
             return
         with self._lock:
-            self._unregister(block)
             stale = self.device.state.generation != self._generation
-            streams = [] if stale else release_streams(self, block)
-        self._sanitize_free(block)
+            if self._unmapped and self._unmapped.get(block.ptr) is block:
+                del self._unmapped[block.ptr]  # finish an unmap whose address free failed
+                self._bytes -= block.bytes
+                streams: "list[Stream]" = []
+            else:
+                self._unregister(block)
+                try:
+                    streams = [] if stale else release_streams(self, block)
+                except BaseException:
+                    self._relive(block)
+                    raise
         try:
             if not stale:
-                synchronize_streams(self.device, streams)
-                unmap_range(self._backend, block.ptr, block.bytes)
-        finally:
-            block.state = BlockState.FREED
+                if block._impl.mapped:
+                    synchronize_streams(self.device, streams)
+                unmap_block(self._backend, block)
+        except BaseException:
+            # The driver refused: a block still mapped stays LIVE and usable; one already
+            # unmapped stays counted here. Either way a later deallocate finishes it.
+            with self._lock:
+                if block._impl.mapped:
+                    self._reset_record_after_release(block)
+                    self._relive(block)
+                else:
+                    self._unmapped[block.ptr] = block
+                    self._bytes += block.bytes
+            raise
+        block.state = BlockState.FREED
+        self._sanitize_free(block)
 
     @property
     def bytes_outstanding(self) -> int:

@@ -8,6 +8,7 @@ elsewhere. A default made before a context rebuild is replaced by a fresh one.
 
 from __future__ import annotations
 
+import os
 import threading
 
 from ..runtime import Device
@@ -72,3 +73,16 @@ def set_current_resource(mr: DeviceMemoryResource | None, device: "Device | int 
             _current[key] = mr
             _explicit.add(key)
         return prev
+
+
+def _after_fork_in_child() -> None:
+    """os.register_at_fork(after_in_child=...): a fresh lock (a parent thread may have
+    held this one), and a new epoch, so cached defaults are looked up again (and a
+    child of a parent that used the device learns that at its first allocation)."""
+    global _lock, epoch
+    _lock = threading.Lock()
+    epoch += 1
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_after_fork_in_child)

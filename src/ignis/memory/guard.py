@@ -41,7 +41,10 @@ Rules:
   completes (the block is poisoned and quarantined, then the error is raised);
   a block with a write after free is still returned upstream (FREED) before
   its error is raised; a failing driver call returns the upstream block at
-  once. Counters stay exact on every path.
+  once. If the upstream refuses to take a block back (its driver free
+  fails), a block being deallocated stays LIVE here and a block leaving the
+  quarantine goes back into it, counted, and the error is raised: a later
+  ``deallocate`` / ``flush`` returns it. Counters stay exact on every path.
 - Errors carry ``ptr``, ``tag``, ``side``, ``offset``, ``generation``,
   ``found`` (the first damaged bytes) and ``stack`` (the allocation stack,
   captured as frames and formatted only for a report). When one call finds
@@ -279,7 +282,7 @@ class DebugGuardResource(ResourceAdaptor):
         if rec is not None:
             rec("free_requested", self, block.ptr, block.requested, block.alloc_stream, block)
         if not self._context_alive():
-            self._return(entry)
+            self._return_or_relive(entry)
             return
         try:
             closed = entry.up.alloc_stream._closed
@@ -296,8 +299,12 @@ class DebugGuardResource(ResourceAdaptor):
                 # Every use is ordered before the poison (or complete, where the alloc stream
                 # was closed): the upstream's hazard record restarts on the alloc stream.
                 self.upstream.finish_block_use(entry.up, entry.up.alloc_stream, Access.READ_WRITE)
-        except BaseException:
-            self._return(entry)
+        except BaseException as exc:
+            try:
+                self._return_or_relive(entry)
+            except BaseException as undo:  # noqa: BLE001 - the first error is the one to report
+                if hasattr(exc, "add_note"):
+                    exc.add_note(f"the block stays live: returning it upstream also failed: {undo}")
             raise
         with self._lock:
             # A block that could never fit the quarantine skips it rather than flushing it.
@@ -308,7 +315,7 @@ class DebugGuardResource(ResourceAdaptor):
                 self._quarantined_bytes += self._held(entry)
                 evicted = self._take_quarantine(self._overflow())
         if bypass:
-            self._return(entry)
+            self._return_or_relive(entry)
         else:
             problems += self._release(evicted, full_sync=False)
         if problems:
@@ -564,6 +571,10 @@ class DebugGuardResource(ResourceAdaptor):
             try:
                 self._return(e)
             except BaseException as exc:
+                # The upstream refused it: back into the quarantine (counted), for a later flush.
+                with self._lock:
+                    self._quarantine[e.block.ptr] = e
+                    self._quarantined_bytes += self._held(e)
                 if failure is None:
                     failure = exc
         if failure is not None:
@@ -571,13 +582,23 @@ class DebugGuardResource(ResourceAdaptor):
         return problems
 
     def _return(self, e: _Guarded) -> None:
-        """Hand the upstream block back and mark the inner block FREED."""
+        """Hand the upstream block back and mark the inner block FREED. If the upstream
+        refuses, nothing changes here and its error propagates."""
         b = e.block
+        if e.up.state is BlockState.LIVE:
+            self.upstream.deallocate(e.up)
+        b.transition(BlockState.FREED)
+        rec = _history.recorder
+        if rec is not None:
+            rec("free_completed", self, b.ptr, b.requested, b.alloc_stream, b)
+
+    def _return_or_relive(self, e: _Guarded) -> None:
+        """``_return`` for a block being deallocated (still LIVE); if the upstream refuses,
+        the block is live here again (counted, usable, freeable) and the error propagates."""
         try:
-            if e.up.state is BlockState.LIVE:
-                self.upstream.deallocate(e.up)
-        finally:
-            b.transition(BlockState.FREED)
-            rec = _history.recorder
-            if rec is not None:
-                rec("free_completed", self, b.ptr, b.requested, b.alloc_stream, b)
+            self._return(e)
+        except BaseException:
+            with self._lock:
+                self._live[e.block.ptr] = e
+                self._live_bytes += e.block.requested
+            raise

@@ -4,6 +4,12 @@ Buffers are cached by power-of-two capacity. A buffer released with the
 streams that used it is reused only once events recorded on those streams
 have completed (checked with a non-blocking query): a copy still reading or
 writing it is never overtaken, and the host never waits on the hot path.
+
+A driver call that fails leaves nothing lost: a ``deallocate`` whose event
+record fails leaves the buffer held by the caller (not released, counters
+unchanged, releasable again); a ``trim`` whose ``host_free`` (or wait) fails
+keeps that buffer and the ones not reached yet cached and counted, and
+raises, so a later ``trim`` frees them.
 """
 
 from __future__ import annotations
@@ -112,16 +118,28 @@ class PinnedHostResource:
                 raise DoubleFreeError(f"pinned buffer {buf.ptr:#x} was released twice", ptr=buf.ptr)
             buf._released = True
         events: list = []
-        for s in streams:
-            if s._closed or s._generation != s.device.state.generation:
-                if not s._closed:
-                    continue  # a rebuilt context: its work is gone
-                self._backend.device_synchronize(s.device.ordinal)
-                continue
-            pool = event_pool(s.device)
-            ev = pool.get()
-            self._backend.event_record(ev, s.handle)
-            events.append((ev, pool))
+        try:
+            for s in streams:
+                if s._closed or s._generation != s.device.state.generation:
+                    if not s._closed:
+                        continue  # a rebuilt context: its work is gone
+                    self._backend.device_synchronize(s.device.ordinal)
+                    continue
+                pool = event_pool(s.device)
+                ev = pool.get()
+                try:
+                    self._backend.event_record(ev, s.handle)
+                except BaseException:
+                    pool.put(ev)
+                    raise
+                events.append((ev, pool))
+        except BaseException:
+            # Not released after all: the caller still holds it and can release it again.
+            for ev, pool in events:
+                pool.put(ev)
+            with self._lock:
+                buf._released = False
+            raise
         with self._lock:
             self._outstanding -= buf.capacity
             self._cached += buf.capacity
@@ -141,14 +159,31 @@ class PinnedHostResource:
             buckets, self._cache = self._cache, {}
             self._cached = 0
         freed = 0
+        left: list[tuple[int, int, list]] = []  # what a failure leaves cached: (capacity, ptr, events)
+        failure: BaseException | None = None
         for cap, bucket in buckets.items():
             for ptr, events in bucket:
-                for ev, pool in events:
-                    if not pool.stale:
-                        self._backend.event_synchronize(ev)
-                        pool.put(ev)
-                self._backend.host_free(ptr)
-                freed += cap
+                if failure is None:
+                    try:
+                        while events:
+                            ev, pool = events[-1]
+                            if not pool.stale:
+                                self._backend.event_synchronize(ev)
+                                pool.put(ev)
+                            events.pop()
+                        self._backend.host_free(ptr)
+                        freed += cap
+                        continue
+                    except BaseException as exc:
+                        failure = exc
+                left.append((cap, ptr, events))
+        if left:
+            with self._lock:
+                for cap, ptr, events in left:
+                    self._cache.setdefault(cap, []).append((ptr, events))
+                    self._cached += cap
+        if failure is not None:
+            raise failure
         return freed
 
     close = trim

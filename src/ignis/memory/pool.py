@@ -17,6 +17,11 @@ Design:
   its upstream does; deallocate makes the alloc stream wait for the block's
   uses on other streams before the block goes back on its free list.
 - On out-of-memory the pool returns its cache upstream and retries once.
+- A refused free never loses memory: if ordering a block's release fails
+  (an event record or wait), ``deallocate`` leaves the block LIVE and counted
+  and raises; if the upstream refuses to free a segment (``trim``, ``close``,
+  the out-of-memory retry), the segment stays cached with its free pieces and
+  the error is raised, so a later ``trim`` can release it.
 """
 
 from __future__ import annotations
@@ -253,7 +258,14 @@ class PoolResource(TrackedResource):
                 return
             stream = block.alloc_stream
             if block._rd is not None or block._ws is not stream:
-                self._order_release(block)
+                try:
+                    self._order_release(block)
+                except BaseException:
+                    # A refused event record or wait: the block stays LIVE and counted.
+                    self._reset_record_after_release(block)
+                    self._live[ptr] = block
+                    self._live_bytes += size
+                    raise
             else:
                 if block._we:
                     self._events.put(block._we)
@@ -408,30 +420,39 @@ class PoolResource(TrackedResource):
 
     def _release_cached(self) -> int:
         """Return every segment with no live block upstream, whichever streams its
-        free pieces are on. Lock held. Returns bytes released."""
+        free pieces are on. Lock held. Returns bytes released. If the upstream refuses
+        a free, that segment and those not reached yet stay cached, and the error is
+        raised once the segments released so far are accounted for."""
         free_by_seg: dict[_Segment, list[tuple[_Block, _FreeList]]] = {}
         for fl in self._free.values():
             for b in fl.blocks:
                 free_by_seg.setdefault(b.seg, []).append((b, fl))
         released = 0
+        failure: BaseException | None = None
         for seg, pieces in free_by_seg.items():
             if sum(b.size for b, _ in pieces) != seg.size:
                 continue  # some of it is live
             up = seg.block
             owners = {b.stream for b, _ in pieces}
+            try:
+                for owner in owners:
+                    if owner is up.alloc_stream:
+                        continue
+                    final = self._final.get(owner)
+                    if final is not None and not up.alloc_stream._closed:
+                        self._backend.stream_wait_event(up.alloc_stream.handle, final)
+                    elif self.upstream.supports_block_use_tracking:
+                        self.upstream.record_block_use(up, owner)
+                    elif not owner._closed:
+                        self._backend.stream_synchronize(owner.handle)
+                self.upstream.deallocate(up)
+            except BaseException as exc:
+                # The upstream refused the free: the segment stays cached, its free pieces
+                # where they were (reusable, and released by a later trim), the counters true.
+                failure = exc
+                break
             for b, fl in pieces:
                 fl.remove(b)
-            for owner in owners:
-                if owner is up.alloc_stream:
-                    continue
-                final = self._final.get(owner)
-                if final is not None and not up.alloc_stream._closed:
-                    self._backend.stream_wait_event(up.alloc_stream.handle, final)
-                elif self.upstream.supports_block_use_tracking:
-                    self.upstream.record_block_use(up, owner)
-                elif not owner._closed:
-                    self._backend.stream_synchronize(owner.handle)
-            self.upstream.deallocate(up)
             del self._segments[seg.ptr]
             self._reserved -= seg.size
             self.num_segment_frees += 1
@@ -444,6 +465,8 @@ class PoolResource(TrackedResource):
             final = self._final.pop(owner, None)
             if final is not None:
                 self._events.put(final)
+        if failure is not None:
+            raise failure
         return released
 
     # -- public queries and maintenance -------------------------------------------

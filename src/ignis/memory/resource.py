@@ -5,6 +5,12 @@ Contract (after seeds/004):
   ``stream``; ``deallocate(block)`` hands it back, ordered on its alloc stream.
   A second deallocate raises ``DoubleFreeError``; a block from elsewhere,
   ``ValueError``.
+- A deallocate that the driver refuses (its free, or an event record or wait
+  that orders it) raises the driver's error and changes no counter: the
+  block stays LIVE and usable with a sound hazard record (or, where its
+  memory was already unmapped, stays this resource's), and a later
+  deallocate frees it. Cached memory a resource fails to hand back stays
+  cached. Nothing is leaked and no counter lies.
 - Tracking (``prepare_block_use`` / ``finish_block_use`` / ``record_block_use``):
   a resource that cannot track raises ``StreamMisuseError``, never a silent
   success; a stale or unknown ``BlockId`` raises ``UseAfterFreeError``.
@@ -33,7 +39,9 @@ Hazard record, kept on each block (``TrackedResource``):
 
 from __future__ import annotations
 
+import os
 import threading
+import weakref
 from typing import TYPE_CHECKING, Any
 
 from ..errors import (ClosedError, DoubleFreeError, DriverError, OutOfMemoryError, StaleHandleError, StreamMisuseError,
@@ -114,6 +122,27 @@ def event_pool(device: Device) -> EventPool:
     return pool
 
 
+# Every resource made in this process (weakly), for the at-fork handler below.
+_resources: "weakref.WeakSet[DeviceMemoryResource]" = weakref.WeakSet()
+
+
+def _after_fork_in_child() -> None:
+    """os.register_at_fork(after_in_child=...), after the runtime's handler: in a child
+    whose devices' contexts are gone (the parent used them), every resource made in the
+    parent is closed, so even an allocation its cache could serve takes the slow path,
+    which raises ``ForkedProcessError``; its lock, perhaps held by a parent thread at the
+    fork, is replaced."""
+    for r in list(_resources):
+        try:
+            if r.device.state.forked_from is None:
+                continue
+            r._closed = True
+            if isinstance(getattr(r, "_lock", None), type(_pools_lock)):
+                r._lock = threading.Lock()
+        except Exception:  # noqa: BLE001 - a half-built resource: nothing to close
+            pass
+
+
 class DeviceMemoryResource:
     """Base of every device memory resource. Thread-safe.
 
@@ -128,6 +157,7 @@ class DeviceMemoryResource:
         self._backend: "Backend" = self.device.backend
         self._generation = self.device.state.generation
         self._closed = False
+        _resources.add(self)
 
     # -- the contract ------------------------------------------------------
     def allocate(self, nbytes: int, stream: Stream | None = None, tag: str = UNTAGGED) -> DeviceBlock:
@@ -177,6 +207,8 @@ class DeviceMemoryResource:
             raise ClosedError(f"{type(self).__name__} on device {self.device.ordinal}")
         state = self.device.state
         if state.generation != self._generation:
+            if state.forked_from is not None:
+                raise self._backend.forked_error(f"use {type(self).__name__}")
             raise StaleHandleError("context rebuilt", what=f"{type(self).__name__}",
                                    generation=self._generation, current_generation=state.generation,
                                    device_id=self.device.ordinal)
@@ -224,8 +256,13 @@ class DeviceMemoryResource:
     def _reregister(self, block: DeviceBlock) -> None:
         """Undo ``_unregister`` after the driver refused the free (the block stays LIVE)."""
         with self._lock:
-            self._live[block.ptr] = block
-            self._bytes += block.bytes
+            self._relive(block)
+
+    def _relive(self, block: DeviceBlock) -> None:
+        """Lock held: ``_reregister``'s work."""
+        self._live[block.ptr] = block
+        self._bytes += block.bytes
+        block.state = BlockState.LIVE
 
     @staticmethod
     def _sanitize_free(block: DeviceBlock) -> None:
@@ -299,16 +336,27 @@ class TrackedResource(DeviceMemoryResource):
             self._backend.device_synchronize(self.device.ordinal)
             return 0
         ev = self._events.get()
-        self._backend.event_record(ev, stream.handle)
+        try:
+            self._backend.event_record(ev, stream.handle)
+        except BaseException:
+            self._events.put(ev)
+            raise
         return ev
 
     def _wait(self, stream: Stream, other: Stream, event: int) -> int:
-        """Make ``stream`` wait for ``other`` at ``event`` (recorded now if 0). Returns the event."""
+        """Make ``stream`` wait for ``other`` at ``event`` (recorded now if 0). Returns the event.
+        If the wait fails, an event recorded here goes back to the pool (the caller keeps its own)."""
         if not event:
             event = self._record(other)
             if not event:
                 return 0
-        self._backend.stream_wait_event(stream.handle, event)
+            try:
+                self._backend.stream_wait_event(stream.handle, event)
+            except BaseException:
+                self._events.put(event)
+                raise
+        else:
+            self._backend.stream_wait_event(stream.handle, event)
         self.cross_stream_waits += 1
         return event
 
@@ -398,26 +446,47 @@ class TrackedResource(DeviceMemoryResource):
 
     def _order_release(self, b: DeviceBlock) -> None:
         """Make the alloc stream wait for every recorded use from another stream,
-        then return the block's events to the pool. Caller holds the lock."""
+        then return the block's events to the pool. Caller holds the lock.
+
+        If a driver call fails, the hazard record stays whole (events recorded so far
+        are kept in it, none goes back to the pool) and the error propagates: the
+        caller can put the block back as it was (``_restore_live``)."""
         a = b.alloc_stream
-        put = self._events.put
-        ws, we = b._ws, b._we
+        ws = b._ws
         order = not _ord.any_manual or _ord.policy(a) == _ord.AUTO
         if order and a._closed and ((ws is not None and ws is not a) or b._rd):
             # The alloc stream is gone, so nothing can be queued on it: wait for
             # every use on the host instead (a rare path).
             self._backend.device_synchronize(self.device.ordinal)
             order = False
-        if order and ws is not None and ws is not a:
-            we = self._wait(a, ws, we)
-        if we:
-            put(we)
+        if order:
+            if ws is not None and ws is not a:
+                b._we = self._wait(a, ws, b._we)
+            rd = b._rd
+            if rd:
+                for s, ev in rd.items():
+                    if s is not a:
+                        rd[s] = self._wait(a, s, ev)
+        put = self._events.put
+        if b._we:
+            put(b._we)
         if b._rd:
-            for s, ev in b._rd.items():
-                if order and s is not a:
-                    ev = self._wait(a, s, ev)
+            for ev in b._rd.values():
                 if ev:
                     put(ev)
         b._ws = None
         b._we = 0
         b._rd = None
+
+    @staticmethod
+    def _reset_record_after_release(b: DeviceBlock) -> None:
+        """A block whose release was ordered (``_order_release`` returned) but whose free
+        then failed: its alloc stream already waits for every earlier use, so it counts as
+        last written there (no event yet), which orders any later use after all of them."""
+        if b._ws is None and b._rd is None:
+            b._ws = b.alloc_stream
+            b._we = 0
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_after_fork_in_child)

@@ -20,6 +20,13 @@ Design:
 - Freeing the exporter's block unmaps it here and releases its handle; the
   physical memory lives on while an importer maps it or an exported fd is
   open (as the driver specifies).
+- A free the driver refuses loses nothing. ``deallocate`` releases the handle,
+  unmaps, then frees the addresses, each step once (``_Mapping`` remembers
+  which are done). A failure before the unmap leaves the block LIVE and
+  usable (its hazard record sound, counters unchanged); a failure after it
+  (freeing the addresses) leaves the block unusable (``UseAfterFreeError``)
+  but still counted and still this resource's. Either way the error is
+  raised and a later ``deallocate`` of the block finishes the free.
 
 Rules: sizes, streams and states are checked as in every resource
 (``DoubleFreeError``, ``ValueError`` for foreign blocks); a device without
@@ -41,7 +48,7 @@ from .types import UNTAGGED, BlockState, DeviceBlock
 if TYPE_CHECKING:
     from ..backends import Backend
 
-__all__ = ["VmmResource", "map_range", "unmap_range", "synchronize_streams", "release_streams"]
+__all__ = ["VmmResource", "map_range", "unmap_range", "synchronize_streams", "release_streams", "unmap_block"]
 
 
 def _cleanup(exc: BaseException, fn: Callable[..., Any], *args: Any) -> None:
@@ -79,6 +86,33 @@ def unmap_range(backend: "Backend", ptr: int, nbytes: int) -> None:
         _cleanup(exc, backend.vmm_free_address, ptr, nbytes)
         raise
     backend.vmm_free_address(ptr, nbytes)
+
+
+class _Mapping:
+    """A VMM block's driver objects: its allocation handle (None once released, or
+    for an import, whose handle is released at once) and whether it is still mapped."""
+
+    __slots__ = ("handle", "mapped")
+
+    def __init__(self, handle: "int | None") -> None:
+        self.handle = handle
+        self.mapped = True
+
+
+def unmap_block(backend: "Backend", block: DeviceBlock, on_unmapped: "Callable[[], None] | None" = None) -> None:
+    """Release ``block``'s handle, unmap it and free its addresses: the steps not done
+    yet, each marked done on ``block._impl`` (a ``_Mapping``) as it succeeds, so a
+    failed free can be finished by calling this again. Synchronize first."""
+    m: _Mapping = block._impl
+    if m.handle is not None:
+        backend.vmm_release(m.handle)  # allowed while mapped: the memory goes at the unmap
+        m.handle = None
+    if m.mapped:
+        backend.vmm_unmap(block.ptr, block.bytes)
+        m.mapped = False
+        if on_unmapped is not None:
+            on_unmapped()
+    backend.vmm_free_address(block.ptr, block.bytes)
 
 
 def synchronize_streams(device: Device, streams: "list[Stream]") -> None:
@@ -124,6 +158,7 @@ class VmmResource(TrackedResource):
         self.granularity: int = self._backend.vmm_granularity(self.device.ordinal)
         self._bytes = 0
         self._export_fds: dict[int, int] = {}  # ptr -> the block's exported fd (closed at deallocate)
+        self._unmapped: dict[int, DeviceBlock] = {}  # blocks whose free failed after their unmap
 
     def allocate(self, nbytes: int, stream: Stream | None = None, tag: str = UNTAGGED) -> DeviceBlock:
         """A live block of ``nbytes`` rounded up to the granularity, usable at once."""
@@ -148,33 +183,51 @@ class VmmResource(TrackedResource):
         except BaseException as exc:
             _cleanup(exc, backend.vmm_release, handle)
             raise
-        return self._register(ptr, stream, size, nbytes, tag, handle)
+        return self._register(ptr, stream, size, nbytes, tag, _Mapping(handle))
 
     def deallocate(self, block: DeviceBlock) -> None:
-        """Wait for the block's queued uses (a host synchronization), then unmap and release it."""
+        """Wait for the block's queued uses (a host synchronization), then release its
+        handle and unmap it. If the driver refuses, see the module docstring."""
         with self._lock:
-            self._unregister(block)
             stale = self.device.state.generation != self._generation
-            streams = [] if stale else release_streams(self, block)
-            exported = self._export_fds.pop(block.ptr, None)
+            if self._unmapped and self._unmapped.get(block.ptr) is block:
+                del self._unmapped[block.ptr]  # finish a free that failed after the unmap
+                self._bytes -= block.bytes
+                streams: "list[Stream]" = []
+            else:
+                self._unregister(block)
+                try:
+                    streams = [] if stale else release_streams(self, block)
+                except BaseException:
+                    self._relive(block)
+                    raise
+        try:
+            if not stale:  # a rebuilt context already took the memory with it
+                if block._impl.mapped:
+                    synchronize_streams(self.device, streams)
+                unmap_block(self._backend, block, lambda: self._close_export(block))
+        except BaseException:
+            with self._lock:
+                if block._impl.mapped:  # still usable: LIVE again
+                    self._reset_record_after_release(block)
+                    self._relive(block)
+                else:                   # gone from the device, not yet from this resource
+                    self._unmapped[block.ptr] = block
+                    self._bytes += block.bytes
+            raise
+        self._close_export(block)
+        block.state = BlockState.FREED
         self._sanitize_free(block)
-        if exported is not None:
-            os.close(exported)
         rec = _history.recorder
         if rec is not None:
             rec("free_requested", self, block.ptr, block.bytes, block.alloc_stream, block)
-        try:
-            if not stale:  # a rebuilt context already took the memory with it
-                synchronize_streams(self.device, streams)
-                backend = self._backend
-                try:
-                    unmap_range(backend, block.ptr, block.bytes)
-                finally:
-                    backend.vmm_release(block._impl)
-        finally:
-            block.state = BlockState.FREED
-        if rec is not None:
             rec("free_completed", self, block.ptr, block.bytes, block.alloc_stream, block)
+
+    def _close_export(self, block: DeviceBlock) -> None:
+        with self._lock:
+            fd = self._export_fds.pop(block.ptr, None)
+        if fd is not None:
+            os.close(fd)
 
     def export_fd(self, block: DeviceBlock) -> int:
         """A new POSIX file descriptor for ``block``'s memory (the caller closes it).
@@ -186,11 +239,18 @@ class VmmResource(TrackedResource):
                     "only live blocks can be exported", generation=block.generation, ptr=block.ptr)
             fd = self._export_fds.get(block.ptr)
             if fd is None:  # the driver's export is slow (hundreds of us): once per block, then dup
-                fd = self._export_fds[block.ptr] = self._backend.vmm_export_fd(block._impl)
+                handle = block._impl.handle
+                if handle is None:
+                    raise UseAfterFreeError(
+                        f"block {block.ptr:#x} cannot be exported: a deallocate that failed already released "
+                        "its allocation handle; deallocate it again to finish the free", generation=block.generation,
+                        ptr=block.ptr)
+                fd = self._export_fds[block.ptr] = self._backend.vmm_export_fd(handle)
             return os.dup(fd)
 
     @property
     def bytes_outstanding(self) -> int:
+        """Bytes of live blocks, and of blocks whose free failed after their unmap."""
         return self._bytes
 
     def memory_numbers(self) -> dict[str, int]:

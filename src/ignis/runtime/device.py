@@ -5,10 +5,18 @@ current backend. Its ``DeviceState`` carries the context ``generation``
 (bumped by ``rebuild()``) and ``accepting_ops`` (false once ``shutdown()``
 began); streams, events, blocks and GpuRefs remember the generation they
 were made in and refuse to work across a rebuild.
+
+Fork: in a child made by ``fork()`` after the parent used a device, the
+parent's contexts are gone. An at-fork handler bumps the generation of every
+device of such a backend (so every stream, event, block and resource made in
+the parent is stale and takes its slow path) and marks the state forked, so
+those checks raise ``ForkedProcessError`` (use the ``spawn`` or
+``forkserver`` start method) instead of ``StaleHandleError``.
 """
 
 from __future__ import annotations
 
+import os
 import threading
 
 from ..backends import Backend, DeviceProperties, get_backend
@@ -22,12 +30,13 @@ __all__ = ["Device", "DeviceState", "device_count"]
 class DeviceState:
     """Generation counter and shutdown flag of one device. Thread-safe."""
 
-    __slots__ = ("device_id", "generation", "accepting_ops", "_lock", "__weakref__")
+    __slots__ = ("device_id", "generation", "accepting_ops", "forked_from", "_lock", "__weakref__")
 
     def __init__(self, device_id: int) -> None:
         self.device_id = device_id
         self.generation = 0
         self.accepting_ops = True
+        self.forked_from: int | None = None  # in a forked child: the parent's pid (the context is gone)
         self._lock = threading.Lock()
 
     def bump_generation(self) -> int:
@@ -124,6 +133,8 @@ class Device:
 
     # -- checks ------------------------------------------------------------
     def _check_usable(self, what: str) -> None:
+        if self.state.forked_from is not None:
+            raise self.backend.forked_error(what)
         if not self.state.accepting_ops:
             raise StaleHandleError("device shutting down", what=f"device {self.ordinal} (cannot {what})",
                                    device_id=self.ordinal)
@@ -187,3 +198,21 @@ class Device:
         finally:
             self.state.begin_shutdown()
 
+
+
+def _after_fork_in_child() -> None:
+    """os.register_at_fork(after_in_child=...), run after the backends' handler: in a
+    child of a parent that used its backend, every device's context is gone."""
+    global _devices_lock
+    _devices_lock = threading.Lock()
+    for dev in list(_devices.values()):
+        dev._lock = threading.Lock()
+        state = dev.state
+        state._lock = threading.Lock()
+        if dev.backend._forked_from is not None and state.forked_from is None:
+            state.forked_from = dev.backend._forked_from
+            state.generation += 1
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_after_fork_in_child)

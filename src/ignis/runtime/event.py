@@ -24,6 +24,11 @@ class Event:
     __slots__ = ("handle", "device", "timing", "_generation", "_closed", "__weakref__")
 
     def __init__(self, device: "Device", *, timing: bool = False) -> None:
+        from .device import Device
+
+        if not isinstance(device, Device):
+            raise TypeError(f"Event(device) needs an ignis.Device, got {type(device).__name__}; use "
+                            "device.create_event() or stream.record(), e.g. ig.Device(0).create_event()")
         device._check_usable("create an event")
         self.device = device
         self.timing = bool(timing)
@@ -38,6 +43,8 @@ class Event:
             raise ClosedError(f"{self!r}")
         state = self.device.state
         if state.generation != self._generation:
+            if state.forked_from is not None:
+                raise self.device.backend.forked_error(f"use {self!r}")
             raise StaleHandleError("context rebuilt", what="event", generation=self._generation,
                                    current_generation=state.generation, device_id=self.device.ordinal)
         return self.handle
@@ -86,12 +93,19 @@ class Event:
         self.close()
 
     def __del__(self) -> None:
-        if not self._closed and not sys.is_finalizing():
+        try:
+            closed = self._closed
+        except AttributeError:  # __init__ refused its arguments: there is nothing to destroy
+            return
+        if not closed and not sys.is_finalizing():
             try:
                 self.close()
             except Exception:
                 pass
 
     def __repr__(self) -> str:
-        state = "closed" if self._closed else "open"
-        return f"<ignis.Event {self.handle:#x} device={self.device.ordinal} {state}>"
+        try:
+            state = "closed" if self._closed else "open"
+            return f"<ignis.Event {self.handle:#x} device={self.device.ordinal} {state}>"
+        except AttributeError:
+            return "<ignis.Event (not constructed)>"

@@ -40,6 +40,15 @@ class Stream:
                  "ordering", "__weakref__")
 
     def __init__(self, device: "Device", handle: int, *, owned: bool, keepalive: object = None) -> None:
+        from .device import Device
+
+        if not isinstance(device, Device):
+            raise TypeError(f"Stream(device, handle, owned=...) needs an ignis.Device, got {type(device).__name__}; "
+                            "make a stream with device.create_stream(), or adopt a foreign handle with "
+                            "Stream.from_handle(handle, device)")
+        if isinstance(handle, bool) or not isinstance(handle, int) or handle <= 0:
+            raise ValueError(f"stream handle must be a positive int, got {handle!r}; make a stream with "
+                             "device.create_stream()")
         self.device = device
         self.handle = handle
         self.id = next(_ids)  # process-unique, small: for logs and reports
@@ -67,6 +76,8 @@ class Stream:
             raise ClosedError(f"{self!r}", "create a new stream with Device.create_stream()")
         state = self.device.state
         if state.generation != self._generation:
+            if state.forked_from is not None:
+                raise self.device.backend.forked_error(f"use {self!r}")
             raise StaleHandleError("context rebuilt", what="stream", generation=self._generation,
                                    current_generation=state.generation, device_id=self.device.ordinal)
         if not state.accepting_ops:
@@ -145,12 +156,19 @@ class Stream:
         self.close()
 
     def __del__(self) -> None:
-        if self._owned and not self._closed and not sys.is_finalizing():
+        try:
+            owned, closed = self._owned, self._closed
+        except AttributeError:  # __init__ refused its arguments: there is nothing to destroy
+            return
+        if owned and not closed and not sys.is_finalizing():
             try:
                 self.close()
             except Exception:
                 pass
 
     def __repr__(self) -> str:
-        state = "closed" if self._closed else "open"
-        return f"<ignis.Stream #{self.id} handle={self.handle:#x} device={self.device.ordinal} {state}>"
+        try:
+            state = "closed" if self._closed else "open"
+            return f"<ignis.Stream #{self.id} handle={self.handle:#x} device={self.device.ordinal} {state}>"
+        except AttributeError:
+            return "<ignis.Stream (not constructed)>"
