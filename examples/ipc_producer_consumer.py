@@ -4,16 +4,27 @@
 The producer fills an array allocated from a ``VmmResource`` and sends it
 over a Unix socket; the consumer maps the same device memory, checks it, adds
 one to every element in place, and tells the producer, which sees the change
-in its own array. Run from the repository root, on either backend::
+in its own array. Run from the repository root, on either backend, with the
+virtual environment of the README's set-up (any Python that has Ignis
+installed will do)::
 
-    PYTHONPATH=src python3 examples/ipc_producer_consumer.py                  # both roles
-    PYTHONPATH=src python3 examples/ipc_producer_consumer.py --role producer &
-    PYTHONPATH=src python3 examples/ipc_producer_consumer.py --role consumer  # two programs
+    .venv/bin/python examples/ipc_producer_consumer.py                  # both roles
+    .venv/bin/python examples/ipc_producer_consumer.py --role producer &
+    .venv/bin/python examples/ipc_producer_consumer.py --role consumer  # two programs
+
+Each side prints what it did; the producer ends with ``-> shared`` and both
+exit with status 0 when the consumer's write is seen in the producer's array.
 
 With no ``--role`` the script is the producer and starts the consumer itself
 (``multiprocessing`` with the spawn method). The two programs meet at an
 abstract Unix socket address (``--address``); the consumer refuses a producer
 that runs as another user.
+
+Start method: always start processes that use Ignis with ``spawn`` (as here)
+or ``forkserver``: ``multiprocessing.get_context("spawn")``. Never ``fork``
+(Linux's default before Python 3.14) once this process has used a device: a
+forked child has none of the parent's device state, and Ignis raises
+``ig.ForkedProcessError`` in it at the first use.
 """
 
 from __future__ import annotations
@@ -40,6 +51,7 @@ def producer(address: str, spawn_consumer: bool) -> int:
     server.listen(1)
     proc = None
     if spawn_consumer:
+        # spawn, not fork: this process has used the device (see the module docstring)
         proc = multiprocessing.get_context("spawn").Process(target=consumer, args=(address,))
         proc.start()
     print(f"producer pid {multiprocessing.current_process().pid}: 64 MiB on {a.device.name}, "

@@ -954,8 +954,8 @@ class NvArray:
 
     def __reduce_ex__(self, protocol: Any) -> Any:
         raise TypeError(f"NvArray#{self.id} cannot be pickled or deep-copied: it is device memory. To share it "
-                        "with another process use ignis.ipc (ipc.share / VmmResource); to copy it use clone() "
-                        "on the device or to_numpy() to the host")
+                        "with another process, allocate it from a VmmResource and use ignis.ipc (ipc.export, "
+                        "ipc.open); to copy it use clone() on the device or to_numpy() to the host")
 
     # -- interop (DLPack, CUDA array interface) --------------------------------------------
     def __dlpack__(self, *, stream: Any = None, max_version: Any = None, dl_device: Any = None,
