@@ -13,6 +13,7 @@ and the pinned ring; the ``ignis load`` command.
 
 from __future__ import annotations
 
+from contextlib import closing
 import argparse
 import gc
 import io as _stdio
@@ -331,7 +332,7 @@ def test_load_on_a_stream(tmp_path):
     path = tmp_path / "s.safetensors"
     x = rand(D.float32, (1000,), 3)
     ig.io.save_safetensors({"x": ig.from_numpy(x)}, path)
-    with dev.create_stream() as s:
+    with closing(dev.create_stream()) as s:
         out = ig.io.load_safetensors(path, stream=s, options=SMALL)
         assert out["x"].stream is s
         assert out["x"].to_numpy().tobytes() == x.tobytes()

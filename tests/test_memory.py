@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from contextlib import closing
 import csv
 import io
 import threading
@@ -555,7 +556,7 @@ def test_streams_of_another_device_are_refused(dev, base):
     if ig.device_count() < 2:
         pytest.skip("needs two devices")
     mr = make(dev, base)
-    with ig.Device(1).create_stream() as other:
+    with closing(ig.Device(1).create_stream()) as other:
         with pytest.raises(ValueError, match="belongs to device 1"):
             mr.allocate(64, other)
 

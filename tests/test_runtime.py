@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from contextlib import closing
 import pickle
 import threading
 import time
@@ -40,7 +41,7 @@ def test_ordinal_must_be_int():
 
 
 def test_stream_copy_round_trip(dev):
-    with dev.create_stream() as s:
+    with closing(dev.create_stream()) as s:
         mr = ig.DirectResource(dev)
         b = mr.allocate(4096, s)
         data = np.arange(4096, dtype=np.uint8)
@@ -115,7 +116,7 @@ def test_timing_events(dev):
 
 
 def test_host_func_needs_callable(dev):
-    with dev.create_stream() as s:
+    with closing(dev.create_stream()) as s:
         with pytest.raises(TypeError):
             s.launch_host_func(3)
 
@@ -152,7 +153,7 @@ def test_rebuild_bumps_generation_and_stales_streams():
         s.synchronize()
     assert ei.value.generation == gen and ei.value.current_generation == gen + 1
     # New work goes on working.
-    with d.create_stream() as s2:
+    with closing(d.create_stream()) as s2:
         mr = ig.DirectResource(d)
         b = mr.allocate(64, s2)
         write(b.ptr, b"x" * 64, s2)
@@ -186,7 +187,7 @@ def test_threads_create_and_use_streams(dev):
     def work():
         try:
             for _ in range(20):
-                with dev.create_stream() as s:
+                with closing(dev.create_stream()) as s:
                     s.record().synchronize()
         except Exception as e:  # pragma: no cover - reported below
             errors.append(e)
@@ -244,3 +245,80 @@ def test_half_built_repr_does_not_raise():
     assert "not constructed" in repr(s) and "not constructed" in repr(e)
     s.__del__()
     e.__del__()
+
+
+# -- the current device and the current stream (issue 17, items 1 and 2) ------------------------
+
+def test_current_device_is_per_thread_and_what_device_none_means():
+    assert ig.current_device() is ig.Device(0)
+    with ig.Device(1) as d1:
+        assert ig.current_device() is d1
+        a = ig.zeros(4)
+        assert a.device is d1 and a.stream is d1.default_stream
+        assert ig.get_current_resource().device is d1 and ig.PoolResource().device is d1
+        seen = []
+        t = threading.Thread(target=lambda: seen.append(ig.current_device()))
+        t.start()
+        t.join()
+        assert seen == [ig.Device(0)]  # a new thread starts on device 0
+        with ig.Device(0):
+            assert ig.zeros(2).device is ig.Device(0)
+        assert ig.current_device() is d1
+        a.free()
+    assert ig.current_device() is ig.Device(0) and ig.zeros(2).device is ig.Device(0)
+    ig.Device(1).set_current()
+    try:
+        assert ig.current_device() is ig.Device(1) and ig.empty(3).device is ig.Device(1)
+    finally:
+        ig.Device(0).set_current()
+    assert ig.current_device() is ig.Device(0)
+
+
+def test_with_stream_makes_it_current_and_does_not_close_it(dev):
+    s = dev.create_stream()
+    other = ig.Device(1).create_stream()
+    try:
+        x = ig.zeros(8)  # made on the default stream
+        with s:
+            assert ig.current_stream() is s and ig.current_stream(dev) is s
+            y = ig.ones(8)
+            assert y.stream is s
+            x.fill_(2.0)  # stream=None: the current stream, not x's own
+            assert x.to_numpy().tolist() == [2.0] * 8
+            with other:  # a stream on another device makes that device current too
+                assert ig.current_device() is ig.Device(1) and ig.current_stream() is other
+                assert ig.zeros(2).stream is other
+            assert ig.current_device() is dev and ig.current_stream() is s
+        assert not s.closed  # leaving the block does not close it
+        assert ig.current_stream() is dev.default_stream and ig.zeros(2).stream is dev.default_stream
+        s2 = dev.create_stream()
+        s.__enter__()
+        s2.__enter__()
+        with pytest.raises(RuntimeError, match="must nest"):
+            s.__exit__(None, None, None)
+        s2.__exit__(None, None, None)
+        s.__exit__(None, None, None)
+        assert ig.current_stream() is dev.default_stream
+        s2.close()
+    finally:
+        s.close()
+        other.close()
+    with pytest.raises(ig.ClosedError):
+        with s:
+            pass
+
+
+def test_streams_as_context_managers_across_threads(dev):
+    s = dev.create_stream()
+    out = {}
+
+    def work():
+        out["stream"] = ig.current_stream()
+        out["array"] = ig.zeros(4).stream
+
+    with s:
+        t = threading.Thread(target=work)
+        t.start()
+        t.join()
+    assert out == {"stream": dev.default_stream, "array": dev.default_stream}
+    s.close()

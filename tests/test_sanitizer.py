@@ -7,6 +7,7 @@ the emulator's jitter where the backend is emulated).
 
 from __future__ import annotations
 
+from contextlib import closing
 import gc
 
 import numpy as np
@@ -431,7 +432,7 @@ def test_auto_ordered_cross_stream_free_is_not_a_race(dev, streams, san):
 
 
 def test_a_closed_stream_keeps_its_identity(dev, san):
-    with dev.create_stream() as s:
+    with closing(dev.create_stream()) as s:
         x = ig.zeros(1024, stream=s)
     dev.synchronize()
     x.free()  # freed after its stream closed: its own earlier work is not a race

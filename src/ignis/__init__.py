@@ -9,7 +9,7 @@ from .dtypes import (bfloat16, bool_, complex64, float8_e4m3fn, float8_e5m2, flo
                      int16, int32, int64, uint8, uint16, uint32, uint64)
 from .errors import *  # noqa: F401,F403
 from .errors import __all__ as _errors_all
-from .runtime import Device, DeviceState, Event, Stream, device_count
+from .runtime import Device, DeviceState, Event, Stream, current_device, current_stream, device_count
 from . import memory
 from .memory import *  # noqa: F401,F403
 from .memory import __all__ as _memory_all
@@ -30,7 +30,7 @@ __version__ = "0.1.0"
 
 __all__ = ["__version__", "backend_name", "get_backend", "set_backend", "dtypes", "errors",
            "DType", "dtype", "bool_", "int8", "int16", "int32", "int64", "uint8", "uint16", "uint32", "uint64",
-           "float16", "bfloat16", "float32", "float64", "float8_e4m3fn", "float8_e5m2", "complex64", "Device", "DeviceState", "Event", "Stream", "device_count",
+           "float16", "bfloat16", "float32", "float64", "float8_e4m3fn", "float8_e5m2", "complex64", "Device", "DeviceState", "Event", "Stream", "device_count", "current_device", "current_stream",
            "memory", "interop", "io", "ipc", "collective", "MemoryContract", "contract", "register_owner", "owners", "DEFAULT_OWNER",
            "GpuRef", "NvArray", "launch", "Kernel", "RawPtr", "kernels", "sanitizer", "ordering", "set_ordering",
            "get_ordering", "empty", "zeros", "ones", "full", "empty_like", "zeros_like", "ones_like", "full_like",

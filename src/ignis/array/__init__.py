@@ -69,9 +69,9 @@ def full_like(a: NvArray, value: Any, dtype: Any = None, **kw: Any) -> NvArray:
 
 
 def synchronize(device: Any = None) -> None:
-    """Wait on the host until all work queued on ``device`` (default: device 0) has finished."""
-    from ..runtime import Device
-    Device(0 if device is None else device).synchronize()
+    """Wait on the host until all work queued on ``device`` (default: the current device) has finished."""
+    from ..runtime import Device, current_device
+    (current_device() if device is None else Device(device)).synchronize()
 
 
 def from_numpy(a: np.ndarray, *, dtype: Any = None, **kw: Any) -> NvArray:

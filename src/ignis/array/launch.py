@@ -14,7 +14,8 @@ from typing import Any, Callable, Sequence
 
 from ..errors import OutOfBoundsError, StreamMisuseError, UnsupportedError
 from ..memory import ordering as _ord
-from ..runtime import Device, Stream
+from ..runtime import Stream
+from ..runtime import current as _rt_current
 from ..runtime.kernel import Kernel, RawPtr
 from .nvarray import NvArray
 
@@ -74,8 +75,13 @@ def launch(kernel: Kernel, grid: Any, block: Any, *args: Any, stream: Stream | N
                 side="before" if lo < 0 else "after", offset=lo if lo < 0 else hi)
         uses.append((arg, acc, lo, hi - lo))
     if device is None:
-        device = Device(0)
-    s = stream if stream is not None else (uses[0][0].stream if uses else device.default_stream)
+        device = _rt_current.current_device()
+    if stream is not None:
+        s = stream
+    else:  # this thread's ``with stream:`` on the device, else the first array's stream
+        s = _rt_current.stream_override(device) if _rt_current.overrides[0] else None
+        if s is None:
+            s = uses[0][0].stream if uses else device.default_stream
     if s.device is not device:
         raise ValueError(f"kernel {kernel.name}: stream is on device {s.device.ordinal}, arrays on {device.ordinal}")
     state = device.state

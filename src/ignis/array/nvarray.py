@@ -43,6 +43,7 @@ from ..memory import Access, DeviceMemoryResource, current, get_current_resource
 from ..memory import ordering as _ord
 from ..memory.types import UNTAGGED, DeviceBlock
 from ..runtime import Device, Stream
+from ..runtime import current as _rt_current
 from ..safety.contract import DEFAULT_OWNER, contract, validate_owner
 from . import hostcopy
 
@@ -195,8 +196,13 @@ class _ReturnWhenCollected:
 
 
 def _defaults() -> tuple[Device, Stream, DeviceMemoryResource, bool]:
-    """Device 0, its default stream, current resource and whether that tracks;
-    cached until any of them changes."""
+    """The current device, its current stream, current resource and whether that tracks.
+    While no thread has a current device or stream of its own (device 0 and its default
+    stream), cached until any of them changes; the C fast path reads the same cache."""
+    if _rt_current.overrides[0]:
+        dev = _rt_current.current_device()
+        mr = get_current_resource(dev)
+        return dev, _rt_current.current_stream(dev), mr, mr.supports_block_use_tracking
     f = _fast[0]
     if f is not None and f[0] is backends._backend and f[1].state.generation == f[4] \
             and f[5] == current.epoch and not f[2]._closed:
@@ -204,8 +210,13 @@ def _defaults() -> tuple[Device, Stream, DeviceMemoryResource, bool]:
     dev = Device(0)
     mr = get_current_resource(dev)
     out = (dev, dev.default_stream, mr, mr.supports_block_use_tracking)
-    _fast[0] = (dev.backend, dev, dev.default_stream, mr, dev.state.generation, current.epoch, out)
+    with _rt_current.lock:  # an override that began meanwhile dropped the cache: leave it dropped
+        if not _rt_current.overrides[0]:
+            _fast[0] = (dev.backend, dev, dev.default_stream, mr, dev.state.generation, current.epoch, out)
     return out
+
+
+_rt_current.on_first_override(lambda: _fast.__setitem__(0, None))
 
 
 class NvArray:
@@ -246,7 +257,7 @@ class NvArray:
                 dt = _dt.dtype(dtype)
         if owner != DEFAULT_OWNER:
             validate_owner(owner)
-        if stream is None and mr is None and (device is None or device == 0):
+        if stream is None and mr is None and (device is None or device == 0) and not _rt_current.overrides[0]:
             f = _fast[0]  # _defaults()'s cache, checked inline (the hot path)
             if f is not None and f[0] is backends._backend and f[1].state.generation == f[4] \
                     and f[5] == current.epoch and not f[2]._closed:
@@ -261,8 +272,8 @@ class NvArray:
                 if device is not None and Device(device) is not dev:
                     raise ValueError(f"stream {stream!r} is on device {dev.ordinal}, not device {device}")
             else:
-                dev = Device(0 if device is None else device)
-                stream = dev.default_stream
+                dev = _rt_current.current_device() if device is None else Device(device)
+                stream = _rt_current.current_stream(dev)
             if mr is None:
                 mr = get_current_resource(dev)
             tracks = mr.supports_block_use_tracking
@@ -772,7 +783,15 @@ class NvArray:
 
     # -- device-side writes -------------------------------------------------------------
     def _stream_arg(self, stream: Stream | None) -> Stream:
-        return self.stream if stream is None else stream
+        """The stream work on this array runs on: the one given, else the stream a
+        ``with stream:`` block of this thread made current on its device, else its own."""
+        if stream is not None:
+            return stream
+        if _rt_current.overrides[0]:
+            s = _rt_current.stream_override(self.device)
+            if s is not None:
+                return s
+        return self.stream
 
     def zero_(self, *, stream: Stream | None = None) -> "NvArray":
         """Set every byte to zero with a device memset."""

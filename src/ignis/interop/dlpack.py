@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING, Any
 from .. import dtypes as _dt
 from ..errors import UnsupportedError
 from ..memory import Access
-from ..runtime import Device, Stream
+from ..runtime import Device, Stream, current_device
 
 if TYPE_CHECKING:
     from ..array import NvArray
@@ -262,7 +262,7 @@ def from_dlpack(x: Any, *, stream: Stream | None = None, owner: str = "compute")
         if dev_type not in (KDL_CPU, KDL_CUDA_HOST):
             raise UnsupportedError(f"importing DLPack device type {dev_type}", "emulated",
                                    "the emulator adopts CPU tensors only")
-        device = Device(0)
+        device = current_device()
         kwargs: dict[str, Any] = {}
     else:
         if dev_type != KDL_CUDA:
@@ -346,7 +346,7 @@ def _from_cai(x: Any, owner: str) -> "NvArray":
     dt = _dt.dtype(np.dtype(cai["typestr"]))
     ptr = int(cai["data"][0])
     shape = tuple(int(d) for d in cai["shape"])
-    device = Device(0)
+    device = current_device()  # the interface names no device: CUDA's current one, as CuPy takes it
     s = device.default_stream
     if cai.get("stream") not in (None, -1, 1, 2):
         ev = device.backend.event_create(device.ordinal, False)

@@ -40,7 +40,7 @@ from .. import dtypes as _dt
 from ..array import NvArray
 from ..errors import ClosedError
 from ..memory import Access
-from ..runtime import Device, Stream
+from ..runtime import Device, Stream, current_stream
 from ..safety.contract import contract
 from . import pipeline
 from .format import Header, SafetensorsError, TensorEntry, read_header, resolve_dtype_map
@@ -61,7 +61,7 @@ def _target_stream(device: "Device | int | None", stream: Stream | None) -> Stre
         if device is not None and Device(device) is not stream.device:
             raise ValueError(f"stream {stream!r} is on device {stream.device.ordinal}, not device {device}")
         return stream
-    return Device(0 if device is None else device).default_stream
+    return current_stream(device)
 
 
 def _open_regular(path: str) -> int:

@@ -29,7 +29,7 @@ from typing import Any, Mapping
 
 from ..array import NvArray
 from ..memory import Access
-from ..runtime import Device, Stream
+from ..runtime import Stream, current_stream
 from ..safety.contract import contract
 from . import pipeline
 from .format import METADATA_KEY, build_header
@@ -97,7 +97,7 @@ def save_safetensors(arrays: Mapping[str, NvArray], path: "str | os.PathLike[str
     by_name = dict(items)
     header, layout = build_header(((n, a.dtype.safetensors, a.shape, a.nbytes) for n, a in items), meta)
     if stream is None:
-        stream = (items[0][1].device if items else Device(0)).default_stream
+        stream = current_stream(items[0][1].device if items else None)
     elif type(stream) is not Stream:
         raise TypeError(f"stream must be an ignis.Stream, got {type(stream).__name__}")
     elif items and stream.device is not items[0][1].device:

@@ -11,7 +11,7 @@ from __future__ import annotations
 import os
 import threading
 
-from ..runtime import Device
+from ..runtime import Device, current_device
 from .resource import DeviceMemoryResource
 
 __all__ = ["get_current_resource", "set_current_resource", "default_upstream"]
@@ -31,7 +31,7 @@ def default_upstream(device: Device) -> DeviceMemoryResource:
 
 
 def _key(device: "Device | int | None") -> tuple[Device, tuple[int, int]]:
-    dev = Device(0 if device is None else device)
+    dev = current_device() if device is None else Device(device)
     return dev, (id(dev.backend), dev.ordinal)
 
 

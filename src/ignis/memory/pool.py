@@ -34,7 +34,7 @@ import warnings
 from typing import Any
 
 from ..errors import DriverError, OutOfMemoryError
-from ..runtime import Device, Stream
+from ..runtime import Device, Stream, current_device
 from ..runtime.stream import add_close_hook
 from . import history as _history
 from . import ordering as _ord
@@ -181,7 +181,7 @@ class PoolResource(TrackedResource):
     def __init__(self, upstream: DeviceMemoryResource | None = None, *, device: "Device | int | None" = None) -> None:
         if upstream is None:
             from .current import default_upstream
-            upstream = default_upstream(Device(0 if device is None else device))
+            upstream = default_upstream(current_device() if device is None else Device(device))
         super().__init__(upstream.device)
         self.upstream = upstream
         self._state = self.device.state  # its generation moves when the context is rebuilt

@@ -46,7 +46,7 @@ from typing import TYPE_CHECKING, Any
 
 from ..errors import (ClosedError, DoubleFreeError, DriverError, OutOfMemoryError, StaleHandleError, StreamMisuseError,
                       UseAfterFreeError)
-from ..runtime import Device, Stream
+from ..runtime import Device, Stream, current_device
 from . import history as _history
 from . import ordering as _ord
 from .types import UNTAGGED, Access, BlockId, BlockState, DeviceBlock, _next_generation
@@ -153,7 +153,7 @@ class DeviceMemoryResource:
     device: Device
 
     def __init__(self, device: "Device | int | None" = None) -> None:
-        self.device = Device(0 if device is None else device)
+        self.device = current_device() if device is None else Device(device)
         self._backend: "Backend" = self.device.backend
         self._generation = self.device.state.generation
         self._closed = False

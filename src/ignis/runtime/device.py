@@ -21,6 +21,7 @@ import threading
 
 from ..backends import Backend, DeviceProperties, get_backend
 from ..errors import StaleHandleError
+from . import current as _current
 from .event import Event
 from .stream import Stream
 
@@ -163,9 +164,23 @@ class Device:
         return s
 
     def set_current(self) -> "Device":
-        """Make this device current for the calling thread (what CUDA libraries expect)."""
+        """Make this device current for the calling thread until changed: what
+        ``device=None`` means in Ignis, and the driver context CUDA libraries expect."""
         self.backend.set_current(self.ordinal)
+        _current.set_device(self)
         return self
+
+    def __enter__(self) -> "Device":
+        """``with device:`` makes it the thread's current device for the block."""
+        self.backend.set_current(self.ordinal)
+        _current.push_device(self)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        _current.pop_device()
+        prev = _current.current_device()
+        if prev is not self:
+            prev.backend.set_current(prev.ordinal)
 
     # -- whole-device operations -------------------------------------------------
     def synchronize(self) -> None:

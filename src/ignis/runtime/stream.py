@@ -131,6 +131,11 @@ class Stream:
         """The CUDA stream protocol: ``(version, handle)``."""
         return (0, self._check())
 
+    @property
+    def closed(self) -> bool:
+        """True once ``close()`` was called."""
+        return self._closed
+
     def close(self) -> None:
         """Destroy the stream (queued work still completes). Idempotent."""
         if self._closed:
@@ -150,10 +155,17 @@ class Stream:
             self.device.backend.stream_destroy(self.handle)
 
     def __enter__(self) -> "Stream":
+        """``with stream:`` makes it the thread's current stream on its device (and its device
+        current) for the block, as ``torch.cuda.stream(s)`` and CuPy's ``with s:`` do: Ignis
+        work given ``stream=None`` runs on it. Closing the stream is ``close()``."""
+        self._check()
+        from . import current
+        current.push_stream(self)
         return self
 
     def __exit__(self, *exc: object) -> None:
-        self.close()
+        from . import current
+        current.pop_stream(self)
 
     def __del__(self) -> None:
         try:
