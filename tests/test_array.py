@@ -525,3 +525,24 @@ def test_indexing_makes_views_where_contiguous_and_says_what_to_do_otherwise():
         a[0, 0, 0, 0]
     with pytest.raises(IndexError, match="out of range"):
         a[1, 3]
+
+
+def test_copy_between_devices_is_ordered_both_ways():
+    if ig.device_count() < 2:
+        pytest.skip("needs two devices")
+    from helpers import sleep_on
+    src = ig.from_numpy(np.arange(4096, dtype=np.float32))
+    dst = ig.zeros(4096, device=1)
+    sleep_on(src.stream, 0.2)
+    src.fill_(5.0)  # still queued when the copy is
+    dst.copy_(src)
+    assert (dst.to_numpy() == 5.0).all()
+    with pytest.raises(ValueError, match="same shape and dtype"):
+        dst.copy_(ig.zeros(8))
+    src.free()
+    dst.free()
+
+
+def test_kernel_scalar_declared_none_is_an_error():
+    with pytest.raises(ValueError, match="argument 1 is declared None"):
+        ig.Kernel(name="k", access=("write", None), host_impl=lambda *a: None)

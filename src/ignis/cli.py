@@ -175,6 +175,9 @@ def _print_doctor(report: dict[str, Any], out: TextIO) -> None:
     v = report["versions"]
     say(f"ignis {v['ignis']} doctor")
     say(f"backend: {report['backend'] or 'none'}")
+    from . import backends
+    if report["backend"] == "emulated" and backends.auto_fallback:
+        say(f"  (IGNIS_BACKEND=auto took the emulator: {backends.auto_fallback})")
     say(f"devices: {report['device_count']}")
     for d in report["devices"]:
         caps = d["capabilities"]

@@ -838,14 +838,38 @@ class NvArray:
                              f"{self.device.ordinal}; copy through the host or a peer copy")
 
     def copy_(self, src: "NvArray", *, stream: Stream | None = None) -> "NvArray":
-        """Copy ``src``'s bytes into this array (same shape and dtype), device to device."""
-        self._check_peer(src, "copy_")
+        """Copy ``src``'s bytes into this array (same shape and dtype), device to device; also
+        from an array on another device (queued on this array's stream, ordered after the
+        source's pending writes, and the source kept from reuse until the copy is done)."""
+        if not isinstance(src, NvArray):
+            raise TypeError(f"copy_ needs an NvArray, got {type(src).__name__}")
         if src.shape != self.shape or src.dtype is not self.dtype:
             raise ValueError(f"copy_ needs the same shape and dtype: destination {self.shape} {self.dtype.name}, "
                              f"source {src.shape} {src.dtype.name}")
         s = self._stream_arg(stream)
-        self._dtod(src, 0, s, "copy_")
+        if src.device is self.device:
+            self._dtod(src, 0, s, "copy_")
+        else:
+            self._copy_from_device(src, s)
         return self
+
+    def _copy_from_device(self, src: "NvArray", s: Stream) -> None:
+        """``copy_`` across devices: the source's read is a tracked use on a stream of its own
+        device that lasts until the copy, queued on ``s``, has run."""
+        ss = src._stream_arg(None)
+        src._begin(ss, _READ, "copy_ to another device")
+        try:
+            with ss.record() as ready:
+                s.wait(ready)
+            self._begin(s, _WRITE, "copy_ from another device")
+            try:
+                if self.nbytes:
+                    self.device.backend.memcpy_dtod_async(self._ptr, src._ptr, self.nbytes, s.handle)
+            finally:
+                self._end(s, _WRITE)
+                ss.wait(s)  # the source's use ends when the copy has run
+        finally:
+            src._end(ss, _READ)
 
     def _dtod(self, src: "NvArray", dst_offset: int, s: Stream, op: str = "copy") -> None:
         src._begin(s, _READ, op)

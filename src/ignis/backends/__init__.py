@@ -43,17 +43,23 @@ def _make(name: str) -> Backend:
     raise ValueError(f"unknown backend {name!r}; valid: {', '.join(_VALID)} (IGNIS_BACKEND)")
 
 
+auto_fallback: str | None = None  # why IGNIS_BACKEND=auto took the emulator (`ignis doctor` shows it)
+
+
 def _auto() -> Backend:
+    global auto_fallback
     try:
         from .cuda import CudaBackend
         backend = CudaBackend()
         if backend.device_count() > 0:
             print("ignis: using the cuda backend (IGNIS_BACKEND=auto)", file=sys.stderr)
             return backend
-        reason = "no CUDA device"
+        reason = auto_fallback = "no CUDA device"
     except Exception as exc:  # no driver library, no device, driver too old
-        reason = f"no usable CUDA driver ({type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''})"
-    print(f"ignis: {reason}; using the emulated backend (IGNIS_BACKEND=auto)", file=sys.stderr)
+        reason = "no usable CUDA driver"
+        auto_fallback = f"{reason}: {type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"
+    print(f"ignis: {reason}; using the emulated backend (`ignis doctor` says why; IGNIS_BACKEND chooses)",
+          file=sys.stderr)
     return _make("emulated")
 
 

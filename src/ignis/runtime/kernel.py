@@ -125,6 +125,9 @@ class Kernel:
             return ("array", spec, rng)
         if isinstance(spec, str) and spec.lower().replace("-", "_") in ("read", "write", "read_write"):
             return ("array", Access.parse(spec), rng)
+        if spec is None:  # not a default: a kernel's scalar type must be said
+            raise ValueError(f"argument {i} is declared None; declare an access (Access.READ / WRITE / "
+                             f"READ_WRITE) for an array or a scalar dtype ({', '.join(_CTYPES)})")
         try:
             dt = _dt.dtype(spec)
         except ValueError:
