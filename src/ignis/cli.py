@@ -167,7 +167,7 @@ def _yes(flag: bool) -> str:
 
 
 def _print_doctor(report: dict[str, Any], out: TextIO) -> None:
-    from .demo import format_bytes
+    from .units import format_bytes
 
     def say(line: str = "") -> None:
         print(line, file=out)

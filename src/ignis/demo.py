@@ -21,6 +21,7 @@ import numpy as np
 from .errors import DoubleFreeError, IgnisError
 from .memory import Access, BlockState, DeviceMemoryResource, PinnedHostResource, PoolResource, get_current_resource
 from .runtime import Device
+from .units import format_bytes
 
 __all__ = ["run", "DemoFailed", "format_bytes"]
 
@@ -31,14 +32,6 @@ NBYTES = 12 << 20
 
 class DemoFailed(Exception):
     """A check of the demo did not hold."""
-
-
-def format_bytes(n: int) -> str:
-    """``12582912`` -> ``"12.0 MiB"``."""
-    for unit, size in (("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):
-        if n >= size:
-            return f"{n / size:.1f} {unit}"
-    return f"{n} B"
 
 
 def _check(ok: bool, what: str) -> None:

@@ -15,6 +15,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from .units import format_bytes
+
 __all__ = [
     "IgnisError",
     "DriverError",
@@ -177,12 +179,7 @@ class ReadOnlyError(MemoryContractViolation, ValueError):
 
 
 def _fmt_bytes(n: int | None) -> str:
-    if n is None:
-        return "?"
-    for unit, size in (("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):
-        if n >= size:
-            return f"{n / size:.2f} {unit}"
-    return f"{n} B"
+    return "?" if n is None else format_bytes(n, 2)
 
 
 class OutOfBudgetError(IgnisError, MemoryError):

@@ -53,7 +53,6 @@ import ctypes
 import itertools
 import os
 import random
-import re
 import threading
 import time
 import uuid
@@ -63,6 +62,7 @@ from typing import Any, Callable
 import numpy as np
 
 from .base import OPS, Backend, DeviceProperties, driver_error
+from ..units import parse_bytes
 from .vmm_emulated import EmulatedVmm
 
 __all__ = ["EmulatedBackend"]
@@ -76,18 +76,12 @@ _DEFAULT_DEVICES = 2
 _DEFAULT_MEMORY = 4 << 30
 _DEFAULT_JITTER_US = 200.0
 
-_UNITS = {"": 1, "b": 1, "k": 1 << 10, "m": 1 << 20, "g": 1 << 30, "t": 1 << 40,
-          "kib": 1 << 10, "mib": 1 << 20, "gib": 1 << 30, "tib": 1 << 40,
-          "kb": 10**3, "mb": 10**6, "gb": 10**9, "tb": 10**12}
 
-
-def _parse_bytes(text: str, var: str) -> int:
-    m = re.fullmatch(r"\s*([0-9][0-9_]*(?:\.[0-9]+)?)\s*([A-Za-z]*)\s*", text)
-    unit = m and m.group(2).lower()
-    if not m or unit not in _UNITS:
-        raise ValueError(f"{var}={text!r} is not a byte count; use e.g. 4294967296, 512MiB or 4GiB")
-    number = m.group(1).replace("_", "")
-    return int(float(number) * _UNITS[unit]) if "." in number else int(number) * _UNITS[unit]
+def _parse_bytes(text: "str | int", var: str) -> int:
+    try:
+        return parse_bytes(text, var)
+    except ValueError as e:
+        raise ValueError(f"{var}={text!r} is not a byte count; use e.g. 4294967296, 512MiB or 4GiB") from e
 
 
 def _parse_jitter(text: str) -> tuple[int, float]:

@@ -16,6 +16,7 @@ import time
 from typing import Any, TextIO
 
 from .._cliargs import ordinal as _ordinal
+from ..units import format_bytes
 __all__ = ["add_parser", "run", "BAR_MIN_BYTES"]
 
 BAR_MIN_BYTES = 256 << 20
@@ -23,10 +24,7 @@ _BAR_WIDTH = 30
 
 
 def _fmt(n: float) -> str:
-    for unit, size in (("GB", 1e9), ("MB", 1e6), ("kB", 1e3)):
-        if n >= size:
-            return f"{n / size:.2f} {unit}"
-    return f"{int(n)} B"
+    return format_bytes(n, 2)
 
 
 class ProgressBar:

@@ -35,34 +35,12 @@ from ..memory import (AsyncResource, BudgetResource, DebugGuardResource, DeviceM
                       PoolResource)
 from ..memory.current import default_upstream
 from ..runtime import Device
+from ..units import parse_bytes
 from ._resources import roles
 
 __all__ = ["replay", "read_log", "LogEvent", "RESOURCES", "parse_bytes"]
 
 RESOURCES = ("pool", "async", "direct", "guard")
-_UNITS = {"": 1, "b": 1, "k": 1000, "kb": 1000, "m": 10**6, "mb": 10**6, "g": 10**9, "gb": 10**9, "t": 10**12,
-          "tb": 10**12, "kib": 1 << 10, "mib": 1 << 20, "gib": 1 << 30, "tib": 1 << 40}
-
-
-def parse_bytes(text: "str | int") -> int:
-    """``"512MiB"`` -> 536870912; plain integers are bytes."""
-    if isinstance(text, int) and not isinstance(text, bool):
-        n = text
-    else:
-        s = str(text).strip().lower().replace("_", "")
-        num = s.rstrip("abcdefghijklmnopqrstuvwxyz").strip()
-        unit = s[len(num):].strip()
-        if unit not in _UNITS or not num:
-            raise ValueError(f"bad byte count {text!r}: use e.g. 1048576, 512MiB, 2GiB or 1.5GB")
-        try:
-            n = int(float(num) * _UNITS[unit]) if "." in num or "e" in num else int(num) * _UNITS[unit]
-        except ValueError:
-            raise ValueError(f"bad byte count {text!r}: use e.g. 1048576, 512MiB, 2GiB or 1.5GB") from None
-    if n < 0:
-        raise ValueError(f"byte count must not be negative, got {text!r}")
-    return n
-
-
 class LogEvent(NamedTuple):
     """One ``allocate`` or ``free`` line of a log. ``time_s`` is seconds (since
     midnight for ``HH:MM:SS`` times, since the epoch otherwise), ``None`` if absent."""

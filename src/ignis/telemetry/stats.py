@@ -47,6 +47,7 @@ import numpy as np
 
 from ..memory import DeviceMemoryResource, PoolResource, get_current_resource
 from ..runtime import Device, device_count
+from ..units import format_bytes
 from . import _hook
 from ._resources import ACTIVE, INACTIVE, SMALL_MAX, SMALL_SEGMENT, Roles, is_small, layout, roles
 
@@ -61,17 +62,6 @@ TAG_STATS = ("allocated_bytes", "requested_bytes", "allocation")
 _N = len(STATS) * 3
 _ALLOC, _ABYTES, _REQ, _ACTIVE, _ACTBYTES, _SEG, _RES = (i * 3 for i in range(len(STATS)))
 _SUBSCRIBER = "stats"
-
-
-def format_bytes(n: int | None) -> str:
-    """``12582912`` -> ``"12.0 MiB"``."""
-    if n is None:
-        return "-"
-    sign, n = ("-", -n) if n < 0 else ("", n)
-    for unit, size in (("TiB", 1 << 40), ("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):
-        if n >= size:
-            return f"{sign}{n / size:.1f} {unit}"
-    return f"{sign}{n} B"
 
 
 # -- census: the allocator now ---------------------------------------------------------
