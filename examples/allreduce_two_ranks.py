@@ -36,7 +36,9 @@ def main() -> int:
     print(f"rank {r} of {world}: device {comm.device.ordinal} ({comm.device.name}), engine {comm.backend}")
     ok = True
     try:
-        grad = ig.from_numpy(np.full(N, r + 1, dtype=np.float32), device=comm.device, tag="grad")
+        # No device=: init_process_group made this rank's device (LOCAL_RANK) the current one.
+        grad = ig.from_numpy(np.full(N, r + 1, dtype=np.float32), tag="grad")
+        assert grad.device is comm.device
         comm.all_reduce(grad, op="sum")          # in place, on comm.stream; returns once ordered
         got = grad.to_numpy()                     # waits for the all-reduce on the device
         want = float(sum(range(1, world + 1)))
@@ -44,7 +46,7 @@ def main() -> int:
         print(f"rank {r}: all_reduce(sum) of {N} float32 -> every element {got[0]:g} (expected {want:g}); "
               f"owner back to {grad.owner!r}")
 
-        mine = ig.from_numpy(np.array([r * 10, r * 10 + 1], dtype=np.int32), device=comm.device)
+        mine = ig.from_numpy(np.array([r * 10, r * 10 + 1], dtype=np.int32))
         everyone = comm.all_gather(mine)          # a new array of shape (world, 2)
         gathered = everyone.to_numpy().tolist()
         ok &= gathered == [[q * 10, q * 10 + 1] for q in range(world)]

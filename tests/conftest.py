@@ -23,6 +23,19 @@ def pytest_collection_modifyitems(config, items):
             item.add_marker(skip)
 
 
+@pytest.fixture(autouse=True)
+def _current_device_and_stream_restored():
+    """Each test starts on device 0 and default streams, and leaves them so."""
+    from ignis.runtime import current
+    yield
+    if current.overrides[0]:
+        ig.Device(0).set_current()
+        t = current._state()
+        for stack in t.streams.values():
+            while stack:
+                current.pop_stream(stack[-1])
+
+
 @pytest.fixture
 def backend():
     """The active backend, with any injected faults cleared afterwards."""

@@ -267,7 +267,9 @@ class CollectiveError(IgnisError, RuntimeError):
     operations, or NCCL reported an error. It names the rank that failed
     (``rank``, when known), the operation (``op``) and the rank that raised it
     (``this_rank``). ``kind`` is one of "peer_died", "peer_closed", "timeout",
-    "mismatch", "nccl", "init", "closed", "failed_earlier"."""
+    "mismatch", "nccl", "init", "closed", "stream" (the communicator's stream
+    failed), "aborted", "failed_earlier" (an access to an array that a failed
+    operation was to write; ``cause_kind`` and ``__cause__`` say what failed)."""
 
     def __init__(self, detail: str, *, op: str | None = None, rank: int | None = None,
                  this_rank: int | None = None, kind: str = "error", **more: Any) -> None:

@@ -944,13 +944,19 @@ class NvArray:
             self._end(s, _WRITE)
 
     def to_numpy(self, *, stream: Stream | None = None) -> np.ndarray:
-        """Copy to a new NumPy array (waits for the copy). Large results live in pinned memory."""
+        """Copy to a new NumPy array (waits for the copy). Large results live in pinned memory.
+        An operation that failed while the host waited and was to write this array (a
+        collective) makes this raise its error instead of returning what the copy read."""
         s = self._stream_arg(stream)
         self._begin(s, _READ, "device-to-host copy")
         try:
             npd = self.dtype.numpy
             if self.nbytes >= hostcopy.PINNED_RESULT_MIN:
-                return hostcopy.dtoh_pinned(self._ptr, self.nbytes, npd, self.shape, s)
+                try:
+                    out = hostcopy.dtoh_pinned(self._ptr, self.nbytes, npd, self.shape, s)
+                finally:
+                    self._recheck_gates()
+                return out
             out = np.empty(self.shape, npd)
             if self.nbytes:
                 self.device.backend.memcpy_dtoh_async(out.ctypes.data, self._ptr, self.nbytes, s.handle)
@@ -958,10 +964,17 @@ class NvArray:
                     s.synchronize()
                 except BaseException:
                     hostcopy.keep_until_done(s, out)  # the copy may still be writing into it
+                    self._recheck_gates()
                     raise
+                self._recheck_gates()
             return out
         finally:
             self._end(s, _READ)
+
+    def _recheck_gates(self) -> None:
+        """After a wait: a failed operation may have poisoned the bytes just read."""
+        if self._gate is not None or self._base is not None:
+            self._check_live("copy to the host", _READ, "device-to-host copy")
 
     to_host = to_numpy
 

@@ -13,9 +13,14 @@ releases them once its work is ordered on the communicator's stream (see
 ``communicator``). On the cuda backend the engine is NCCL (nccl4py, CuPy's
 bindings, or libnccl through ctypes); on the emulated backend the same API
 runs between processes over loopback TCP, so the logic, the ownership rules
-and the bootstrap are tested without GPUs. A rank that dies or hangs makes
-the others raise ``CollectiveError`` (naming it and the operation) instead of
-hanging.
+and the bootstrap are tested without GPUs. A rank that dies, closes, hangs or
+calls another operation (or the same one with another root) makes the others
+raise ``CollectiveError`` (naming it and the operation) instead of hanging.
+An operation returns once it is queued; if it fails later, every array it was
+to write is poisoned: each later access to it (host copy, clone, kernel,
+``use()``, DLPack export, the next collective) raises ``CollectiveError``
+naming the operation, the ranks and the cause, instead of handing back stale
+bytes.
 """
 
 from __future__ import annotations

@@ -19,10 +19,26 @@ Design and rules:
   must call the same collectives in the same order (as with NCCL). A group
   may mix collectives with send/recv; send/recv pairs that would wait on each
   other must be in one group.
-- Failures: the first failure (a peer died or hung, NCCL error) is kept in
-  ``Health``; the engine aborts, and every later operation, ``synchronize()``
-  and ``barrier()`` raise ``CollectiveError``. ``close()`` never raises for a
+- Failures: the first failure (a peer died, closed, hung or called another
+  operation, an NCCL error, the stream failed) is kept in ``Health``; the
+  engine aborts, and every later operation, ``synchronize()`` and
+  ``barrier()`` raise ``CollectiveError``. ``close()`` never raises for a
   failed communicator.
+- Stale data: an operation returns once it is queued, so it can fail after
+  it returned. Each engine keeps the arrays that its queued operations are to
+  write (weak references to their roots, until it knows the operations
+  finished); when the communicator fails, every one of them is poisoned
+  (``NvArray._poison``) *before* the failure is published and before the
+  engine aborts or lets its stream go on. From then on every access to such an
+  array or a view of it (host copy, clone, fill, kernel launch, ``use()``,
+  DLPack export, the next collective) raises a ``CollectiveError`` that names
+  the operation that was to write it, this rank, the failed rank and the
+  cause; ``free()`` stays allowed. Arrays an operation only reads are left
+  alone. A call that raises at once (the communicator had already failed,
+  bad arguments) issued nothing and poisons nothing: its arrays are as they
+  were. An access queued *before* the failure was known cannot be stopped
+  on the host; on the emulator it fails with the stream (the failure travels
+  along stream waits), on a GPU it sees the bytes as they are.
 - One thread at a time per communicator.
 """
 
@@ -30,6 +46,7 @@ from __future__ import annotations
 
 import threading
 import time
+import weakref
 from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any, Callable, Iterator
 
@@ -52,36 +69,56 @@ OWNER = "collective"
 # future strided NvArray) are checked.
 _STRIDED = hasattr(NvArray, "strides")
 _READ, _WRITE, _RW = Access.READ, Access.WRITE, Access.READ_WRITE
+_ref = weakref.ref
 
 
 class Health:
     """The first failure of one communicator, shared by its engine, watchdog and rendezvous.
 
     ``oldest`` (set by the engine) returns the label of the oldest operation
-    not finished yet, so a death reported from outside names it."""
+    not finished yet, so a death reported from outside names it.
+
+    ``fail(err)`` for the first failure: sets ``claimed`` (at once, under the
+    lock), runs the ``first`` hooks (the engine poisons the arrays its queued
+    operations were to write), then publishes ``error`` and runs the other
+    hooks (wake waiters, abort). So whoever sees ``error`` also sees the
+    poison, and an operation queued while the hooks run checks ``claimed``."""
 
     def __init__(self, rank: int) -> None:
         self.rank = rank
         self.error: CollectiveError | None = None
+        self.claimed: CollectiveError | None = None
         self.oldest: Callable[[], str | None] = lambda: None
+        self._first: list[Callable[[CollectiveError], None]] = []
         self._hooks: list[Callable[[CollectiveError], None]] = []
         self._lock = threading.Lock()
 
-    def add_hook(self, fn: Callable[[CollectiveError], None]) -> None:
-        """Call ``fn(error)`` once, on the first failure."""
-        self._hooks.append(fn)
+    def add_hook(self, fn: Callable[[CollectiveError], None], *, first: bool = False) -> None:
+        """Call ``fn(error)`` once, on the first failure (``first``: before it is published)."""
+        (self._first if first else self._hooks).append(fn)
 
     def fail(self, err: CollectiveError) -> bool:
         """Record ``err`` if it is the first failure; returns whether it was. A first
         failure that named no operation takes the operation of a later report."""
         with self._lock:
-            first = self.error
+            first = self.claimed
             if first is not None:
                 if first.op is None and err.op is not None:
-                    self.error = type(first)(first.detail, op=err.op, rank=first.rank, this_rank=first.this_rank,
-                                             kind=first.kind)
+                    better = type(first)(first.detail, op=err.op, rank=first.rank, this_rank=first.this_rank,
+                                         kind=first.kind)
+                    better.__cause__ = first.__cause__
+                    self.claimed = better
+                    if self.error is first:
+                        self.error = better
                 return False
-            self.error = err
+            self.claimed = err
+        for fn in list(self._first):
+            try:
+                fn(err)
+            except Exception:
+                pass
+        with self._lock:
+            self.error = self.claimed
         for fn in list(self._hooks):
             try:
                 fn(err)
@@ -95,12 +132,55 @@ class Health:
 
     def again(self, op: str | None = None) -> CollectiveError:
         """The error to raise for ``op`` (default: the failed operation itself) after the failure."""
-        e = self.error
+        e = self.error or self.claimed
         assert e is not None
         if op is None or e.op is None or e.op == op:
-            return type(e)(e.detail, op=op or e.op, rank=e.rank, this_rank=self.rank, kind=e.kind)
+            again = type(e)(e.detail, op=op or e.op, rank=e.rank, this_rank=self.rank, kind=e.kind)
+            again.__cause__ = e.__cause__
+            return again
         return CollectiveError(f"the communicator failed earlier, in {e.op}, and cannot be used: {e.detail}",
                                op=op, rank=e.rank, this_rank=self.rank, kind="failed_earlier")
+
+
+class _Poison:
+    """``make_error`` for ``NvArray._poison``: a new ``CollectiveError`` per access, naming
+    the operation that was to write the array, this rank, the failed rank and the cause."""
+
+    __slots__ = ("label", "cause", "this_rank")
+
+    def __init__(self, label: str, cause: CollectiveError, this_rank: int) -> None:
+        self.label = label
+        self.cause = cause
+        self.this_rank = this_rank
+
+    def __call__(self, array: NvArray, what: str) -> CollectiveError:
+        c = self.cause
+        why = c.detail if c.rank is None or f"rank {c.rank}" in c.detail else f"rank {c.rank}: {c.detail}"
+        if c.op is None or c.op == self.label:
+            how = f"failed ({why})"
+        else:
+            how = f"did not finish: the communicator failed in {c.op} ({why})"
+        err = CollectiveError(
+            f"cannot {what} NvArray#{array.id}: {self.label} was to write it and {how}, so its bytes are stale or "
+            "partial. Free it, and recompute it or receive it again on a new communicator",
+            op=self.label, rank=c.rank, this_rank=self.this_rank, kind="failed_earlier", cause_kind=c.kind,
+            array_id=array.id)
+        err.__cause__ = c
+        return err
+
+
+def poison(targets: "tuple | list", cause: CollectiveError, this_rank: int) -> None:
+    """Poison the arrays of ``targets`` (``(weakref to a root array, _Op)`` pairs) that still live."""
+    for ref, op in targets:
+        a = ref()
+        if a is not None:
+            a._poison(_Poison(op.label, cause, this_rank))
+
+
+def _target(a: NvArray, op: "_Op") -> tuple:
+    """What an engine keeps of an array that ``op`` writes: a weak reference to its root
+    (a view dropped meanwhile must not unpoison its parent), and the operation."""
+    return (_ref(a._root()), op)
 
 
 class _Op:
@@ -155,10 +235,10 @@ class _Group:
 
     def __init__(self) -> None:
         self.ops: list[_Op] = []
-        self.held: dict[int, list] = {}  # id(array) -> [array, Access]
+        self.held: dict[int, list] = {}  # id(array) -> [array, Access, the first _Op that writes it]
         self.roots: set[int] = set()  # ids of the roots acquired (a view is held through its root)
 
-    def add(self, a: NvArray, acc: Access) -> None:
+    def add(self, a: NvArray, acc: Access, op: "_Op") -> None:
         """Acquire ``a`` for the group, once; an array used twice gets the union of the accesses."""
         entry = self.held.get(id(a))
         if entry is None:
@@ -166,9 +246,11 @@ class _Group:
             if id(root) not in self.roots:
                 contract.acquire(a, OWNER)
                 self.roots.add(id(root))
-            self.held[id(a)] = [a, acc]
+            self.held[id(a)] = [a, acc, None if acc is _READ else op]
         else:
             entry[1] = _merge(entry[1], acc)
+            if entry[2] is None and acc is not _READ:
+                entry[2] = op
 
 
 def _merge(a: Access, b: Access) -> Access:
@@ -201,6 +283,7 @@ class Communicator:
         self._closed = False
         self._scratch: NvArray | None = None
         self._plans: dict[tuple[int, int], Plan] = {}
+        self._poll: Callable[..., None] | None = engine.poll  # NCCL's asynchronous errors
 
     # -- identity ----------------------------------------------------------------------
     @property
@@ -233,9 +316,13 @@ class Communicator:
 
     # -- checks ------------------------------------------------------------------------
     def _check_usable(self, what: str) -> None:
+        """Raise if this communicator is closed or failed; on NCCL, first ask it for an
+        asynchronous error (``ncclCommGetAsyncError``), so a call does not queue behind one."""
         if self._closed:
             raise CollectiveError("the communicator is closed; make a new one with init_process_group()", op=what,
                                   this_rank=self.rank, kind="closed")
+        if self._poll is not None:
+            self._poll()
         if self._health.error is not None:
             raise self._health.again(what)
 
@@ -244,8 +331,8 @@ class Communicator:
             hint = ("; adopt it with ig.from_dlpack(x) (contiguous arrays only)"
                     if hasattr(a, "__dlpack__") or hasattr(a, "__cuda_array_interface__") else "")
             raise TypeError(f"{what}: {role} must be an ignis NvArray, got {type(a).__name__}{hint}")
-        if a._freed or a._base is not None:
-            a._check_live(f"use in {what}")
+        if a._freed or a._base is not None or a._gate is not None:
+            a._check_live(f"use in {what}")  # freed, a freed base, or a failed collective's target
         if a.device is not self.device:
             raise ValueError(f"{what}: {role} NvArray#{a.id} is on device {a.device.ordinal}, but this "
                              f"communicator (rank {self.rank}) works on device {self.device.ordinal}; allocate it "
@@ -290,9 +377,9 @@ class Communicator:
         """Acquire ``a`` (and ``b``), order, enqueue, record, release; or add to the open group."""
         g = self._group
         if g is not None:
-            g.add(a, acc)
+            g.add(a, acc, op)
             if b is not None:
-                g.add(b, acc_b)
+                g.add(b, acc_b, op)
             g.ops.append(op)
             return
         contract.acquire(a, OWNER)
@@ -300,7 +387,11 @@ class Communicator:
             st = self.stream
             if b is None:
                 a._begin(st, acc, op.name)
-                self._engine.run((op,), st)
+                targets: tuple = () if acc is _READ else (_target(a, op),)
+                try:
+                    self._engine.run((op,), st, targets)
+                except BaseException as e:
+                    self._run_failed((op,), targets, e)
                 a._end(st, acc)
                 return
             shared = b._root() is a._root()  # two views of one array (an in-place operation)
@@ -309,7 +400,14 @@ class Communicator:
             try:
                 a._begin(st, acc, op.name)
                 b._begin(st, acc_b, op.name)
-                self._engine.run((op,), st)
+                if acc is _READ:
+                    targets = () if acc_b is _READ else (_target(b, op),)
+                else:
+                    targets = (_target(a, op), _target(b, op))
+                try:
+                    self._engine.run((op,), st, targets)
+                except BaseException as e:
+                    self._run_failed((op,), targets, e)
                 a._end(st, acc)
                 b._end(st, acc_b)
             finally:
@@ -318,13 +416,28 @@ class Communicator:
         finally:
             contract.release(a, OWNER)
 
+    def _run_failed(self, ops: "list[_Op] | tuple[_Op, ...]", targets: tuple, e: BaseException) -> None:
+        """The engine raised while queuing ``ops``: part of the work may be queued, so the
+        communicator fails and ``targets`` are poisoned; raises the ``CollectiveError``."""
+        err = e if isinstance(e, CollectiveError) else CollectiveError(
+            f"queuing it failed: {type(e).__name__}: {e}", op=ops[0].label, this_rank=self.rank, kind="error")
+        self._health.fail(err)
+        poison(targets, self._health.error or self._health.claimed or err, self.rank)
+        if err is e:
+            raise e
+        raise err from e
+
     def _issue(self, ops: "list[_Op] | tuple[_Op, ...]", held: list) -> None:
         s = self.stream
         name = ops[0].name
-        for a, acc in held:
+        for a, acc, _ in held:
             a._begin(s, acc, name)
-        self._engine.run(ops, s)
-        for a, acc in held:
+        targets = tuple(_target(a, w) for a, _, w in held if w is not None)
+        try:
+            self._engine.run(ops, s, targets)
+        except BaseException as e:
+            self._run_failed(ops, targets, e)
+        for a, acc, _ in held:
             a._end(s, acc)
 
     @contextmanager
@@ -486,17 +599,25 @@ class Communicator:
     # -- synchronization -----------------------------------------------------------------------
     def synchronize(self) -> None:
         """Wait on the host for everything queued on this communicator; raise its
-        ``CollectiveError`` if it failed (it never waits past a failure)."""
+        ``CollectiveError`` if it failed (it never waits past a failure). A failure of
+        the stream itself fails the communicator too (a ``CollectiveError``, never a
+        ``DriverError``)."""
         self._check_usable("synchronize")
+        engine = self._engine
+        upto = engine.issued
         delay = 0.0
         while True:
+            if self._poll is not None:
+                self._poll(True)
             try:
                 done = self.stream.query()
             except DriverError as e:
-                if self._health.error is not None:
-                    raise self._health.again() from None
-                raise CollectiveError(f"the communicator's stream failed: {e}", op="synchronize",
-                                      this_rank=self.rank) from e
+                if self._health.error is None:
+                    err = CollectiveError(f"the communicator's stream failed: {e}", op=self._health.oldest(),
+                                          this_rank=self.rank, kind="stream")
+                    err.__cause__ = e
+                    self._health.fail(err)
+                raise self._health.again() from None
             if done:
                 break
             if self._health.error is not None:
@@ -505,6 +626,7 @@ class Communicator:
             delay = min(max(delay * 2, 2e-5), 1e-3)
         if self._health.error is not None:
             raise self._health.again()
+        engine.finished(upto)
 
     def barrier(self) -> None:
         """Return once every rank has called ``barrier()`` (an all-reduce of one
@@ -551,6 +673,13 @@ class Communicator:
                     pass
             from . import process_group
             process_group._forget(self)
+
+    def _abandon(self, why: str) -> None:
+        """Fail this communicator for a reason of this rank's own (``why``), then close it: the
+        engine aborts and tells the peers ``why``, so they fail at once, naming it."""
+        if not self._closed and self._health.error is None:
+            self._health.fail(CollectiveError(why, op=self._health.oldest(), this_rank=self.rank, kind="aborted"))
+        self.close()
 
     def __enter__(self) -> "Communicator":
         return self

@@ -15,7 +15,11 @@ Design:
 - Algorithms (bandwidth like a ring, deterministic results): all_reduce is a
   direct reduce-scatter then all-gather (rank ``r`` reduces chunk ``r`` in
   rank order 0..n-1 and sends it to everybody); reduce sends to the root;
-  broadcast, all_gather and reduce_scatter are direct exchanges. Every rank
+  broadcast, all_gather and reduce_scatter are direct exchanges. Rooted
+  operations (broadcast, reduce) first exchange their headers between all
+  ranks (``agree``): without it, ranks that name different roots may each
+  act as the root, send, never receive, and keep their own data without an
+  error (or all wait as roots until the time-out). Every rank
   reduces in the same order, so results are identical on all ranks. (NCCL
   orders its sums differently: low-precision results can differ in the last
   bit; its avg of floats pre-multiplies by 1/n, this divides the sum.)
@@ -34,6 +38,11 @@ Rules:
 - A call that fails also raises in its host function, so the emulator marks
   the communicator's stream (and device) failed: work that waits on it
   raises too, where NCCL after an abort would only leave garbage behind.
+  Before that (and before the failure is published), every queued call's
+  target arrays are poisoned (``Health``'s first hook): the one that failed,
+  and those queued behind it.
+- The same mesh serves the NCCL engine as a side channel (``checker=True``):
+  its rooted operations ``agree`` on their headers there first.
 - The host functions never call the backend (as CUDA requires).
 """
 
@@ -49,6 +58,7 @@ from typing import TYPE_CHECKING, Any, Callable
 
 import numpy as np
 
+from .communicator import poison
 from .errors import CollectiveError, CollectiveTimeoutError
 from .ops import ReduceOp
 
@@ -61,6 +71,7 @@ __all__ = ["LoopbackEngine"]
 _FRAME = struct.Struct("<4sIQ")
 _MAGIC = b"IGC1"
 _BYE = "bye"
+_EMPTY = np.empty(0, np.uint8)
 
 
 class _Peer:
@@ -94,7 +105,11 @@ class LoopbackEngine:
 
     name = "emulated"
 
-    def __init__(self, rank: int, world_size: int, device: "Device", health: "Health", timeout: float) -> None:
+    poll = None  # no asynchronous errors to ask for: failures surface in the host functions
+    issued = 0
+
+    def __init__(self, rank: int, world_size: int, device: "Device", health: "Health", timeout: float, *,
+                 checker: bool = False) -> None:
         self.rank = rank
         self.world_size = world_size
         self.device = device
@@ -105,15 +120,31 @@ class LoopbackEngine:
         self._cond = threading.Condition()
         self._listener: socket.socket | None = None
         self._closed = False
-        self._queued: deque = deque()  # the first _Op of each enqueued call not finished yet
+        self._queued: deque[_HostWork] = deque()  # each enqueued call not finished yet
         health.add_hook(self._wake)
-        health.oldest = self._oldest
+        if not checker:  # the NCCL engine keeps its own queue
+            health.add_hook(self._poison_queued, first=True)
+            health.oldest = self._oldest
 
     def _oldest(self) -> str | None:
         try:
             return self._queued[0].label
         except IndexError:
             return None
+
+    def _poison_queued(self, err: CollectiveError) -> None:
+        """The first failure: poison what every queued call (running or waiting) was to write."""
+        while True:
+            try:
+                queued = list(self._queued)
+                break
+            except RuntimeError:  # changed while copied
+                continue
+        for hw in queued:
+            poison(hw.targets, err, self.rank)
+
+    def finished(self, upto: int) -> None:
+        """``synchronize()`` saw the stream drain: nothing to do (each call leaves the queue itself)."""
 
     # -- bootstrap ---------------------------------------------------------------
     def listen(self, ip: str) -> dict[str, Any]:
@@ -254,37 +285,46 @@ class LoopbackEngine:
                         "other operations than this rank", op=label, rank=q, this_rank=self.rank, kind="timeout")
                 self._cond.wait(left)
         header, payload = msg
-        for k, v in expect.items():
-            if header.get(k) != v:
-                raise CollectiveError(
-                    f"rank {q} called {_describe(header)} where this rank called {_describe(expect)}; every rank "
-                    "must call the same operations, in the same order, with the same dtype, size and root",
-                    op=label, rank=q, this_rank=self.rank, kind="mismatch")
+        differ = [k for k, v in expect.items() if header.get(k) != v]
+        if differ:
+            if "op" in differ:
+                differ = ["op"]  # root and reduction follow from the operation
+            names = {"op": "operation", "red": "reduction", "count": "size"}
+            raise CollectiveError(
+                f"rank {q} called {_describe(header)} where this rank called {_describe(expect)} (a different "
+                f"{', '.join(names.get(k, k) for k in differ)}); every rank must call the same operations, in the "
+                "same order, with the same dtype, size and root", op=label, rank=q, this_rank=self.rank,
+                kind="mismatch", differ=differ)
         if payload.nbytes != nbytes:
             raise CollectiveError(f"rank {q} sent {payload.nbytes} bytes where {nbytes} were expected",
                                   op=label, rank=q, this_rank=self.rank, kind="mismatch")
         return payload
 
     # -- enqueue and run -------------------------------------------------------------
-    def run(self, ops: "list[_Op]", stream: "Stream") -> None:
-        """Queue ``ops`` (one call, or one group) on ``stream`` as one host function."""
+    def run(self, ops: "list[_Op] | tuple[_Op, ...]", stream: "Stream", targets: tuple = ()) -> None:
+        """Queue ``ops`` (one call, or one group) on ``stream`` as one host function;
+        ``targets`` (``(weakref, _Op)``: what it writes) are poisoned if it fails."""
         backend = self.device.backend
         work = []
         for op in ops:
-            sv = backend.host_view(op.send_ptr, op.send_bytes) if op.send_bytes else np.empty(0, np.uint8)
-            rv = backend.host_view(op.recv_ptr, op.recv_bytes) if op.recv_bytes else np.empty(0, np.uint8)
+            sv = backend.host_view(op.send_ptr, op.send_bytes) if op.send_bytes else _EMPTY
+            rv = backend.host_view(op.recv_ptr, op.recv_bytes) if op.recv_bytes else _EMPTY
             work.append((op, sv.view(op.plan.numpy), rv.view(op.plan.numpy)))
-        self._queued.append(ops[0])  # before the host function can run (and pop it)
+        hw = _HostWork(self, work, ops[0], targets)
+        self._queued.append(hw)  # before the host function can run (and pop it)
         try:
-            stream.launch_host_func(_HostWork(self, work))
+            stream.launch_host_func(hw)
         except BaseException:
-            self._queued.pop()
+            self._queued.remove(hw)
             raise
+        claimed = self.health.claimed
+        if claimed is not None and targets:  # the first failure's hooks may have missed this call
+            poison(targets, claimed, self.rank)
 
-    def execute(self, work: list) -> None:
+    def execute(self, hw: "_HostWork", work: list) -> None:
         try:
             if self.health.error is not None:
-                raise self.health.again(work[0][0].label)
+                raise self.health.again(hw.label)
             # Sends of a group go first, so a group's send/recv pairs never wait on each other.
             for op, sv, rv in work:
                 if op.name == "send":
@@ -292,18 +332,32 @@ class LoopbackEngine:
             for op, sv, rv in work:
                 if op.name != "send":
                     self._run_one(op, sv, rv)
-        except CollectiveError as e:
-            self.health.fail(e)
-            raise
-        except Exception as e:
-            err = CollectiveError(f"{type(e).__name__}: {e}", op=work[0][0].label, this_rank=self.rank)
-            self.health.fail(err)
+        except BaseException as e:
+            if isinstance(e, CollectiveError):
+                err = e
+            else:
+                err = CollectiveError(f"{type(e).__name__}: {e}", op=hw.label, this_rank=self.rank)
+                err.__cause__ = e
+            if not self.health.fail(err):  # an earlier failure's hooks poisoned what was queued then
+                poison(hw.targets, self.health.claimed or err, self.rank)
+            if err is e:
+                raise
             raise err from e
         finally:
             try:
-                self._queued.popleft()
-            except IndexError:
+                self._queued.remove(hw)
+            except ValueError:
                 pass
+
+    def agree(self, hdr: dict[str, Any], tag: str, label: str, deadline: float) -> None:
+        """Exchange ``hdr`` (operation, dtype, count, root, reduction) with every other rank and
+        raise ``CollectiveError`` (kind "mismatch") naming the first rank whose differs."""
+        peers = [p for p in range(self.world_size) if p != self.rank]
+        msg = {**hdr, "tag": tag}
+        for p in peers:
+            self._send(p, msg, _EMPTY, label)
+        for q in peers:
+            self._recv(q, tag, hdr, 0, label, deadline)
 
     def _run_one(self, op: "_Op", s: np.ndarray, out: np.ndarray) -> None:
         deadline = time.monotonic() + self.timeout
@@ -335,19 +389,23 @@ class LoopbackEngine:
                 if q != r:
                     out[b[q]:b[q + 1]] = recv(q, t1, b[q + 1] - b[q])
         elif name == "reduce":
+            # Phase 0 is the header exchange, so a rank that called another operation
+            # (whose phase 0 carries data) is caught there too.
+            self.agree(hdr, t0, label, deadline)
             if r != op.root:
-                send(op.root, t0, s)
+                send(op.root, t1, s)
             else:
-                out[:] = self._reduce(op, lambda q: s if q == r else recv(q, t0, op.count))
+                out[:] = self._reduce(op, lambda q: s if q == r else recv(q, t1, op.count))
         elif name == "broadcast":
+            self.agree(hdr, t0, label, deadline)
             if r == op.root:
                 for p in range(n):
                     if p != r:
-                        send(p, t0, s)
+                        send(p, t1, s)
                 if out.ctypes.data != s.ctypes.data:
                     out[:] = s
             else:
-                out[:] = recv(op.root, t0, op.count)
+                out[:] = recv(op.root, t1, op.count)
         elif name == "all_gather":
             cnt = op.count
             for p in range(n):
@@ -434,20 +492,30 @@ class LoopbackEngine:
             except OSError:
                 pass
             peer.sock.close()
+        if self._listener is not None:
+            self._listener.close()
+            self._listener = None
 
 
 class _HostWork:
-    """The host function of one queued call (a named callable, for the stream's error text)."""
+    """The host function of one queued call (a named callable, for the stream's error text).
+    ``targets``: ``(weakref to an array, _Op)`` for each array it writes."""
 
-    __slots__ = ("engine", "work")
+    __slots__ = ("engine", "work", "first", "targets")
 
-    def __init__(self, engine: LoopbackEngine, work: list) -> None:
+    def __init__(self, engine: LoopbackEngine, work: list, first: "_Op", targets: tuple) -> None:
         self.engine = engine
         self.work = work
+        self.first = first
+        self.targets = targets
+
+    @property
+    def label(self) -> str:
+        return self.first.label
 
     def __call__(self) -> None:
         work, self.work = self.work, None  # drop the memory views once done
-        self.engine.execute(work)
+        self.engine.execute(self, work)
 
     def __repr__(self) -> str:
         return f"ignis.collective[rank {self.engine.rank}]"

@@ -18,9 +18,29 @@ Design:
   for the work enqueued since its last look (the hot path records nothing),
   and if that work has not finished ``timeout`` seconds after it was
   enqueued it fails the communicator. Any failure (this, a dead rank reported
-  by the rendezvous, an NCCL error) calls ``ncclCommAbort``, which makes the
-  stuck kernels return; the next operation or ``synchronize()`` raises the
-  ``CollectiveError``.
+  by the rendezvous, an NCCL error, the stream's own failure) calls
+  ``ncclCommAbort``, which makes the stuck kernels return; the next operation
+  or ``synchronize()`` raises the ``CollectiveError``. ``synchronize()`` and
+  the next operation also ask ``ncclCommGetAsyncError`` themselves (``poll``;
+  operations at most once a millisecond), so neither waits for the
+  watchdog's next look.
+- Stale data: the engine keeps, per enqueued call, weak references to the
+  arrays it writes (``_flight``), until the watchdog's event (or a
+  ``synchronize()``) shows the call finished. The first failure poisons all
+  of them (``Health``'s first hook) *before* ``ncclCommAbort`` lets the
+  stuck kernels return, so a later access raises ``CollectiveError`` instead
+  of reading what the aborted kernels left behind.
+- Roots: NCCL does not compare the arguments of the ranks; ranks that name
+  different roots corrupt its buffers or hang. So every call with a rooted
+  operation (broadcast, reduce) first queues a host function on the stream
+  that exchanges the operations' headers (operation, dtype, count, root,
+  reduction) with every other rank over the loopback mesh (``checker``, a
+  small TCP side channel set up with the communicator): the NCCL kernels run
+  only once all ranks agree. A mismatch poisons the call's targets and fails
+  the communicator on every rank, naming the ranks and both roots; the abort
+  is then left to the watchdog (no CUDA call may come from a host function).
+  The caller never waits: the exchange costs the stream one round trip on
+  rooted operations only.
 """
 
 from __future__ import annotations
@@ -34,16 +54,22 @@ import time
 from collections import deque
 from typing import TYPE_CHECKING, Any
 
+from .communicator import poison
 from .errors import CollectiveError, CollectiveTimeoutError
 
 if TYPE_CHECKING:
     from ..runtime import Device, Stream
     from .communicator import Health, _Op
+    from .loopback import LoopbackEngine
 
 __all__ = ["NcclEngine", "load_bindings", "FP8_MIN_VERSION"]
 
 FP8_MIN_VERSION = 22400  # NCCL 2.24: ncclFloat8e4m3 / ncclFloat8e5m2
 _WATCH_INTERVAL = 0.05
+_POLL_EVERY = 0.001  # how often calls ask ncclCommGetAsyncError themselves (synchronize always does)
+_ROOTED = frozenset({"broadcast", "reduce"})
+_monotonic = time.monotonic
+_in_host_fn = threading.local()  # set while a root check runs on the driver's host-function thread
 
 
 # -- bindings ------------------------------------------------------------------------
@@ -328,22 +354,31 @@ class NcclEngine:
     name = "nccl"
 
     def __init__(self, api: Any, rank: int, world_size: int, device: "Device", health: "Health",
-                 timeout: float) -> None:
+                 timeout: float, checker: "LoopbackEngine | None" = None) -> None:
         self.api = api
         self.rank = rank
         self.world_size = world_size
         self.device = device
         self.health = health
         self.timeout = timeout
+        self.checker = checker if world_size > 1 else None
         self.handle: Any = None
         self.fp8 = api.version >= FP8_MIN_VERSION
         self._lock = threading.Lock()
         self._first_unwatched: tuple[float, Any] | None = None
         self._aborted = False
+        self._abort_deferred = False
+        self._polled = 0.0
         self._stop = threading.Event()
         self._watchdog: threading.Thread | None = None
         self._stream: "Stream | None" = None
-        self._pending: deque[tuple[int, float, Any]] = deque()  # (event, enqueued at, first _Op): the watchdog's
+        # (event, enqueued at, first _Op, last ticket before the record): the watchdog's
+        self._pending: deque[tuple[int, float, Any, int]] = deque()
+        self.issued = 0  # calls enqueued (their tickets are 1..issued)
+        self._done = 0   # every call with a ticket <= _done has finished
+        self._flight: deque[tuple[int, tuple]] = deque()  # (ticket, targets) of calls that write arrays
+        self._retire_lock = threading.Lock()
+        health.add_hook(self._poison_in_flight, first=True)
         health.add_hook(self._on_failure)
         health.oldest = self._oldest
 
@@ -351,13 +386,70 @@ class NcclEngine:
         """The oldest call not finished yet (asked from other threads: best effort)."""
         backend = self.device.backend
         try:
-            for ev, _, op in list(self._pending):
+            for ev, _, op, _ in list(self._pending):
                 if not backend.event_query(ev):
                     return op.label
         except Exception:  # the watchdog recycled an event meanwhile, or the context broke
             pass
         first = self._first_unwatched
         return first[1].label if first is not None else None
+
+    # -- calls in flight -------------------------------------------------------------
+    def finished(self, upto: int) -> None:
+        """Every call with a ticket up to ``upto`` has finished: forget its targets."""
+        with self._retire_lock:
+            if upto > self._done:
+                self._done = upto
+            flight = self._flight
+            while flight and flight[0][0] <= upto:
+                flight.popleft()
+
+    def _poison_in_flight(self, err: CollectiveError) -> None:
+        """The first failure (before it is published, before the abort): poison what every call
+        not known to have finished was to write. Off the host-function thread, the watchdog's
+        events are asked first, so calls that finished are spared."""
+        if not getattr(_in_host_fn, "on", False):
+            backend = self.device.backend
+            try:
+                for ev, _, _, upto in list(self._pending):
+                    if not backend.event_query(ev):
+                        break
+                    self.finished(upto)
+                if self._flight and self._stream is not None:
+                    # Calls since the watchdog's last look (a peer that exits right after the
+                    # last call must not poison results that are complete): is the stream idle?
+                    upto = self.issued
+                    self.device.backend.set_current(self.device.ordinal)  # the driver context NCCL needs
+                    if backend.stream_query(self._stream.handle):
+                        self.finished(upto)
+            except Exception:  # a broken context, or an event recycled meanwhile: keep the rest
+                pass
+        while True:
+            try:
+                flight = list(self._flight)
+                break
+            except RuntimeError:  # changed while copied
+                continue
+        done = self._done
+        for ticket, targets in flight:
+            if ticket > done:
+                poison(targets, err, self.rank)
+
+    def poll(self, force: bool = False) -> None:
+        """Ask NCCL for an asynchronous error (a peer failed, a network error); fail on one.
+        Calls (not ``force``) ask at most every ``_POLL_EVERY`` s: back-to-back calls cost a
+        clock read, and the watchdog asks every 50 ms anyway."""
+        now = _monotonic()
+        if not force and now - self._polled < _POLL_EVERY:
+            return
+        self._polled = now
+        with self._lock:  # never on a handle that an abort has freed
+            if self._aborted or self.handle is None:
+                return
+            err = self.api.async_error(self.handle)
+        if err:
+            self.health.fail(CollectiveError(f"NCCL reported an asynchronous error: {err}", op=self._oldest(),
+                                             this_rank=self.rank, kind="nccl"))
 
     @property
     def bindings(self) -> str:
@@ -371,7 +463,7 @@ class NcclEngine:
 
         def work() -> None:
             try:
-                self.device.set_current()
+                self.device.backend.set_current(self.device.ordinal)  # the driver context NCCL needs
                 if hasattr(self.api, "set_device"):
                     self.api.set_device(self.device.ordinal)
                 out["h"] = self.api.init_rank(self.world_size, uid, self.rank)
@@ -399,10 +491,15 @@ class NcclEngine:
         self._watchdog.start()
 
     # -- enqueue ---------------------------------------------------------------------
-    def run(self, ops: "list[_Op]", stream: "Stream") -> None:
-        """Enqueue ``ops`` on ``stream`` (several: one NCCL group)."""
+    def run(self, ops: "list[_Op] | tuple[_Op, ...]", stream: "Stream", targets: tuple = ()) -> None:
+        """Enqueue ``ops`` on ``stream`` (several: one NCCL group); ``targets`` (``(weakref, _Op)``:
+        what they write) are kept until the call is known finished, and poisoned if it fails."""
         api, h, st = self.api, self.handle, stream.handle
         grouped = len(ops) > 1
+        if self.checker is not None:
+            rooted = [op for op in ops if op.name in _ROOTED] if grouped else (ops if ops[0].name in _ROOTED else ())
+            if rooted:
+                stream.launch_host_func(_RootCheck(self, tuple(rooted), self.issued + 1))
         try:
             if grouped:
                 api.group_start()
@@ -418,8 +515,15 @@ class NcclEngine:
             raise CollectiveError(f"NCCL ({self.api.name} bindings) refused it: {e}", op=ops[0].label,
                                   this_rank=self.rank, kind="nccl") from e
         with self._lock:
+            ticket = self.issued = self.issued + 1
+            if targets:
+                self._flight.append((ticket, targets))
             if self._first_unwatched is None:
                 self._first_unwatched = (time.monotonic(), ops[0])
+        if targets:
+            claimed = self.health.claimed
+            if claimed is not None:  # the first failure's hooks may have missed this call
+                poison(targets, claimed, self.rank)
 
     @staticmethod
     def _call(api: Any, h: Any, op: "_Op", st: int) -> None:
@@ -450,36 +554,47 @@ class NcclEngine:
         pending = self._pending
         free: list[int] = []
         try:
-            self.device.set_current()
+            self.device.backend.set_current(self.device.ordinal)  # the driver context NCCL needs
             while not self._stop.wait(_WATCH_INTERVAL):
                 if self.health.error is not None:
+                    if self._abort_deferred:  # failed on the host-function thread, which may not abort
+                        self._abort()
                     return
                 oldest = pending[0][2].label if pending else None
-                err = self.api.async_error(self.handle)
+                with self._lock:
+                    err = None if self._aborted else self.api.async_error(self.handle)
                 if err:
                     self.health.fail(CollectiveError(f"NCCL reported an asynchronous error: {err}", op=oldest,
                                                      this_rank=self.rank, kind="nccl"))
                     return
                 with self._lock:
                     first, self._first_unwatched = self._first_unwatched, None
+                    upto = self.issued
                 if first is not None:
                     ev = free.pop() if free else backend.event_create(ordinal, False)
                     backend.event_record(ev, stream.handle)
-                    pending.append((ev, first[0], first[1]))
+                    pending.append((ev, first[0], first[1], upto))
                 while pending and backend.event_query(pending[0][0]):
-                    free.append(pending.popleft()[0])
+                    ev, _, _, upto = pending.popleft()
+                    free.append(ev)
+                    self.finished(upto)
                 if pending and time.monotonic() - pending[0][1] > self.timeout:
                     self.health.fail(CollectiveTimeoutError(
                         f"the operation did not finish within {self.timeout:g} s (the time-out): a peer is stuck "
                         "or dead, or the ranks called different operations; the NCCL communicator was aborted",
                         op=pending[0][2].label, this_rank=self.rank, kind="timeout"))
                     return
-        except Exception as e:  # the driver or NCCL broke under us
+        except Exception as e:  # the driver or NCCL broke under us (the stream failed, ...)
             if not self._stop.is_set():
-                self.health.fail(CollectiveError(f"watchdog: {type(e).__name__}: {e}", this_rank=self.rank,
-                                                 kind="nccl"))
+                err = CollectiveError(f"the communicator's stream or NCCL failed (seen by the watchdog): "
+                                      f"{type(e).__name__}: {e}", op=pending[0][2].label if pending else None,
+                                      this_rank=self.rank, kind="stream")
+                err.__cause__ = e
+                self.health.fail(err)
         finally:
-            for ev, _, _ in pending:
+            if self._abort_deferred:  # the failure came from the host-function thread meanwhile
+                self._abort()
+            for ev, _, _, _ in pending:
                 free.append(ev)
             for ev in free:
                 try:
@@ -488,6 +603,9 @@ class NcclEngine:
                     pass
 
     def _on_failure(self, err: BaseException) -> None:
+        if getattr(_in_host_fn, "on", False):
+            self._abort_deferred = True  # no CUDA call from here: the watchdog aborts
+            return
         self._abort()
 
     def _abort(self) -> None:
@@ -509,7 +627,11 @@ class NcclEngine:
             self._watchdog.join(1.0)
         if self.health.error is not None:
             self._abort()
+            if self.checker is not None:
+                self.checker.abort()
             return
+        if self.checker is not None:
+            self.checker.close()
         with self._lock:
             if self._aborted or self.handle is None:
                 return
@@ -522,3 +644,45 @@ class NcclEngine:
     def abort(self) -> None:
         self._stop.set()
         self._abort()
+        if self.checker is not None:
+            self.checker.abort()
+
+
+class _RootCheck:
+    """A host function queued before a call with rooted operations: the ranks exchange the
+    operations' headers over the checker mesh and compare them (roots included) before the
+    NCCL kernels may run. Everything queued earlier on the stream has finished when it runs."""
+
+    __slots__ = ("engine", "ops", "ticket")
+
+    def __init__(self, engine: NcclEngine, ops: tuple, ticket: int) -> None:
+        self.engine = engine
+        self.ops = ops
+        self.ticket = ticket
+
+    def __call__(self) -> None:
+        eng = self.engine
+        _in_host_fn.on = True
+        try:
+            eng.finished(self.ticket - 1)
+            checker = eng.checker
+            assert checker is not None
+            deadline = time.monotonic() + eng.timeout
+            for op in self.ops:
+                checker.agree(op.header(), f"k{op.seq}", op.label, deadline)
+        except BaseException as e:
+            if isinstance(e, CollectiveError):
+                err = e
+            else:
+                err = CollectiveError(f"root check: {type(e).__name__}: {e}", op=self.ops[0].label,
+                                      this_rank=eng.rank, kind="error")
+                err.__cause__ = e
+            eng.health.fail(err)  # poisons what is queued; the watchdog aborts
+            if err is e:
+                raise
+            raise err from e
+        finally:
+            _in_host_fn.on = False
+
+    def __repr__(self) -> str:
+        return f"ignis.collective.nccl[rank {self.engine.rank}] root check"

@@ -19,6 +19,7 @@ import atexit
 import datetime
 import os
 import socket
+import sys
 from dataclasses import dataclass
 from typing import Any
 
@@ -185,16 +186,8 @@ def init_process_group(backend: str | None = None, timeout: Any = DEFAULT_TIMEOU
             rdzv.watch(health.peer_died)
             engine.connect(table)
         else:
-            from .nccl import NcclEngine, load_bindings
-            api = load_bindings()
-            blob: dict[str, Any] = {"host": socket.gethostname(), "gpu": dev.uuid}
-            if env.rank == 0:
-                blob["nccl_id"] = api.unique_id().hex()
-            table = rdzv.exchange(blob)
-            _check_distinct_devices(table, env)
-            rdzv.watch(health.peer_died)
-            engine = NcclEngine(api, env.rank, env.world_size, dev, health, t)
-            engine.init(bytes.fromhex(table[0]["nccl_id"]), stream)
+            from .nccl import load_bindings
+            engine = _nccl_engine(load_bindings(), env, dev, health, t, rdzv, stream)
         comm = Communicator(engine, rank=env.rank, world_size=env.world_size, device=dev, stream=stream,
                             timeout=t, health=health, rendezvous=rdzv)
     except BaseException:
@@ -203,12 +196,35 @@ def init_process_group(backend: str | None = None, timeout: Any = DEFAULT_TIMEOU
         if stream is not None:
             stream.close()
         raise
+    dev.set_current()  # device=None now means this rank's device, as torch.cuda.set_device(LOCAL_RANK) does
     if _default is None:
         _default = comm
         if not _atexit_registered:
             atexit.register(_close_at_exit)
             _atexit_registered = True
     return comm
+
+
+def _nccl_engine(api: Any, env: GroupEnv, dev: Device, health: Health, t: float, rdzv: Any,
+                 stream: Any) -> Any:
+    """The NCCL engine over ``api`` (the bindings), with its checker mesh (the loopback
+    transport, which rooted operations use to agree on their roots first)."""
+    from .nccl import NcclEngine
+    checker = LoopbackEngine(env.rank, env.world_size, dev, health, t, checker=True)
+    try:
+        blob: dict[str, Any] = {"host": socket.gethostname(), "gpu": dev.uuid, **checker.listen(rdzv.local_ip)}
+        if env.rank == 0:
+            blob["nccl_id"] = api.unique_id().hex()
+        table = rdzv.exchange(blob)
+        _check_distinct_devices(table, env)
+        rdzv.watch(health.peer_died)
+        checker.connect(table)
+        engine = NcclEngine(api, env.rank, env.world_size, dev, health, t, checker=checker)
+        engine.init(bytes.fromhex(table[0]["nccl_id"]), stream)
+    except BaseException:
+        checker.abort()
+        raise
+    return engine
 
 
 def _check_distinct_devices(table: list[dict[str, Any]], env: GroupEnv) -> None:
@@ -246,8 +262,14 @@ def _forget(comm: Communicator) -> None:
 
 
 def _close_at_exit() -> None:
+    """Close the default communicator at interpreter exit; after an uncaught exception
+    (``sys.last_exc``), abort it saying why, so the peers name the cause, not a clean close."""
     if _default is not None:
         try:
-            _default.close()
+            exc = getattr(sys, "last_exc", None) or getattr(sys, "last_value", None)
+            if exc is not None:
+                _default._abandon(f"its program raised {type(exc).__name__}: {exc}, and is exiting")
+            else:
+                _default.close()
         except Exception:
             pass
