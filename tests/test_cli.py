@@ -86,9 +86,24 @@ def test_doctor_reports_a_missing_device(capsys):
     assert len(problems) == 1 and "does not exist" in problems[0]
 
 
+@pytest.mark.parametrize("argv", [["demo", "--device", "99"], ["load", "x.safetensors", "--device", "99"]])
+def test_a_bad_device_is_one_line_and_status_1(argv, capsys):
+    assert main(argv) == 1
+    captured = capsys.readouterr()
+    lines = [line for line in captured.err.splitlines() if not line.startswith("ignis: no usable")]
+    assert len(lines) == 1 and "--device 99 does not exist" in lines[0] and "Traceback" not in captured.err
+
+
 def test_demo(capsys):
     assert main(["demo"]) == 0
     check_demo(capsys.readouterr().out)
+
+
+def test_demo_on_another_device(capsys):
+    if ig.device_count() < 2:
+        pytest.skip("needs two devices")
+    assert main(["demo", "--device", "1"]) == 0
+    assert "FAILED" not in capsys.readouterr().out
 
 
 def test_demo_twice_in_one_process(capsys):

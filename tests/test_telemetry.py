@@ -607,8 +607,10 @@ def test_cli_snapshot_and_replay(dev, streams, recording, tmp_path, capsys):
     log.write_text(RMM_LOG)
     rc, out, _ = run_cli(["replay", str(log), "--resource", "direct"], capsys)
     assert rc == 0 and "peak reserved" in out and "fragmentation" in out and "1 free(s) of unknown" in out
-    rc, out, _ = run_cli(["replay", str(log), "--budget", "4MiB", "--json"], capsys)
-    assert rc == 0 and json.loads(out)["failures"]["out_of_budget"] == 1
+    rc, out, err = run_cli(["replay", str(log), "--budget", "4MiB", "--json"], capsys)
+    assert rc == 1 and json.loads(out)["failures"]["out_of_budget"] == 1 and "1 allocation(s) of the log failed" in err
+    rc, out, _ = run_cli(["replay", str(log), "--budget", "4MiB"], capsys)
+    assert rc == 1 and "allocation(s) FAILED" in out.splitlines()[0]
     with pytest.raises(SystemExit):
         run_cli(["replay", str(log), "--budget", "lots"], capsys)
     rc, _, err = run_cli(["replay", str(tmp_path / "nope.csv")], capsys)

@@ -223,9 +223,11 @@ def _cmd_doctor(args: argparse.Namespace) -> int:
 
 def _cmd_demo(args: argparse.Namespace) -> int:
     from .demo import run
+    from .runtime import Device
     from .telemetry.tour import tour
-    rc = run(sys.stdout, device=args.device)
-    return tour(sys.stdout, device=args.device) or rc
+    with Device(args.device):  # what the demo makes without naming a device lands there too
+        rc = run(sys.stdout, device=args.device)
+        return tour(sys.stdout, device=args.device) or rc
 
 
 def _cmd_run(args: argparse.Namespace) -> int:
@@ -296,4 +298,24 @@ def main(argv: Sequence[str] | None = None) -> int:
         args = parser.parse_args(argv)
     except SystemExit as e:  # --help, --version, or a usage error (already printed)
         return e.code if isinstance(e.code, int) else 2
+    device = getattr(args, "device", None)  # (doctor reports a missing device in its own report)
+    if isinstance(device, int) and not isinstance(device, bool) and args.command != "doctor":
+        problem = _bad_device(device)
+        if problem:
+            print(f"ignis {args.command}: {problem}", file=sys.stderr)
+            return 1
     return args.func(args)
+
+
+def _bad_device(ordinal: int) -> str | None:
+    """Why ``--device ordinal`` cannot be used on this machine, or None."""
+    from .backends import get_backend
+    try:
+        backend = get_backend()
+        count = backend.device_count()
+    except Exception as e:  # no backend at all: the command itself says more
+        return f"no device can be used ({type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''})"
+    if not 0 <= ordinal < count:
+        return (f"--device {ordinal} does not exist: the {backend.name} backend has {count} device(s) "
+                f"(valid: {'0..' + str(count - 1) if count else 'none'}); `ignis doctor` lists them")
+    return None

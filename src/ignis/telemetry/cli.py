@@ -111,8 +111,11 @@ def format_replay(r: dict[str, Any]) -> str:
     from .stats import format_bytes
     f = r["failures"]
     frag = f"{r['fragmentation']:.2f}x" if r["fragmentation"] is not None else "-"
-    lines = [f"replayed {r['path']}: {r['events']} events ({r['allocations']} allocations, {r['frees']} frees) "
-             f"from {r['threads']} thread(s) on {r['streams']} stream(s)",
+    done = r["allocations"] + r["frees"]
+    failed = f["oom"] + f["out_of_budget"]
+    lines = [f"replayed {done} of {r['events']} events of {r['path']} ({r['allocations']} allocations, "
+             f"{r['frees']} frees" + (f"; {failed} allocation(s) FAILED" if failed else "") +
+             f") from {r['threads']} thread(s) on {r['streams']} stream(s)",
              f"  resource        {r['resource']}" + (f" under a {format_bytes(r['budget_bytes'])} budget"
                                                     if r["budget_bytes"] is not None else ""),
              f"  time            {r['time_s'] * 1e3:.1f} ms ({r['us_per_event']:.2f} us per event, "
@@ -151,6 +154,10 @@ def _cmd_replay(args: argparse.Namespace) -> int:
         print(json.dumps(r, indent=2, default=str))
     else:
         print(format_replay(r))
+    failed = r["failures"]["oom"] + r["failures"]["out_of_budget"]
+    if failed:  # the log could not be replayed as it ran: say so in the status too
+        print(f"ignis replay: {failed} allocation(s) of the log failed here (exit status 1)", file=sys.stderr)
+        return 1
     return 0
 
 
