@@ -7,6 +7,7 @@ import subprocess
 import sys
 import textwrap
 
+import pytest
 
 SRC = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "src")
 
@@ -50,10 +51,10 @@ print("script done")
 """
 
 
-def run(tmp_path, body: str, *flags: str) -> subprocess.CompletedProcess:
+def run(tmp_path, body: str, *flags: str, env: dict | None = None) -> subprocess.CompletedProcess:
     script = tmp_path / "script.py"
     script.write_text(textwrap.dedent(body))
-    env = dict(os.environ, PYTHONPATH=SRC + os.pathsep + env_path())
+    env = dict(os.environ, PYTHONPATH=SRC + os.pathsep + env_path(), **(env or {}))
     return subprocess.run([sys.executable, "-m", "ignis", "run", *flags, str(script), "--flag"],
                           capture_output=True, text=True, env=env, timeout=120)
 
@@ -62,23 +63,95 @@ def env_path() -> str:
     return os.environ.get("PYTHONPATH", "")
 
 
-def test_sanitize_finds_the_race(tmp_path):
+RACY_LOOP = """
+import ignis as ig
+d = ig.Device(0)
+a, b = d.create_stream(), d.create_stream()
+x = ig.empty(1024, "float32", stream=a)
+y = ig.empty(1024, "float32", stream=b)
+d.synchronize()
+def step():
+    ig.kernels.fill(x, 1.0, stream=a)
+    ig.kernels.copy(y, x, stream=b)   # no wait: a race under manual ordering
+for _ in range(100):
+    step()
+d.synchronize()
+print("script done")
+"""
+
+MANUAL_ITSELF = "import ignis as ig\nig.set_ordering('manual')\n" + RACY
+
+RELIES_ON_AUTO = """
+import numpy as np
+import ignis as ig
+d = ig.Device(0)
+a, b = d.create_stream(), d.create_stream()
+for i in range(20):
+    x = ig.empty(1 << 14, "float32", stream=a)
+    y = ig.empty(1 << 14, "float32", stream=b)
+    ig.kernels.fill(x, float(i), stream=a)
+    ig.kernels.copy(y, x, stream=b)     # auto ordering queues the wait
+    assert (y.to_numpy(stream=b) == i).all(), "wrong result"
+print("script done", ig.get_ordering())
+"""
+
+
+def test_sanitize_keeps_the_scripts_ordering(tmp_path):
+    # ignis run --sanitize no longer switches to manual: the script means what it means
+    # without the flag, as under IGNIS_SANITIZE=1.
     p = run(tmp_path, RACY, "--sanitize")
+    assert p.returncode == 0, p.stdout + p.stderr
+    assert "script done" in p.stdout and "no problems found" in p.stderr
+    jitter = {"IGNIS_EMU_JITTER": "7:300"}
+    p = run(tmp_path, RELIES_ON_AUTO, "--sanitize", env=jitter)
+    assert p.returncode == 0 and "script done auto" in p.stdout, p.stdout + p.stderr
+    p = run(tmp_path, RELIES_ON_AUTO, env={**jitter, "IGNIS_SANITIZE": "1"})
+    assert p.returncode == 0 and "script done auto" in p.stdout, p.stdout + p.stderr
+
+
+def test_sanitize_finds_the_race_under_manual_ordering(tmp_path):
+    for flags, body in ((("--sanitize", "--ordering", "manual"), RACY), (("--sanitize",), MANUAL_ITSELF)):
+        p = run(tmp_path, body, *flags)
+        assert p.returncode == 1, p.stdout + p.stderr
+        assert "script done" in p.stdout
+        assert "read-after-write race" in p.stderr and "1 problem(s) found" in p.stderr
+        assert "script.py" in p.stderr  # the user's stack
+
+
+def test_reports_are_grouped_by_site_pair_with_the_users_frames(tmp_path):
+    p = run(tmp_path, RACY_LOOP, "--sanitize", "--ordering", "manual")
     assert p.returncode == 1, p.stdout + p.stderr
-    assert "script done" in p.stdout
-    assert "read-after-write race" in p.stderr and "1 problem(s) found" in p.stderr
-    assert "script.py" in p.stderr  # the user's stack
+    err = p.stderr
+    # 100 read-after-write races and 99 write-after-read races: two groups, counted
+    assert "2 problem(s) found (199 report(s)" in err, err
+    assert "(seen 100 times)" in err and "(seen 99 times)" in err
+    assert len(err.splitlines()) < 60
+    assert "in step" in err and "script.py" in err
+    assert "runpy" not in err and "/ignis/" not in err.split("== ignis run report ==")[1].split("memory:")[0]
 
 
 def test_sanitize_passes_a_correct_script(tmp_path):
-    p = run(tmp_path, CORRECT, "--sanitize")
+    p = run(tmp_path, CORRECT, "--sanitize", "--ordering", "manual")
     assert p.returncode == 0, p.stdout + p.stderr
     assert "no problems found" in p.stderr and "memory:" in p.stderr
 
 
-def test_auto_ordering_fixes_the_racy_script(tmp_path):
-    p = run(tmp_path, RACY, "--sanitize", "--ordering", "auto")
-    assert p.returncode == 0, p.stderr
+def test_a_script_without_torch_does_not_import_it(tmp_path):
+    p = run(tmp_path, "import sys\nprint('torch' in sys.modules)\n", "--sanitize")
+    assert p.returncode == 0 and p.stdout.strip() == "False", p.stdout + p.stderr
+
+
+def test_a_torch_script_without_cuda_runs_unchanged(tmp_path):
+    pytest.importorskip("torch", reason="PyTorch is not installed (the ignis[torch] extra)")
+    body = """
+import torch
+x = torch.arange(10.0)
+print("sum", float((x * 2).sum()))
+"""
+    p = run(tmp_path, body, "--sanitize")
+    assert p.returncode == 0, p.stdout + p.stderr
+    assert "sum 90.0" in p.stdout
+    assert "nothing on the CPU is checked" in p.stderr or "op(s) on CUDA tensors checked" in p.stderr
 
 
 def test_leaks_are_reported_with_sites(tmp_path):

@@ -270,12 +270,15 @@ def build_parser() -> argparse.ArgumentParser:
                          description="Run SCRIPT with Ignis's checks on and print their reports at exit. "
                                      "The exit status is non-zero when a problem was found.")
     run.add_argument("--sanitize", action="store_true",
-                     help="check cross-stream races and uses after free (ordering 'manual' unless --ordering)")
+                     help="check cross-stream races, uses after free, reuse races and uninitialized reads, in "
+                          "Ignis's tracked uses and in PyTorch ops on CUDA tensors (the script's ordering "
+                          "policy is kept)")
     run.add_argument("--guard", action="store_true",
                      help="canaries, poison and quarantine on every allocation (DebugGuardResource)")
     run.add_argument("--leaks", action="store_true", help="report arrays still alive at exit, with their sites")
     run.add_argument("--ordering", choices=("auto", "manual"), default=None,
-                     help="ordering policy for tracked uses (default: manual with --sanitize, else auto)")
+                     help="ordering policy for Ignis's tracked uses (default: the script's own; 'manual' "
+                          "with --sanitize checks the script's synchronization instead of supplying it)")
     run.add_argument("--leak-threshold", type=float, default=0.0, metavar="SECONDS",
                      help="only report arrays older than this (default 0)")
     run.add_argument("script", help="the Python script to run")

@@ -1,8 +1,12 @@
 """``ignis run``: run a user's script under Ignis's checks and report at exit.
 
-- ``--sanitize``: the sanitizer in collect mode, under ``manual`` ordering
-  unless ``--ordering auto`` (so it verifies the script's own
-  synchronization instead of supplying it).
+- ``--sanitize``: the sanitizer in collect mode, for Ignis's own tracked uses
+  and, once the script imports torch, for every PyTorch op on CUDA tensors
+  (``ignis.torch``). The script's ordering policy is kept (``auto`` unless it
+  sets one), so it computes what it computes without the flag;
+  ``--ordering manual`` makes Ignis's tracked uses queue no waits, so the
+  sanitizer checks the script's own synchronization instead. Reports are
+  grouped by the pair of sites, with a count, and show the script's frames.
 - ``--guard``: every device's current resource becomes a DebugGuardResource
   over the default pool (canaries, poison, quarantine); checked at exit.
 - ``--leaks``: every array is tracked with its allocation site; arrays still
@@ -53,16 +57,18 @@ def run_script(script: str, argv: list[str], *, sanitize: bool = False, guard: b
         ig.contract.capture_sites = True
     if sanitize:
         ig.sanitizer.enable("collect")
-        ig.set_ordering(ordering or "manual")
-    elif ordering:
+        from ignis.torch import _hook
+        _hook.enable_on_import("collect")
+    if ordering:
         ig.set_ordering(ordering)
 
     status = 0
     old_argv, old_path = sys.argv, list(sys.path)
     sys.argv = [script, *argv]
     sys.path.insert(0, os.path.dirname(os.path.abspath(script)))
+    left: Any = None
     try:
-        runpy.run_path(script, run_name="__main__")
+        left = runpy.run_path(script, run_name="__main__")
     except SystemExit as e:
         status = e.code if isinstance(e.code, int) else (0 if e.code is None else 1)
     except BaseException as e:  # the script's own failure, reported as such
@@ -72,6 +78,9 @@ def run_script(script: str, argv: list[str], *, sanitize: bool = False, guard: b
             problems += 1
     finally:
         sys.argv, sys.path[:] = old_argv, old_path
+    if sanitize:
+        _settle_torch()  # the script is over: what its globals free now cannot race its own work
+    left = None
     gc.collect()
 
     print("\n== ignis run report ==", file=out)
@@ -87,6 +96,7 @@ def run_script(script: str, argv: list[str], *, sanitize: bool = False, guard: b
         reports = ig.sanitizer.reports()
         problems += len(reports)
         print(ig.sanitizer.sanitizer.summary(), file=out)
+        _stop_torch(out)
         ig.sanitizer.sanitizer.clear()
         ig.sanitizer.disable()
     if leaks:
@@ -107,6 +117,22 @@ def run_script(script: str, argv: list[str], *, sanitize: bool = False, guard: b
     if status:
         return status
     return 1 if problems else 0
+
+
+def _settle_torch() -> None:
+    torch = sys.modules.get("torch")
+    if torch is not None and torch.cuda.is_initialized():
+        torch.cuda.synchronize()
+
+
+def _stop_torch(out: TextIO) -> None:
+    import ignis.torch as igt
+    from ignis.torch import _hook
+    _hook.remove()
+    try:
+        igt.disable()
+    except RuntimeError as e:  # the script left its own dispatch mode entered above ours
+        print(f"ignis run: {e}", file=out)
 
 
 def _summary(ig: Any) -> str:

@@ -1,28 +1,46 @@
-"""The sanitizer: races between streams and uses after free, found with vector clocks.
+"""The sanitizer: races between streams, uses after free and uninitialized reads,
+found with vector clocks over byte ranges.
 
 Design:
-- Every stream has a vector clock (stream id -> epoch). Each checked access
-  on a stream advances the stream's own entry. An event record snapshots the
-  recording stream's clock; a stream wait joins the event's snapshot into the
-  waiting stream's clock; a host synchronization (stream / event / device
-  synchronize, or a query that reports completion) joins into the host clock,
-  which every stream joins before its next operation (work queued after the
-  host saw X completes after X).
-- The clocks are driven from the backend itself: enabling the sanitizer wraps
-  the backend's event, wait and synchronize operations, so the waits that
-  auto-ordering queues, the program's own events and raw backend calls are all
-  seen. Disabled, it costs nothing: no wrapper is installed.
-- Per block extent, the sanitizer keeps access records: byte range, kind
-  (read / write / free), stream and epoch, operation and Python frames. A new
-  access is checked against every overlapping record: two accesses conflict
-  when one writes (or frees) and the earlier one is not ordered before the
-  later (the later stream's clock has not reached the earlier's epoch).
-  Records survive a free, so a new allocation at the same addresses is checked
-  against the old block's unordered uses (the reuse race). Records that the
+- Every stream has a vector clock (stream id -> epoch). Each checked
+  operation on a stream advances the stream's own entry. An event record
+  snapshots the recording stream's clock; a stream wait joins the event's
+  snapshot into the waiting stream's clock; a host synchronization (stream /
+  event / device synchronize, or a query that reports completion) joins into
+  the host clock, which every stream joins before its next operation (work
+  queued after the host saw X completes after X). Clocks are keyed by the
+  driver's stream handle, so Ignis's work and a front end's (PyTorch) on one
+  CUstream share one clock.
+- The clocks are fed by trace handlers (``on_event_record``, ``on_stream_wait_event``,
+  ``on_*_synchronize``). Enabling the sanitizer wraps Ignis's backend so its
+  event, wait and synchronize operations call them; front ends call them from
+  their own library's trace callbacks. Disabled, nothing is wrapped.
+- Access records: byte range (optionally strided: a period and a chunk, so
+  column halves of a matrix do not overlap), kind (read / write / free),
+  stream and epoch, operation, generation and Python frames. A new access is
+  checked against every overlapping record: two accesses conflict when one
+  writes (or frees) and the earlier one is not ordered before the later (the
+  later stream's clock has not reached the earlier's epoch). Records that the
   host clock has passed can no longer race and are dropped.
+- Two homes for records. Ignis blocks: per block extent, found by address
+  (``access`` / ``free``, called by the memory layer). Foreign extents: memory
+  another allocator hands out (a PyTorch caching-allocator block, pinned host
+  memory), keyed by base address, each with its own generation counter bumped
+  on every allocation at that address (``extent_allocated`` / ``extent_freed``
+  / ``foreign_access``). A freed extent's records (with the free itself) go to
+  a graveyard and are copied into every extent allocated over those addresses,
+  so the new owner's accesses are checked against the old owner's unordered
+  uses (the reuse race); a graveyard entry is replaced when a lifetime at the
+  same addresses is freed, and dropped once the host clock has passed it.
+  ``record_stream`` streams are exempt: the allocator waits for them before it
+  hands the memory out again.
+- Uninitialized reads: an extent first seen as an op's output keeps the set of
+  byte ranges written since its allocation; a read of bytes outside it is
+  reported with the allocation site.
 - Stacks are captured as (code, line) pairs, formatted only for a report.
-- Modes: ``raise`` (a ``RaceError`` at the second access, before its work is
-  queued) or ``collect`` (reports kept in ``reports`` and printed at exit).
+  Reports are grouped by kind and the pair of sites, with a count.
+- Modes: ``raise`` (an error at the second access) or ``collect`` (reports
+  kept in ``reports`` and printed at exit).
 """
 
 from __future__ import annotations
@@ -33,34 +51,78 @@ import itertools
 import sys
 import threading
 from contextlib import contextmanager
-from typing import Any, Iterator
+from typing import Any, Callable, Iterator
 
-from ..errors import OutOfBoundsError, RaceError
+from ..errors import IgnisError, OutOfBoundsError, RaceError
 from ..memory import ordering as _ord
 from ..memory.types import Access, DeviceBlock
-from .frames import capture_frames, format_frames
+from .frames import capture_frames, format_frames, sites
 
-__all__ = ["Sanitizer", "sanitizer", "enable", "disable", "enabled", "is_enabled", "reports"]
+__all__ = ["Sanitizer", "sanitizer", "enable", "disable", "enabled", "is_enabled", "reports",
+           "UninitializedReadError", "READ", "WRITE", "OUTPUT", "NO_INIT_CHECK", "PINNED", "HOST"]
 
 _frames = capture_frames
 
+# Mode bits of a foreign access (``foreign_access`` items).
+READ, WRITE, OUTPUT, NO_INIT_CHECK, PINNED = 1, 2, 4, 8, 16
+HOST = None  # the stream of an access the host makes itself (a CPU op on pinned memory)
+_INF = float("inf")
+
+
+class UninitializedReadError(IgnisError):
+    """A read of bytes that nothing wrote since they were allocated.
+    ``first`` describes the allocation, ``second`` the read."""
+
+    def __init__(self, detail: str, *, first: Any = None, second: Any = None, **more: Any) -> None:
+        super().__init__(f"uninitialized read: {detail}", first=first, second=second,
+                         kind="uninitialized read", detail=detail, **more)
+
 
 class _Rec:
-    __slots__ = ("sid", "stream_id", "epoch", "kind", "lo", "hi", "op", "frames", "gen", "block")
+    __slots__ = ("sid", "stream_id", "epoch", "kind", "lo", "hi", "op", "frames", "gen", "block", "per", "ch")
 
-    def __init__(self, sid: int, stream_id: int, epoch: int, kind: str, lo: int, hi: int, op: str,
-                 frames: tuple, gen: int, block: int) -> None:
+    def __init__(self, sid: int, stream_id: Any, epoch: int, kind: str, lo: int, hi: int, op: str,
+                 frames: tuple | None, gen: int, block: int, per: int = 0, ch: int = 0) -> None:
         self.sid, self.stream_id, self.epoch, self.kind = sid, stream_id, epoch, kind
         self.lo, self.hi, self.op, self.frames, self.gen, self.block = lo, hi, op, frames, gen, block
+        self.per, self.ch = per, ch
+
+    def stream_name(self) -> str:
+        s = self.stream_id
+        return f"stream #{s}" if isinstance(s, int) else s
 
     def describe(self) -> dict[str, Any]:
-        return {"stream": self.stream_id, "kind": self.kind, "range": (self.lo - self.block, self.hi - self.block),
-                "block": self.block, "generation": self.gen, "op": self.op, "stack": format_frames(self.frames)}
+        return {"stream": self.stream_id, "stream_name": self.stream_name(), "kind": self.kind,
+                "range": (self.lo - self.block, self.hi - self.block), "block": self.block,
+                "generation": self.gen, "op": self.op,
+                "stack": format_frames(self.frames) if self.frames is not None else "  (stack not captured)"}
 
     def line(self) -> str:
         lo, hi = self.lo - self.block, self.hi - self.block
-        return (f"{self.kind} of bytes [{lo}, {hi}) of block {self.block:#x} (generation {self.gen}) "
-                f"by {self.op} on stream #{self.stream_id}")
+        what = f"bytes [{lo}, {hi})" + (f" (every {self.per} bytes, {self.ch} of them)" if self.per else "")
+        return (f"{self.kind} of {what} of block {self.block:#x} (generation {self.gen}) "
+                f"by {self.op} on {self.stream_name()}")
+
+
+class _Extent:
+    """Memory tracked outside Ignis's blocks: one allocation's lifetime at ``base``.
+
+    ``end`` is None until an access says how large it is (the allocator's trace
+    gives only the address). ``written`` is None when every byte counts as
+    written (or its history is unknown), else the sorted disjoint byte ranges
+    (relative to ``base``) written since the allocation."""
+
+    __slots__ = ("base", "end", "gen", "sid", "recs", "written", "frames", "op", "rs", "pinned", "hv")
+
+    def __init__(self, base: int, end: int | None, gen: int, sid: int) -> None:
+        self.base, self.end, self.gen, self.sid = base, end, gen, sid
+        self.recs: list[_Rec] = []
+        self.written: list[tuple[int, int]] | None = None
+        self.frames: tuple | None = None
+        self.op = "an allocation"
+        self.rs: set[int] | None = None   # record_stream streams of this lifetime
+        self.pinned = False
+        self.hv = -1                       # the host clock's version when records were last pruned
 
 
 def _race_kind(first: str, second: str, same_gen: bool) -> str:
@@ -77,6 +139,42 @@ def _race_kind(first: str, second: str, same_gen: bool) -> str:
     return "write-after-write race"
 
 
+def _disjoint(r: _Rec, lo: int, hi: int, per: int, ch: int) -> bool:
+    """Whether two overlapping spans, at least one strided, touch no common byte."""
+    if r.per and per:
+        if r.per != per:
+            return False
+        d = (lo - r.lo) % per
+        return d >= r.ch and d + ch <= per
+    if r.per:  # r strided, the new access contiguous
+        d = (lo - r.lo) % r.per
+        return lo >= r.lo and d >= r.ch and d + (hi - lo) <= r.per
+    d = (r.lo - lo) % per  # the new access strided, r contiguous
+    return r.lo >= lo and d >= ch and d + (r.hi - r.lo) <= per
+
+
+def _covered(written: list[tuple[int, int]], lo: int, hi: int) -> bool:
+    i = bisect.bisect_right(written, (lo, _INF)) - 1
+    return i >= 0 and written[i][1] >= hi
+
+
+def _mark(ext: _Extent, lo: int, hi: int) -> None:
+    """Add [lo, hi) (relative to the base) to the written ranges, merging neighbours."""
+    w = ext.written
+    if w is None:
+        return
+    i = bisect.bisect_left(w, (lo, -1))
+    if i and w[i - 1][1] >= lo:
+        i -= 1
+    j = i
+    while j < len(w) and w[j][0] <= hi:
+        lo, hi = min(lo, w[j][0]), max(hi, w[j][1])
+        j += 1
+    w[i:j] = [(lo, hi)]
+    if len(w) == 1 and lo <= 0 and hi >= ext.end - ext.base:
+        ext.written = None
+
+
 class Sanitizer:
     """One process-wide checker (``ignis.sanitizer``)."""
 
@@ -84,35 +182,55 @@ class Sanitizer:
         self._lock = threading.RLock()
         self.active = False
         self.mode = "raise"
-        self.reports: list[RaceError] = []
+        self.reports: list[Exception] = []
+        self._groups: dict[tuple, Exception] = {}
+        self.notes: list[Callable[[], str]] = []   # front ends' lines for the summary
+        self.capture: Callable[[], Any] = _frames     # how a foreign free takes its stack (a front end's cheaper way)
         self._backend: Any = None
         self._reset()
         self._atexit = False
 
     def _reset(self) -> None:
-        self._sids: dict[int, int] = {}           # live stream handle -> stream identity
+        self._sids: dict[Any, int] = {}           # live stream handle (None: the host) -> stream identity
         self._by_id: dict[int, int] = {}          # ignis Stream.id -> identity (outlives the handle)
         self._names: dict[int, int] = {}          # identity -> ignis Stream.id (for reports)
+        self._labels: dict[int, str] = {}         # identity -> how a foreign access names its stream
         self._next_sid = itertools.count(1)
         self._clock: dict[int, dict[int, int]] = {}
         self._seen: dict[int, int] = {}           # identity -> host version joined
         self._events: dict[int, dict[int, int]] = {}
         self._host: dict[int, int] = {}
         self._host_version = 0
-        self._regions: dict[tuple[int, int], list[_Rec]] = {}  # block extent -> records
+        self._regions: dict[tuple[int, int], list[_Rec]] = {}  # Ignis block extent -> records
         self._starts: list[tuple[int, int]] = []   # sorted extents
         self._max_len = 0
+        self._live: dict[int, _Extent] = {}        # foreign extents by base address
+        self._gen_at: dict[int, int] = {}          # base address -> last generation handed out there
+        self._grave: dict[tuple[int, int], list[_Rec]] = {}  # freed foreign extents' records
+        self._grave_starts: list[tuple[int, int]] = []
+        self._grave_max = 0
+        self.pinned: set[int] = set()              # bases of pinned host extents with records
         self.checked = 0
+        self.checked_foreign = 0
 
     # -- clocks ------------------------------------------------------------
-    def _sid(self, handle: int) -> int:
+    def _sid(self, handle: Any) -> int:
         sid = self._sids.get(handle)
         if sid is None:
             sid = self._sids[handle] = next(self._next_sid)
             self._clock[sid] = {sid: 0}
+            if handle is HOST:
+                self._labels[sid] = "the host (CPU)"
+            else:
+                self._labels[sid] = "the default stream (0x0)" if handle == 0 else f"stream {handle:#x}"
         return sid
 
-    def _vc(self, handle: int) -> tuple[int, dict[int, int]]:
+    def set_stream_label(self, handle: int, label: str) -> None:
+        """How reports name the stream ``handle`` in foreign accesses."""
+        with self._lock:
+            self._labels[self._sid(handle)] = label
+
+    def _vc(self, handle: Any) -> tuple[int, dict[int, int]]:
         return self._vc_of(self._sid(handle))
 
     def _vc_of(self, sid: int) -> tuple[int, dict[int, int]]:
@@ -137,14 +255,66 @@ class Sanitizer:
 
     def _prune(self) -> None:
         host = self._host
-        dead = []
-        for key, recs in self._regions.items():
-            recs[:] = [r for r in recs if host.get(r.sid, 0) < r.epoch]
-            if not recs:
-                dead.append(key)
-        for key in dead:
-            del self._regions[key]
-            del self._starts[bisect.bisect_left(self._starts, key)]
+        for regions, starts in ((self._regions, self._starts), (self._grave, self._grave_starts)):
+            dead = []
+            for key, recs in regions.items():
+                recs[:] = [r for r in recs if host.get(r.sid, 0) < r.epoch]
+                if not recs:
+                    dead.append(key)
+            for key in dead:
+                del regions[key]
+                del starts[bisect.bisect_left(starts, key)]
+        for base in list(self.pinned):
+            ext = self._live.get(base)
+            if ext is not None:
+                ext.recs[:] = [r for r in ext.recs if host.get(r.sid, 0) < r.epoch]
+                if ext.recs:
+                    continue
+                del self._live[base]
+            self.pinned.discard(base)
+
+    # -- trace handlers: the backend wrappers and the front ends call these --------
+    def on_event_record(self, event: int, stream: int) -> None:
+        """``event`` was recorded on ``stream``: it snapshots the stream's clock."""
+        with self._lock:
+            _, vc = self._vc(stream)
+            self._events[event] = dict(vc)
+
+    def on_event_wait(self, event: int, stream: int) -> None:
+        """``on_stream_wait_event`` in PyTorch's trace argument order."""
+        self.on_stream_wait_event(stream, event)
+
+    def on_stream_wait_event(self, stream: int, event: int) -> None:
+        """``stream`` waits for ``event``: it joins the event's snapshot."""
+        with self._lock:
+            _, vc = self._vc(stream)
+            for k, v in self._events.get(event, {}).items():
+                if vc.get(k, 0) < v:
+                    vc[k] = v
+
+    def on_stream_synchronize(self, stream: int) -> None:
+        """The host waited for ``stream`` (or saw it idle)."""
+        with self._lock:
+            self._host_join(self._vc(stream)[1])
+
+    def on_event_synchronize(self, event: int) -> None:
+        """The host waited for ``event`` (or saw it complete)."""
+        with self._lock:
+            self._host_join(self._events.get(event, {}))
+
+    def on_device_synchronize(self) -> None:
+        """The host waited for every stream."""
+        with self._lock:
+            for vc in list(self._clock.values()):
+                self._host_join(vc)
+
+    def on_stream_destroyed(self, stream: int) -> None:
+        with self._lock:
+            self._sids.pop(stream, None)  # a new stream may get the same handle
+
+    def on_event_destroyed(self, event: int) -> None:
+        with self._lock:
+            self._events.pop(event, None)
 
     # -- backend instrumentation ----------------------------------------------
     def _install(self, backend: Any) -> None:
@@ -152,53 +322,40 @@ class Sanitizer:
         san = self
 
         def event_record(event: int, stream: int) -> None:
-            with san._lock:
-                _, vc = san._vc(stream)
-                san._events[event] = dict(vc)
+            san.on_event_record(event, stream)
             cls.event_record(backend, event, stream)
 
         def stream_wait_event(stream: int, event: int) -> None:
             cls.stream_wait_event(backend, stream, event)
-            with san._lock:
-                _, vc = san._vc(stream)
-                for k, v in san._events.get(event, {}).items():
-                    if vc.get(k, 0) < v:
-                        vc[k] = v
+            san.on_stream_wait_event(stream, event)
 
         def stream_synchronize(stream: int) -> None:
             cls.stream_synchronize(backend, stream)
-            with san._lock:
-                san._host_join(san._vc(stream)[1])
+            san.on_stream_synchronize(stream)
 
         def event_synchronize(event: int) -> None:
             cls.event_synchronize(backend, event)
-            with san._lock:
-                san._host_join(san._events.get(event, {}))
+            san.on_event_synchronize(event)
 
         def device_synchronize(ordinal: int) -> None:
             cls.device_synchronize(backend, ordinal)
-            with san._lock:
-                for vc in list(san._clock.values()):
-                    san._host_join(vc)
+            san.on_device_synchronize()
 
         def stream_query(stream: int) -> bool:
             done = cls.stream_query(backend, stream)
             if done:
-                with san._lock:
-                    san._host_join(san._vc(stream)[1])
+                san.on_stream_synchronize(stream)
             return done
 
         def event_query(event: int) -> bool:
             done = cls.event_query(backend, event)
             if done:
-                with san._lock:
-                    san._host_join(san._events.get(event, {}))
+                san.on_event_synchronize(event)
             return done
 
         def stream_destroy(stream: int) -> None:
             cls.stream_destroy(backend, stream)
-            with san._lock:
-                san._sids.pop(stream, None)  # a new stream may get the same handle
+            san.on_stream_destroyed(stream)
 
         for fn in (event_record, stream_wait_event, stream_synchronize, event_synchronize, device_synchronize,
                    stream_query, event_query, stream_destroy):
@@ -214,7 +371,7 @@ class Sanitizer:
             b.__dict__.pop(name, None)
         self._backend = None
 
-    # -- checks (called by the memory layer through ordering.checker) -------------
+    # -- checks of Ignis blocks (called by the memory layer through ordering.checker) --
     def access(self, block: DeviceBlock, stream: Any, access: Access, span: tuple | None) -> None:
         if span is None:
             off, n, op = 0, block.bytes, "tracked use"
@@ -226,7 +383,7 @@ class Sanitizer:
                 f"{block.ptr:#x} (tag {block.tag!r}, generation {block.generation}): outside the block",
                 generation=block.generation, ptr=block.ptr, tag=block.tag,
                 side="before" if off < 0 else "after", offset=off if off < 0 else block.bytes)
-            self._report(err)
+            self._report(err, ("oob", block.ptr, off, n, op))
             return
         if not n:
             return
@@ -250,16 +407,7 @@ class Sanitizer:
             conflict = self._find_conflict(rec, vc, rw)
             self._insert(rec, (block.ptr, block.ptr + block.bytes))
         if conflict is not None:
-            first = conflict
-            kind_name = _race_kind(first.kind, kind, first.gen == rec.gen)
-            detail = (f"{rec.line()}\n  is not ordered after the earlier\n{first.line()}\n"
-                      f"  (no event wait or synchronization between stream #{first.stream_id} and "
-                      f"stream #{rec.stream_id} covers it)\n"
-                      f"earlier access:\n{format_frames(first.frames)}\n"
-                      f"later access:\n{format_frames(rec.frames)}\n"
-                      "fix: record an event after the earlier work and make the later stream wait on it "
-                      "(or use ordering 'auto')")
-            self._report(RaceError(detail, first=first.describe(), second=rec.describe(), kind=kind_name))
+            self._race(conflict, rec)
 
     def _find_conflict(self, rec: _Rec, vc: dict[int, int], rw: bool) -> _Rec | None:
         lo, hi = rec.lo, rec.hi
@@ -277,6 +425,8 @@ class Sanitizer:
                     continue
                 if vc.get(r.sid, 0) >= r.epoch:
                     continue
+                if (r.per or rec.per) and _disjoint(r, lo, hi, rec.per, rec.ch):
+                    continue
                 return r
         return None
 
@@ -289,18 +439,301 @@ class Sanitizer:
         if rec.kind == "read":
             recs[:] = [r for r in recs if not (r.sid == rec.sid and r.kind == "read" and r.lo >= rec.lo
                                                 and r.hi <= rec.hi)]
-        else:
+        elif not rec.per:
             vc = self._clock[rec.sid]
             recs[:] = [r for r in recs if not (r.lo >= rec.lo and r.hi <= rec.hi
                                                 and vc.get(r.sid, 0) >= r.epoch)]
         recs.append(rec)
 
-    def _report(self, err: Exception) -> None:
-        if self.mode == "collect":
-            with self._lock:
-                self.reports.append(err)
-            return
-        raise err
+    def _block_at(self, addr: int) -> tuple[int, int] | None:
+        """The Ignis block extent holding ``addr``, if the sanitizer has seen it (and not its free)."""
+        starts = self._starts
+        i = bisect.bisect_right(starts, (addr, _INF)) - 1
+        while i >= 0 and addr - starts[i][0] < self._max_len:
+            key = starts[i]
+            if key[0] <= addr < key[1]:
+                recs = self._regions[key]
+                return key if recs and recs[-1].kind != "free" else None
+            i -= 1
+        return None
+
+    # -- foreign extents: memory of another allocator (PyTorch's caching allocator) --
+    def extent_allocated(self, base: int, stream: int) -> None:
+        """An allocator handed out memory at ``base``, ordered on ``stream``: a new
+        lifetime (and generation) there. Its size comes with its first access."""
+        with self._lock:
+            old = self._live.pop(base, None)
+            if old is not None and old.end is not None:  # its free was not seen: retire it quietly
+                self._retire(old, None)
+            gen = self._gen_at[base] = self._gen_at.get(base, 0) + 1
+            self._live[base] = _Extent(base, None, gen, self._sid(stream))
+
+    def extent_freed(self, base: int) -> None:
+        """The allocator took ``base`` back (a free ordered on its allocation stream):
+        checked against uses on other streams, then kept until the addresses are reused.
+        The free's stack is taken (``capture``) only when another stream used the memory."""
+        with self._lock:
+            ext = self._live.get(base)
+            if ext is None or ext.pinned:
+                return
+            del self._live[base]
+            if ext.end is None:  # never seen by an access (a library's workspace)
+                return
+            rs, sid = ext.rs, ext.sid
+            frames = None
+            for r in ext.recs:
+                if r.sid != sid and not (rs and r.sid in rs):
+                    frames = self.capture()
+                    break
+            conflict, rec = self._retire(ext, frames)
+        if conflict is not None:
+            self._race(conflict, rec)
+
+    def _retire(self, ext: _Extent, frames: Any) -> tuple[_Rec | None, _Rec]:
+        sid, vc = self._vc_of(ext.sid)
+        ep = vc[sid] = vc[sid] + 1
+        rs = ext.rs or ()
+        host = self._host
+        base, gen = ext.base, ext.gen
+        conflict = None
+        mine: list[_Rec] = []
+        older: list[_Rec] = []
+        wrote = False
+        for r in ext.recs:
+            if r.sid in rs or host.get(r.sid, 0) >= r.epoch:
+                continue  # the allocator waits for record_stream streams before reuse
+            if r.block == base and r.gen == gen:
+                mine.append(r)
+                wrote = wrote or r.kind == "write"
+                if conflict is None and r.sid != sid and vc.get(r.sid, 0) < r.epoch:
+                    conflict = r
+            else:
+                older.append(r)
+        rec = _Rec(sid, self._labels[sid], ep, "free", base, ext.end, "free", frames, gen, base)
+        # An older lifetime's unordered uses were checked against this one's first write (a
+        # reuse race is reported there); a lifetime that never wrote hands them on.
+        keep = mine if wrote else mine + older
+        keep.append(rec)
+        key = (base, ext.end)
+        if key not in self._grave:
+            bisect.insort(self._grave_starts, key)
+            self._grave_max = max(self._grave_max, ext.end - base)
+        self._grave[key] = keep  # it inherited the entry it replaces
+        return conflict, rec
+
+    def _inherit(self, lo: int, hi: int) -> list[_Rec]:
+        """Records of freed extents over [lo, hi), for the lifetime starting there."""
+        starts = self._grave_starts
+        if not starts:
+            return []
+        host = self._host
+        grave = self._grave
+        out: list[_Rec] = []
+        i = bisect.bisect_left(starts, (lo - self._grave_max, 0))
+        n = len(starts)
+        while i < n and starts[i][0] < hi:
+            key = starts[i]
+            i += 1
+            if key[1] > lo:
+                out += [r for r in grave[key] if r.hi > lo and r.lo < hi and host.get(r.sid, 0) < r.epoch]
+        return out
+
+    def extent_record_stream(self, base: int, stream: int) -> None:
+        """The memory at ``base`` is also used on ``stream`` (``Tensor.record_stream``): its
+        free waits for that stream, so uses there do not race the free or a reuse."""
+        with self._lock:
+            ext = self._live.get(base)
+            if ext is not None:
+                if ext.rs is None:
+                    ext.rs = set()
+                ext.rs.add(self._sid(stream))
+
+    def extent_dropped(self, base: int) -> None:
+        """Forget a pinned host extent (its memory died; the host allocator orders its reuse)."""
+        with self._lock:
+            ext = self._live.get(base)
+            if ext is not None and ext.pinned:
+                del self._live[base]
+                self._gen_at[base] = ext.gen + 1
+            self.pinned.discard(base)
+
+    def knows(self, base: int) -> bool:
+        """Whether ``base`` is a foreign extent whose size is known."""
+        ext = self._live.get(base)
+        return ext is not None and ext.end is not None
+
+    def foreign_access(self, stream: Any, op: str, frames: Any, items: list, synced: bool = False) -> None:
+        """One operation's accesses to foreign memory, queued on ``stream`` (a handle;
+        ``HOST`` for the host itself). Each item is ``(base, size, lo, hi, period, chunk,
+        mode)``: the extent's base and size (size is read only when the extent is new),
+        the absolute byte span, its stride pattern (0, 0 when contiguous) and mode bits
+        (``READ``, ``WRITE``, ``OUTPUT``: the op produced it, ``NO_INIT_CHECK``, ``PINNED``).
+        ``synced``: the host waited for the stream inside the operation (``.item()``), after
+        its work was queued: the host clock covers it."""
+        found: list | None = None
+        with self._lock:
+            sid = self._sids.get(stream)
+            if sid is None:
+                sid = self._sid(stream)
+            vc = self._clock[sid]
+            if self._seen.get(sid) != self._host_version:
+                self._vc_of(sid)
+            ep = vc[sid] = vc[sid] + 1
+            label = self._labels[sid]
+            self.checked_foreign += len(items)
+            live, host, hv = self._live, self._host, self._host_version
+            written = None
+            for base, size, lo, hi, per, ch, mode in items:
+                ext = live.get(base)
+                if ext is None or ext.end is None:
+                    ext = self._first_sight(ext, base, size, mode, sid, frames, op)
+                    if ext is None:  # inside an Ignis block: checked there
+                        c = self._on_block(sid, label, ep, vc, lo, hi, per, ch, mode, op, frames)
+                        if c is not None:
+                            found = (found or []) + [c]
+                        continue
+                elif hi > ext.end:
+                    ext.end = hi
+                if not mode & (READ | WRITE):
+                    continue  # an allocation the op returned: no byte touched yet
+                write = mode & WRITE
+                kind = "write" if write else "read"
+                rec = _Rec(sid, label, ep, kind, lo, hi, op, frames, ext.gen, base, per, ch)
+                recs = ext.recs
+                if recs:
+                    if ext.hv != hv:  # the host moved on: records it passed can never race again
+                        recs[:] = [r for r in recs if host.get(r.sid, 0) < r.epoch]
+                        ext.hv = hv
+                    drop = conflict = None
+                    for r in recs:
+                        if r.hi <= lo or r.lo >= hi:
+                            continue
+                        covered = r.lo >= lo and r.hi <= hi and not per
+                        if r.sid == sid:
+                            if covered and (write or r.kind == "read"):
+                                drop = True  # superseded by this access on the same stream
+                            continue
+                        if vc.get(r.sid, 0) >= r.epoch:
+                            if covered and write:
+                                drop = True  # ordered before this write, which covers it
+                            continue
+                        if (write or r.kind != "read") and conflict is None \
+                                and not ((r.per or per) and _disjoint(r, lo, hi, per, ch)):
+                            conflict = r
+                    if conflict is not None:
+                        found = (found or []) + [(conflict, rec)]
+                    if drop:
+                        if write:
+                            recs[:] = [r for r in recs if not (r.lo >= lo and r.hi <= hi and
+                                                               (r.sid == sid or vc.get(r.sid, 0) >= r.epoch))]
+                        else:
+                            recs[:] = [r for r in recs if not (r.sid == sid and r.kind == "read" and r.lo >= lo
+                                                               and r.hi <= hi)]
+                w = ext.written
+                if w is not None and mode & READ and not mode & NO_INIT_CHECK \
+                        and not _covered(w, lo - base, hi - base):
+                    found = (found or []) + [(ext, rec)]
+                recs.append(rec)
+                if w is not None and write:
+                    written = (written or []) + [(ext, lo - base, hi - base)]
+            if written:
+                for ext, a, b in written:
+                    _mark(ext, a, b)
+            if stream is HOST or synced:  # later work everywhere is ordered after this operation
+                if host.get(sid, 0) < ep:
+                    host[sid] = ep
+                    self._host_version += 1
+        if found:
+            for first, rec in found:
+                if isinstance(first, _Extent):
+                    self._uninit(first, rec)
+                else:
+                    self._race(first, rec)
+
+    def _first_sight(self, ext: _Extent | None, base: int, size: int, mode: int, sid: int,
+                     frames: tuple | None, op: str) -> _Extent | None:
+        if ext is None:
+            if self._regions and not mode & PINNED and self._block_at(base) is not None:
+                return None
+            gen = self._gen_at.get(base, 0)
+            if not mode & PINNED:
+                gen = self._gen_at[base] = gen + 1
+            ext = self._live[base] = _Extent(base, None, gen, sid)
+            ext.op = "memory allocated before the sanitizer started, or by another library"
+            if mode & PINNED:
+                ext.pinned = True
+                self.pinned.add(base)
+        elif mode & OUTPUT:  # a lifetime the trace announced, first seen as an op's output
+            ext.written = []
+            ext.frames, ext.op = frames, op
+        else:  # first seen as an input: something invisible wrote it
+            ext.op = f"an allocation first used by {op}"
+        ext.end = base + max(size, 1)
+        ext.recs = self._inherit(base, ext.end)
+        return ext
+
+    def _on_block(self, sid: int, label: str, ep: int, vc: dict[int, int], lo: int, hi: int, per: int,
+                  ch: int, mode: int, op: str, frames: tuple | None) -> tuple | None:
+        """A foreign access to an Ignis block's bytes (a tensor imported through DLPack)."""
+        key = self._block_at(lo)
+        if key is None:
+            return None
+        gen = self._regions[key][-1].gen
+        rec = _Rec(sid, label, ep, "write" if mode & WRITE else "read", lo, hi, op, frames, gen, key[0], per, ch)
+        conflict = self._find_conflict(rec, vc, False)
+        self._insert(rec, key)
+        return None if conflict is None else (conflict, rec)
+
+    # -- reports -------------------------------------------------------------------
+    def _race(self, first: _Rec, rec: _Rec) -> None:
+        same = first.block == rec.block and first.gen == rec.gen
+        kind_name = _race_kind(first.kind, rec.kind, same)
+        a, b = first.stream_name(), rec.stream_name()
+        if isinstance(rec.stream_id, int):
+            fix = "record an event after the earlier work and make the later stream wait on it (or use ordering 'auto')"
+        elif self._sids.get(HOST) == rec.sid:
+            fix = (f"wait on the host for {a} (an Event recorded after the copy, then event.synchronize(), or "
+                   f"stream.synchronize()) before the host touches these bytes again")
+        elif rec.kind == "free":
+            fix = (f"call tensor.record_stream() with {a} before the tensor is dropped, or make {b} wait for "
+                   f"{a} (wait_stream / an Event) before the free")
+        elif kind_name == "reuse race":
+            fix = (f"the memory's previous owner was still in use on {a} when it was freed: record_stream() it "
+                   f"on {a}, or make {b} wait for {a} before the new owner touches the memory")
+        else:
+            fix = f"make {b} wait for {a} between the two (wait_stream, or an Event recorded and waited on)"
+        detail = (f"{rec.line()}\n  is not ordered after the earlier\n{first.line()}\n"
+                  f"  (no event wait or synchronization between {a} and {b} covers it)\n"
+                  f"earlier access:\n{first.describe()['stack']}\n"
+                  f"later access:\n{rec.describe()['stack']}\n"
+                  f"fix: {fix}")
+        err = RaceError(detail, first=first.describe(), second=rec.describe(), kind=kind_name)
+        self._report(err, (kind_name, first.op, sites(first.frames), rec.op, sites(rec.frames)))
+
+    def _uninit(self, ext: _Extent, rec: _Rec) -> None:
+        size = (ext.end or rec.hi) - ext.base
+        alloc = {"kind": "allocation", "op": ext.op, "block": ext.base, "generation": ext.gen,
+                 "range": (0, size), "stream": self._labels.get(ext.sid),
+                 "stack": format_frames(ext.frames) if ext.frames is not None else "  (stack not captured)"}
+        detail = (f"{rec.op} on {rec.stream_name()} reads bytes [{rec.lo - ext.base}, {rec.hi - ext.base}) of "
+                  f"block {ext.base:#x} (generation {ext.gen}, {size} bytes), which nothing wrote since "
+                  f"{ext.op} allocated it\nread at:\n{rec.describe()['stack']}\n"
+                  f"allocated at:\n{alloc['stack']}\n"
+                  "fix: write the bytes before reading them (torch.zeros instead of torch.empty, or fill them)")
+        err = UninitializedReadError(detail, first=alloc, second=rec.describe())
+        self._report(err, ("uninitialized read", ext.op, sites(ext.frames), rec.op, sites(rec.frames)))
+
+    def _report(self, err: Exception, key: tuple) -> None:
+        if self.mode != "collect":
+            raise err
+        with self._lock:
+            g = self._groups.get(key)
+            if g is not None:
+                g.count += 1  # type: ignore[attr-defined]
+                return
+            err.count = 1  # type: ignore[attr-defined]
+            self._groups[key] = err
+            self.reports.append(err)
 
     # -- control ---------------------------------------------------------------
     def enable(self, mode: str = "raise", backend: Any = None) -> "Sanitizer":
@@ -335,15 +768,26 @@ class Sanitizer:
         """Return and forget the collected reports."""
         with self._lock:
             out, self.reports = self.reports, []
+            self._groups = {}
             return out
 
     def summary(self) -> str:
+        """What was checked and what was found, one report per pair of sites."""
+        checked = f"{self.checked} accesses checked"
+        if self.checked_foreign:
+            checked = f"{self.checked} Ignis accesses and {self.checked_foreign} foreign accesses checked"
+        lines = []
         if not self.reports:
-            return f"ignis sanitizer: no problems found ({self.checked} accesses checked)"
-        parts = [f"ignis sanitizer: {len(self.reports)} problem(s) found"]
+            lines.append(f"ignis sanitizer: no problems found ({checked})")
+        else:
+            total = sum(getattr(e, "count", 1) for e in self.reports)
+            lines.append(f"ignis sanitizer: {len(self.reports)} problem(s) found ({total} report(s), grouped by "
+                         f"the pair of sites; {checked})")
+        lines += [n() for n in self.notes]
         for i, e in enumerate(self.reports, 1):
-            parts.append(f"--- {i}: {type(e).__name__}: {e}")
-        return "\n".join(parts)
+            n = getattr(e, "count", 1)
+            lines.append(f"--- {i}: {type(e).__name__}{f' (seen {n} times)' if n > 1 else ''}: {e}")
+        return "\n".join(line for line in lines if line)
 
     def _print_at_exit(self) -> None:
         if self.active and self.mode == "collect" and self.reports:

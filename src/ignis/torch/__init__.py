@@ -1,0 +1,113 @@
+"""``ignis.torch``: Ignis's sanitizer under unmodified PyTorch programs (extra ``ignis[torch]``).
+
+Every op on CUDA tensors becomes checked reads and writes of byte ranges on
+its stream; PyTorch's events, stream waits, synchronizations and caching
+allocator feed the clocks and the allocation lifetimes. Found: races between
+streams, frees while another stream still uses the memory (a missing
+``record_stream``), reuse races (the new owner's first touch before the old
+owner's last use finished), reads of bytes nothing wrote since ``torch.empty``,
+host writes of pinned memory an async copy may still read, and the same for
+tensors shared with Ignis through DLPack. Reports come through
+``ignis.sanitizer.reports()`` with both Python stacks.
+
+    with ignis.torch.sanitize():          # raise at the second access
+        train()
+    # or: ignis run --sanitize train.py   (collect, and report at exit)
+
+Importing this package costs nothing and imports no PyTorch: the dispatch mode
+and the trace callbacks exist only between ``enable()`` and ``disable()``.
+Work the dispatcher never sees (``torch.compile``d regions, Triton and raw
+extension kernels, CUDA graphs) is declared with ``use()``; see
+``ignis.torch._frontend`` for what is and is not seen.
+"""
+
+from __future__ import annotations
+
+from contextlib import contextmanager
+from typing import TYPE_CHECKING, Any, Iterator
+
+if TYPE_CHECKING:
+    from ..safety.sanitizer import Sanitizer
+    from ._frontend import TorchFrontEnd
+
+__all__ = ["sanitize", "enable", "disable", "is_enabled", "use", "front_end"]
+
+_fe: "TorchFrontEnd | None" = None
+
+
+def enable(mode: str = "raise") -> "Sanitizer":
+    """Check PyTorch's ops from now on, on this thread (``mode`` "raise" or "collect";
+    the sanitizer is turned on too if it is off). Returns the sanitizer."""
+    global _fe
+    from ..safety.sanitizer import sanitizer
+    if not sanitizer.active or sanitizer.mode != mode:
+        sanitizer.enable(mode)
+    if _fe is None:
+        from ._frontend import TorchFrontEnd
+        fe = TorchFrontEnd(sanitizer)
+        fe.enable()
+        _fe = fe
+    return sanitizer
+
+
+def disable() -> None:
+    """Stop checking PyTorch's ops (the sanitizer itself stays as it is)."""
+    global _fe
+    fe, _fe = _fe, None
+    if fe is not None:
+        fe.disable()
+
+
+def is_enabled() -> bool:
+    return _fe is not None
+
+
+def front_end() -> "TorchFrontEnd | None":
+    """The active front end (its counters: ``ops``, ``cpu_ops``), or None."""
+    return _fe
+
+
+@contextmanager
+def sanitize(mode: str = "raise") -> Iterator["Sanitizer"]:
+    """Check the PyTorch ops inside the ``with`` block; put everything back after."""
+    from ..safety.sanitizer import sanitizer
+    was, prev_mode = sanitizer.active, sanitizer.mode
+    had = _fe is not None
+    san = enable(mode)
+    try:
+        yield san
+    finally:
+        if not had:
+            disable()
+        if not was:
+            sanitizer.disable()
+        else:
+            sanitizer.mode = prev_mode
+
+
+@contextmanager
+def use(tensor: Any, access: Any = "read_write", *, stream: Any = None, op: str = "declared use") -> Iterator[Any]:
+    """Declare that work the dispatcher cannot see touches ``tensor``: a Triton or raw
+    extension kernel, a ``torch.compile``d region, a CUDA graph replay. The access
+    (``"read"``, ``"write"`` or ``"read_write"``) is checked and recorded on ``stream``
+    (a ``torch.cuda.Stream`` or raw handle; default: the tensor's device's current
+    stream) when the block is entered; launch the work inside it.
+
+        with ignis.torch.use(out, "write", stream=s):
+            my_triton_kernel[grid](out, ...)
+    """
+    if _fe is not None:
+        from ..memory.types import Access
+        _fe.declare(tensor, Access.parse(access), stream, op)
+    yield tensor
+
+
+def __getattr__(name: str) -> Any:
+    # The debug guard as PyTorch's allocator lives in ``_guard`` (its own module, imported
+    # only when one of its names is asked for, so importing this package stays free).
+    if not name.startswith("_"):
+        import importlib
+        guard = importlib.import_module(f"{__name__}._guard")
+        if name in guard.__all__:
+            return getattr(guard, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -1,0 +1,439 @@
+"""The PyTorch front end: each op on CUDA tensors becomes checked accesses of byte ranges.
+
+Design:
+- A ``TorchDispatchMode`` sees every aten op below autograd and autocast (also
+  the backward ops the autograd engine runs on its own threads: it carries the
+  mode along). Per op it looks up the cached ``OpSpec`` (``_ops``), runs the op,
+  then hands the sanitizer one list of accesses, queued on the current CUDA
+  stream of the tensors' device (the raw ``cudaStream_t``, the same handle
+  Ignis's streams have, so both share one vector clock).
+- An access is a byte range of the tensor's storage: base = ``data_ptr -
+  storage_offset * itemsize`` (the caching allocator's block), span
+  ``[data_ptr, data_ptr + extent)`` and, for a view that is a regular set of
+  chunks (a column, a block of columns), its period and chunk, so disjoint
+  parts of one tensor do not conflict.
+- PyTorch's GPU trace callbacks (``torch.cuda._gpu_trace``) feed the clocks
+  (event record / wait, stream / event / device synchronize) and the foreign
+  extents (the caching allocator's allocation and free of a block).
+  ``record_stream`` is an op, seen here. The callbacks cannot raise into the
+  program (PyTorch logs and drops their exceptions): in raise mode an error
+  found there is raised by the next op.
+- Pinned host memory: the host side of a ``non_blocking`` copy is an access on
+  the copy's stream; afterwards, a CPU op on those bytes is an access by the
+  host, checked like any other until a synchronization retires the copy.
+- Cost: nothing until enabled. Enabled, one dictionary lookup per op picks its
+  spec; frames are captured once per op as (code, line) pairs. The mode keeps
+  dynamo out of its own frame without dynamo's wrapper (one C call each way).
+
+Not seen (nothing goes through the dispatcher): kernels inside ``torch.compile``d
+regions and CUDA graphs, Triton kernels, raw extension kernels called without
+an op schema, library-internal workspaces, and CPU reads of pinned memory
+through ``numpy()`` or the buffer protocol. Declare such uses with
+``ignis.torch.use(tensor, access, stream=...)``. Ops of other threads are seen
+only if the mode is entered there (the autograd engine's threads inherit it).
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+import weakref
+from operator import attrgetter
+from typing import Any, Callable
+
+import torch
+from torch.utils._python_dispatch import TorchDispatchMode, _get_current_dispatch_mode
+
+from ..errors import IgnisError
+from ..memory.types import Access
+from ..safety.frames import MAX_FRAMES, add_library_dir, capture_frames, is_user_file
+from ..safety.sanitizer import HOST, NO_INIT_CHECK, OUTPUT, PINNED, READ, WRITE, Sanitizer
+from ._ops import SPECS, OpSpec, classify
+
+__all__ = ["TorchFrontEnd"]
+
+_set_eval_frame = torch._C._dynamo.eval_frame.set_eval_frame
+_raw_stream = getattr(torch._C, "_cuda_getCurrentRawStream", None)
+Tensor = torch.Tensor
+_PATTERNS: dict[tuple, tuple[int, int, int]] = {}
+_profiler = getattr(torch._C, "_profiler", None)
+_gather = getattr(_profiler, "gather_traceback", None)
+_MAIN = threading.main_thread().ident
+_get_ident = threading.get_ident
+
+
+class _Stack:
+    """A Python stack PyTorch captured in C++ (what its memory snapshots use: cheaper
+    than walking frame objects), symbolized and trimmed to the user's frames on demand."""
+
+    __slots__ = ("tb", "frames")
+
+    def __init__(self, tb: Any) -> None:
+        self.tb = tb
+        self.frames: list | None = None
+
+    def resolve(self) -> list[tuple[str, int, str]]:
+        if self.frames is None:
+            raw = _profiler.symbolize_tracebacks([self.tb])[0]
+            self.frames = [(f["filename"], f["line"], f["name"]) for f in raw
+                           if is_user_file(f["filename"])][:MAX_FRAMES]
+            self.tb = None
+        return self.frames
+
+
+def capture_stack() -> Any:
+    """The caller's stack, as cheaply as this thread allows (PyTorch's capture on the
+    main thread; elsewhere, as on the autograd engine's threads, Ignis's walker,
+    which falls back to the main thread's frames)."""
+    if _gather is not None and _get_ident() == _MAIN:
+        return _Stack(_gather(True, False, False))
+    return capture_frames(3)
+
+
+def _pattern(shape: Any, strides: tuple, isz: int) -> tuple[int, int, int]:
+    """(span, period, chunk) in bytes of a non-contiguous view; period 0 when the
+    bytes it touches are not one regular set of chunks (then the span stands for them)."""
+    key = (shape, strides, isz)
+    r = _PATTERNS.get(key)
+    if r is None:
+        dims = sorted((s, n) for n, s in zip(shape, strides) if n > 1 and s > 0)
+        span = 1 + sum((n - 1) * s for s, n in dims)
+        chunk, i = 1, 0
+        while i < len(dims) and dims[i][0] == chunk:
+            chunk *= dims[i][1]
+            i += 1
+        rest = dims[i:]
+        regular = bool(rest) and all(rest[j + 1][0] == rest[j][0] * rest[j][1] for j in range(len(rest) - 1))
+        per = rest[0][0] if regular and rest[0][0] > chunk else 0
+        r = (span * isz, per * isz, chunk * isz if per else 0)
+        if len(_PATTERNS) > 4096:
+            _PATTERNS.clear()
+        _PATTERNS[key] = r
+    return r
+
+
+def _item(t: torch.Tensor, mode: int, live: dict) -> tuple | None:
+    """One tensor's access: (storage base, storage size if its extent is new, span lo,
+    span hi, period, chunk, mode), or None for a tensor of no bytes."""
+    n = t.nbytes
+    if not n:
+        return None
+    p = t.data_ptr()
+    isz = t.element_size()
+    base = p - t.storage_offset() * isz
+    if t.is_contiguous():
+        hi, per, ch = p + n, 0, 0
+    else:
+        span, per, ch = _pattern(t.shape, t.stride(), isz)
+        hi = p + span
+    ext = live.get(base)
+    size = 0 if ext is not None and ext.end is not None else t.untyped_storage().nbytes()
+    return (base, size, p, hi, per, ch, mode)
+
+
+class _Mode(TorchDispatchMode):
+    """Runs each op, then reports its accesses to the front end."""
+
+    @classmethod
+    def _should_skip_dynamo(cls) -> bool:
+        return False  # __torch_dispatch__ keeps dynamo out itself, at a fraction of the wrapper's cost
+
+    def __init__(self, fe: "TorchFrontEnd") -> None:
+        super().__init__()
+        self.fe = fe
+
+    def __torch_dispatch__(self, func: Any, types: Any, args: tuple = (), kwargs: dict | None = None) -> Any:
+        prior = _set_eval_frame(None)
+        try:
+            fe = self.fe
+            if fe.pending:
+                raise fe.pending.pop(0)
+            spec = SPECS.get(func)
+            if spec is None:
+                spec = classify(func)
+            hv = fe.san._host_version  # an op that synchronizes inside (.item(), .cpu()) changes it
+            if spec.special is not None:
+                return fe.special(spec, args, kwargs, hv)
+            out = spec.call(*args, **kwargs) if kwargs else spec.call(*args)
+            if spec.active:
+                fe.on_op(spec, args, kwargs, out, hv)
+            return out
+        finally:
+            if prior is not None:
+                _set_eval_frame(prior)
+
+
+class TorchFrontEnd:
+    """Feeds PyTorch's ops and trace events into a ``Sanitizer``.
+
+    ``device_type="cpu"`` (tests) treats CPU tensors as the device's and takes
+    streams from ``stream_of(tensor) -> handle``; nothing CUDA is touched then."""
+
+    def __init__(self, san: Sanitizer, *, device_type: str = "cuda",
+                 stream_of: Callable[[torch.Tensor], int] | None = None) -> None:
+        self.san = san
+        self._cuda = device_type == "cuda"
+        self._is_dev = attrgetter("is_cuda" if self._cuda else "is_cpu")
+        if stream_of is None:  # a PyTorch without CUDA has no CUDA tensors: the stream is never asked for
+            stream_of = self._current_stream if _raw_stream is not None else (lambda t: 0)
+        self.stream_of = stream_of
+        self.ops = 0          # ops that touched device tensors
+        self.cpu_ops = 0      # ops that touched only host tensors (not checked)
+        self.pending: list[IgnisError] = []
+        self._mode: _Mode | None = None
+        self._callbacks: list[tuple[Any, Callable]] = []
+        self._storages: dict[int, weakref.ref] = {}
+        self._handles: dict[tuple, int] = {}
+
+    # -- per op ------------------------------------------------------------------
+    @staticmethod
+    def _current_stream(t: torch.Tensor) -> int:
+        return _raw_stream(t.get_device())
+
+    def _item(self, t: torch.Tensor, mode: int) -> tuple | None:
+        return _item(t, mode, self.san._live)
+
+    def on_op(self, spec: OpSpec, args: tuple, kwargs: dict | None, out: Any, hv: int = -1) -> None:
+        """Report one op's accesses (called after it ran; ``hv``: the host clock's version
+        before it ran, so that a synchronization inside the op covers the op itself)."""
+        items: list = []
+        host: list | None = None
+        dev = None
+        san = self.san
+        live = san._live  # the sanitizer's foreign extents: a storage's size is needed only for a new one
+        is_dev = self._is_dev
+        nargs = len(args)
+        for pos, name, mode, many in spec.inputs:
+            v = args[pos] if pos < nargs else (kwargs.get(name) if kwargs else None)
+            if not many:
+                if not isinstance(v, Tensor):  # None, or a wrapped number
+                    continue
+                if is_dev(v):
+                    it = _item(v, mode, live)
+                    if it is not None:
+                        items.append(it)
+                        dev = v
+                elif san.pinned:
+                    host = self._host_item(v, mode, host)
+                continue
+            for t in v or ():
+                if not isinstance(t, Tensor):
+                    continue
+                if is_dev(t):
+                    it = _item(t, mode, live)
+                    if it is not None:
+                        items.append(it)
+                        dev = t
+                elif san.pinned:
+                    host = self._host_item(t, mode, host)
+        if spec.outputs:
+            nin = len(items)
+            outs = out if spec.multi else (out,)
+            for i, mode, many in spec.outputs:
+                v = outs[i]
+                for t in (v if many else (v,)):
+                    if not isinstance(t, Tensor) or not is_dev(t):
+                        continue
+                    it = _item(t, mode, live)
+                    if it is None:
+                        continue
+                    for k in range(nin):
+                        if items[k][0] == it[0]:
+                            break  # an alias of an input (a view the schema does not annotate)
+                    else:
+                        items.append(it)
+                        dev = t
+        if dev is None and host is None:
+            self.cpu_ops += 1
+            return
+        frames = capture_stack()
+        if dev is not None:
+            self.ops += 1
+            san.foreign_access(self.stream_of(dev), spec.name, frames, items, san._host_version != hv)
+        if host:
+            san.foreign_access(HOST, spec.name, frames, host)
+
+    def _host_item(self, t: Any, mode: int, host: list | None) -> list | None:
+        if not t.is_cpu:
+            return host
+        it = self._item(t, mode)
+        if it is not None and it[0] in self.san.pinned:
+            host = (host or []) + [it]
+        return host
+
+    def special(self, spec: OpSpec, args: tuple, kwargs: dict | None, hv: int = -1) -> Any:
+        """Ops with more to them than their schema: record_stream, copies, resize_."""
+        kw = kwargs or {}
+        kind = spec.special
+        if kind == "record_stream":
+            out = spec.call(*args, **kw)
+            t = args[0]
+            if self._is_dev(t):
+                it = self._item(t, READ)
+                if it is not None:
+                    self.san.extent_record_stream(it[0], self._handle(args[1]))
+            return out
+        if kind == "resize":
+            t = args[0]
+            on_dev = self._is_dev(t)
+            if on_dev:
+                old_base = t.data_ptr() - t.storage_offset() * t.element_size()
+                old_n = t.untyped_storage().nbytes()
+            out = spec.call(*args, **kw)
+            if on_dev:
+                after = self._item(t, OUTPUT)
+                if after is not None and after[0] != old_base:  # reallocated: the old bytes were copied over
+                    kept = min(old_n, after[1])
+                    items = [after]
+                    if kept:
+                        items.append((after[0], after[1], after[0], after[0] + kept, 0, 0, WRITE | NO_INIT_CHECK))
+                    self.ops += 1
+                    self.san.foreign_access(self.stream_of(t), spec.name, capture_stack(), items)
+            return out
+        out = spec.call(*args, **kw)
+        if kind == "copy":
+            dst, src = args[0], args[1]
+            non_blocking = args[2] if len(args) > 2 else kw.get("non_blocking", False)
+            wmode = WRITE
+        else:  # _to_copy
+            src, dst = args[0], out
+            non_blocking = kw.get("non_blocking", False)
+            wmode = WRITE | OUTPUT
+        sd, dd = self._is_dev(src), self._is_dev(dst)
+        if not (sd or dd):
+            self.on_op(spec, args, kwargs, out, hv)  # a host copy: checked only on tracked pinned memory
+            return out
+        items = []
+        for t, mode, on_dev in ((src, READ, sd), (dst, wmode, dd)):
+            if on_dev:
+                it = self._item(t, mode)
+            else:  # the host side: a stream access when pinned (an async copy may still be using it)
+                it = self._pinned_item(t, mode, bool(non_blocking))
+            if it is not None:
+                items.append(it)
+        if items:
+            self.ops += 1
+            self.san.foreign_access(self.stream_of(dst if dd else src), spec.name, capture_stack(), items,
+                                    self.san._host_version != hv)  # a blocking copy synchronizes inside
+        return out
+
+    def _pinned_item(self, t: torch.Tensor, mode: int, non_blocking: bool) -> tuple | None:
+        it = self._item(t, mode | PINNED)
+        if it is None:
+            return None
+        base = it[0]
+        if base not in self.san.pinned and not (non_blocking and self._cuda and t.is_pinned()):
+            return None
+        st = t.untyped_storage()
+        ref = self._storages.get(base)
+        if ref is None or ref() is not st:
+            if ref is not None:
+                self.san.extent_dropped(base)  # a new pinned storage at an old address
+            self._storages[base] = weakref.ref(st, lambda r, b=base: self._storage_died(b, r))
+        return it
+
+    def _storage_died(self, base: int, ref: weakref.ref) -> None:
+        if self._storages.get(base) is ref:
+            del self._storages[base]
+            self.san.extent_dropped(base)
+
+    def _handle(self, s: Any) -> int:
+        """The raw stream handle of a ``torch.Stream`` (what ``record_stream`` passes)."""
+        if isinstance(s, int):
+            return s
+        h = getattr(s, "cuda_stream", None)
+        if h is not None:
+            return h
+        key = (s.stream_id, s.device_index, s.device_type)
+        h = self._handles.get(key)
+        if h is None:
+            h = self._handles[key] = torch.cuda.Stream(stream_id=s.stream_id, device_index=s.device_index,
+                                                       device_type=s.device_type).cuda_stream
+        return h
+
+    def declare(self, t: torch.Tensor, access: Access, stream: Any, op: str) -> None:
+        """An access the dispatcher cannot see (``ignis.torch.use``)."""
+        mode = (READ if access.reads else 0) | (WRITE if access.writes else 0)
+        it = self._item(t, mode)
+        if it is None:
+            return
+        h = self.stream_of(t) if stream is None else self._handle(stream)
+        self.ops += 1
+        self.san.foreign_access(h, op, capture_stack(), [it])
+
+    # -- trace callbacks -------------------------------------------------------------
+    def _guarded(self, fn: Callable) -> Callable:
+        pending = self.pending
+
+        def cb(*args: Any) -> None:
+            try:
+                fn(*args)
+            except IgnisError as e:  # raise mode: PyTorch would swallow it; the next op raises it
+                pending.append(e)
+        return cb
+
+    def _on_alloc(self, ptr: int) -> None:
+        self.san.extent_allocated(ptr, _raw_stream(torch._C._cuda_getDevice()))
+
+    def _install_trace(self) -> None:
+        import torch.cuda._gpu_trace as gt
+        san = self.san
+        table = [(gt.EventDeletionCallbacks, san.on_event_destroyed),
+                 (gt.EventRecordCallbacks, san.on_event_record),
+                 (gt.EventWaitCallbacks, san.on_event_wait),
+                 (gt.MemoryAllocationCallbacks, self._on_alloc),
+                 (gt.MemoryDeallocationCallbacks, san.extent_freed),
+                 (gt.DeviceSynchronizationCallbacks, san.on_device_synchronize),
+                 (gt.StreamSynchronizationCallbacks, san.on_stream_synchronize),
+                 (gt.EventSynchronizationCallbacks, san.on_event_synchronize)]
+        torch._C._activate_gpu_trace()  # process-wide, and it cannot be turned off again
+        san.capture = capture_stack
+        for registry, fn in table:
+            cb = self._guarded(fn) if san.mode == "raise" else fn  # collect mode never raises
+            registry.add_callback(cb)
+            self._callbacks.append((registry, cb))
+
+    # -- control -------------------------------------------------------------------------
+    def enable(self) -> None:
+        """Enter the dispatch mode on this thread and subscribe to PyTorch's GPU trace."""
+        if self._mode is not None:
+            return
+        add_library_dir(os.path.dirname(torch.__file__))
+        if self._cuda and _raw_stream is not None:
+            self._install_trace()
+        self._mode = _Mode(self)
+        self._mode.__enter__()
+        self.san.notes.append(self.note)
+
+    def disable(self) -> None:
+        """Leave the dispatch mode and unsubscribe (on the thread that enabled it)."""
+        mode = self._mode
+        if mode is None:
+            return
+        if _get_current_dispatch_mode() is not mode:
+            raise RuntimeError("ignis.torch: another TorchDispatchMode entered after the sanitizer is still "
+                               "active; leave it first")
+        mode.__exit__(None, None, None)
+        self._mode = None
+        for registry, cb in self._callbacks:
+            try:
+                registry.callback_list.remove(cb)
+            except ValueError:
+                pass
+        self._callbacks.clear()
+        if self.san.capture is capture_stack:
+            self.san.capture = capture_frames
+        if self.note in self.san.notes:
+            self.san.notes.remove(self.note)
+
+    def note(self) -> str:
+        """The front end's line in the sanitizer's summary."""
+        if self.ops:
+            line = f"PyTorch: {self.ops} op(s) on CUDA tensors checked"
+            if self.cpu_ops:
+                line += f"; {self.cpu_ops} op(s) on CPU tensors only, which are not checked"
+            return line
+        if self.cpu_ops:
+            return (f"PyTorch: no CUDA work seen: {self.cpu_ops} op(s) ran on the CPU, and nothing on the CPU "
+                    "is checked")
+        return "PyTorch: no ops seen"

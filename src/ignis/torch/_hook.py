@@ -1,0 +1,54 @@
+"""Turn the PyTorch front end on when the program imports torch (``ignis run --sanitize``).
+
+A script that never imports torch pays nothing, not even torch's import: a
+finder at the head of ``sys.meta_path`` waits for the ``torch`` import, lets the
+normal finders load it, and enables the front end right after the module ran.
+"""
+
+from __future__ import annotations
+
+import importlib.abc
+import importlib.util
+import sys
+from typing import Any
+
+__all__ = ["enable_on_import", "remove"]
+
+
+class _TorchFinder(importlib.abc.MetaPathFinder):
+    def __init__(self, mode: str) -> None:
+        self.mode = mode
+
+    def find_spec(self, fullname: str, path: Any, target: Any = None) -> Any:
+        if fullname != "torch":
+            return None
+        remove()
+        spec = importlib.util.find_spec(fullname)
+        loader = getattr(spec, "loader", None)
+        if loader is None or not hasattr(loader, "exec_module"):
+            return spec
+        run = loader.exec_module
+        mode = self.mode
+
+        def exec_module(module: Any) -> None:
+            run(module)
+            from . import enable
+            enable(mode)
+
+        loader.exec_module = exec_module
+        return spec
+
+
+def enable_on_import(mode: str = "collect") -> None:
+    """Enable ``ignis.torch`` now if torch is imported, else as soon as it is."""
+    if "torch" in sys.modules:
+        from . import enable
+        enable(mode)
+        return
+    remove()
+    sys.meta_path.insert(0, _TorchFinder(mode))
+
+
+def remove() -> None:
+    """Withdraw a finder that is still waiting."""
+    sys.meta_path[:] = [f for f in sys.meta_path if not isinstance(f, _TorchFinder)]

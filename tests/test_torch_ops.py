@@ -1,0 +1,289 @@
+"""The PyTorch front end on PyTorch's CPU build: the op classification table, views' byte
+ranges, the per-op accesses, the report format and the entry points.
+
+CPU tensors stand in for a device's (``TorchFrontEnd(device_type="cpu")``) with
+made-up stream handles; ``Traced`` announces each fresh output and each dying
+storage as the caching allocator's trace callbacks do on a GPU.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import weakref
+
+import pytest
+
+torch = pytest.importorskip("torch", reason="PyTorch is not installed (the ignis[torch] extra)")
+
+import ignis as ig  # noqa: E402
+from ignis.safety.sanitizer import NO_INIT_CHECK, OUTPUT, READ, WRITE, Sanitizer, _disjoint, _Rec  # noqa: E402
+from ignis.torch._frontend import TorchFrontEnd, _item, _pattern  # noqa: E402
+from ignis.torch._ops import classify  # noqa: E402
+
+A = torch.ops.aten
+SRC = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "src")
+
+
+def spec(op):
+    s = classify(op)
+    return {"reads": s.reads(), "writes": s.writes(), "outputs": [(i, m) for i, m, _ in s.outputs],
+            "special": s.special, "active": s.active}
+
+
+# -- the classification table -------------------------------------------------------------------
+
+@pytest.mark.parametrize("op,reads,writes,outputs", [
+    (A.add.Tensor, ["self", "other"], [], [(0, WRITE | OUTPUT)]),
+    (A.add_.Tensor, ["self", "other"], ["self"], []),                      # in-place: reads and writes self
+    (A.add.out, ["self", "other"], ["out"], []),                           # out=: written, not read
+    (A.fill_.Scalar, [], ["self"], []),                                    # overwrite: not read
+    (A.normal_.default, [], ["self"], []),
+    (A.zero_.default, [], ["self"], []),
+    (A.index_put_.default, ["indices", "values"], ["self"], []),
+    (A.sort.values, ["self"], ["values", "indices"], []),
+    (A.max.dim, ["self"], [], [(0, WRITE | OUTPUT), (1, WRITE | OUTPUT)]),
+    (A.cat.default, ["tensors"], [], [(0, WRITE | OUTPUT)]),
+    (A._foreach_add_.Scalar, ["self"], ["self"], []),
+    (A.empty.memory_format, [], [], [(0, OUTPUT)]),                        # allocation: nothing written
+    (A.empty_like.default, [], [], [(0, OUTPUT)]),
+    (A.new_empty.default, [], [], [(0, OUTPUT)]),
+    (A.zeros_like.default, [], [], [(0, WRITE | OUTPUT)]),                 # *_like: input's metadata only
+    (A.new_zeros.default, [], [], [(0, WRITE | OUTPUT)]),
+    (A.mm.default, ["self", "mat2"], [], [(0, WRITE | OUTPUT)]),
+])
+def test_op_classification(op, reads, writes, outputs):
+    s = spec(op)
+    assert (s["reads"], s["writes"], s["outputs"]) == (reads, writes, outputs), classify(op)
+    assert s["active"]
+
+
+@pytest.mark.parametrize("op", [A.view.default, A.slice.Tensor, A.transpose.int, A.t.default, A.detach.default,
+                                A.split.Tensor, A.expand.default, A.as_strided.default, A.transpose_.default,
+                                A.unsqueeze_.default, A.sym_size.int, A.sym_stride.int, A.is_same_size.default,
+                                A.set_.source_Storage])
+def test_views_and_metadata_touch_no_bytes(op):
+    assert not classify(op).active
+
+
+def test_special_ops_and_gathers():
+    assert classify(A.record_stream.default).special == "record_stream"
+    assert classify(A.copy_.default).special == "copy" and spec(A.copy_.default)["writes"] == ["self"]
+    assert classify(A._to_copy.default).special == "to_copy"
+    assert classify(A.resize_.default).special == "resize"
+    idx = classify(A.index.Tensor)
+    assert dict((n, m) for _, n, m, _ in idx.inputs)["self"] == READ | NO_INIT_CHECK
+    emb = classify(A.embedding.default)
+    assert dict((n, m) for _, n, m, _ in emb.inputs)["weight"] == READ | NO_INIT_CHECK
+
+
+def test_collectives_read_and_write_their_buffers():
+    op = getattr(getattr(torch.ops, "c10d", None), "allreduce_", None)
+    if op is None:
+        pytest.skip("this PyTorch build has no c10d ops")
+    s = classify(op.default)
+    assert "tensors" in s.writes() and "tensors" in s.reads()
+
+
+def test_the_table_is_cached_per_overload():
+    assert classify(A.add.Tensor) is classify(A.add.Tensor)
+
+
+# -- byte ranges of views -------------------------------------------------------------------------
+
+def test_contiguous_views_are_exact_byte_ranges():
+    x = torch.zeros(8, 16)  # float32: 64-byte rows
+    base = x.untyped_storage().data_ptr()
+    b, size, lo, hi, per, ch, mode = _item(x[2:5], READ, {})
+    assert (b, size, lo - base, hi - base, per, ch) == (base, 512, 128, 320, 0, 0)
+    assert _item(x[3], READ, {})[2:4] == (base + 192, base + 256)
+    assert _item(x[:0], READ, {}) is None
+    assert _item(x, READ, {x.untyped_storage().data_ptr(): _Known()})[1] == 0   # size only for a new extent
+
+
+class _Known:
+    end = 1
+
+
+def test_columns_are_strided_patterns_and_halves_do_not_overlap():
+    x = torch.zeros(8, 16)
+    base = x.data_ptr()
+    left = _item(x[:, :8], WRITE, {})
+    right = _item(x[:, 8:], WRITE, {})
+    assert left[2:] == (base, base + 7 * 64 + 32, 64, 32, WRITE)
+    assert right[2:] == (base + 32, base + 7 * 64 + 64, 64, 32, WRITE)
+    r = _Rec(1, "s", 1, "write", left[2], left[3], "op", None, 1, base, left[4], left[5])
+    assert _disjoint(r, right[2], right[3], right[4], right[5])
+    col = _item(x[:, 3], READ, {})
+    assert (col[4], col[5]) == (64, 4)
+    assert not _disjoint(r, col[2], col[3], col[4], col[5])
+
+
+def test_transposed_and_expanded_views_span_their_bytes():
+    x = torch.zeros(8, 16)
+    base = x.data_ptr()
+    assert _item(x.t(), READ, {})[2:6] == (base, base + 512, 0, 0)
+    e = torch.zeros(16).expand(4, 16)
+    assert _item(e, READ, {})[3] - _item(e, READ, {})[2] == 64
+    assert _pattern(torch.Size([2, 3, 4]), (15, 5, 1), 4) == ((15 + 10 + 3 + 1) * 4, 20, 16)
+    assert _pattern(torch.Size([2, 3, 4]), (60, 5, 1), 4)[1] == 0     # two irregular levels: span only
+
+
+# -- the front end on CPU tensors ------------------------------------------------------------------
+
+class Traced(TorchFrontEnd):
+    """CPU tensors as a device's, with the caching allocator's trace simulated: each new
+    storage an op returns is announced before the op's accesses, each dying one is freed."""
+
+    def __init__(self, san: Sanitizer) -> None:
+        self.current = 0x10
+        super().__init__(san, device_type="cpu", stream_of=lambda t: self.current)
+        self._refs: dict[int, weakref.ref] = {}
+
+    def _announce(self, out) -> None:
+        for t in (out if isinstance(out, (tuple, list)) else (out,)):
+            if isinstance(t, torch.Tensor) and t.nbytes:
+                st = t.untyped_storage()
+                base = st.data_ptr()
+                ref = self._refs.get(base)
+                if ref is None or ref() is not st:
+                    self.san.extent_allocated(base, self.current)
+                    self._refs[base] = weakref.ref(st, lambda r, b=base: self._died(b, r))
+
+    def _died(self, base, ref) -> None:
+        if self._refs.get(base) is ref:
+            del self._refs[base]
+            self.san.extent_freed(base)
+
+    def on_op(self, spec, args, kwargs, out, hv=-1) -> None:
+        if spec.outputs:
+            self._announce(out)
+        super().on_op(spec, args, kwargs, out, hv)
+
+
+@pytest.fixture
+def traced():
+    san = Sanitizer()
+    san.mode = "collect"
+    fe = Traced(san)
+    fe.enable()
+    try:
+        yield fe
+    finally:
+        fe.disable()
+
+
+def calls(fe: TorchFrontEnd, fn):
+    """The accesses an op reports: [(op, [(mode, lo - base, hi - base)])]."""
+    got = []
+    real = fe.san.foreign_access
+    fe.san.foreign_access = lambda stream, op, frames, items, synced=False: got.append(
+        (op, [(m, lo - b, hi - b) for b, _, lo, hi, _, _, m in items]))
+    try:
+        fn()
+    finally:
+        fe.san.foreign_access = real
+    return got
+
+
+def test_ops_report_their_reads_and_writes(traced):
+    a, b, c = torch.ones(4), torch.ones(4), torch.zeros(4)
+    assert calls(traced, lambda: torch.add(a, b, out=c)) == [("aten::add.out", [(READ, 0, 16), (READ, 0, 16),
+                                                                                 (WRITE, 0, 16)])]
+    assert calls(traced, lambda: a.add_(b)) == [("aten::add_.Tensor", [(READ | WRITE, 0, 16), (READ, 0, 16)])]
+    assert calls(traced, lambda: a.view(2, 2)) == []
+    assert calls(traced, lambda: torch.zeros_like(a)) == [("aten::zeros_like", [(WRITE | OUTPUT, 0, 16)])]
+    assert calls(traced, lambda: a.new_empty(3)) == [("aten::new_empty", [(OUTPUT, 0, 12)])]
+    assert calls(traced, lambda: c[1:3].copy_(a[:2])) == [("aten::copy_", [(READ, 0, 8), (WRITE, 4, 12)])]
+
+
+def test_a_race_between_streams_with_both_stacks(traced):
+    x = torch.zeros(1024)
+    traced.current = 0x20
+    y = x * 2                                                    # a side stream reads x, no wait
+    [e] = traced.san.reports
+    assert e.kind == "read-after-write race"
+    assert e.first["op"] == "aten::zeros" and e.second["op"] == "aten::mul.Tensor"
+    assert "x = torch.zeros(1024)" in e.first["stack"] and "y = x * 2" in e.second["stack"]
+    assert "torch/" not in e.first["stack"] + e.second["stack"] and "ignis/" not in e.second["stack"]
+    assert e.second["stream_name"] == "stream 0x20" and e.second["range"] == (0, 4096)
+    del y
+
+
+def test_wait_stream_orders_it(traced):
+    x = torch.zeros(1024)
+    traced.san.on_event_record(0xE, 0x10)
+    traced.san.on_stream_wait_event(0x20, 0xE)
+    traced.current = 0x20
+    y = x * 2
+    assert traced.san.reports == [] and y.sum() == 0
+
+
+def test_uninitialized_read_names_the_allocation_site(traced):
+    x = torch.empty(256)
+    x[:128].fill_(1.0)
+    x[:128].sum()                                               # written part: fine
+    x.sum()                                                     # reads the unwritten half
+    [e] = traced.san.reports
+    assert isinstance(e, ig.errors.IgnisError) and e.kind == "uninitialized read"
+    assert "x = torch.empty(256)" in e.first["stack"] and "x.sum()" in e.second["stack"]
+    assert e.first["op"] == "aten::empty.memory_format" and e.second["range"] == (0, 1024)
+
+
+def test_factories_and_in_place_ops_of_empty_memory(traced):
+    a = torch.ones(64)
+    torch.empty_like(a).add_(1)                                 # reads garbage
+    torch.empty_like(a).fill_(1).sum()                          # fine: filled first
+    a.new_empty(64).copy_(a).sum()                              # fine
+    torch.empty(64).normal_().sum()                             # fine
+    assert [r.kind for r in traced.san.reports] == ["uninitialized read"]
+    assert traced.san.reports[0].second["op"] == "aten::add_.Tensor"
+
+
+def test_reports_are_grouped_by_site_pair(traced):
+    x = torch.zeros(1024)
+    for _ in range(10):
+        traced.current = 0x10
+        x.fill_(1.0)
+        traced.current = 0x20
+        x.sum()
+    counts = sorted(r.count for r in traced.san.reports)
+    assert counts == [9, 10]
+    assert "(seen 10 times)" in traced.san.summary()
+
+
+def test_declared_uses_for_kernels_the_dispatcher_cannot_see(traced, monkeypatch):
+    import ignis.torch as igt
+    monkeypatch.setattr(igt, "_fe", traced)
+    x = torch.zeros(64)
+    with igt.use(x, "write", stream=0x30):                     # a Triton kernel writing x on stream 0x30
+        pass
+    [e] = traced.san.reports
+    assert e.kind == "write-after-write race" and e.second["op"] == "declared use"
+    assert "igt.use(x" in e.second["stack"]
+
+
+# -- entry points --------------------------------------------------------------------------------
+
+def test_importing_ignis_torch_imports_nothing_and_costs_nothing():
+    code = ("import sys, ignis.torch as t; print('torch' in sys.modules, t.is_enabled());"
+            "import torch; from torch.utils._python_dispatch import _get_current_dispatch_mode;"
+            "print(_get_current_dispatch_mode())")
+    p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
+                       env=dict(os.environ, PYTHONPATH=SRC, IGNIS_BACKEND="emulated"))
+    assert p.returncode == 0, p.stderr
+    assert p.stdout.split() == ["False", "False", "None"]
+
+
+def test_sanitize_on_cpu_tensors_checks_nothing_and_says_so():
+    import ignis.torch as igt
+    from torch.utils._python_dispatch import _get_current_dispatch_mode
+    ig.sanitizer.disable()
+    with igt.sanitize("collect") as san:
+        assert igt.is_enabled() and _get_current_dispatch_mode() is not None
+        x = torch.arange(10.0)
+        assert float((x * 2).sum()) == 90.0
+        assert "nothing on the CPU is checked" in san.summary()
+        assert igt.front_end().cpu_ops >= 2 and igt.front_end().ops == 0
+    assert not igt.is_enabled() and _get_current_dispatch_mode() is None and not ig.sanitizer.is_enabled()
