@@ -188,3 +188,13 @@ def test_guard_finds_the_overrun(tmp_path):
     p = run(tmp_path, OVERRUN, "--guard")
     assert p.returncode == 1, p.stdout + p.stderr
     assert "OutOfBoundsError" in p.stderr and "activations" in p.stderr
+
+
+def test_ignis_sanitize_env_also_turns_on_the_pytorch_front_end():
+    pytest.importorskip("torch", reason="the PyTorch front end needs torch")
+    code = ("import sys, ignis; assert 'torch' not in sys.modules; import torch, ignis.torch as it; "
+            "print('enabled', it.is_enabled())")
+    env = dict(os.environ, IGNIS_SANITIZE="1", IGNIS_BACKEND="emulated")
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert "enabled True" in out.stdout

@@ -43,3 +43,5 @@ import os as _os
 
 if _os.environ.get("IGNIS_SANITIZE", "").strip() not in ("", "0"):
     sanitizer.enable(_os.environ.get("IGNIS_SANITIZE_MODE", "raise"))
+    from .torch import _hook as _torch_hook  # PyTorch ops too, once the program imports torch
+    _torch_hook.enable_on_import(_os.environ.get("IGNIS_SANITIZE_MODE", "raise"))

@@ -32,6 +32,7 @@ __all__ = [
     "StreamMisuseError",
     "OutOfBoundsError",
     "RaceError",
+    "UninitializedReadError",
     "InvalidTransitionError",
     "SafetensorsError",
     "CollectiveError",
@@ -242,6 +243,15 @@ class RaceError(IgnisError):
                  **more: Any) -> None:
         msg = f"{kind}: {detail}"
         super().__init__(msg, first=first, second=second, kind=kind, detail=detail, **more)
+
+
+class UninitializedReadError(IgnisError):
+    """A read of bytes that nothing wrote since they were allocated (the sanitizer).
+    ``first`` describes the allocation, ``second`` the read."""
+
+    def __init__(self, detail: str, *, first: Any = None, second: Any = None, **more: Any) -> None:
+        super().__init__(f"uninitialized read: {detail}", first=first, second=second,
+                         kind="uninitialized read", detail=detail, **more)
 
 
 class InvalidTransitionError(IgnisError, RuntimeError):

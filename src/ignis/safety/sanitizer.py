@@ -53,7 +53,7 @@ import threading
 from contextlib import contextmanager
 from typing import Any, Callable, Iterator
 
-from ..errors import IgnisError, OutOfBoundsError, RaceError
+from ..errors import OutOfBoundsError, RaceError, UninitializedReadError
 from ..memory import ordering as _ord
 from ..memory.types import Access, DeviceBlock
 from .frames import capture_frames, format_frames, sites
@@ -67,15 +67,6 @@ _frames = capture_frames
 READ, WRITE, OUTPUT, NO_INIT_CHECK, PINNED = 1, 2, 4, 8, 16
 HOST = None  # the stream of an access the host makes itself (a CPU op on pinned memory)
 _INF = float("inf")
-
-
-class UninitializedReadError(IgnisError):
-    """A read of bytes that nothing wrote since they were allocated.
-    ``first`` describes the allocation, ``second`` the read."""
-
-    def __init__(self, detail: str, *, first: Any = None, second: Any = None, **more: Any) -> None:
-        super().__init__(f"uninitialized read: {detail}", first=first, second=second,
-                         kind="uninitialized read", detail=detail, **more)
 
 
 class _Rec:
