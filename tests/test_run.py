@@ -198,3 +198,16 @@ def test_ignis_sanitize_env_also_turns_on_the_pytorch_front_end():
     out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr
     assert "enabled True" in out.stdout
+
+
+def test_reports_show_no_frame_of_the_ignis_command_itself(tmp_path):
+    from pathlib import Path
+    launcher = Path(sys.executable).parent / "ignis"
+    if not launcher.exists():
+        pytest.skip("the ignis console script is not installed beside this interpreter")
+    script = Path(__file__).parent.parent / "examples" / "stream_race.py"
+    env = dict(os.environ, IGNIS_BACKEND="emulated")
+    out = subprocess.run([str(launcher), "run", "--sanitize", "--ordering", "manual", str(script)], env=env,
+                         capture_output=True, text=True, timeout=120)
+    assert out.returncode == 1 and "read-after-write race" in out.stderr
+    assert "stream_race.py\", line 30" in out.stderr and str(launcher) not in out.stderr

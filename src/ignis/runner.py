@@ -44,6 +44,10 @@ def run_script(script: str, argv: list[str], *, sanitize: bool = False, guard: b
     if not os.path.isfile(script):
         print(f"ignis run: no such script: {script}", file=out)
         return 2
+    launcher = os.path.abspath(sys.argv[0]) if sys.argv and sys.argv[0] else ""
+    if os.path.isfile(launcher) and os.path.abspath(script) != launcher:
+        from .safety.frames import add_library_dir
+        add_library_dir(launcher)  # the `ignis` command's own file is not the user's code
     problems = 0
     guards: list[Any] = []
     if guard:
