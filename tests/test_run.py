@@ -211,3 +211,15 @@ def test_reports_show_no_frame_of_the_ignis_command_itself(tmp_path):
                          capture_output=True, text=True, timeout=120)
     assert out.returncode == 1 and "read-after-write race" in out.stderr
     assert "stream_race.py\", line 30" in out.stderr and str(launcher) not in out.stderr
+
+
+def test_leaks_never_say_none_while_memory_is_still_allocated(tmp_path):
+    script = tmp_path / "raw_block.py"
+    script.write_text("import builtins, ignis as ig\n"
+                      "mr = ig.get_current_resource()\n"
+                      "builtins._kept = mr.allocate(4096, ig.Device(0).default_stream)\n")
+    env = dict(os.environ, IGNIS_BACKEND="emulated")
+    out = subprocess.run([sys.executable, "-m", "ignis", "run", "--leaks", str(script)], env=env,
+                         capture_output=True, text=True, timeout=120)
+    assert out.returncode == 1, out.stderr
+    assert "leaks: none" not in out.stderr and "4.0 KiB on device 0 are still allocated outside arrays" in out.stderr

@@ -7,8 +7,10 @@
   ``--ordering manual`` makes Ignis's tracked uses queue no waits, so the
   sanitizer checks the script's own synchronization instead. Reports are
   grouped by the pair of sites, with a count, and show the script's frames.
-- ``--guard``: every device's current resource becomes a DebugGuardResource
-  over the default pool (canaries, poison, quarantine); checked at exit.
+- ``--guard``: every device's current resource becomes a debug guard over a
+  fresh pool (canaries, poison, quarantine; ``ignis.torch._guard``), and so
+  does PyTorch's and CuPy's allocator once the script imports them; checked at
+  synchronize points, by ``ignis.torch.check()`` and at exit.
 - ``--leaks``: every array is tracked with its allocation site; arrays still
   alive once the script's globals are gone are reported as leaks.
 
@@ -25,21 +27,15 @@ import sys
 import traceback
 from typing import Any, TextIO
 
+from .units import format_bytes as _fmt_bytes
+
 __all__ = ["run_script"]
-
-
-def _fmt_bytes(n: int) -> str:
-    for unit, size in (("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):
-        if n >= size:
-            return f"{n / size:.1f} {unit}"
-    return f"{n} B"
 
 
 def run_script(script: str, argv: list[str], *, sanitize: bool = False, guard: bool = False,
                leaks: bool = False, ordering: str | None = None, leak_threshold: float = 0.0,
                out: TextIO = sys.stderr) -> int:
     import ignis as ig
-    from ignis.memory.current import default_upstream
 
     if not os.path.isfile(script):
         print(f"ignis run: no such script: {script}", file=out)
@@ -49,13 +45,14 @@ def run_script(script: str, argv: list[str], *, sanitize: bool = False, guard: b
         from .safety.frames import add_library_dir
         add_library_dir(launcher)  # the `ignis` command's own file is not the user's code
     problems = 0
-    guards: list[Any] = []
+    tguard: Any = None
     if guard:
+        # One guard per device (canaries, poison, quarantine over a fresh pool), the current
+        # resource of Ignis there and, once the script imports them, PyTorch's and CuPy's allocator.
+        from ignis.torch import _guard as tguard
         for i in range(ig.device_count()):
-            dev = ig.Device(i)
-            g = ig.DebugGuardResource(ig.PoolResource(default_upstream(dev)))
-            ig.set_current_resource(g, device=dev)
-            guards.append(g)
+            tguard.guard_resource(i)
+        tguard.install_on_import()
     if leaks:
         ig.contract.track_all = True
         ig.contract.capture_sites = True
@@ -88,14 +85,8 @@ def run_script(script: str, argv: list[str], *, sanitize: bool = False, guard: b
     gc.collect()
 
     print("\n== ignis run report ==", file=out)
-    for ordinal, g in enumerate(guards):
-        try:
-            g.flush()
-            g.check()
-            print(f"guard (device {ordinal}): canaries and quarantined poison intact", file=out)
-        except ig.IgnisError as e:
-            problems += 1
-            print(f"guard (device {ordinal}): {type(e).__name__}: {e}", file=out)
+    if tguard is not None:
+        problems += tguard.finish(out)
     if sanitize:
         reports = ig.sanitizer.reports()
         problems += len(reports)
@@ -116,7 +107,15 @@ def run_script(script: str, argv: list[str], *, sanitize: bool = False, guard: b
                     print("    allocated at:\n" + "\n".join("    " + ln for ln in r["site"].splitlines()),
                           file=out)
         else:
-            print("leaks: none", file=out)
+            held = {i: ig.get_current_resource(i).memory_numbers()["live_bytes"] for i in range(ig.device_count())}
+            held = {i: n for i, n in held.items() if n}
+            if held:  # no array, yet memory is still allocated: blocks taken from a resource directly
+                problems += 1
+                where = ", ".join(f"{_fmt_bytes(n)} on device {i}" for i, n in held.items())
+                print(f"leaks: no array is still alive, but {where} are still allocated outside arrays "
+                      "(blocks from resource.allocate() never deallocated)", file=out)
+            else:
+                print("leaks: none", file=out)
     print(_summary(ig), file=out)
     if status:
         return status

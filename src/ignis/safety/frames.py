@@ -26,7 +26,9 @@ MAX_FRAMES = 6
 
 # Ignis, and the standard library's wrappers that stand between the user's code and a call
 _library: list[str] = [_PKG_DIR + os.sep] + [os.path.abspath(m.__file__) for m in (runpy, contextlib, threading)]
-_user: dict[CodeType, bool] = {}
+# id(code) -> (code, is the user's): hashing a code object costs more than the walk itself;
+# the entry keeps the code alive, so its id cannot be reused while cached.
+_user: dict[int, tuple[CodeType, bool]] = {}
 _MAIN = threading.main_thread().ident
 
 
@@ -40,7 +42,8 @@ def add_library_dir(path: str) -> None:
 
 
 def _is_user(co: CodeType) -> bool:
-    u = _user[co] = is_user_file(co.co_filename)
+    u = is_user_file(co.co_filename)
+    _user[id(co)] = (co, u)
     return u
 
 
@@ -50,7 +53,10 @@ def capture_frames(skip: int = 2, limit: int = MAX_FRAMES) -> tuple:
     On a thread with no user frame at all (PyTorch's autograd engine runs backward
     ops on its own threads), the main thread's user frames are taken instead:
     that is where ``backward()`` was called."""
-    f = sys._getframe(skip)
+    try:
+        f = sys._getframe(skip)
+    except ValueError:  # called from C on a thread with fewer Python frames than that
+        f = None
     out = _walk(f, limit)
     if not out and threading.get_ident() != _MAIN:
         f = sys._current_frames().get(_MAIN)
@@ -73,9 +79,8 @@ def _walk(f, limit: int) -> tuple:
     out = []
     while f is not None:
         co = f.f_code
-        u = user.get(co)
-        if u is None:
-            u = _is_user(co)
+        e = user.get(id(co))
+        u = _is_user(co) if e is None else e[1]
         if u:
             out.append((co, f.f_lineno))
             if len(out) >= limit:

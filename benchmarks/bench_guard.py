@@ -1,0 +1,325 @@
+"""The debug guard under PyTorch: its cost against PyTorch's caching allocator, and
+against Compute Sanitizer's memcheck, in the same run on the same card.
+
+- pair: ``torch.empty(n, device="cuda")`` then its free, µs per pair, for the
+  caching allocator and under ``ignis.torch.use_guard()`` (target: at most 5x);
+  4 KiB and 1 MiB tensors. CPU-side time per pair (the pair queues at most a
+  memset or two on the GPU; the loop synchronizes once per repeat).
+- step: one step of a small training loop (an MLP, a prefetch stream with
+  ``record_stream``, autocast bf16, SGD), ms per step, caching allocator vs the
+  guard (target: at most 2x) vs ``compute-sanitizer --tool memcheck`` (where
+  the tool is on the machine and accepts the device), with the final loss of
+  each (the guard must not change it).
+- ops: what learning of ``record_stream`` costs every other op: ``x.add_(1)``
+  per op plainly, under a minimal TorchDispatchMode that only handles
+  ``aten.record_stream`` (the obvious way), and with the guard's CUDA kernel for
+  ``aten.record_stream`` registered (its way: no per-op cost).
+
+Each configuration runs in its own process (PyTorch's allocator can be chosen
+only before CUDA starts). Run: ``PYTHONPATH=src IGNIS_BACKEND=cuda python3
+benchmarks/bench_guard.py [--json OUT] [--steps N] [--memcheck-steps N]``.
+For a breakdown: ``--child diag`` (the pair with stacks / the garbage collector
+off, the guard's own allocate + free, one Python-wrapped memset) and
+``--child profile '{"capture_stacks": false}'`` (cProfile of the pair loop).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+import time
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+
+
+# -- children ------------------------------------------------------------------------------
+def child_pair(guard: bool) -> dict:
+    import torch
+    if guard:
+        from ignis.torch import _guard
+        _guard.use_guard()
+    out = {}
+    for label, n in (("4KiB", 1024), ("1MiB", 1 << 18)):
+        for _ in range(2000):
+            t = torch.empty(n, device="cuda")
+            del t
+        torch.cuda.synchronize()
+        reps = []
+        N = 5000
+        for _ in range(9):
+            t0 = time.perf_counter()
+            for _ in range(N):
+                t = torch.empty(n, device="cuda")
+                del t
+            reps.append((time.perf_counter() - t0) / N * 1e6)
+            torch.cuda.synchronize()
+        out[label] = statistics.median(reps)
+    if guard:
+        out["checks"] = {k: v for k, v in _guard.memory_stats(0).items() if k.startswith("guard.")}
+        out["problems"] = len(_guard.check(raise_=False)) + len(_guard.reports())
+    return out
+
+
+def child_step(guard: bool, steps: int) -> dict:
+    import torch
+    import torch.nn.functional as F
+    if guard:
+        from ignis.torch import _guard
+        _guard.use_guard()
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(256, 512), torch.nn.ReLU(), torch.nn.Linear(512, 512),
+                                torch.nn.ReLU(), torch.nn.Linear(512, 10)).cuda()
+    opt = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
+    data = [(torch.randn(128, 256).pin_memory(), torch.randint(0, 10, (128,)).pin_memory()) for _ in range(8)]
+    prefetch = torch.cuda.Stream()
+
+    def load(i):
+        with torch.cuda.stream(prefetch):
+            x, y = data[i % len(data)]
+            return x.cuda(non_blocking=True), y.cuda(non_blocking=True)
+
+    def run(n: int, start: int):
+        nxt = load(start)
+        loss = None
+        for step in range(start, start + n):
+            torch.cuda.current_stream().wait_stream(prefetch)
+            x, y = nxt
+            x.record_stream(torch.cuda.current_stream())
+            y.record_stream(torch.cuda.current_stream())
+            nxt = load(step + 1)
+            with torch.autocast("cuda", dtype=torch.bfloat16):
+                loss = F.cross_entropy(model(x), y)
+            opt.zero_grad(set_to_none=True)
+            loss.backward()
+            opt.step()
+            del x, y
+        return loss
+
+    warm = max(5, steps // 10)
+    run(warm, 0)
+    torch.cuda.synchronize()
+    times = []
+    per = max(1, steps // 5)
+    at = warm
+    for _ in range(5):
+        t0 = time.perf_counter()
+        loss = run(per, at)
+        torch.cuda.synchronize()
+        times.append((time.perf_counter() - t0) / per * 1e3)
+        at += per
+    out = {"ms_per_step": statistics.median(times), "loss": float(loss.item()), "steps": warm + 5 * per}
+    if guard:
+        out["problems"] = len(_guard.check(raise_=False)) + len(_guard.reports())
+    return out
+
+
+def child_ops(mode: str) -> dict:
+    import torch
+    if mode == "guard":
+        from ignis.torch import _guard
+        _guard.use_guard()
+    ctx = None
+    if mode == "dispatch_mode":
+        from torch.utils._python_dispatch import TorchDispatchMode
+
+        class OnlyRecordStream(TorchDispatchMode):
+            def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+                if func is torch.ops.aten.record_stream.default:
+                    pass  # here the front end would note the stream
+                return func(*args, **(kwargs or {}))
+
+        ctx = OnlyRecordStream()
+        ctx.__enter__()
+    x = torch.zeros(1024, device="cuda")
+    for _ in range(500):
+        x.add_(1)
+    torch.cuda.synchronize()
+    reps = []
+    N = 256  # below the launch queue's depth
+    for _ in range(21):
+        t0 = time.perf_counter()
+        for _ in range(N):
+            x.add_(1)
+        reps.append((time.perf_counter() - t0) / N * 1e6)
+        torch.cuda.synchronize()
+    s = torch.cuda.Stream()
+    t0 = time.perf_counter()
+    for _ in range(1000):
+        x.record_stream(s)
+    rs = (time.perf_counter() - t0) / 1000 * 1e6
+    if ctx is not None:
+        ctx.__exit__(None, None, None)
+    return {"us_per_op": statistics.median(reps), "us_per_record_stream": rs}
+
+
+def child_profile(opts: str) -> dict:
+    """Where the guard's time goes in the torch.empty + free pair (cProfile, top functions)."""
+    import cProfile
+    import io
+    import pstats
+
+    import torch
+    from ignis.torch import _guard
+    _guard.use_guard(**json.loads(opts))
+    for _ in range(3000):
+        t = torch.empty(1024, device="cuda")
+        del t
+    torch.cuda.synchronize()
+    t0 = time.perf_counter()
+    for _ in range(10000):
+        t = torch.empty(1024, device="cuda")
+        del t
+    plain = (time.perf_counter() - t0) / 10000 * 1e6
+    pr = cProfile.Profile()
+    pr.enable()
+    for _ in range(10000):
+        t = torch.empty(1024, device="cuda")
+        del t
+    pr.disable()
+    buf = io.StringIO()
+    pstats.Stats(pr, stream=buf).sort_stats("tottime").print_stats(28)
+    return {"us_per_pair": plain, "profile": buf.getvalue()[-6000:]}
+
+
+def child_diag() -> dict:
+    """The pair's cost under the guard with one part at a time turned off (one process)."""
+    import gc
+
+    import torch
+    from ignis.torch import _guard
+    _guard.use_guard()
+
+    def pairs(n: int = 5000, reps: int = 5) -> float:
+        out = []
+        for _ in range(reps):
+            t0 = time.perf_counter()
+            for _ in range(n):
+                t = torch.empty(1024, device="cuda")
+                del t
+            out.append((time.perf_counter() - t0) / n * 1e6)
+            torch.cuda.synchronize()
+        return statistics.median(out)
+
+    pairs(3000, 1)
+    g = _guard.guard_resource(0)
+    res = {"default": pairs()}
+    gc.disable()
+    res["gc_off"] = pairs()
+    gc.enable()
+    g.capture_stacks = False
+    res["no_stacks"] = pairs()
+    gc.disable()
+    res["no_stacks_gc_off"] = pairs()
+    gc.enable()
+    g.capture_stacks = True
+    s = _guard._stream(0, 0)
+    t0 = time.perf_counter()
+    for _ in range(20000):
+        _guard._capture(6)
+    res["capture_us"] = (time.perf_counter() - t0) / 20000 * 1e6
+    t0 = time.perf_counter()
+    for _ in range(20000):
+        b = g.allocate(4096, s, "torch", ())
+        g.free_fast(b)
+    res["allocate_free_fast_us"] = (time.perf_counter() - t0) / 20000 * 1e6
+    torch.cuda.synchronize()
+    be = g._backend
+    t0 = time.perf_counter()
+    for _ in range(20000):
+        be.memset_d8_async(b.ptr, 0xA5, 4096, s.handle)
+    res["memset_py_us"] = (time.perf_counter() - t0) / 20000 * 1e6
+    torch.cuda.synchronize()
+    return res
+
+
+# -- parent --------------------------------------------------------------------------------
+def _child(args: list[str], *, prefix: list[str] | None = None, timeout: int = 240) -> dict | str:
+    cmd = [*(prefix or []), sys.executable, os.path.abspath(__file__), "--child", *args]
+    try:
+        r = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=os.environ.copy())
+    except subprocess.TimeoutExpired:
+        return f"timed out after {timeout} s"
+    for line in reversed(r.stdout.splitlines()):
+        if line.startswith("RESULT "):
+            return json.loads(line[7:])
+    return f"failed (status {r.returncode}): {(r.stdout + r.stderr)[-1500:]}"
+
+
+def _compute_sanitizer() -> str | None:
+    p = shutil.which("compute-sanitizer")
+    if p:
+        return p
+    for cand in ("/usr/local/cuda/bin/compute-sanitizer", "/opt/nvidia/compute-sanitizer/compute-sanitizer"):
+        if os.path.exists(cand):
+            return cand
+    return None
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--json")
+    ap.add_argument("--child", nargs="+")
+    ap.add_argument("--steps", type=int, default=200)
+    ap.add_argument("--memcheck-steps", type=int, default=20)
+    a = ap.parse_args()
+    if a.child:
+        kind, rest = a.child[0], a.child[1:]
+        if kind == "pair":
+            res = child_pair(rest[0] == "guard")
+        elif kind == "diag":
+            res = child_diag()
+        elif kind == "profile":
+            res = child_profile(rest[0] if rest else "{}")
+        elif kind == "step":
+            res = child_step(rest[0] == "guard", int(rest[1]))
+        else:
+            res = child_ops(rest[0])
+        print("RESULT " + json.dumps(res), flush=True)
+        return
+
+    report: dict = {}
+    import torch
+    report["device"] = torch.cuda.get_device_name(0)
+    report["torch"] = torch.__version__
+    plain, guard = _child(["pair", "plain"]), _child(["pair", "guard"])
+    report["pair_us"] = {"caching": plain, "guard": guard}
+    if isinstance(plain, dict) and isinstance(guard, dict):
+        report["pair_ratio"] = {k: guard[k] / plain[k] for k in ("4KiB", "1MiB")}
+    sp, sg = _child(["step", "plain", str(a.steps)]), _child(["step", "guard", str(a.steps)])
+    report["step"] = {"caching": sp, "guard": sg}
+    cs = _compute_sanitizer()
+    report["compute_sanitizer"] = cs or "not found (which compute-sanitizer; /usr/local/cuda/bin)"
+    if cs:
+        mc = _child(["step", "plain", str(a.memcheck_steps)], prefix=[cs, "--tool", "memcheck",
+                                                                       "--print-limit", "10"], timeout=420)
+        report["step"]["memcheck"] = mc
+    if isinstance(sp, dict) and isinstance(sg, dict):
+        report["step_ratio_guard"] = sg["ms_per_step"] / sp["ms_per_step"]
+        report["same_loss"] = abs(sg["loss"] - sp["loss"]) <= 1e-5 * max(1.0, abs(sp["loss"]))
+        mc = report["step"].get("memcheck")
+        if isinstance(mc, dict):
+            report["step_ratio_memcheck"] = mc["ms_per_step"] / sp["ms_per_step"]
+    report["ops"] = {m: _child(["ops", m]) for m in ("plain", "dispatch_mode", "guard")}
+    print(json.dumps(report, indent=2))
+    if isinstance(plain, dict) and isinstance(guard, dict):
+        print(f"torch.empty + free, µs per pair: caching {plain['4KiB']:.2f} / {plain['1MiB']:.2f}, guard "
+              f"{guard['4KiB']:.2f} / {guard['1MiB']:.2f} (4 KiB / 1 MiB): x{report['pair_ratio']['4KiB']:.2f} / "
+              f"x{report['pair_ratio']['1MiB']:.2f} (target <= 5)")
+    if "step_ratio_guard" in report:
+        line = (f"training step, ms: caching {sp['ms_per_step']:.3f}, guard {sg['ms_per_step']:.3f} "
+                f"(x{report['step_ratio_guard']:.2f}, target <= 2; same loss: {report['same_loss']})")
+        if "step_ratio_memcheck" in report:
+            line += f", memcheck {report['step']['memcheck']['ms_per_step']:.3f} (x{report['step_ratio_memcheck']:.1f})"
+        print(line)
+    if a.json:
+        with open(a.json, "w") as f:
+            json.dump(report, f, indent=2)
+
+
+if __name__ == "__main__":
+    main()

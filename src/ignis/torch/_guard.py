@@ -1,0 +1,1565 @@
+"""The debug guard under PyTorch and CuPy: Ignis as the framework's CUDA allocator.
+
+What it does: every tensor PyTorch (or array CuPy) allocates on a GPU comes
+from a ``DeferredGuardResource`` (a ``DebugGuardResource``: canaries before
+and after, poison on allocation and on free, a quarantine before reuse) over
+Ignis's ``PoolResource`` on that device, ordered on the framework's stream.
+Writes past either end of a tensor, writes into a freed tensor and reads of
+never-written memory (the poison pattern) become reports with the tensor's
+size, tag, allocation site (Python frames) and the bytes found.
+
+Design:
+- PyTorch: ``torch.cuda.memory.CUDAPluggableAllocator`` loads the C entry
+  points ``ignis_torch_alloc`` / ``ignis_torch_free`` of ``ignis._speedups``;
+  they take the GIL and call ``_alloc`` / ``_free`` here (a free of a guarded
+  block first queues its poison from C, through the driver's own
+  ``cuMemsetD8Async``, unless ``record_stream`` waits must come first). CuPy:
+  ``cupy.cuda.set_allocator`` with a Python function over the same two.
+  A stream handle is adopted once (``Stream.from_handle``; 0 is the legacy
+  default stream). Pointer -> block is one dict.
+- Checks run on the device, in batches, never with a host synchronization
+  on the allocation path. Free: the user bytes are poisoned at once (a
+  memset on the allocation stream, after the waits that cross-stream
+  tracking queues) and a job "check the guards" joins the stream's pending
+  batch; a block pushed out of the quarantine gets a job "check guards and
+  poison, then repair them" and goes back to the pool as soon as that batch
+  is queued (stream order puts the check before any reuse). A batch (up to
+  ``batch`` jobs) is one kernel pair (check, then sample-and-repair) and a
+  copy of the results into pinned memory behind an event; results are read
+  when the event has completed (polled on frees, at synchronize points, by
+  ``check()``). Because a block leaves the check repaired, a reuse of the
+  same pool block for the same size needs no memset at all.
+- Synchronize points (PyTorch's GPU trace: device / stream / event
+  synchronize) queue the pending batches, read finished ones, and at most
+  every ``sync_check_interval`` seconds check the guards of every live block.
+  ``check()`` checks everything now and waits.
+- ``record_stream``: PyTorch's pluggable allocator ignores it, so the aten op
+  ``record_stream`` gets a CUDA kernel here (``torch.library``; no cost for
+  any other op). The streams it names are kept with the block; at the free,
+  an event recorded on each and waited on by the allocation stream orders the
+  poison, the checks and any reuse after the work queued there (PyTorch's
+  rule). The op front end may call ``note_record_stream`` as well.
+- Reports go to the sanitizer's list when it collects (``ignis run --guard
+  --sanitize`` prints one list), else to this module's list, grouped the same
+  way (kind, side and allocation site, with a count). A report found inside
+  a free cannot be raised there: ``check()`` raises the first problem found
+  since the previous ``check()``.
+
+Limits (documented, not hidden): a write through a stale pointer after the
+block left the quarantine and was reused is the new owner's (no tool at this
+level can tell); a batch's results arrive after the batch ran, so a report
+"on free" comes at the next poll, synchronize point or ``check()``; CuPy has
+no per-kernel launch hook, so races in CuPy kernels are seen by the sanitizer
+only where the program declares its accesses (``ig.launch`` or the tracked
+``use()`` API); out-of-bounds writes and writes after free in them are found
+all the same (they damage canaries and poison).
+"""
+
+from __future__ import annotations
+
+import atexit
+import ctypes
+import os
+import sys
+import threading
+import time
+from collections import deque
+from typing import Any, Callable
+
+import numpy as np
+
+from ..errors import IgnisError, OutOfBoundsError, UseAfterFreeError
+from ..memory import ordering as _ord
+from ..memory import history as _history
+from ..memory.guard import DebugGuardResource, _Guarded
+from ..memory.pool import PoolResource
+from ..memory.resource import check_request
+from ..memory.types import UNTAGGED, Access, BlockState, DeviceBlock, _next_generation
+from ..runtime import Device, Stream
+from ..safety import frames as _frames
+from ..safety.frames import add_library_dir, capture_frames, format_frames, sites
+
+__all__ = ["DeferredGuardResource", "GuardError", "use_guard", "use_cupy_guard", "install_on_import", "check",
+           "reports", "clear_reports", "summary", "finish", "is_installed", "guard_resource", "guards",
+           "note_record_stream", "memory_stats", "DEFAULTS"]
+
+_NONE = 0xFFFFFFFFFFFFFFFF
+_RES_WORDS = 16          # per job: first[3], ~last[3], -count[3], samples 2 x 3, spare
+_JOB_WORDS = 3           # per job: upstream ptr, user bytes, flags
+_CHECK_USER, _REPAIR = 1, 2
+_CAP = 1024              # jobs per batch slot
+_MAX_SLOTS = 8
+_THREADS = 256
+
+# Job kinds: (flags, what the report says)
+FREE, EXIT, LIVE, HELD = "free", "exit", "live", "held"
+_FLAGS = {FREE: _REPAIR, EXIT: _CHECK_USER | _REPAIR, LIVE: 0, HELD: _CHECK_USER}
+_LEFT = "when its memory left the quarantine"
+_LIVE_STATE, _QUARANTINED, _FREED = BlockState.LIVE, BlockState.QUARANTINED, BlockState.FREED
+
+
+# -- cheap allocation sites --------------------------------------------------------------------------
+def _capture(limit: int, skip: int = 1) -> tuple:
+    """The caller's innermost ``limit`` user frames as (code, line) pairs (``safety.frames``)."""
+    return _frames.capture_frames(skip + 1, limit)
+
+
+_KERNEL = r"""
+typedef unsigned long long u64;
+#define NONE 0xFFFFFFFFFFFFFFFFull
+// One launch per phase over a batch of jobs (blockIdx.y = job). A job is a guarded
+// region at `base`: [canary G | user n | canary G]. Phase 0 compares every byte
+// (16 at a time where aligned) and folds the first / last damaged offset and the
+// count of damaged bytes of each zone into res (atomics; res starts all ones).
+// Phase 1 (one block per job) copies the first damaged bytes of each zone into res
+// and, for jobs that ask, rewrites the damaged zones (canary / poison).
+extern "C" __global__ void ignis_guard_check(const u64* __restrict__ jobs, u64* __restrict__ res, u64 G,
+                                             unsigned int canary, unsigned int poison, int phase) {
+    const u64 base = jobs[3 * blockIdx.y], n = jobs[3 * blockIdx.y + 1], flags = jobs[3 * blockIdx.y + 2];
+    u64* r = res + 16 * (u64)blockIdx.y;
+    unsigned char* p = (unsigned char*)base;
+    const u64 c0 = G / 16, c1 = (flags & 1) ? (n + 15) / 16 : 0, c2 = (G + 15) / 16;
+    if (phase == 0) {
+        const u64 total = c0 + c1 + c2, stride = (u64)gridDim.x * blockDim.x;
+        for (u64 k = (u64)blockIdx.x * blockDim.x + threadIdx.x; k < total; k += stride) {
+            int zone; u64 zstart, zlen, ck; unsigned int want;
+            if (k < c0) { zone = 0; zstart = 0; zlen = G; ck = k; want = canary; }
+            else if (k < c0 + c1) { zone = 1; zstart = G; zlen = n; ck = k - c0; want = poison; }
+            else { zone = 2; zstart = G + n; zlen = G; ck = k - c0 - c1; want = canary; }
+            const u64 off = ck * 16;
+            const int len = (int)(zlen - off < 16 ? zlen - off : 16);
+            const unsigned char* q = p + zstart + off;
+            if (len == 16 && (((u64)q) & 15) == 0) {
+                const unsigned int w = want * 0x01010101u;
+                const uint4 v = *(const uint4*)q;
+                if (v.x == w && v.y == w && v.z == w && v.w == w) continue;
+            }
+            int first = -1, last = -1, cnt = 0;
+            for (int i = 0; i < len; i++)
+                if (q[i] != (unsigned char)want) { if (first < 0) first = i; last = i; cnt++; }
+            if (cnt) {
+                atomicMin(&r[zone], off + (u64)first);
+                atomicMin(&r[3 + zone], ~(off + (u64)last));
+                atomicAdd(&r[6 + zone], (u64)(-(long long)cnt));
+            }
+        }
+        return;
+    }
+    __shared__ int damaged;
+    if (threadIdx.x == 0) damaged = (r[0] != NONE) || (r[1] != NONE) || (r[2] != NONE);
+    __syncthreads();
+    if (!damaged) return;
+    if (threadIdx.x < 3) {
+        const int zone = threadIdx.x;
+        const u64 first = r[zone];
+        if (first != NONE) {
+            const u64 zstart = zone == 0 ? 0 : (zone == 1 ? G : G + n), zlen = zone == 1 ? n : G;
+            const u64 m = zlen - first < 16 ? zlen - first : 16;
+            u64 lo = 0, hi = 0;
+            for (u64 i = 0; i < m; i++) {
+                const u64 b = p[zstart + first + i];
+                if (i < 8) lo |= b << (8 * i); else hi |= b << (8 * (i - 8));
+            }
+            r[9 + 2 * zone] = lo;
+            r[10 + 2 * zone] = hi;
+        }
+    }
+    __syncthreads();
+    if (!(flags & 2)) return;
+    for (int zone = 0; zone < 3; zone++) {
+        if (r[zone] == NONE) continue;
+        const u64 zstart = zone == 0 ? 0 : (zone == 1 ? G : G + n), zlen = zone == 1 ? n : G;
+        const unsigned char want = (unsigned char)(zone == 1 ? poison : canary);
+        for (u64 i = threadIdx.x; i < zlen; i += blockDim.x) p[zstart + i] = want;
+    }
+}
+"""
+
+
+class GuardError(IgnisError):
+    """The guard cannot be installed as asked (too late, no extension, wrong backend, bad option)."""
+
+
+DEFAULTS: dict[str, Any] = {
+    "canary_bytes": 256,            # per side, rounded up to 256
+    "poison": 0xA5,
+    "canary": 0xFD,
+    "quarantine_count": 256,        # freed blocks held before reuse
+    "quarantine_bytes": 256 << 20,
+    "capture_stacks": True,         # the allocation site of every tensor (cheap: code objects and lines)
+    "stack_depth": 6,
+    "batch": 128,                   # jobs per check batch on a stream
+    "sync_check_interval": 0.05,    # seconds between live-guard checks at synchronize points (None: never)
+    "record_stream": True,          # learn of Tensor.record_stream (PyTorch)
+    "patch_memory_stats": True,     # torch.cuda.memory_stats & friends answer with Ignis's statistics
+    "tag": None,                    # the blocks' tag (default: "torch" / "cupy")
+}
+
+
+def _options(opts: dict[str, Any]) -> dict[str, Any]:
+    unknown = sorted(set(opts) - set(DEFAULTS))
+    if unknown:
+        raise GuardError(f"unknown guard option(s) {', '.join(unknown)}; the options are {', '.join(DEFAULTS)}")
+    out = {**DEFAULTS, **opts}
+    b = out["batch"]
+    if isinstance(b, bool) or not isinstance(b, int) or not 1 <= b <= _CAP:
+        raise GuardError(f"batch must be an int from 1 to {_CAP}, got {b!r}")
+    d = out["stack_depth"]
+    if isinstance(d, bool) or not isinstance(d, int) or not 1 <= d <= 64:
+        raise GuardError(f"stack_depth must be an int from 1 to 64, got {d!r}")
+    iv = out["sync_check_interval"]
+    if iv is not None and (isinstance(iv, bool) or not isinstance(iv, (int, float)) or iv < 0):
+        raise GuardError(f"sync_check_interval must be a number of seconds >= 0, or None, got {iv!r}")
+    if out["tag"] is not None and not isinstance(out["tag"], str):
+        raise GuardError(f"tag must be a str, got {out['tag']!r}")
+    try:  # the guard's own checks (byte values, counts), once, up front
+        _validate_guard_args(out)
+    except ValueError as e:
+        raise GuardError(str(e)) from None
+    return out
+
+
+def _validate_guard_args(o: dict[str, Any]) -> None:
+    for name in ("poison", "canary"):
+        v = o[name]
+        if isinstance(v, bool) or not isinstance(v, int) or not 0 <= v <= 0xFF:
+            raise ValueError(f"{name} must be a byte value 0..255, got {v!r}")
+    for name in ("canary_bytes", "quarantine_count", "quarantine_bytes"):
+        v = o[name]
+        if isinstance(v, bool) or not isinstance(v, int) or v < 0:
+            raise ValueError(f"{name} must be a non-negative int, got {v!r}")
+    if o["poison"] == o["canary"] and o["canary_bytes"]:
+        raise ValueError(f"poison and canary must differ (both {o['poison']:#04x}), or a write of one would "
+                         "pass for the other")
+
+
+# -- the resource -----------------------------------------------------------------------------------
+class _Entry(_Guarded):
+    """The guard's record of one allocation, plus the streams ``record_stream`` named
+    and the sides already reported (a damaged guard is reported once)."""
+
+    __slots__ = ("rs", "reported")
+
+    def __init__(self, block: DeviceBlock, up: DeviceBlock, frames: tuple | None) -> None:
+        self.block = block
+        self.up = up
+        self.stack = frames
+        self.rs: set | None = None
+        self.reported: set | None = None
+
+    def stack_text(self) -> str | None:
+        if not self.stack:
+            return None
+        return format_frames(self.stack).rstrip()
+
+
+class _Slot:
+    """Buffers for one batch in flight: jobs and results, on the host and the device, and its event."""
+
+    __slots__ = ("jobs", "jobs_ptr", "jobs_dev", "res", "res_ptr", "res_dev", "event")
+
+
+class _Batch:
+    __slots__ = ("slot", "items", "stream")
+
+    def __init__(self, slot: _Slot, items: list, stream: Stream) -> None:
+        self.slot, self.items, self.stream = slot, items, stream
+
+
+class _Checker:
+    """Batches of guard checks for one guard: pending jobs per stream, batches in flight."""
+
+    def __init__(self, guard: "DeferredGuardResource") -> None:
+        self.g = guard
+        self.backend = guard._backend
+        self.device = guard.device
+        self.cuda = self.backend.name == "cuda"
+        self.lock = threading.RLock()
+        self.pending: dict[Stream, list] = {}
+        self.inflight: deque[_Batch] = deque()
+        self.free_slots: list[_Slot] = []
+        self.all_slots: list[_Slot] = []
+        self.fn: Any = None
+        self.frees = 0
+        self.batches = 0
+        self.jobs = 0
+
+    # -- buffers -----------------------------------------------------------------
+    def _new_slot(self) -> _Slot:
+        s = _Slot()
+        b, dev = self.backend, self.device.ordinal
+        if self.cuda:
+            s.jobs_ptr = b.host_alloc(_CAP * _JOB_WORDS * 8)
+            s.res_ptr = b.host_alloc(_CAP * _RES_WORDS * 8)
+            s.jobs = np.ctypeslib.as_array((ctypes.c_uint64 * (_CAP * _JOB_WORDS)).from_address(s.jobs_ptr))
+            s.res = np.ctypeslib.as_array((ctypes.c_uint64 * (_CAP * _RES_WORDS)).from_address(s.res_ptr))
+            s.jobs_dev = b.mem_alloc(dev, _CAP * _JOB_WORDS * 8)
+            s.res_dev = b.mem_alloc(dev, _CAP * _RES_WORDS * 8)
+        else:
+            s.jobs = np.zeros(_CAP * _JOB_WORDS, np.uint64)
+            s.res = np.full(_CAP * _RES_WORDS, _NONE, np.uint64)
+            s.jobs_ptr = s.res_ptr = s.jobs_dev = s.res_dev = 0
+        s.event = b.event_create(dev)
+        self.all_slots.append(s)
+        return s
+
+    def _slot(self) -> _Slot:
+        if self.free_slots:
+            return self.free_slots.pop()
+        if self.inflight and self.backend.event_query(self.inflight[0].slot.event):
+            self._harvest(self.inflight.popleft())
+            return self.free_slots.pop()
+        if len(self.all_slots) < _MAX_SLOTS:
+            return self._new_slot()
+        b = self.inflight.popleft()
+        self.backend.event_synchronize(b.slot.event)
+        self._harvest(b)
+        return self.free_slots.pop()
+
+    def close(self) -> None:
+        """Give the buffers back (after the batches in flight finished)."""
+        with self.lock:
+            self.wait()
+            b, dev = self.backend, self.device.ordinal
+            for s in self.all_slots:
+                try:
+                    b.event_destroy(s.event)
+                    if self.cuda:
+                        b.mem_free(dev, s.jobs_dev)
+                        b.mem_free(dev, s.res_dev)
+                        b.host_free(s.jobs_ptr)
+                        b.host_free(s.res_ptr)
+                except Exception:
+                    pass
+            self.all_slots.clear()
+            self.free_slots.clear()
+
+    # -- jobs ----------------------------------------------------------------------
+    def add(self, stream: Stream, entry: _Entry, kind: str, when: str) -> None:
+        with self.lock:
+            lst = self.pending.get(stream)
+            if lst is None:
+                lst = self.pending[stream] = []
+            lst.append((entry, kind, when))
+            if len(lst) >= self.g.batch:
+                self.launch(stream)
+
+    def after_free(self) -> None:
+        self.frees += 1
+        if not self.frees & 15 and self.inflight:
+            self.poll()
+
+    def launch_all(self) -> None:
+        with self.lock:
+            for s in [s for s, lst in self.pending.items() if lst]:
+                self.launch(s)
+
+    def launch(self, stream: Stream) -> None:
+        """Queue the pending jobs of ``stream`` as one or more batches on it."""
+        with self.lock:
+            items = self.pending.pop(stream, None)
+            while items:
+                part, items = items[:_CAP], items[_CAP:]
+                self._launch(stream, part)
+
+    def _launch(self, stream: Stream, items: list) -> None:
+        g = self.g
+        slot = self._slot()
+        k = len(items)
+        G = g.canary_bytes
+        flat: list[int] = []
+        maxn = 0
+        for e, kind, _ in items:
+            n = e.block.requested
+            f = _FLAGS[kind]
+            flat += (e.up.ptr, n, f)
+            if f & _CHECK_USER and n > maxn:
+                maxn = n
+        slot.jobs[:3 * k] = flat
+        maxchunks = (maxn + 15) // 16
+        b = self.backend
+        try:
+            h = stream._check()
+            if self.cuda:
+                if self.fn is None:
+                    self.fn = b.kernel_compile(self.device.ordinal, _KERNEL, "ignis_guard_check")
+                b.memcpy_htod_async(slot.jobs_dev, slot.jobs_ptr, k * _JOB_WORDS * 8, h)
+                b.memset_d8_async(slot.res_dev, 0xFF, k * _RES_WORDS * 8, h)
+                gx = max(1, min(1024, (maxchunks + 2 * G // 16 + _THREADS - 1) // _THREADS))
+                args = (ctypes.c_uint64(slot.jobs_dev), ctypes.c_uint64(slot.res_dev), ctypes.c_uint64(G),
+                        ctypes.c_uint32(g.canary), ctypes.c_uint32(g.poison))
+                b.kernel_launch(self.fn, (gx, k, 1), (_THREADS, 1, 1), 0, h, (*args, ctypes.c_int32(0)))
+                b.kernel_launch(self.fn, (1, k, 1), (_THREADS, 1, 1), 0, h, (*args, ctypes.c_int32(1)))
+                b.memcpy_dtoh_async(slot.res_ptr, slot.res_dev, k * _RES_WORDS * 8, h)
+            else:
+                views = [(b.host_view(e.up.ptr, 2 * G + e.block.requested), e.block.requested, _FLAGS[kind])
+                         for e, kind, _ in items]
+                res = slot.res
+                canary, poison = g.canary, g.poison
+                b.kernel_launch(lambda: _host_check(views, res, G, canary, poison), (1, 1, 1), (1, 1, 1), 0, h, ())
+            b.event_record(slot.event, h)
+        except BaseException:
+            self.free_slots.append(slot)
+            # Blocks that were leaving the quarantine go back upstream unchecked, never lost.
+            for e, kind, _ in items:
+                if kind == EXIT:
+                    try:
+                        g._release_exit(e, formatted=False)
+                    except Exception:
+                        pass
+            raise
+        self.batches += 1
+        self.jobs += k
+        self.inflight.append(_Batch(slot, items, stream))
+        # The check is queued before any reuse (stream order; a reuse elsewhere waits on an
+        # event recorded after it): blocks leaving the quarantine can go back to the pool now.
+        exits = [e for e, kind, _ in items if kind == EXIT]
+        if exits:
+            g._release_exits(exits)
+
+    # -- results -------------------------------------------------------------------
+    def poll(self) -> None:
+        """Read every finished batch (no waiting)."""
+        with self.lock:
+            q = self.inflight
+            while q and self.backend.event_query(q[0].slot.event):
+                self._harvest(q.popleft())
+
+    def wait(self) -> None:
+        """Queue everything pending, wait for every batch and read it."""
+        with self.lock:
+            self.launch_all()
+            q = self.inflight
+            while q:
+                b = q.popleft()
+                self.backend.event_synchronize(b.slot.event)
+                self._harvest(b)
+
+    def _harvest(self, batch: _Batch) -> None:
+        slot = batch.slot
+        k = len(batch.items)
+        res = slot.res[:k * _RES_WORDS].reshape(k, _RES_WORDS)
+        try:
+            bad = np.flatnonzero((res[:, :3] != np.uint64(_NONE)).any(axis=1))
+            for i in bad.tolist():
+                e, kind, when = batch.items[i]
+                self.g._problems_from(e, kind, when, [int(x) for x in res[i]])
+        finally:
+            if not self.cuda:
+                res.fill(_NONE)
+            self.free_slots.append(slot)
+
+
+def _host_check(views: list, res: np.ndarray, G: int, canary: int, poison: int) -> None:
+    """The check kernel's two phases on the emulated backend (runs on the stream's worker)."""
+    for i, (v, n, flags) in enumerate(views):
+        r = res[i * _RES_WORDS:(i + 1) * _RES_WORDS]
+        zones = ((0, G, canary), (G, n, poison) if flags & _CHECK_USER else None, (G + n, G, canary))
+        for z, zone in enumerate(zones):
+            if zone is None or not zone[1]:
+                continue
+            start, length, want = zone
+            data = v[start:start + length]
+            bad = np.flatnonzero(data != want)
+            if not bad.size:
+                continue
+            first, last = int(bad[0]), int(bad[-1])
+            r[z] = first
+            r[3 + z] = ~np.uint64(last)
+            r[6 + z] = np.uint64(_NONE - int(bad.size))
+            sample = bytes(data[first:first + 16]) + bytes(16)
+            r[9 + 2 * z] = int.from_bytes(sample[:8], "little")
+            r[10 + 2 * z] = int.from_bytes(sample[8:16], "little")
+            if flags & _REPAIR:
+                data[:] = want
+
+
+class DeferredGuardResource(DebugGuardResource):
+    """A ``DebugGuardResource`` whose checks run on the device in batches, for
+    frameworks' allocators: ``allocate`` and ``deallocate`` never wait for the
+    device. Problems go to ``on_problem(err)`` (default: kept in ``found``);
+    ``check()`` and ``flush()`` wait for everything and return (or raise) the
+    problems found since the previous ``check()`` / ``flush()``.
+
+    Options beyond the guard's: ``batch`` (jobs per check batch on a stream),
+    ``stack_depth`` (user frames kept per allocation)."""
+
+    def __init__(self, upstream: Any, *, batch: int = 64, stack_depth: int = 6, **guard_options: Any) -> None:
+        super().__init__(upstream, **guard_options)
+        self.batch = batch
+        self.stack_depth = stack_depth
+        self.on_problem: Callable[[IgnisError], None] | None = None
+        self.found: list[IgnisError] = []
+        self._unreturned: list[IgnisError] = []
+        # pool block address -> (pool block, its size, user bytes) of blocks whose guards and
+        # poison a check left intact: allocating the same again needs no memset.
+        self._reuse = isinstance(upstream, PoolResource)
+        self._formatted: dict[int, tuple] = {}
+        self._held_exit: dict[int, _Entry] = {}  # left the quarantine, check queued, not yet upstream
+        self._rs_event = 0
+        self._checker = _Checker(self)
+        self.reused = 0
+        self.formatted_fresh = 0
+
+    # -- allocate / deallocate ---------------------------------------------------------
+    def allocate(self, nbytes: int, stream: Stream | None = None, tag: str = UNTAGGED,
+                 frames: tuple | None = None) -> DeviceBlock:
+        """A LIVE block of ``nbytes`` poisoned bytes between two canary guards.
+        ``frames``: the allocation site, if the caller captured it already."""
+        if stream is None:
+            stream = self.device.default_stream
+        if type(nbytes) is not int or nbytes <= 0 or type(stream) is not Stream:
+            check_request(nbytes, stream)
+        if self._closed:
+            self._check_alive()
+        if frames is None and self.capture_stacks:
+            frames = capture_frames(2, self.stack_depth)
+        g = self.canary_bytes
+        try:
+            up = self.upstream.allocate(nbytes + 2 * g, stream, tag)
+        except MemoryError:
+            up = self._after_oom(nbytes + 2 * g, stream, tag)
+        fmt = self._formatted.pop(up.ptr, None) if self._formatted else None
+        impl = up._impl
+        if fmt is not None and fmt[0] is impl and fmt[1] == impl.size and fmt[2] == nbytes:
+            self.reused += 1
+        else:
+            try:
+                handle = up.alloc_stream._check()
+                memset = self._backend.memset_d8_async
+                if g:
+                    memset(up.ptr, self.canary, g, handle)
+                    memset(up.ptr + g + nbytes, self.canary, g, handle)
+                memset(up.ptr + g, self.poison, nbytes, handle)
+            except BaseException:
+                self.upstream.deallocate(up)
+                raise
+            self.formatted_fresh += 1
+        ptr = up.ptr + g
+        block = DeviceBlock(ptr, up.alloc_stream, nbytes, nbytes, tag, _next_generation())
+        block._ws = None  # its hazard record is the upstream block's (memory.resource)
+        block._impl = entry = _Entry(block, up, frames)
+        lock = self._lock
+        lock.acquire()
+        self._live[ptr] = entry
+        self._live_bytes += nbytes
+        lock.release()
+        rec = _history.recorder
+        if rec is not None:
+            rec("alloc", self, block.ptr, nbytes, block.alloc_stream, block)
+        return block
+
+    def _after_oom(self, nbytes: int, stream: Stream, tag: str) -> DeviceBlock:
+        """The upstream ran out: empty the quarantine (its checks queued, then waited
+        for, so the blocks are back in the pool) and retry once; re-raise if nothing was held."""
+        with self._lock:
+            held = bool(self._quarantine or self._held_exit or any(self._checker.pending.values()))
+        if not held:
+            raise
+        self._drain(wait=True)
+        self.upstream.reap_pending()
+        return self.upstream.allocate(nbytes, stream, tag)
+
+    def _upstream_allocate(self, nbytes: int, stream: Stream, tag: str) -> DeviceBlock:
+        try:
+            return self.upstream.allocate(nbytes, stream, tag)
+        except MemoryError:
+            return self._after_oom(nbytes, stream, tag)
+
+    def deallocate(self, block: DeviceBlock, *, foreign: bool = False) -> None:
+        """Poison the bytes (in stream order, after every recorded use), queue the
+        check of the guards and quarantine the block. Never waits for the device;
+        what the checks find goes to ``on_problem`` later. ``foreign``: a framework's
+        tensor, which the sanitizer follows as a foreign extent (not as an Ignis block)."""
+        with self._lock:
+            entry = self._live.get(block.ptr) if isinstance(block, DeviceBlock) else None
+            if entry is None or entry.block is not block:
+                self._check_dealloc(block, self._live)
+            chk = _ord.checker
+            if chk is not None and not foreign:
+                chk.free(block)
+            del self._live[block.ptr]
+            self._live_bytes -= block.requested
+        rec = _history.recorder
+        if rec is not None:
+            rec("free_requested", self, block.ptr, block.requested, block.alloc_stream, block)
+        if not self._context_alive():
+            self._return_or_relive(entry)
+            return
+        up = entry.up
+        try:
+            closed = up.alloc_stream._closed
+            stream = self._stream_of(entry)
+            h = stream.handle
+            rs = entry.rs
+            if rs:
+                # record_stream: the free waits for the work queued so far on those streams
+                # (PyTorch's rule), whatever the ordering policy (the program declared it).
+                b = self._backend
+                if not self._rs_event:
+                    self._rs_event = b.event_create(self.device.ordinal)
+                for o in rs:
+                    if o is not stream and not o._closed:
+                        b.event_record(self._rs_event, o.handle)
+                        b.stream_wait_event(h, self._rs_event)
+                entry.rs = None
+            # A block nobody tracked a use of (every framework tensor: the framework orders
+            # its own work) is clean on its stream: no wait to queue, nothing to reset.
+            tracked = self._tracks and (up._ws is not up.alloc_stream or up._we or up._rd is not None)
+            if tracked and not closed and _ord.policy(stream) == _ord.AUTO:
+                self.upstream.prepare_block_use(up, stream, Access.READ_WRITE)
+            self._backend.memset_d8_async(block.ptr, self.poison, block.requested, h)
+            if closed:
+                self._backend.stream_synchronize(h)
+            if tracked:
+                self.upstream.finish_block_use(up, up.alloc_stream, Access.READ_WRITE)
+        except BaseException as exc:
+            try:
+                self._return_or_relive(entry)
+            except BaseException as undo:  # noqa: BLE001 - the first error is the one to report
+                if hasattr(exc, "add_note"):
+                    exc.add_note(f"the block stays live: returning it upstream also failed: {undo}")
+            raise
+        evicted: list[_Entry] = []
+        with self._lock:
+            bypass = self._closed or not self.quarantine_count or self._held(entry) > self.quarantine_bytes
+            if not bypass:
+                block.transition(BlockState.QUARANTINED)
+                self._quarantine[block.ptr] = entry
+                self._quarantined_bytes += self._held(entry)
+                evicted = self._take_quarantine(self._overflow())
+            for e in evicted:
+                self._held_exit[e.block.ptr] = e
+            if bypass:
+                self._held_exit[block.ptr] = entry
+        ck = self._checker
+        if bypass:
+            ck.add(stream, entry, EXIT, "on free")
+        else:
+            ck.add(stream, entry, FREE, "on free")
+        for e in evicted:
+            ck.add(self._stream_of(e), e, EXIT, "when its memory left the quarantine")
+        ck.after_free()
+
+    def free_fast(self, block: DeviceBlock, poisoned: bool = False) -> None:
+        """``deallocate`` of a framework's tensor, its common case in few steps: no
+        record_stream streams, no tracked use, its stream open, the quarantine on.
+        ``poisoned``: the caller queued the poison already (the C entry point)."""
+        e = block._impl
+        up = e.up
+        s = up.alloc_stream
+        n = block.requested
+        held = n + 2 * self.canary_bytes
+        ptr = block.ptr
+        if (type(e) is not _Entry or e.rs is not None or s._closed or self._closed or held > self.quarantine_bytes
+                or not self.quarantine_count or self._generation != self.device.state.generation
+                or up._ws is not s or up._we or up._rd is not None or self._live.get(ptr) is not e):
+            self.deallocate(block, foreign=True)
+            return
+        evicted = None
+        with self._lock:
+            if self._live.pop(ptr, None) is not e:  # another thread freed it meanwhile
+                self._live[ptr] = e
+                raise self._double(block)
+            self._live_bytes -= n
+            q = self._quarantine
+            q[ptr] = e
+            self._quarantined_bytes += held
+            if len(q) > self.quarantine_count or self._quarantined_bytes > self.quarantine_bytes:
+                evicted = self._take_quarantine(self._overflow())
+                hx = self._held_exit
+                for x in evicted:
+                    hx[x.block.ptr] = x
+        block.state = _QUARANTINED
+        if not poisoned:
+            self._backend.memset_d8_async(ptr, self.poison, n, s.handle)
+        rec = _history.recorder
+        if rec is not None:
+            rec("free_requested", self, ptr, n, s, block)
+        ck = self._checker
+        batch = self.batch
+        with ck.lock:
+            pend = ck.pending
+            lst = pend.get(s)
+            if lst is None:
+                lst = pend[s] = []
+            lst.append((e, FREE, "on free"))
+            if evicted:
+                for x in evicted:
+                    xs = x.up.alloc_stream
+                    if xs._closed:
+                        xs = self._stream_of(x)
+                    l2 = pend.get(xs)
+                    if l2 is None:
+                        l2 = pend[xs] = []
+                    l2.append((x, EXIT, _LEFT))
+                    if xs is not s and len(l2) >= batch:
+                        ck.launch(xs)
+            if len(lst) >= batch:
+                ck.launch(s)
+            ck.frees += 1
+            if not ck.frees & 15 and ck.inflight:
+                ck.poll()
+
+    def _double(self, block: DeviceBlock) -> Exception:
+        try:
+            self._check_dealloc(block, self._live)
+        except Exception as exc:  # noqa: BLE001 - the error to raise
+            return exc
+        return RuntimeError(f"block {block.ptr:#x} could not be freed")
+
+    def _release_exits(self, entries: list) -> None:
+        """Blocks leaving the quarantine whose check (and repair) is queued: back to the
+        pool now, each marked as intact for a reuse of the same size."""
+        with self._lock:
+            hx = self._held_exit
+            for e in entries:
+                hx.pop(e.block.ptr, None)
+        dealloc = self.upstream.deallocate
+        fmt = self._formatted if self._reuse else None
+        if fmt is not None and len(fmt) > 1 << 16:
+            fmt.clear()
+        rec = _history.recorder
+        failure: BaseException | None = None
+        for e in entries:
+            up = e.up
+            b = e.block
+            try:
+                if up.state is _LIVE_STATE:
+                    dealloc(up)
+            except BaseException as exc:  # the upstream refused it: keep it (counted) for a later flush
+                with self._lock:
+                    self._quarantine[b.ptr] = e
+                    self._quarantined_bytes += self._held(e)
+                failure = failure or exc
+                continue
+            b.state = _FREED
+            if rec is not None:
+                rec("free_completed", self, b.ptr, b.requested, b.alloc_stream, b)
+            if fmt is not None:
+                impl = up._impl
+                if impl is not None:
+                    fmt[up.ptr] = (impl, impl.size, b.requested)
+        if failure is not None:
+            raise failure
+
+    def _release_exit(self, e: _Entry, *, formatted: bool) -> None:
+        """A block leaving the quarantine whose check is queued: back to the pool now."""
+        with self._lock:
+            self._held_exit.pop(e.block.ptr, None)
+        up = e.up
+        try:
+            self._return(e)
+        except BaseException:
+            with self._lock:  # the upstream refused it: keep it (counted) for a later flush
+                self._quarantine[e.block.ptr] = e
+                self._quarantined_bytes += self._held(e)
+            raise
+        if formatted and self._reuse and up._impl is not None:
+            if len(self._formatted) > 1 << 16:
+                self._formatted.clear()
+            self._formatted[up.ptr] = (up._impl, up._impl.size, e.block.requested)
+
+    def note_record_stream(self, block: DeviceBlock, stream: Stream) -> None:
+        """Work on ``stream`` uses the live ``block`` (``Tensor.record_stream``): its free
+        will wait for the work queued there up to the free."""
+        with self._lock:
+            e = self._resolve(block)
+            if stream is e.up.alloc_stream:
+                return
+            if e.rs is None:
+                e.rs = {stream}
+            else:
+                e.rs.add(stream)
+
+    # -- checks ------------------------------------------------------------------------
+    def live_check(self, when: str = "at a synchronize point") -> None:
+        """Queue a check of the guards of every live block (on each block's stream)."""
+        if not self._context_alive():
+            return
+        ck = self._checker
+        with ck.lock:  # held first: a block freed meanwhile gets its jobs after these
+            with self._lock:
+                live = list(self._live.values())
+            for e in live:
+                ck.add(self._stream_of(e), e, LIVE, when)
+            ck.launch_all()
+
+    def on_sync(self, live: bool) -> None:
+        """A synchronize point: queue what is pending, read what finished, and (``live``)
+        check the guards of the live blocks."""
+        if not self._context_alive():
+            return
+        ck = self._checker
+        ck.launch_all()
+        ck.poll()
+        if live:
+            self.live_check()
+
+    def check(self, *, raise_: bool = True) -> list[IgnisError]:
+        """Check now the guards of every live block and the poison and guards of every
+        quarantined one, wait for every check queued so far, and return the problems
+        found since the previous ``check()`` / ``flush()`` (raise the first with ``raise_``).
+        Changes nothing: damaged blocks stay as they are."""
+        if self._context_alive():
+            ck = self._checker
+            with ck.lock:  # held first: a block leaving the quarantine meanwhile is checked after these
+                self.live_check("by check()")
+                with self._lock:
+                    held = list(self._quarantine.values())
+                for e in held:
+                    ck.add(self._stream_of(e), e, HELD, "by check() (the block waits in the quarantine)")
+                ck.wait()
+        return self._take_found(raise_)
+
+    def flush(self, *, raise_: bool = True) -> list[IgnisError]:
+        """Empty the quarantine: check each block's poison and guards, return it to the
+        pool, and wait for every check; return (or raise) the problems found since the
+        previous ``check()`` / ``flush()``."""
+        self._drain(wait=True)
+        return self._take_found(raise_)
+
+    def _drain(self, *, wait: bool) -> None:
+        with self._lock:
+            entries = self._take_quarantine(len(self._quarantine))
+            for e in entries:
+                self._held_exit[e.block.ptr] = e
+        if not self._context_alive():
+            for e in entries:
+                self._release_exit(e, formatted=False)
+            return
+        ck = self._checker
+        with ck.lock:
+            for e in entries:
+                ck.add(self._stream_of(e), e, EXIT, "when its memory left the quarantine")
+            ck.launch_all()
+            if wait:
+                ck.wait()
+
+    def _take_found(self, raise_: bool) -> list[IgnisError]:
+        with self._lock:
+            out, self._unreturned = self._unreturned, []
+        if out and raise_:
+            err = out[0]
+            err.others = out[1:]
+            raise err
+        return out
+
+    def close(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        try:
+            self.flush()
+        finally:
+            self._checker.close()
+
+    def memory_numbers(self) -> dict[str, int]:
+        nums = super().memory_numbers()
+        with self._lock:
+            nums["cached_bytes"] += sum(self._held(e) for e in self._held_exit.values())
+        return nums
+
+    # -- reports -----------------------------------------------------------------------
+    def _problems_from(self, e: _Entry, kind: str, when: str, r: list[int]) -> None:
+        b = e.block
+        n = b.requested
+        G = self.canary_bytes
+        for zone in (0, 2, 1):
+            first = r[zone]
+            if first == _NONE:
+                continue
+            side = ("before", "after-free", "after")[zone]
+            if e.reported is not None and side in e.reported:
+                continue
+            last = (~r[3 + zone]) & _NONE
+            count = _NONE - r[6 + zone]
+            zlen = n if zone == 1 else G
+            found = (r[9 + 2 * zone].to_bytes(8, "little") + r[10 + 2 * zone].to_bytes(8, "little"))
+            found = found[:min(16, zlen - first)]
+            if zone == 1:
+                err = self._after_free(e, first, last, count, found, when)
+            else:
+                base = -G if zone == 0 else n
+                err = self._oob(e, "before" if zone == 0 else "after", base + first, base + last, count, found,
+                                when, freed=kind in (EXIT, HELD))
+            if e.reported is None:
+                e.reported = {side}
+            else:
+                e.reported.add(side)
+            self._report(err)
+
+    def _report(self, err: IgnisError) -> None:
+        with self._lock:
+            self.found.append(err)
+            self._unreturned.append(err)
+        sink = self.on_problem
+        if sink is not None:
+            try:
+                sink(err)
+            except Exception:  # a report must never break the allocator
+                pass
+
+    def _oob(self, e: _Entry, side: str, first: int, last: int, count: int, found: bytes, when: str,
+             freed: bool) -> OutOfBoundsError:
+        b = e.block
+        where = "past the end" if side == "after" else "before the start"
+        after = " (it was already freed: the write may have come through a stale pointer)" if freed else ""
+        return OutOfBoundsError(
+            f"a write {where} of a {b.requested}-byte {_noun(b.tag)} (tag {b.tag!r}, ptr {b.ptr:#x}, generation "
+            f"{b.generation}){after}: {count} of the {self.canary_bytes} guard bytes {side} it were overwritten, at "
+            f"offsets {first}..{last} from its start (found {found.hex(' ')}, expected {self.canary:#04x}); "
+            f"detected {when}. Check the sizes and index arithmetic of the kernels and copies that write it",
+            generation=b.generation, ptr=b.ptr, tag=b.tag, side=side, offset=first, last_offset=last,
+            damaged=count, found=found, nbytes=b.requested, stack=e.stack_text(), when=when,
+            frames=e.stack)
+
+    def _after_free(self, e: _Entry, first: int, last: int, count: int, found: bytes, when: str
+                    ) -> UseAfterFreeError:
+        b = e.block
+        stack = e.stack_text()
+        err = UseAfterFreeError(
+            f"a {b.requested}-byte {_noun(b.tag)} (tag {b.tag!r}, ptr {b.ptr:#x}) was written after it was freed: "
+            f"{count} byte(s) at offsets {first}..{last} no longer hold the poison {self.poison:#04x} (found "
+            f"{found.hex(' ')}); detected {when}. Some kernel or copy still writes through a stale tensor or "
+            "pointer to it (order that work before the free, or stop keeping the stale reference)",
+            generation=b.generation, ptr=b.ptr, tag=b.tag, side="after-free", offset=first, last_offset=last,
+            damaged=count, found=found, nbytes=b.requested, stack=stack, when=when, frames=e.stack)
+        if stack:
+            err.message += f"\nallocated at:\n{stack}"
+            err.args = (err.message,)
+        return err
+
+    def __repr__(self) -> str:
+        return (f"<DeferredGuardResource live={self._live_bytes} quarantined={len(self._quarantine)} "
+                f"({self._quarantined_bytes} B) over {self.upstream!r}>")
+
+
+def _noun(tag: str) -> str:
+    return "array" if tag == "cupy" else "tensor" if tag == "torch" else "block"
+
+
+# -- the front end's state ------------------------------------------------------------------------
+_LEGACY = 1  # CU_STREAM_LEGACY: what PyTorch's and CuPy's default stream handle 0 means
+
+
+class _State:
+    def __init__(self) -> None:
+        self.opts: dict[str, Any] | None = None
+        self.lock = threading.RLock()
+        self.guards: dict[int, DeferredGuardResource] = {}
+        self.streams: dict[tuple[int, int], Stream] = {}
+        self.blocks: dict[int, DeviceBlock] = {}
+        self.torch = False
+        self.cupy = False
+        self.lib: Any = None
+        self.problems: list[IgnisError] = []
+        self.groups: dict[tuple, IgnisError] = {}
+        self.tls = threading.local()
+        self.deferred: list[tuple] = []
+        self.last_live = 0.0
+        self.atexit = False
+        self.hooks: list = []
+        self.saved: dict[str, Any] = {}
+        self.rs_ptrs: set[int] = set()   # live blocks that record_stream named another stream for
+        self.tag = "torch"
+
+
+_s = _State()
+
+
+def _configure(opts: dict[str, Any]) -> dict[str, Any]:
+    with _s.lock:
+        if _s.opts is None:
+            _s.opts = _options(opts)
+            _s.tag = _s.opts["tag"] or "torch"
+        elif opts and _options(opts) != _s.opts:
+            raise GuardError("the guard is installed already, with other options; one set of options per process "
+                             f"(now: {_public(_s.opts)})")
+        return _s.opts
+
+
+def _public(o: dict[str, Any]) -> str:
+    return ", ".join(f"{k}={v!r}" for k, v in o.items())
+
+
+def guard_resource(device: "Device | int" = 0) -> DeferredGuardResource:
+    """The guard of ``device`` (made on first use: a DeferredGuardResource over a new
+    PoolResource there, also made the device's current Ignis resource, so Ignis's
+    statistics, snapshots and Ignis arrays share it)."""
+    dev = device if isinstance(device, Device) else Device(device)
+    g = _s.guards.get(dev.ordinal)
+    if g is not None and g._context_alive():
+        return g
+    with _s.lock:
+        g = _s.guards.get(dev.ordinal)
+        if g is None or not g._context_alive():
+            from ..memory import set_current_resource
+            from ..memory.current import default_upstream
+            o = _s.opts if _s.opts is not None else _configure({})
+            g = DeferredGuardResource(
+                PoolResource(default_upstream(dev)), batch=o["batch"], stack_depth=o["stack_depth"],
+                canary_bytes=o["canary_bytes"], poison=o["poison"], canary=o["canary"],
+                quarantine_count=o["quarantine_count"], quarantine_bytes=o["quarantine_bytes"],
+                capture_stacks=o["capture_stacks"])
+            g.on_problem = _emit
+            _s.guards[dev.ordinal] = g
+            set_current_resource(g, device=dev)
+        return g
+
+
+def guards() -> dict[int, DeferredGuardResource]:
+    """The guards made so far, by device ordinal."""
+    return dict(_s.guards)
+
+
+def _stream(device: int, handle: int, owner: Any = None) -> Stream:
+    """The Ignis stream for a framework's stream handle (adopted once). ``owner``: the
+    framework's stream object, kept alive as long as the Ignis stream is (CuPy destroys
+    a stream's handle when its object goes; the guard's poison and checks still run on
+    it after the array's free)."""
+    key = (device, handle)
+    s = _s.streams.get(key)
+    if s is not None and s._generation == s.device.state.generation:
+        return s
+    dev = Device(device)
+    if handle == 0:
+        s = Stream.from_handle(_LEGACY, dev) if dev.backend.name == "cuda" else dev.default_stream
+    else:
+        s = Stream.from_handle(handle, dev, owner=owner)
+    _s.streams[key] = s
+    return s
+
+
+# -- the allocator entry points (called by ignis_torch_alloc / ignis_torch_free and by CuPy's) -----
+def _alloc(size: int, device: int, handle: int, tag: str | None = None, owner: Any = None) -> int:
+    tls = _s.tls
+    tls.busy = True
+    try:
+        g = _s.guards.get(device)
+        if g is None:
+            g = guard_resource(device)
+        s = _s.streams.get((device, handle))
+        if s is None:
+            s = _stream(device, handle, owner)
+        blk = g.allocate(size, s, tag or _s.tag, _capture(g.stack_depth) if g.capture_stacks else ())
+        _s.blocks[blk.ptr] = blk
+        chk = _ord.checker
+        if chk is not None and hasattr(chk, "extent_allocated"):
+            chk.extent_allocated(blk.ptr, handle)  # the framework's own handle: its ops use the same
+        return blk.ptr
+    except BaseException as e:
+        # The framework sees only a failed allocation: say why here.
+        print(f"ignis guard: allocating {size} bytes on device {device} failed: {type(e).__name__}: {e}",
+              file=sys.stderr)
+        raise
+    finally:
+        tls.busy = False
+        if _s.deferred:
+            _drain_deferred()
+
+
+def _free(ptr: int, size: int, device: int, handle: int, poisoned: bool = False) -> None:
+    tls = _s.tls
+    if getattr(tls, "busy", False):  # a free from inside the allocator (the garbage collector): later
+        _s.deferred.append((ptr, size, device, handle, poisoned))
+        return
+    tls.busy = True
+    try:
+        blk = _s.blocks.pop(ptr, None)
+        if blk is None:
+            return  # not ours (allocated before the guard was installed)
+        if _s.rs_ptrs:
+            _s.rs_ptrs.discard(ptr)
+        g = _s.guards.get(device)
+        if g is None:  # its context was rebuilt and its guard dropped: nothing to check
+            return
+        chk = _ord.checker
+        if chk is not None and hasattr(chk, "extent_freed"):
+            chk.extent_freed(ptr)
+        g.free_fast(blk, poisoned)
+    finally:
+        tls.busy = False
+        if _s.deferred:
+            _drain_deferred()
+
+
+def _drain_deferred() -> None:
+    while _s.deferred:
+        try:
+            args = _s.deferred.pop(0)
+        except IndexError:
+            return
+        _free(*args)
+
+
+
+
+def _on_sync(*_args: Any) -> None:
+    """A synchronize point (PyTorch's GPU trace callback)."""
+    if getattr(_s.tls, "busy", False) or not _s.guards:
+        return
+    iv = _s.opts["sync_check_interval"] if _s.opts else None
+    now = time.monotonic()
+    live = iv is not None and now - _s.last_live >= iv
+    if live:
+        _s.last_live = now
+    _s.tls.busy = True
+    try:
+        for g in list(_s.guards.values()):
+            try:
+                g.on_sync(live)
+            except Exception as e:  # never break the program's synchronize
+                print(f"ignis guard: a check at a synchronize point failed: {type(e).__name__}: {e}",
+                      file=sys.stderr)
+    finally:
+        _s.tls.busy = False
+        if _s.deferred:
+            _drain_deferred()
+
+
+# -- reports ---------------------------------------------------------------------------------------
+def _key(err: IgnisError) -> tuple:
+    return ("guard", type(err).__name__, getattr(err, "side", None), getattr(err, "nbytes", None),
+            getattr(err, "tag", None), sites(getattr(err, "frames", None)))
+
+
+def _emit(err: IgnisError) -> None:
+    """Where every problem the guards find goes: the sanitizer's list when it collects
+    (one list for ``--guard --sanitize``), else this module's, grouped the same way."""
+    from ..safety.sanitizer import sanitizer as san
+    key = _key(err)
+    if san.active and san.mode == "collect":
+        san._report(err, key)
+        return
+    with _s.lock:
+        g = _s.groups.get(key)
+        if g is not None:
+            g.count = getattr(g, "count", 1) + 1  # type: ignore[attr-defined]
+            return
+        err.count = 1  # type: ignore[attr-defined]
+        _s.groups[key] = err
+        _s.problems.append(err)
+
+
+def reports() -> list[IgnisError]:
+    """The problems found so far (those not sent to the sanitizer's list), grouped."""
+    with _s.lock:
+        return list(_s.problems)
+
+
+def clear_reports() -> list[IgnisError]:
+    with _s.lock:
+        out, _s.problems, _s.groups = _s.problems, [], {}
+        return out
+
+
+def summary() -> str:
+    """What the guards checked and found (this module's list)."""
+    jobs = sum(g._checker.jobs for g in _s.guards.values())
+    probs = reports()
+    lines = []
+    if not probs:
+        lines.append(f"ignis guard: no problems found ({jobs} checks of {_count_allocs()} allocations)")
+    else:
+        total = sum(getattr(e, "count", 1) for e in probs)
+        lines.append(f"ignis guard: {len(probs)} problem(s) found ({total} report(s), grouped by kind and "
+                     "allocation site)")
+        for i, e in enumerate(probs, 1):
+            n = getattr(e, "count", 1)
+            lines.append(f"--- {i}: {type(e).__name__}{f' (seen {n} times)' if n > 1 else ''}: {e}")
+    return "\n".join(lines)
+
+
+def _count_allocs() -> int:
+    return sum(g.reused + g.formatted_fresh for g in _s.guards.values())
+
+
+def check(*, raise_: bool = True) -> list[IgnisError]:
+    """Check every guard now (live blocks' canaries, quarantined blocks' poison), wait
+    for every check queued so far, and return the problems found since the previous
+    ``check()``; with ``raise_`` (the default) raise the first of them instead."""
+    found: list[IgnisError] = []
+    for g in list(_s.guards.values()):
+        found += g.check(raise_=False)
+    if found and raise_:
+        err = found[0]
+        err.others = found[1:]
+        raise err
+    return found
+
+
+def finish(out: Any = None) -> int:
+    """At the end of a run: flush every quarantine and check everything; print this
+    module's reports (``out``, default stderr). Returns the number of problems in
+    this module's list (the sanitizer's are its own)."""
+    out = out or sys.stderr
+    for g in list(_s.guards.values()):
+        try:
+            g.flush(raise_=False)
+            g.check(raise_=False)
+        except Exception as e:
+            print(f"ignis guard: the final check on device {g.device.ordinal} failed: {type(e).__name__}: {e}",
+                  file=out)
+    if _s.guards or _s.problems:
+        print(summary(), file=out)
+    return len(reports())
+
+
+def _print_at_exit() -> None:
+    try:
+        if _s.guards:
+            for g in list(_s.guards.values()):
+                g.check(raise_=False)
+        if _s.problems:
+            print(summary(), file=sys.stderr)
+    except Exception:
+        pass
+
+
+def is_installed() -> dict[str, bool]:
+    return {"torch": _s.torch, "cupy": _s.cupy}
+
+
+def memory_stats(device: "Device | int" = 0) -> dict[str, int]:
+    """Ignis's statistics for the guard of ``device`` (PyTorch's key layout), with the
+    guard's own numbers (live user bytes, quarantine, checks)."""
+    from ..telemetry import memory_stats as _ms
+    g = _s.guards.get(device.ordinal if isinstance(device, Device) else int(device))
+    if g is None:
+        return _ms(device)
+    out = _ms(resource=g)
+    out["guard.live_bytes"] = g.bytes_outstanding
+    out["guard.quarantined_bytes"] = g.quarantined_bytes
+    out["guard.checks"] = g._checker.jobs
+    out["guard.batches"] = g._checker.batches
+    out["guard.allocs_reusing_checked_blocks"] = g.reused
+    return out
+
+
+def note_record_stream(ptr: int, handle: int, device: int | None = None) -> bool:
+    """``Tensor.record_stream``: the block holding ``ptr`` (its allocation's base) is used
+    on the stream ``handle``; its free will wait for that stream. For the op front end
+    and the aten kernel below. False when ``ptr`` is not a live guarded block."""
+    blk = _s.blocks.get(ptr)
+    if blk is None:
+        return False
+    dev = blk.alloc_stream.device.ordinal if device is None else device
+    g = _s.guards.get(dev)
+    if g is None:
+        return False
+    g.note_record_stream(blk, _stream(dev, handle))
+    _s.rs_ptrs.add(ptr)
+    return True
+
+
+# -- PyTorch ---------------------------------------------------------------------------------------
+def _speedups() -> Any:
+    try:
+        from .. import _speedups as mod
+    except ImportError as e:
+        raise GuardError("the guard as PyTorch's allocator needs Ignis's compiled extension ignis._speedups, which "
+                         "is not built here: install with a C compiler, or from a checkout run "
+                         "`python3 setup.py build_ext --inplace`") from e
+    if not hasattr(mod, "torch_guard_bind"):
+        raise GuardError("ignis._speedups is older than this Ignis (no torch_guard_bind): rebuild it "
+                         "(`python3 setup.py build_ext --inplace`)")
+    return mod
+
+
+def use_guard(**options: Any) -> None:
+    """Install Ignis's debug guard as PyTorch's CUDA allocator (and nothing else).
+
+    Call before PyTorch initializes CUDA (its first CUDA tensor). Options (all keyword):
+    ``canary_bytes``, ``poison``, ``canary``, ``quarantine_count``, ``quarantine_bytes``,
+    ``capture_stacks``, ``stack_depth``, ``batch``, ``sync_check_interval``,
+    ``record_stream``, ``patch_memory_stats``, ``tag``. Idempotent with the same options."""
+    import torch
+
+    opts = _configure(options)
+    with _s.lock:
+        if _s.torch:
+            return
+        if not hasattr(torch._C, "_cuda_customAllocator"):
+            raise GuardError(f"this PyTorch ({torch.__version__}) is built without CUDA: there is no CUDA "
+                             "allocator to replace")
+        if torch.cuda.is_initialized():
+            raise GuardError(
+                "ignis.torch.use_guard() came too late: PyTorch has initialized CUDA already (a CUDA tensor, "
+                "torch.cuda.synchronize(), ...) and its caching allocator can no longer be replaced. Call it "
+                "at the top of the program, before any CUDA work, or run the unmodified script with "
+                "`ignis run --guard script.py`")
+        from ..backends import get_backend
+        if get_backend().name != "cuda":
+            raise GuardError(f"the guard under PyTorch needs Ignis's cuda backend (the active backend is "
+                             f"{get_backend().name}); unset IGNIS_BACKEND or set it to cuda")
+        mod = _speedups()
+        mod.torch_guard_bind(_alloc, _free)
+        alloc = torch.cuda.memory.CUDAPluggableAllocator(mod.__file__, "ignis_torch_alloc", "ignis_torch_free")
+        try:
+            torch.cuda.memory.change_current_allocator(alloc)
+        except RuntimeError as e:
+            mod.torch_guard_bind(None, None)
+            raise GuardError(f"ignis.torch.use_guard() came too late: PyTorch refused to swap its allocator "
+                             f"({e}). Call it before any CUDA work, or use `ignis run --guard`") from e
+        _s.saved["allocator"] = alloc  # keeps the library's handle alive
+        _s.torch = True
+        _bind_poison(mod, opts)
+        add_library_dir(os.path.dirname(torch.__file__))
+        if opts["record_stream"]:
+            _hook_record_stream(torch)
+        _hook_syncs(torch)
+        if opts["patch_memory_stats"]:
+            _patch_memory_views(torch)
+        _at_exit()
+
+
+def _bind_poison(mod: Any, opts: dict[str, Any]) -> None:
+    """Let the C free queue the poison itself (the driver's cuMemsetD8Async, no Python
+    wrapper): the common case of a free then costs one driver call."""
+    try:
+        lib = ctypes.CDLL("libcuda.so.1")
+        ms = ctypes.cast(lib.cuMemsetD8Async, ctypes.c_void_p).value or 0
+        cd = ctypes.cast(lib.cuCtxGetDevice, ctypes.c_void_p).value or 0
+    except (OSError, AttributeError):
+        return
+    mod.torch_guard_poison(ms, cd, opts["poison"], _s.blocks, _s.rs_ptrs)
+
+
+def _at_exit() -> None:
+    if not _s.atexit:
+        atexit.register(_print_at_exit)
+        _s.atexit = True
+
+
+def _hook_record_stream(torch: Any) -> None:
+    import warnings
+
+    def record_stream(self: Any, s: Any) -> None:
+        handle = torch.cuda.Stream(stream_id=s.stream_id, device_index=s.device_index,
+                                   device_type=s.device_type).cuda_stream
+        note_record_stream(self.untyped_storage().data_ptr(), handle, s.device_index)
+
+    lib = torch.library.Library("aten", "IMPL")
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        lib.impl("record_stream", record_stream, "CUDA")
+    _s.lib = lib
+
+
+def _hook_syncs(torch: Any) -> None:
+    from torch.cuda import _gpu_trace as gt
+    torch._C._activate_gpu_trace()
+    for reg in (gt.register_callback_for_device_synchronization, gt.register_callback_for_stream_synchronization,
+                gt.register_callback_for_event_synchronization):
+        reg(_on_sync)
+
+
+def _device_index(torch: Any, device: Any) -> int:
+    if device is None:
+        return torch.cuda.current_device()
+    return torch.cuda._utils._get_device_index(device, optional=True)
+
+
+def _patch_memory_views(torch: Any) -> None:
+    """``torch.cuda.memory_stats`` and the functions built on it (memory_allocated,
+    max_memory_allocated, memory_reserved, memory_summary, ...) raise under a pluggable
+    allocator; answer them with Ignis's statistics of the guard, and the snapshot
+    functions with Ignis's snapshot (PyTorch's memory viewer format)."""
+    import ignis as ig
+    mem = torch.cuda.memory
+
+    stats = memory_stats
+
+    def t_memory_stats(device: Any = None) -> dict[str, Any]:
+        return dict(sorted(stats(_device_index(torch, device)).items()))
+
+    def t_reset_peak_memory_stats(device: Any = None) -> None:
+        ig.reset_peak_stats(resource=guard_resource(_device_index(torch, device)))
+
+    def t_memory_summary(device: Any = None, abbreviated: bool = False) -> str:
+        return ig.memory_summary(resource=guard_resource(_device_index(torch, device)))
+
+    def t_snapshot(*_a: Any, **_k: Any) -> dict[str, Any]:
+        return ig.snapshot()
+
+    def t_dump_snapshot(filename: str = "dump_snapshot.pickle") -> None:
+        ig.dump_snapshot(filename)
+
+    def t_record_memory_history(enabled: Any = "all", *_a: Any, **_k: Any) -> None:
+        ig.record_memory_history(enabled not in (None, False))
+
+    for name, fn in (("memory_stats", t_memory_stats), ("reset_peak_memory_stats", t_reset_peak_memory_stats),
+                     ("memory_summary", t_memory_summary), ("_snapshot", t_snapshot),
+                     ("memory_snapshot", t_snapshot), ("_dump_snapshot", t_dump_snapshot),
+                     ("_record_memory_history", t_record_memory_history)):
+        for owner in (mem, torch.cuda):
+            if hasattr(owner, name):
+                _s.saved[f"{owner.__name__}.{name}"] = getattr(owner, name)
+                setattr(owner, name, fn)
+
+
+# -- CuPy ------------------------------------------------------------------------------------------
+class _CupyHold:
+    """What CuPy keeps for one allocation; frees it through the guard when CuPy lets go."""
+
+    __slots__ = ("ptr", "size", "device", "handle")
+
+    def __init__(self, ptr: int, size: int, device: int, handle: int) -> None:
+        self.ptr, self.size, self.device, self.handle = ptr, size, device, handle
+
+    def __del__(self) -> None:
+        try:
+            _free(self.ptr, self.size, self.device, self.handle)
+        except Exception:
+            pass
+
+
+def _cupy_allocator(cupy: Any) -> Callable[[int], Any]:
+    def allocate(nbytes: int) -> Any:
+        dev = cupy.cuda.runtime.getDevice()
+        if nbytes <= 0:
+            return cupy.cuda.MemoryPointer(cupy.cuda.UnownedMemory(0, 0, None, dev), 0)
+        stream = cupy.cuda.get_current_stream()
+        handle = stream.ptr
+        ptr = _alloc(nbytes, dev, handle, "cupy", None if handle == 0 else stream)
+        mem = cupy.cuda.UnownedMemory(ptr, nbytes, _CupyHold(ptr, nbytes, dev, handle), dev)
+        return cupy.cuda.MemoryPointer(mem, 0)
+
+    return allocate
+
+
+def use_cupy_guard(**options: Any) -> None:
+    """Install Ignis's debug guard as CuPy's allocator (``cupy.cuda.set_allocator``).
+    Arrays allocated before keep their old allocator. Options as ``use_guard``."""
+    import cupy
+
+    _configure(options)
+    with _s.lock:
+        if _s.cupy:
+            return
+        from ..backends import get_backend
+        if get_backend().name != "cuda":
+            raise GuardError(f"the guard under CuPy needs Ignis's cuda backend (the active backend is "
+                             f"{get_backend().name})")
+        cupy.cuda.set_allocator(_cupy_allocator(cupy))
+        _s.cupy = True
+        add_library_dir(os.path.dirname(cupy.__file__))
+        _at_exit()
+
+
+# -- install when the program imports the framework (``ignis run --guard``) ------------------------
+class _AfterImport:
+    """A meta-path finder that runs ``then(module)`` once a named top-level module is imported."""
+
+    def __init__(self, names: dict[str, Callable[[Any], None]]) -> None:
+        self.names = names
+        self.busy = False
+
+    def find_spec(self, fullname: str, path: Any = None, target: Any = None) -> Any:
+        then = self.names.get(fullname)
+        if then is None or self.busy:
+            return None
+        self.busy = True  # other finders may look the name up again (another post-import hook)
+        try:
+            for finder in list(sys.meta_path):
+                if finder is self or not hasattr(finder, "find_spec"):
+                    continue
+                spec = finder.find_spec(fullname, path, target)
+                if spec is not None:
+                    break
+            else:
+                return None
+        finally:
+            self.busy = False
+        loader = spec.loader
+        if loader is None or not hasattr(loader, "exec_module"):
+            return spec
+        names = self.names
+
+        class _Loader:
+            def create_module(self, spec: Any) -> Any:
+                return loader.create_module(spec)
+
+            def exec_module(self, module: Any) -> None:
+                loader.exec_module(module)
+                module.__loader__ = loader
+                if module.__spec__ is not None:
+                    module.__spec__.loader = loader
+                fn = names.pop(fullname, None)
+                if fn is not None:
+                    fn(module)
+                if not names:
+                    _remove_finders()
+
+        spec.loader = _Loader()
+        return spec
+
+
+def _remove_finders() -> None:
+    sys.meta_path[:] = [f for f in sys.meta_path if not isinstance(f, _AfterImport)]
+
+
+def _reset() -> None:
+    """Forget every guard, hook and report (for tests; PyTorch's allocator cannot be
+    swapped back, so this is for processes that never installed it). Blocks still
+    live stay valid; their frees are dropped."""
+    from ..memory import get_current_resource, set_current_resource
+    _remove_finders()
+    with _s.lock:
+        if not _s.torch:
+            try:
+                from .. import _speedups as mod
+                mod.torch_guard_bind(None, None)
+                mod.torch_guard_poison(0, 0, -1, None, None)
+            except (ImportError, AttributeError):
+                pass
+        for ordinal, g in list(_s.guards.items()):
+            try:
+                g.close()
+            except Exception:
+                pass
+            try:
+                if get_current_resource(ordinal) is g:
+                    set_current_resource(None, ordinal)
+            except Exception:
+                pass
+        torch_on = _s.torch
+        _s.__init__()
+        _s.torch = torch_on
+
+
+def install_on_import(*, torch: bool = True, cupy: bool = True, **options: Any) -> list[str]:
+    """For ``ignis run --guard``: install the guard into PyTorch and CuPy now if they are
+    imported already, else as soon as the program imports them (a program that imports
+    neither pays nothing). Returns what was installed now. Problems installing later
+    (CUDA already initialized, no CUDA build) are printed, never raised into the import."""
+    _configure(options)
+    now: list[str] = []
+    wanted: dict[str, Callable[[Any], None]] = {}
+
+    def torch_then(_m: Any) -> None:
+        try:
+            # A CPU build, or no GPU: the program cannot allocate CUDA memory, nothing to guard.
+            if hasattr(_m._C, "_cuda_customAllocator") and _m.cuda.is_available():
+                use_guard()
+        except GuardError as e:
+            print(f"ignis guard: not installed into PyTorch: {e}", file=sys.stderr)
+
+    def cupy_then(_m: Any) -> None:
+        try:
+            use_cupy_guard()
+        except (GuardError, ImportError) as e:
+            print(f"ignis guard: not installed into CuPy: {e}", file=sys.stderr)
+
+    for name, on, then in (("torch", torch, torch_then), ("cupy", cupy, cupy_then)):
+        if not on:
+            continue
+        if name in sys.modules:
+            then(sys.modules[name])
+            now.append(name)
+        else:
+            wanted[name] = then
+    if wanted:
+        sys.meta_path.insert(0, _AfterImport(wanted))
+    return now

@@ -1,0 +1,544 @@
+"""The debug guard as PyTorch's allocator (ignis.torch._guard).
+
+CPU part (any backend; the emulated one in CI): the compiled entry points
+``ignis_torch_alloc`` / ``ignis_torch_free`` are driven directly through ctypes
+with stream handles of Ignis's own streams (the fake "PyTorch streams"), so
+the allocator's bookkeeping, checks, reports, record_stream ordering and
+option checks run without torch's CUDA. GPU part (``@pytest.mark.gpu``): the
+zoo programs under tests/guard_zoo run under the guard in a subprocess.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import re
+import subprocess
+import sys
+import time
+
+import pytest
+
+import ignis as ig
+from helpers import read, sleep_on, write
+from ignis.torch import _guard as tg
+
+_speedups = pytest.importorskip("ignis._speedups", reason="needs the compiled extension ignis._speedups")
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+ZOO = os.path.join(HERE, "guard_zoo")
+SRC = os.path.join(os.path.dirname(HERE), "src")
+G, POISON, CANARY = 256, 0xA5, 0xFD
+
+
+# -- the C entry points, as PyTorch calls them -----------------------------------------
+_lib = ctypes.CDLL(_speedups.__file__)
+c_alloc = _lib.ignis_torch_alloc
+c_alloc.restype = ctypes.c_void_p
+c_alloc.argtypes = [ctypes.c_ssize_t, ctypes.c_int, ctypes.c_void_p]
+c_free = _lib.ignis_torch_free
+c_free.restype = None
+c_free.argtypes = [ctypes.c_void_p, ctypes.c_ssize_t, ctypes.c_int, ctypes.c_void_p]
+
+
+def alloc(n: int, stream: "ig.Stream | None" = None) -> int:  # the line every report below points at
+    p = c_alloc(n, 0, 0 if stream is None else stream.handle)
+    assert p, "the allocation failed"
+    return p
+
+
+def free(p: int, n: int, stream: "ig.Stream | None" = None) -> None:
+    c_free(p, n, 0, 0 if stream is None else stream.handle)
+
+
+@pytest.fixture
+def guard(request, streams):
+    """The guard bound to the C entry points (small batches, so checks run often). It
+    depends on ``streams`` so that it is torn down (its checks queued and waited for)
+    before those streams close."""
+    opts = getattr(request, "param", None) or {"batch": 4}
+    tg._reset()
+    tg._configure(opts)
+    _speedups.torch_guard_bind(tg._alloc, tg._free)
+    g = tg.guard_resource(0)
+    yield g
+    tg._reset()
+
+
+def _raw(g, p: int, n: int, stream: ig.Stream) -> bytes:
+    return read(p - G, n + 2 * G, stream)
+
+
+# -- bookkeeping -------------------------------------------------------------------------
+def test_entry_points_allocate_guarded_poisoned_blocks(guard, streams):
+    s = streams[0]
+    p = alloc(1000, s)
+    assert p % 256 == 0
+    raw = _raw(guard, p, 1000, s)
+    assert raw[:G] == bytes([CANARY]) * G and raw[G + 1000:] == bytes([CANARY]) * G
+    assert raw[G:G + 1000] == bytes([POISON]) * 1000
+    assert guard.bytes_outstanding == 1000 and p in tg._s.blocks
+    free(p, 1000, s)
+    assert guard.bytes_outstanding == 0 and p not in tg._s.blocks
+    assert guard.quarantined_count == 1
+    assert tg.check(raise_=False) == []
+    assert tg.reports() == []
+
+
+def test_default_stream_handle_and_unknown_frees(guard, dev):
+    p = alloc(64)  # handle 0: the framework's default stream
+    assert guard._live[p].block.alloc_stream is tg._stream(0, 0)
+    free(p, 64)
+    free(12345 * 256, 64)  # not ours: ignored
+    c_free(None, 0, 0, None)  # NULL: ignored
+    assert c_alloc(0, 0, None) is None  # an empty allocation is NULL, as PyTorch expects
+    assert guard.bytes_outstanding == 0
+
+
+def test_unbound_entry_points_fail_cleanly(guard, streams):
+    _speedups.torch_guard_bind(None, None)
+    assert c_alloc(256, 0, streams[0].handle) is None
+    _speedups.torch_guard_bind(tg._alloc, tg._free)
+
+
+def test_freed_blocks_are_poisoned_then_reused_without_memsets(guard, streams):
+    s = streams[0]
+    p = alloc(4096, s)
+    write(p, b"\x11" * 4096, s)
+    free(p, 4096, s)
+    assert read(p, 4096, s) == bytes([POISON]) * 4096  # poisoned on free, in stream order
+    guard.flush()  # checked, repaired, back in the pool
+    fresh = guard.formatted_fresh
+    q = alloc(4096, s)
+    assert q == p and guard.reused >= 1 and guard.formatted_fresh == fresh  # no memset: the check left it intact
+    raw = _raw(guard, q, 4096, s)
+    assert raw == bytes([CANARY]) * G + bytes([POISON]) * 4096 + bytes([CANARY]) * G
+    free(q, 4096, s)
+    q2 = alloc(4000, s)  # another size: the after-guard moves, so it is written afresh
+    assert _raw(guard, q2, 4000, s)[G + 4000:] == bytes([CANARY]) * G
+    free(q2, 4000, s)
+
+
+def test_many_blocks_batches_and_quarantine_bound(streams):
+    tg._reset()
+    tg._configure({"batch": 8, "quarantine_count": 5})
+    _speedups.torch_guard_bind(tg._alloc, tg._free)
+    try:
+        g = tg.guard_resource(0)
+        s = streams[1]
+        ptrs = [alloc(512 + 64 * i, s) for i in range(40)]
+        for i, p in enumerate(ptrs):
+            free(p, 512 + 64 * i, s)
+        assert g.quarantined_count == 5
+        assert tg.check(raise_=False) == []
+        assert g._checker.batches >= 5 and g._checker.jobs >= 40 + 35
+        g.flush()
+        assert g.quarantined_count == 0 and not g._held_exit
+        g.upstream.reap_pending()
+        assert g.upstream.bytes_outstanding == 0  # everything went back to the pool
+    finally:
+        tg._reset()
+
+
+# -- what it finds -----------------------------------------------------------------------
+def _site_line() -> int:
+    with open(__file__) as f:
+        for i, line in enumerate(f, 1):
+            if "the line every report below points at" in line:
+                return i + 1
+    raise AssertionError
+
+
+def test_write_past_the_end_is_reported_on_free(guard, streams):
+    s = streams[0]
+    p = alloc(4096, s)
+    keep = write(p + 4096, b"\x07" * 64, s)  # 64 bytes past the end
+    free(p, 4096, s)
+    errs = tg.check(raise_=False)
+    assert len(errs) == 1
+    e = errs[0]
+    assert isinstance(e, ig.OutOfBoundsError)
+    assert e.side == "after" and e.offset == 4096 and e.last_offset == 4159 and e.damaged == 64
+    assert e.nbytes == 4096 and e.tag == "torch" and e.found == b"\x07" * 16 and e.when == "on free"
+    text = str(e)
+    assert "past the end of a 4096-byte tensor" in text and "07 07 07" in text and "expected 0xfd" in text
+    assert f'{os.path.basename(__file__)}", line {_site_line()}' in text  # the allocation site
+    assert tg.reports() == [e] and e.count == 1
+    del keep
+
+
+def test_write_before_the_start_is_reported(guard, streams):
+    s = streams[0]
+    p = alloc(256, s)
+    write(p - 16, b"\x03" * 16, s)
+    free(p, 256, s)
+    with pytest.raises(ig.OutOfBoundsError, match="before the start of a 256-byte tensor") as ei:
+        tg.check()
+    assert ei.value.side == "before" and ei.value.offset == -16 and ei.value.last_offset == -1
+
+
+def test_live_damage_is_found_by_check_and_reported_once(guard, streams):
+    s = streams[0]
+    p = alloc(1024, s)
+    write(p + 1024 + 100, b"\x01", s)
+    with pytest.raises(ig.OutOfBoundsError, match="by check"):
+        tg.check()
+    assert tg.check(raise_=False) == []  # the same damage is not reported again
+    free(p, 1024, s)
+    assert tg.check(raise_=False) == []
+    assert len(tg.reports()) == 1
+
+
+def test_write_after_free_is_reported_when_it_leaves_the_quarantine(guard, streams):
+    s = streams[0]
+    p = alloc(2048, s)
+    free(p, 2048, s)
+    write(p + 100, b"\x2a" * 8, s)  # through a stale pointer
+    errs = guard.flush(raise_=False)
+    assert len(errs) == 1 and isinstance(errs[0], ig.UseAfterFreeError)
+    e = errs[0]
+    assert e.side == "after-free" and e.offset == 100 and e.last_offset == 107 and e.damaged == 8
+    assert e.found[:8] == b"\x2a" * 8 and e.found[8:] == bytes([POISON]) * 8
+    assert "written after it was freed" in str(e) and "allocated at" in str(e)
+    # the check repaired the block: it goes back to the pool intact and is reused as is
+    q = alloc(2048, s)
+    assert q == p and read(q, 2048, s) == bytes([POISON]) * 2048
+    free(q, 2048, s)
+
+
+def test_write_after_free_is_found_by_check_while_quarantined(guard, streams):
+    s = streams[0]
+    p = alloc(512, s)
+    free(p, 512, s)
+    write(p, b"\x00" * 4, s)
+    with pytest.raises(ig.UseAfterFreeError, match="waits in the quarantine"):
+        tg.check()
+
+
+def test_reads_of_never_written_memory_show_the_poison(guard, streams):
+    s = streams[0]
+    p = alloc(4096, s)
+    assert read(p, 4096, s) == bytes([POISON]) * 4096
+    write(p, b"\x00" * 100, s)
+    blk = tg._s.blocks[p]
+    assert guard.first_poisoned_offset(blk, s) == 100
+    free(p, 4096, s)
+
+
+def test_reports_are_grouped_by_site(guard, streams):
+    s = streams[0]
+    for _ in range(3):
+        p = alloc(128, s)
+        write(p + 128, b"\x09", s)
+        free(p, 128, s)
+    tg.check(raise_=False)
+    (e,) = tg.reports()
+    assert e.count == 3
+    assert "1 problem(s) found (3 report(s)" in tg.summary()
+
+
+def test_reports_join_the_sanitizer_list_when_it_collects(guard, streams):
+    s = streams[0]
+    ig.sanitizer.enable("collect")
+    try:
+        p = alloc(256, s)
+        write(p + 256, b"\x05", s)
+        free(p, 256, s)
+        tg.check(raise_=False)
+        reps = ig.sanitizer.reports()
+        assert any(isinstance(r, ig.OutOfBoundsError) and "256-byte tensor" in str(r) for r in reps)
+        assert tg.reports() == []  # one list: the sanitizer's
+    finally:
+        ig.sanitizer.sanitizer.clear()
+        ig.sanitizer.disable()
+
+
+# -- stream semantics --------------------------------------------------------------------
+def test_record_stream_orders_the_free_after_the_other_streams_work(guard, streams):
+    a, b = streams[0], streams[1]
+    p = alloc(4096, a)
+    assert tg.note_record_stream(p, b.handle, 0)
+    sleep_on(b, 0.2)
+    keep = write(p, b"\x07" * 4096, b)  # a correct late use on b, declared with record_stream
+    free(p, 4096, a)  # the poison waits for b's work
+    assert tg.check(raise_=False) == []
+    assert read(p, 4096, a) == bytes([POISON]) * 4096
+    del keep
+
+
+def test_without_record_stream_the_late_use_is_a_write_after_free(guard, streams):
+    a, b = streams[0], streams[1]
+    p = alloc(4096, a)
+    sleep_on(b, 0.2)
+    keep = write(p, b"\x07" * 4096, b)  # nothing tells the allocator about b
+    free(p, 4096, a)  # the poison lands at once; b's write comes after it
+    b.synchronize()
+    errs = guard.flush(raise_=False)
+    assert errs and isinstance(errs[0], ig.UseAfterFreeError)
+    del keep
+
+
+MEMSET = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.c_ulonglong, ctypes.c_ubyte, ctypes.c_size_t, ctypes.c_void_p)
+CTXDEV = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.POINTER(ctypes.c_int))
+
+
+@pytest.fixture
+def c_poison(guard, dev):
+    """The C free's own poison, bound to stand-ins for cuMemsetD8Async / cuCtxGetDevice that
+    queue the memset through the active backend and record each call."""
+    calls: list[tuple] = []
+    current = [0]
+
+    def memset(ptr, value, n, stream):
+        calls.append((ptr, value, n, stream or 0))
+        dev.backend.memset_d8_async(ptr, value, n, stream or dev.default_stream.handle)
+        return 0
+
+    def ctx_device(out):
+        out[0] = current[0]
+        return 0
+
+    fns = (MEMSET(memset), CTXDEV(ctx_device))
+    addr = [ctypes.cast(f, ctypes.c_void_p).value for f in fns]
+    _speedups.torch_guard_poison(addr[0], addr[1], POISON, tg._s.blocks, tg._s.rs_ptrs)
+    yield calls, current
+    _speedups.torch_guard_poison(0, 0, -1, None, None)
+    del fns
+
+
+def test_the_c_free_queues_the_poison_itself(guard, streams, c_poison):
+    calls, _ = c_poison
+    s = streams[0]
+    p = alloc(4096, s)
+    write(p, b"\x11" * 4096, s)
+    free(p, 4096, s)
+    assert calls == [(p, POISON, 4096, s.handle)]
+    assert read(p, 4096, s) == bytes([POISON]) * 4096
+    assert tg.check(raise_=False) == []
+    free(0x5000 * 256, 64, s)  # not a guarded block: never touched
+    assert len(calls) == 1
+
+
+def test_the_c_free_leaves_record_stream_blocks_and_other_devices_to_python(guard, streams, c_poison):
+    calls, current = c_poison
+    a, b = streams[0], streams[1]
+    p = alloc(4096, a)
+    tg.note_record_stream(p, b.handle, 0)
+    sleep_on(b, 0.1)
+    keep = write(p, b"\x07" * 4096, b)
+    free(p, 4096, a)  # the poison must wait for b: Python queues it after the wait
+    assert calls == []
+    assert read(p, 4096, a) == bytes([POISON]) * 4096 and tg.check(raise_=False) == []
+    current[0] = 1  # the thread's context is another device's
+    q = alloc(512, a)
+    free(q, 512, a)
+    assert calls == [] and read(q, 512, a) == bytes([POISON]) * 512
+    del keep
+
+
+def test_running_out_empties_the_quarantine_and_retries(guard, streams, backend):
+    s = streams[0]
+    n = 12 << 20  # over 10 MiB: a pool segment of its own
+    p = alloc(n, s)
+    free(p, n, s)
+    assert guard.quarantined_count == 1
+    op = "mem_alloc_async" if isinstance(guard.upstream.upstream, ig.AsyncResource) else "mem_alloc"
+    backend.inject_fault(op, 1, times=2)  # the pool's attempt and its own retry fail
+    q = alloc(n, s)  # served by the block the guard's drain gave back
+    assert q == p and guard.quarantined_count == 0
+    assert op not in backend._faults  # both injected failures happened
+    free(q, n, s)
+    assert tg.check(raise_=False) == []
+
+
+def test_record_stream_of_unknown_pointers_is_ignored(guard, streams):
+    assert tg.note_record_stream(0x1234 * 256, streams[0].handle) is False
+
+
+def test_a_free_from_inside_the_allocator_is_deferred(guard, streams):
+    s = streams[0]
+    p = alloc(256, s)
+    tg._s.tls.busy = True  # as if the garbage collector ran a tensor's free inside _alloc
+    try:
+        free(p, 256, s)
+        assert p in tg._s.blocks and tg._s.deferred
+    finally:
+        tg._s.tls.busy = False
+    q = alloc(256, s)  # the deferred free runs when the outer call ends
+    assert p not in tg._s.blocks and not tg._s.deferred
+    free(q, 256, s)
+
+
+def test_synchronize_points_queue_and_read_checks(guard, streams):
+    s = streams[0]
+    p = alloc(300, s)
+    write(p + 300, b"\x01", s)
+    tg._s.last_live = 0.0
+    tg._on_sync()  # a live-guard check is due
+    s.synchronize()
+    time.sleep(0.05)
+    tg._on_sync()
+    assert any(isinstance(e, ig.OutOfBoundsError) and "at a synchronize point" in str(e) for e in tg.reports())
+    free(p, 300, s)
+
+
+# -- memory views ------------------------------------------------------------------------
+def test_statistics_and_snapshot_cover_the_guarded_blocks(guard, streams):
+    s = streams[0]
+    p = alloc(10000, s)
+    st = tg.memory_stats(0)
+    assert st["guard.live_bytes"] == 10000 and st["allocated_bytes.all.current"] >= 10000 + 2 * G
+    assert ig.get_current_resource(0) is guard  # Ignis's own statistics see it as the device's resource
+    snap = ig.snapshot()
+    blocks = [b for seg in snap["segments"] for b in seg["blocks"] if b["state"] == "active_allocated"]
+    assert any(b["requested_size"] == 10000 for b in blocks)
+    free(p, 10000, s)
+
+
+# -- options and installation --------------------------------------------------------------
+@pytest.mark.parametrize("opts, match", [
+    ({"batch": 0}, "batch"), ({"batch": 5000}, "batch"), ({"poison": 256}, "byte value"),
+    ({"poison": 7, "canary": 7}, "differ"), ({"quarantine_count": -1}, "non-negative"),
+    ({"sync_check_interval": -1}, "sync_check_interval"), ({"stack_depth": 0}, "stack_depth"),
+    ({"tag": 3}, "tag"), ({"bogus": 1}, "unknown guard option"),
+])
+def test_options_are_checked(opts, match):
+    with pytest.raises(tg.GuardError, match=match):
+        tg._options(opts)
+
+
+def test_one_set_of_options_per_process():
+    tg._reset()
+    try:
+        tg._configure({"batch": 8})
+        tg._configure({"batch": 8})
+        tg._configure({})
+        with pytest.raises(tg.GuardError, match="other options"):
+            tg._configure({"batch": 16})
+    finally:
+        tg._reset()
+
+
+def test_use_guard_refuses_a_torch_without_cuda():
+    torch = pytest.importorskip("torch", reason="needs PyTorch (its CPU build will do)")
+    if hasattr(torch._C, "_cuda_customAllocator"):
+        pytest.skip("this PyTorch has CUDA")
+    tg._reset()
+    try:
+        with pytest.raises(tg.GuardError, match="built without CUDA"):
+            tg.use_guard()
+    finally:
+        tg._reset()
+
+
+def test_use_guard_too_late_is_a_clear_error(monkeypatch):
+    torch = pytest.importorskip("torch", reason="needs PyTorch (its CPU build will do)")
+    monkeypatch.setattr(torch._C, "_cuda_customAllocator", lambda *a: None, raising=False)
+    monkeypatch.setattr(torch.cuda, "is_initialized", lambda: True)
+    tg._reset()
+    try:
+        with pytest.raises(tg.GuardError, match="came too late.*before any CUDA work.*ignis run --guard"):
+            tg.use_guard()
+    finally:
+        tg._reset()
+
+
+def _wrapper(*args: str, script: str, env_extra: dict | None = None) -> subprocess.CompletedProcess:
+    env = dict(os.environ, PYTHONPATH=SRC + os.pathsep + os.environ.get("PYTHONPATH", ""), PYTHONUNBUFFERED="1")
+    env.update(env_extra or {})
+    return subprocess.run([sys.executable, os.path.join(ZOO, "run_guarded.py"), *args, script],
+                          capture_output=True, text=True, env=env, timeout=240)
+
+
+def test_a_script_without_cuda_runs_unchanged(tmp_path):
+    script = tmp_path / "plain.py"
+    script.write_text("import sys\nprint('plain', sum(range(10)))\nprint('torch' in sys.modules)\n")
+    r = _wrapper("--guard", script=str(script))
+    assert r.returncode == 0, r.stderr
+    assert "plain 45" in r.stdout and "False" in r.stdout  # torch never imported by the guard
+
+
+def test_a_torch_cpu_script_runs_unchanged_under_the_guard():
+    pytest.importorskip("torch", reason="needs PyTorch (its CPU build will do)")
+    r = _wrapper("--guard", script=os.path.join(ZOO, "zoo_nocuda.py"))
+    assert r.returncode == 0, r.stderr
+    assert "ZOO cpu" in r.stdout and "problem" not in r.stderr.replace("no problems", "")
+
+
+# -- GPU: the zoo ------------------------------------------------------------------------------
+def _zoo(name: str, *flags: str) -> subprocess.CompletedProcess:
+    return _wrapper(*flags, script=os.path.join(ZOO, name), env_extra={"IGNIS_BACKEND": "cuda"})
+
+
+def _site(name: str, marker: str) -> str:
+    with open(os.path.join(ZOO, name)) as f:
+        for i, line in enumerate(f, 1):
+            if f"SITE:{marker}" in line:
+                return f'{name}", line {i}'
+    raise AssertionError(marker)
+
+
+def _gpu_zoo_ready() -> None:
+    pytest.importorskip("torch")
+    pytest.importorskip("cupy")
+
+
+@pytest.mark.gpu
+def test_zoo_raw_kernel_on_a_torch_tensor_past_the_end_and_before_the_start():
+    _gpu_zoo_ready()
+    r = _zoo("zoo_oob_torch.py", "--guard")
+    out = r.stdout + r.stderr
+    assert r.returncode == 1, out
+    assert "past the end of a 4096-byte tensor" in out and _site("zoo_oob_torch.py", "a") in out
+    assert "before the start of a 1024-byte tensor" in out and _site("zoo_oob_torch.py", "c") in out
+    assert "found 00 00 e0 40" in out  # 7.0f, the bytes the kernel wrote
+
+
+@pytest.mark.gpu
+def test_zoo_cupy_array_raw_and_elementwise_kernels():
+    _gpu_zoo_ready()
+    r = _zoo("zoo_oob_cupy.py", "--guard")
+    out = r.stdout + r.stderr
+    assert r.returncode == 1, out
+    assert "past the end of a 4000-byte array" in out and _site("zoo_oob_cupy.py", "x") in out
+    assert "past the end of a 1024-byte array" in out and _site("zoo_oob_cupy.py", "y") in out
+
+
+@pytest.mark.gpu
+def test_zoo_write_through_a_stale_tensor_after_free():
+    _gpu_zoo_ready()
+    r = _zoo("zoo_uaf.py", "--guard")
+    out = r.stdout + r.stderr
+    assert r.returncode == 1, out
+    assert "UseAfterFreeError" in out and "written after it was freed" in out
+    assert _site("zoo_uaf.py", "t") in out
+
+
+@pytest.mark.gpu
+def test_zoo_read_of_torch_empty_shows_the_poison():
+    _gpu_zoo_ready()
+    r = _zoo("zoo_uninit.py", "--guard")
+    out = r.stdout + r.stderr
+    assert "ZOO poison seen: True" in out, out
+    r2 = _zoo("zoo_uninit.py", "--guard", "--sanitize")  # with the op front end: reported
+    out2 = r2.stdout + r2.stderr
+    assert "ZOO poison seen: True" in out2, out2
+    assert re.search(r"nothing wrote|UninitializedRead", out2) and _site("zoo_uninit.py", "x") in out2, out2
+
+
+@pytest.mark.gpu
+def test_zoo_training_loop_same_loss_and_no_report():
+    _gpu_zoo_ready()
+    plain = _zoo("zoo_train.py")
+    guarded = _zoo("zoo_train.py", "--guard")
+    assert plain.returncode == 0, plain.stdout + plain.stderr
+    assert guarded.returncode == 0, guarded.stdout + guarded.stderr
+
+    def loss(r: subprocess.CompletedProcess) -> float:
+        return float(re.search(r"ZOO loss ([-\d.e]+)", r.stdout).group(1))
+
+    assert abs(loss(plain) - loss(guarded)) <= 1e-5 * max(1.0, abs(loss(plain)))
+    assert "ignis guard: no problems found" in guarded.stderr
+    assert "ZOO guarded True" in guarded.stdout and "ZOO guarded False" in plain.stdout
+    assert re.search(r"ZOO memory_allocated [1-9]", guarded.stdout)  # answered by Ignis's statistics
+    assert re.search(r"ZOO snapshot blocks [1-9]", guarded.stdout)
