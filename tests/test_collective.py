@@ -1109,6 +1109,9 @@ def test_nccl_calls_known_finished_are_not_poisoned():
 
 
 def test_nccl_stream_failure_is_a_collective_error():
+    if ig.get_backend().name != "emulated":
+        pytest.skip("a raising host function models a failed stream on the emulator only; on a GPU a fault "
+                    "is sticky to the context (the two-GPU tests cover NCCL's own failures)")
     dev = ig.Device(ig.device_count() - 1)  # its context is rebuilt at the end: the failure is sticky
     api = FakeNccl()
     comm = _fake_comm(api, device=dev.ordinal)

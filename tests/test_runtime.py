@@ -250,6 +250,8 @@ def test_half_built_repr_does_not_raise():
 # -- the current device and the current stream (issue 17, items 1 and 2) ------------------------
 
 def test_current_device_is_per_thread_and_what_device_none_means():
+    if ig.device_count() < 2:
+        pytest.skip("needs two devices")
     assert ig.current_device() is ig.Device(0)
     with ig.Device(1) as d1:
         assert ig.current_device() is d1
@@ -275,6 +277,8 @@ def test_current_device_is_per_thread_and_what_device_none_means():
 
 
 def test_with_stream_makes_it_current_and_does_not_close_it(dev):
+    if ig.device_count() < 2:
+        pytest.skip("needs two devices")
     s = dev.create_stream()
     other = ig.Device(1).create_stream()
     try:

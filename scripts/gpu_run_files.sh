@@ -1,0 +1,26 @@
+#!/usr/bin/env bash
+# Run each test file in its own pytest process on the GPU machine (from the repository
+# root), several at a time, and report each one's exit status: a crash at interpreter
+# exit then names its file.   bash scripts/gpu_run_files.sh [-P N]
+# Writes <file>.log for each and status.txt into ${OUT:-out}.
+set -uo pipefail
+export PYTHONPATH=src IGNIS_BACKEND=cuda PYTHONUNBUFFERED=1
+out_dir="${OUT:-out}"
+mkdir -p "$out_dir"
+jobs=4
+[ "${1:-}" = "-P" ] && jobs="$2"
+python3 setup.py -q build_ext --inplace > "$out_dir/build.txt" 2>&1 || echo "C fast path did not build"
+export IGNIS_REQUIRE_SPEEDUPS=1
+run_one() {
+    f="$1"; name=$(basename "$f" .py)
+    timeout -k 10 300 python3 -X faulthandler -m pytest "$f" -q -p no:cacheprovider --timeout=120 \
+        --timeout-method=thread > "$OUT_DIR/$name.log" 2>&1
+    rc=$?
+    echo "$rc $name $(grep -E '[0-9]+ (passed|failed)' "$OUT_DIR/$name.log" | tail -1)"
+}
+export -f run_one
+export OUT_DIR="$out_dir"
+# The collective tests bind ports and spawn ranks: alone, first; the rest in parallel.
+run_one tests/test_collective.py | tee "$out_dir/status.txt"
+ls tests/test_*.py | grep -v test_collective.py | xargs -P "$jobs" -I{} bash -c 'run_one {}' | sort | tee -a "$out_dir/status.txt"
+! grep -qv "^0 " "$out_dir/status.txt"
