@@ -2,7 +2,7 @@
 # Run each test file in its own pytest process on the GPU machine (from the repository
 # root), several at a time, and report each one's exit status: a crash at interpreter
 # exit then names its file.   bash scripts/gpu_run_files.sh [-P N]
-# Writes <file>.log for each and status.txt into ${OUT:-out}.
+# Writes each file's log (bundled in logs.tgz) and status.txt into ${OUT:-out}.
 set -uo pipefail
 export PYTHONPATH=src IGNIS_BACKEND=cuda PYTHONUNBUFFERED=1
 out_dir="${OUT:-out}"
@@ -23,4 +23,5 @@ export OUT_DIR="$out_dir"
 # The collective tests bind ports and spawn ranks: alone, first; the rest in parallel.
 run_one tests/test_collective.py | tee "$out_dir/status.txt"
 ls tests/test_*.py | grep -v test_collective.py | xargs -P "$jobs" -I{} bash -c 'run_one {}' | sort | tee -a "$out_dir/status.txt"
+(cd "$out_dir" && tar czf logs.tgz ./*.log && rm -f ./*.log)  # the device tool brings back 8 files at most
 ! grep -qv "^0 " "$out_dir/status.txt"
