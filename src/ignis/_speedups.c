@@ -1014,7 +1014,28 @@ static PyObject *array_setup(PyObject *self, PyObject *args) {
         return NULL;
     static PyMethodDef free_def = {"free", NULL, METH_FASTCALL | METH_KEYWORDS,
                                    "free(self, by='compute')\n--\n\n"
-                                   "Give the memory back (stream-ordered). Views only mark themselves freed."};
+                                   "Give the memory back (stream-ordered). Views only mark themselves freed.\n"
+                                   "\n"
+                                   "The block goes back to its resource (``deallocate``, stream-ordered), and\n"
+                                   "the pinned staging buffer of ``pin()`` goes back too. An array that adopted\n"
+                                   "foreign memory (``from_dlpack``) drops its reference to the producer. An\n"
+                                   "array exported through ``__cuda_array_interface__`` (which has no release\n"
+                                   "signal) is retired at once, but its memory goes back only when the array\n"
+                                   "object is collected.\n"
+                                   "\n"
+                                   "Refused (``MemoryContractViolation``) while ``ref_count > 0``, while a layer other\n"
+                                   "than ``by`` owns the array, while views of it are alive, and while a DLPack consumer\n"
+                                   "still holds an export of it. If the resource refuses to take the memory back (a\n"
+                                   "driver error), the error is raised and the array stays live: ``free()`` can be\n"
+                                   "called again.\n"
+                                   "\n"
+                                   "Args:\n"
+                                   "    by: the owner freeing the array (default ``\"compute\"``); it must be the owner.\n"
+                                   "\n"
+                                   "Raises:\n"
+                                   "    DoubleFreeError: the array was already freed.\n"
+                                   "    MemoryContractViolation: one of the refusals above; the array is untouched.\n"
+                                   "    DriverError: the resource refused the memory (the array stays live)."};
     static PyMethodDef del_def = {"__del__", NULL, METH_NOARGS,
                                   "Return an owning array's memory in stream order when it is collected."};
     free_def.ml_meth = (PyCFunction)(void (*)(void))array_free;
@@ -1514,7 +1535,8 @@ static PyMethodDef methods[] = {
     {"array_enable", array_enable, METH_O, "Turn NvArray's fast paths on or off; returns the previous setting."},
     {"array_empty", (PyCFunction)(void (*)(void))array_empty, METH_FASTCALL | METH_KEYWORDS,
      "empty(shape, dtype=float32, *, device=None, stream=None, owner='compute', mr=None, tag=...)\n--\n\n"
-     "Allocate an uninitialized array (the NvArray constructor; its common case runs in C)."},
+     "Allocate an uninitialized array (the NvArray constructor; its common case runs in C).\n\n"
+     "The arguments, what they default to and the errors are the NvArray constructor's: see NvArray."},
     {"torch_guard_poison", torch_guard_poison, METH_VARARGS,
      "Let ignis_torch_free queue a freed block's poison itself (cuMemsetD8Async), for the guard's blocks."},
     {"torch_guard_bind", torch_guard_bind, METH_VARARGS,

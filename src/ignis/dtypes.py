@@ -37,7 +37,18 @@ _DL_F8_E4M3FN, _DL_F8_E5M2 = 10, 12
 @dataclass(frozen=True, slots=True, eq=False)
 class DType:
     """One element type. Rows are unique, so identity works; ``==`` also accepts a
-    name, a NumPy dtype or type, or a type code (``"f4"``)."""
+    name, a NumPy dtype or type, or a type code (``"f4"``).
+
+    The rows are made once, in this module (``ig.float32``...); get one with
+    ``ig.dtype(x)`` rather than building it.
+
+    Args:
+        name: the canonical name (``"float32"``).
+        itemsize: bytes per element.
+        numpy: the NumPy dtype.
+        dlpack_code: the DLPack type code (``DLDataTypeCode``).
+        safetensors: the safetensors dtype code (``"F32"``).
+    """
 
     name: str
     itemsize: int

@@ -52,6 +52,10 @@ class IgnisError(Exception):
     """Base of every error Ignis raises on purpose.
 
     Subclasses pass their facts as keyword fields; each becomes an attribute.
+
+    Args:
+        message: the full message (``str(error)``; also ``error.message``).
+        **fields: facts about the failure; each becomes an attribute of the error.
     """
 
     def __init__(self, message: str, **fields: Any) -> None:
@@ -84,7 +88,16 @@ _DRIVER_HINTS = {
 
 class DriverError(IgnisError):
     """A driver call failed. ``status`` is the numeric CUresult, ``name`` its
-    symbolic name and ``call`` the driver function that returned it."""
+    symbolic name and ``call`` the driver function that returned it.
+
+    The message ends with a hint for the statuses people meet most.
+
+    Args:
+        status: the numeric status (a ``CUresult``, or NVRTC's for a compile error).
+        name: its symbolic name (``"CUDA_ERROR_OUT_OF_MEMORY"``).
+        call: the driver function that returned it (``"cuMemAlloc"``).
+        detail: more about the failure (an NVRTC log, "injected fault"...).
+    """
 
     def __init__(self, status: int, name: str, call: str, detail: str = "") -> None:
         hint = _DRIVER_HINTS.get(name, "")
@@ -97,7 +110,13 @@ class DriverError(IgnisError):
 
 
 class UnsupportedError(IgnisError, NotImplementedError):
-    """The active backend or device cannot do this; the message names which."""
+    """The active backend or device cannot do this; the message names which.
+
+    Args:
+        what: what was asked for.
+        backend: the backend's name (``"cuda"``, ``"emulated"``).
+        hint: what to do instead, or ``""``.
+    """
 
     def __init__(self, what: str, backend: str, hint: str = "") -> None:
         msg = f"{what} is not supported by the {backend!r} backend"
@@ -107,7 +126,12 @@ class UnsupportedError(IgnisError, NotImplementedError):
 
 
 class ClosedError(IgnisError, RuntimeError):
-    """An object was used after ``close()`` (streams, events, resources)."""
+    """An object was used after ``close()`` (streams, events, resources).
+
+    Args:
+        what: the object, as it prints.
+        hint: what to do instead (default: create a new one).
+    """
 
     def __init__(self, what: str, hint: str = "") -> None:
         msg = f"{what} is closed and cannot be used"
@@ -119,7 +143,15 @@ class StaleHandleError(IgnisError):
     """A handle outlived the context or device it was made for.
 
     ``reason`` is one of "device state dropped", "device shutting down",
-    "context rebuilt"."""
+    "context rebuilt".
+
+    Args:
+        reason: why the handle is stale (one of the three above).
+        what: the kind of handle (``"stream"``, ``"GpuRef"``...).
+        generation: the context generation the handle was made at, if known.
+        current_generation: the device's generation now, if known.
+        device_id: the device's ordinal, if known.
+    """
 
     def __init__(
         self,
@@ -145,7 +177,15 @@ class StaleHandleError(IgnisError):
 
 
 class UseAfterFreeError(IgnisError):
-    """Memory was used after it was freed (or a stale BlockId was presented)."""
+    """Memory was used after it was freed (or a stale BlockId was presented).
+
+    Args:
+        detail: what was done to what.
+        generation: the freed allocation's generation, if known.
+        ptr: its device address, if known.
+        array_id: the ``NvArray`` id, if an array was used.
+        **more: further facts, each an attribute.
+    """
 
     def __init__(self, detail: str, *, generation: int | None = None, ptr: int | None = None,
                  array_id: int | None = None, **more: Any) -> None:
@@ -156,7 +196,15 @@ class UseAfterFreeError(IgnisError):
 
 
 class DoubleFreeError(UseAfterFreeError):
-    """The same memory was freed twice."""
+    """The same memory was freed twice.
+
+    Args:
+        detail: what was freed again.
+        generation: the allocation's generation, if known.
+        ptr: its device address, if known.
+        array_id: the ``NvArray`` id, if an array was freed.
+        **more: further facts, each an attribute.
+    """
 
     def __init__(self, detail: str, *, generation: int | None = None, ptr: int | None = None,
                  array_id: int | None = None, **more: Any) -> None:
@@ -166,7 +214,15 @@ class DoubleFreeError(UseAfterFreeError):
 
 
 class MemoryContractViolation(IgnisError):
-    """An ownership rule was broken: wrong owner, double acquire, free while shared."""
+    """An ownership rule was broken: wrong owner, double acquire, free while shared.
+
+    Args:
+        detail: what was refused and why.
+        array_id: the ``NvArray`` id.
+        owner: the array's owner at the time.
+        caller: the owner name that asked.
+        **more: further facts, each an attribute.
+    """
 
     def __init__(self, detail: str, *, array_id: int | None = None, owner: str | None = None,
                  caller: str | None = None, **more: Any) -> None:
@@ -176,7 +232,15 @@ class MemoryContractViolation(IgnisError):
 
 class ReadOnlyError(MemoryContractViolation, ValueError):
     """A write to memory whose producer marked it read-only (a read-only DLPack import, a
-    non-writeable NumPy array, ``bytes``, a read-only mapping). Reads are allowed."""
+    non-writeable NumPy array, ``bytes``, a read-only mapping). Reads are allowed.
+
+    Args:
+        detail: what was refused and what to do instead (a writable copy: ``clone()``).
+        array_id: the ``NvArray`` id.
+        owner: the array's owner.
+        caller: the owner name that asked, if any.
+        **more: further facts, each an attribute.
+    """
 
 
 def _fmt_bytes(n: int | None) -> str:
@@ -184,7 +248,13 @@ def _fmt_bytes(n: int | None) -> str:
 
 
 class OutOfBudgetError(IgnisError, MemoryError):
-    """A budget adaptor refused an allocation (deterministically)."""
+    """A budget adaptor refused an allocation (deterministically).
+
+    Args:
+        requested: the bytes asked for.
+        remaining: the bytes left in the budget.
+        limit: the budget, in bytes, if known.
+    """
 
     def __init__(self, requested: int, remaining: int, limit: int | None = None) -> None:
         msg = (f"out of budget: requested {requested} bytes ({_fmt_bytes(requested)}), "
@@ -196,7 +266,18 @@ class OutOfBudgetError(IgnisError, MemoryError):
 
 
 class OutOfMemoryError(IgnisError, MemoryError):
-    """The device (or its driver) could not satisfy an allocation."""
+    """The device (or its driver) could not satisfy an allocation.
+
+    Args:
+        requested: the bytes asked for.
+        device: the device's ordinal.
+        device_total: the device's total memory in bytes, if known.
+        device_free: the device's free memory in bytes (the driver's view), if known.
+        live_bytes: bytes the resource has handed out, if known.
+        cached_bytes: bytes the resource holds but has not handed out, if known.
+        largest_free_block: the largest cached free block in bytes, if known.
+        detail: the driver's words, if any.
+    """
 
     def __init__(self, requested: int, *, device: int = 0, device_total: int | None = None,
                  device_free: int | None = None, live_bytes: int | None = None,
@@ -217,14 +298,30 @@ class OutOfMemoryError(IgnisError, MemoryError):
 
 class StreamMisuseError(IgnisError):
     """The stream-ordered contract was violated, or cross-stream tracking was
-    asked of a resource that cannot do it."""
+    asked of a resource that cannot do it.
+
+    Args:
+        detail: what was refused and what to do instead.
+        **more: further facts, each an attribute.
+    """
 
     def __init__(self, detail: str, **more: Any) -> None:
         super().__init__(f"stream misuse: {detail}", detail=detail, **more)
 
 
 class OutOfBoundsError(IgnisError):
-    """Bytes outside a block were written (guard canaries) or would be accessed."""
+    """Bytes outside a block were written (guard canaries) or would be accessed.
+
+    Args:
+        detail: what was found or refused.
+        generation: the block's generation, if known.
+        ptr: the block's (or array's) device address, if known.
+        tag: the allocation's tag, if known.
+        side: ``"before"`` or ``"after"`` the block.
+        offset: where, in bytes relative to the block.
+        stack: where the block was allocated, formatted, if captured.
+        **more: further facts, each an attribute.
+    """
 
     def __init__(self, detail: str, *, generation: int | None = None, ptr: int | None = None,
                  tag: str | None = None, side: str | None = None, offset: int | None = None,
@@ -237,7 +334,15 @@ class OutOfBoundsError(IgnisError):
 
 
 class RaceError(IgnisError):
-    """Two accesses to the same bytes on unordered streams (or a use racing a free)."""
+    """Two accesses to the same bytes on unordered streams (or a use racing a free).
+
+    Args:
+        detail: the two accesses and why they race.
+        first: the earlier access (the sanitizer's record of it).
+        second: the later access.
+        kind: the message's first words (default ``"race"``).
+        **more: further facts, each an attribute.
+    """
 
     def __init__(self, detail: str, *, first: Any = None, second: Any = None, kind: str = "race",
                  **more: Any) -> None:
@@ -247,7 +352,14 @@ class RaceError(IgnisError):
 
 class UninitializedReadError(IgnisError):
     """A read of bytes that nothing wrote since they were allocated (the sanitizer).
-    ``first`` describes the allocation, ``second`` the read."""
+    ``first`` describes the allocation, ``second`` the read.
+
+    Args:
+        detail: what was read.
+        first: the allocation.
+        second: the read.
+        **more: further facts, each an attribute.
+    """
 
     def __init__(self, detail: str, *, first: Any = None, second: Any = None, **more: Any) -> None:
         super().__init__(f"uninitialized read: {detail}", first=first, second=second,
@@ -255,7 +367,13 @@ class UninitializedReadError(IgnisError):
 
 
 class InvalidTransitionError(IgnisError, RuntimeError):
-    """A lifecycle state change that the transition table does not allow."""
+    """A lifecycle state change that the transition table does not allow.
+
+    Args:
+        what: the object (a block, with its address, generation and tag).
+        state: its state's name.
+        attempted: the state it was asked to move to.
+    """
 
     def __init__(self, what: str, state: str, attempted: str) -> None:
         super().__init__(f"{what}: cannot go from {state} to {attempted}", what=what, state=state,
@@ -263,7 +381,13 @@ class InvalidTransitionError(IgnisError, RuntimeError):
 
 
 class SafetensorsError(IgnisError, ValueError):
-    """A safetensors file is malformed. ``file``, ``tensor`` (or None) and ``problem`` say where and what."""
+    """A safetensors file is malformed. ``file``, ``tensor`` (or None) and ``problem`` say where and what.
+
+    Args:
+        file: the file's name.
+        problem: what is wrong.
+        tensor: the tensor's name, or None for the file as a whole.
+    """
 
     def __init__(self, file: str, problem: str, tensor: str | None = None) -> None:
         where = f"{file}: " + (f"tensor {tensor!r}: " if tensor is not None else "")
@@ -279,7 +403,16 @@ class CollectiveError(IgnisError, RuntimeError):
     (``this_rank``). ``kind`` is one of "peer_died", "peer_closed", "timeout",
     "mismatch", "nccl", "init", "closed", "stream" (the communicator's stream
     failed), "aborted", "failed_earlier" (an access to an array that a failed
-    operation was to write; ``cause_kind`` and ``__cause__`` say what failed)."""
+    operation was to write; ``cause_kind`` and ``__cause__`` say what failed).
+
+    Args:
+        detail: what happened.
+        op: the operation, if known.
+        rank: the rank that failed, if known.
+        this_rank: the rank raising the error, if known.
+        kind: one of the kinds above (default ``"error"``).
+        **more: further facts, each an attribute.
+    """
 
     def __init__(self, detail: str, *, op: str | None = None, rank: int | None = None,
                  this_rank: int | None = None, kind: str = "error", **more: Any) -> None:
@@ -290,7 +423,16 @@ class CollectiveError(IgnisError, RuntimeError):
 
 
 class CollectiveTimeoutError(CollectiveError, TimeoutError):
-    """A peer did not take part in an operation within the communicator's time-out."""
+    """A peer did not take part in an operation within the communicator's time-out.
+
+    Args:
+        detail: what happened.
+        op: the operation, if known.
+        rank: the rank that did not answer, if known.
+        this_rank: the rank raising the error, if known.
+        kind: ``"timeout"``, or ``"init"`` when a rank never joined.
+        **more: further facts, each an attribute.
+    """
 
     def __reduce__(self) -> tuple:
         # TimeoutError is an OSError, whose instances must be made by OSError.__new__.
@@ -309,7 +451,14 @@ class ForkedProcessError(IgnisError, RuntimeError):
     emulator's stream threads, the CUDA driver's context), so nothing it
     inherited can work. Start such children with the ``spawn`` (or
     ``forkserver``) start method instead. ``backend``, ``parent_pid`` and
-    ``pid`` say which backend, which parent and which child."""
+    ``pid`` say which backend, which parent and which child.
+
+    Args:
+        what: what was attempted.
+        backend: the backend's name.
+        parent_pid: the parent process's pid.
+        pid: this process's pid.
+    """
 
     def __init__(self, what: str, *, backend: str, parent_pid: int, pid: int) -> None:
         super().__init__(

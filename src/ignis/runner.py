@@ -35,6 +35,26 @@ __all__ = ["run_script"]
 def run_script(script: str, argv: list[str], *, sanitize: bool = False, guard: bool = False,
                leaks: bool = False, ordering: str | None = None, leak_threshold: float = 0.0,
                out: TextIO = sys.stderr) -> int:
+    """Run ``script`` as ``__main__`` under the checks asked for, then print the report
+    (see the module's description for what each check does).
+
+    Args:
+        script: the path of the Python script.
+        argv: the script's arguments (``sys.argv[1:]`` while it runs).
+        sanitize: run the sanitizer in collect mode (Ignis's tracked uses, and PyTorch's ops
+            once the script imports torch).
+        guard: make every device's current resource, and PyTorch's and CuPy's allocator, a
+            debug guard.
+        leaks: track every array with its allocation site and report those still alive.
+        ordering: the ordering policy to set first (``"auto"`` / ``"manual"``); None keeps
+            the script's.
+        leak_threshold: with ``leaks``, report arrays older than this many seconds.
+        out: where the report (and the script's traceback, if it fails) is written.
+
+    Returns:
+        The exit status: the script's own if it failed, else 1 when a problem was
+        found, else 0; 2 when ``script`` is not a file.
+    """
     import ignis as ig
 
     if not os.path.isfile(script):

@@ -22,17 +22,52 @@ empty = NvArray if _empty_c is None else _empty_c
 
 
 def zeros(shape: Any, dtype: Any = _dt.float32, **kw: Any) -> NvArray:
-    """An array of zeros (a device memset)."""
+    """An array of zeros (a device memset), ordered on the array's stream.
+
+    Args:
+        shape: an int or a sequence of non-negative ints.
+        dtype: anything ``ig.dtype`` resolves (default float32).
+        **kw: ``device``, ``stream``, ``owner``, ``mr``, ``tag``, as for ``ig.empty`` (the
+            ``NvArray`` constructor).
+
+    Raises:
+        ValueError: a bad shape or an unknown dtype.
+        OutOfMemoryError: the resource cannot get the memory (the rest as ``ig.empty``).
+    """
     return empty(shape, dtype, **kw).zero_()
 
 
 def ones(shape: Any, dtype: Any = _dt.float32, **kw: Any) -> NvArray:
-    """An array of ones (filled on the device)."""
+    """An array of ones (filled on the device), ordered on the array's stream.
+
+    Args:
+        shape: an int or a sequence of non-negative ints.
+        dtype: anything ``ig.dtype`` resolves (default float32).
+        **kw: ``device``, ``stream``, ``owner``, ``mr``, ``tag``, as for ``ig.empty`` (the
+            ``NvArray`` constructor).
+
+    Raises:
+        ValueError: a bad shape or an unknown dtype.
+        OutOfMemoryError: the resource cannot get the memory (the rest as ``ig.empty``).
+    """
     return empty(shape, dtype, **kw).fill_(1)
 
 
 def full(shape: Any, value: Any, dtype: Any = _dt.float32, **kw: Any) -> NvArray:
-    """An array with every element equal to ``value`` (filled on the device)."""
+    """An array with every element equal to ``value`` (filled on the device).
+
+    Args:
+        shape: an int or a sequence of non-negative ints.
+        value: one scalar, converted to ``dtype`` as NumPy converts it.
+        dtype: anything ``ig.dtype`` resolves (default float32).
+        **kw: ``device``, ``stream``, ``owner``, ``mr``, ``tag``, as for ``ig.empty`` (the
+            ``NvArray`` constructor).
+
+    Raises:
+        TypeError: ``value`` is not a scalar.
+        ValueError: a bad shape or an unknown dtype.
+        OutOfMemoryError: the resource cannot get the memory (the rest as ``ig.empty``).
+    """
     return empty(shape, dtype, **kw).fill_(value)
 
 
@@ -45,37 +80,103 @@ def _like(a: NvArray, dtype: Any, kw: dict) -> tuple[tuple[int, ...], Any, dict]
 
 
 def empty_like(a: NvArray, dtype: Any = None, **kw: Any) -> NvArray:
-    """An uninitialized array with ``a``'s shape, dtype (unless given), device and stream."""
+    """An uninitialized array with ``a``'s shape, dtype (unless given), device and stream.
+
+    Args:
+        a: the ``NvArray`` to take the shape (and dtype) of.
+        dtype: the dtype, or None for ``a``'s.
+        **kw: ``device``, ``stream``, ``owner``, ``mr``, ``tag``, as for ``ig.empty`` (the
+            ``NvArray`` constructor). Giving ``device`` or ``stream`` replaces ``a``'s stream.
+
+    Raises:
+        TypeError: ``a`` is not an NvArray.
+        OutOfMemoryError: the resource cannot get the memory (the rest as ``ig.empty``).
+    """
     shape, dt, kw = _like(a, dtype, kw)
     return empty(shape, dt, **kw)
 
 
 def zeros_like(a: NvArray, dtype: Any = None, **kw: Any) -> NvArray:
-    """Zeros with ``a``'s shape, dtype (unless given), device and stream."""
+    """Zeros with ``a``'s shape, dtype (unless given), device and stream.
+
+    Args:
+        a: the ``NvArray`` to take the shape (and dtype) of.
+        dtype: the dtype, or None for ``a``'s.
+        **kw: ``device``, ``stream``, ``owner``, ``mr``, ``tag``, as for ``ig.empty`` (the
+            ``NvArray`` constructor). Giving ``device`` or ``stream`` replaces ``a``'s stream.
+
+    Raises:
+        TypeError: ``a`` is not an NvArray.
+        OutOfMemoryError: the resource cannot get the memory (the rest as ``ig.empty``).
+    """
     shape, dt, kw = _like(a, dtype, kw)
     return zeros(shape, dt, **kw)
 
 
 def ones_like(a: NvArray, dtype: Any = None, **kw: Any) -> NvArray:
-    """Ones with ``a``'s shape, dtype (unless given), device and stream."""
+    """Ones with ``a``'s shape, dtype (unless given), device and stream.
+
+    Args:
+        a: the ``NvArray`` to take the shape (and dtype) of.
+        dtype: the dtype, or None for ``a``'s.
+        **kw: ``device``, ``stream``, ``owner``, ``mr``, ``tag``, as for ``ig.empty`` (the
+            ``NvArray`` constructor). Giving ``device`` or ``stream`` replaces ``a``'s stream.
+
+    Raises:
+        TypeError: ``a`` is not an NvArray.
+        OutOfMemoryError: the resource cannot get the memory (the rest as ``ig.empty``).
+    """
     shape, dt, kw = _like(a, dtype, kw)
     return ones(shape, dt, **kw)
 
 
 def full_like(a: NvArray, value: Any, dtype: Any = None, **kw: Any) -> NvArray:
-    """``value`` everywhere, with ``a``'s shape, dtype (unless given), device and stream."""
+    """``value`` everywhere, with ``a``'s shape, dtype (unless given), device and stream.
+
+    Args:
+        a: the ``NvArray`` to take the shape (and dtype) of.
+        value: one scalar, converted to the dtype as NumPy converts it.
+        dtype: the dtype, or None for ``a``'s.
+        **kw: ``device``, ``stream``, ``owner``, ``mr``, ``tag``, as for ``ig.empty`` (the
+            ``NvArray`` constructor). Giving ``device`` or ``stream`` replaces ``a``'s stream.
+
+    Raises:
+        TypeError: ``a`` is not an NvArray, or ``value`` is not a scalar.
+        OutOfMemoryError: the resource cannot get the memory (the rest as ``ig.empty``).
+    """
     shape, dt, kw = _like(a, dtype, kw)
     return full(shape, value, dt, **kw)
 
 
 def synchronize(device: Any = None) -> None:
-    """Wait on the host until all work queued on ``device`` (default: the current device) has finished."""
+    """Wait on the host until all work queued on ``device`` (default: the current device) has finished.
+
+    Args:
+        device: an ``ig.Device`` or ordinal; None for the current device.
+
+    Raises:
+        StaleHandleError: the device is shutting down.
+        DriverError: queued work failed (the driver's error for it).
+    """
     from ..runtime import Device, current_device
     (current_device() if device is None else Device(device)).synchronize()
 
 
 def from_numpy(a: np.ndarray, *, dtype: Any = None, **kw: Any) -> NvArray:
-    """Copy a NumPy array (any layout) to a new device array of the same shape."""
+    """Copy a NumPy array (any layout) to a new device array of the same shape.
+
+    Args:
+        a: a NumPy array, or anything ``np.asarray`` accepts.
+        dtype: the device array's dtype (values converted as NumPy converts them); None
+            keeps ``a``'s.
+        **kw: ``device``, ``stream``, ``owner``, ``mr``, ``tag``, as for ``ig.empty`` (the
+            ``NvArray`` constructor).
+
+    Raises:
+        ValueError: ``a``'s dtype (or ``dtype``) is not one Ignis knows.
+        OutOfMemoryError: the resource cannot get the memory (the rest as ``ig.empty``).
+        DriverError: the copy failed; the new array is freed first.
+    """
     a = np.asarray(a)
     dt = _dt.dtype(a.dtype if dtype is None else dtype)
     out = NvArray(a.shape, dt, **kw)
@@ -89,7 +190,21 @@ def from_numpy(a: np.ndarray, *, dtype: Any = None, **kw: Any) -> NvArray:
 
 def asarray(obj: Any, *, dtype: Any = None, **kw: Any) -> NvArray:
     """An NvArray for ``obj``: itself, a zero-copy adoption of a DLPack / CUDA array
-    interface object, or a copy of host data (NumPy arrays, sequences, scalars)."""
+    interface object, or a copy of host data (NumPy arrays, sequences, scalars).
+
+    Args:
+        obj: an ``NvArray``, an object with ``__dlpack__`` or ``__cuda_array_interface__``
+            (adopted as ``ig.from_dlpack`` does, on its default stream), or host data.
+        dtype: for host data, the device dtype; for an NvArray it must be the array's own
+            (no conversion); ignored for adopted objects.
+        **kw: ``device``, ``stream``, ``owner``, ``mr``, ``tag``, as for ``ig.empty`` (the
+            ``NvArray`` constructor). Used for host data only.
+
+    Raises:
+        ValueError: ``dtype`` differs from an NvArray's dtype, or is unknown.
+        TypeError: as ``ig.from_dlpack``, for an object it adopts.
+        OutOfMemoryError: as ``ig.from_numpy``, for host data.
+    """
     if isinstance(obj, NvArray):
         if dtype is not None and _dt.dtype(dtype) is not obj.dtype:
             raise ValueError(f"asarray: array is {obj.dtype.name}, not {_dt.dtype(dtype).name}; "
@@ -102,6 +217,25 @@ def asarray(obj: Any, *, dtype: Any = None, **kw: Any) -> NvArray:
 
 
 def from_dlpack(x: Any, *, stream: Stream | None = None, owner: str = "compute") -> NvArray:
-    """Adopt ``x``'s memory without copying (a non-owning array that keeps ``x`` alive)."""
+    """Adopt ``x``'s memory without copying (a non-owning array that keeps ``x`` alive).
+
+    The producer is asked (the DLPack stream handshake) to order its pending work
+    before ``stream``. A producer that marks its tensor read-only gives a read-only
+    array: every write to it raises ``ReadOnlyError``. Objects with only
+    ``__cuda_array_interface__`` are adopted on the current device. An ``NvArray`` is
+    returned as it is. See ``ignis.interop.from_dlpack``.
+
+    Args:
+        x: an object with ``__dlpack__`` (or ``__cuda_array_interface__``).
+        stream: the new array's stream, the one the producer orders its work before;
+            None: the device's default stream.
+        owner: the new array's owner name (default ``"compute"``).
+
+    Raises:
+        TypeError: ``x`` has neither protocol, or gave a capsule that is not DLPack's.
+        ValueError: the tensor is not contiguous, not on a CUDA device (on the cuda
+            backend), or of a dtype Ignis does not know.
+        UnsupportedError: on the emulated backend, a tensor that is not in host memory.
+    """
     from ..interop import from_dlpack as _from_dlpack
     return _from_dlpack(x, stream=stream, owner=owner)

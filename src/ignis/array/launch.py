@@ -47,7 +47,70 @@ def _preflight_error(kernel: Kernel, i: int, arg: Any, spec: Any, device: Any) -
 
 def launch(kernel: Kernel, grid: Any, block: Any, *args: Any, stream: Stream | None = None,
            shared_mem: int = 0) -> None:
-    """Queue ``kernel`` on ``stream`` with tracked access to every array argument."""
+    """Queue ``kernel`` on ``stream`` with tracked access to every array argument.
+
+    Everything is checked before anything is queued (the preflight): the kernel,
+    the argument count, ``grid`` and ``block``, and each array argument against its
+    declaration in ``kernel``'s ``access``: an ``NvArray``, live (not freed, nor its
+    base; writable if the access writes), on the same device as the other arrays,
+    in a memory resource that can track cross-stream uses, and a declared byte range
+    inside the array. A launch that fails the preflight raises and queues nothing.
+
+    Then, for each array argument, the use is begun on the launch stream: under
+    ``auto`` ordering the event waits its access needs are queued there (a READ
+    waits for the last write from another stream; a WRITE or READ_WRITE also waits
+    for every read from another stream), and the sanitizer, when on, checks the
+    declared byte range. The kernel is queued (compiled first on a GPU, at its
+    first launch on the device), and each use is recorded, also when queuing
+    failed. A use on the array's own stream with nothing pending elsewhere costs
+    no driver call. Under ``manual`` ordering no waits are queued: the program's
+    own events must order the streams (run it under the sanitizer to check).
+
+    Arrays over foreign memory (``ig.from_dlpack``) and empty arrays have no block
+    to track: they are passed through, and ordering them is the caller's job.
+    Scalars are passed as their declared C type (on a GPU) or NumPy type (to
+    ``host_impl``); a value that does not convert raises when the kernel is queued.
+
+    Args:
+        kernel: the ``ig.Kernel``.
+        grid: the number of blocks: a positive int, or 1 to 3 positive ints (x, y, z).
+        block: the threads per block, the same way.
+        *args: the kernel's arguments, one per ``access`` declaration: ``NvArray`` for
+            an array argument (its device address is passed), a Python or NumPy number
+            for a scalar.
+        stream: the ``Stream`` to queue on. None: the stream that a ``with stream:``
+            block of this thread made current on the arrays' device, else the first
+            array argument's own stream, else (no array argument) the current device's default
+            stream.
+        shared_mem: dynamic shared memory per block, in bytes (ignored by the emulator).
+
+    Raises:
+        TypeError: ``kernel`` is not a Kernel, the argument count differs from the
+            declarations, or an array argument is not an ``NvArray``.
+        ValueError: a bad ``grid`` or ``block``; arrays on different devices; a
+            ``stream`` on another device than the arrays.
+        UseAfterFreeError: an array argument (or its base) was freed.
+        ReadOnlyError: an access that writes to read-only memory.
+        CollectiveError: an array that a failed collective was to write.
+        StreamMisuseError: an array in a resource that cannot track cross-stream uses
+            (a ``DirectResource``, for one); allocate it from a ``PoolResource`` or
+            ``AsyncResource``.
+        OutOfBoundsError: a declared byte range outside its array.
+        ClosedError: the stream was closed.
+        StaleHandleError: the stream predates a context rebuild, or the device is
+            shutting down.
+        UnsupportedError: the kernel has no ``host_impl`` (emulated backend) or no
+            ``source`` (cuda backend).
+        DriverError: compilation failed (with NVRTC's log) or the driver refused the
+            launch.
+
+    Example::
+
+        k = ig.kernels.kernel("copy", 4)      # the built-in copy: (dst WRITE, src READ, n int64)
+        a, b = ig.ones(1024), ig.empty(1024)
+        s = ig.Device(0).create_stream()
+        ig.launch(k, 4, 256, b, a, 1024, stream=s)   # on s: waits for a's fill on its own stream
+    """
     if type(kernel) is not Kernel and not isinstance(kernel, Kernel):
         raise TypeError(f"launch expects an ignis.Kernel, got {type(kernel).__name__}")
     if len(args) != kernel.nargs:

@@ -220,7 +220,30 @@ _rt_current.on_first_override(lambda: _fast.__setitem__(0, None))
 
 
 class NvArray:
-    """A device tensor with an owner, a stream, a ref count and a generation-checked identity."""
+    """A device tensor with an owner, a stream, a ref count and a generation-checked identity.
+
+    Arrays are C-contiguous. Make them with ``ig.empty`` (this constructor),
+    ``ig.zeros``, ``ig.full``, ``ig.from_numpy``, ``ig.asarray`` or
+    ``ig.from_dlpack``; views (``a[i]``, ``slice``, ``reshape``) share their
+    parent's memory and keep it alive. Every operation that touches the bytes is
+    a tracked use on the stream it runs on (``stream=None``: the stream a ``with
+    stream:`` block made current on the array's device, else the array's own),
+    so a use on another stream waits for the work it must follow. An owning
+    array that is garbage-collected returns its memory in stream order; an
+    explicit ``free()`` does it at once and cancels that.
+
+    Attributes:
+        id: a process-unique number, shown as ``NvArray#id`` in errors.
+        shape: the shape, a tuple of ints.
+        dtype: the element type, an ``ig.DType`` (compares equal to NumPy's dtypes).
+        device: the ``ig.Device`` the memory is on.
+        stream: the array's own ``Stream`` (the allocation's, for a new array).
+        owner: the owner name (``"compute"`` unless a layer acquired it).
+        ref_count: references taken with ``incref()`` and not yet dropped.
+        created_at: ``time.time()`` at creation.
+        numel: the number of elements.
+        nbytes: the size in bytes.
+    """
 
     __slots__ = ("id", "shape", "dtype", "device", "stream", "owner", "ref_count", "created_at", "numel",
                  "nbytes", "_ptr", "_block", "_mr", "_tracks", "_freed", "_base", "_views", "_pinned",
@@ -239,7 +262,29 @@ class NvArray:
     def __init__(self, shape: Any, dtype: Any = _dt.float32, *, device: "Device | int | None" = None,
                  stream: Stream | None = None, owner: str = DEFAULT_OWNER,
                  mr: DeviceMemoryResource | None = None, tag: str = UNTAGGED) -> None:
-        """Allocate an uninitialized array (same as ``ig.empty``)."""
+        """Allocate an uninitialized array (same as ``ig.empty``).
+
+        Args:
+            shape: an int or a sequence of non-negative ints.
+            dtype: anything ``ig.dtype`` resolves (default float32).
+            device: the device (an ``ig.Device`` or ordinal); None: ``stream``'s device, else
+                the current device.
+            stream: the ``Stream`` the allocation is ordered on, which becomes the array's
+                own; None: the current stream of the device.
+            owner: the initial owner name (default ``"compute"``).
+            mr: the memory resource to allocate from; None: the device's current resource
+                (``ig.get_current_resource``, a ``PoolResource`` unless set).
+            tag: a label for the allocation, shown in logs, statistics and reports.
+
+        Raises:
+            ValueError: a negative or non-integer dimension, an unknown dtype or owner, or a
+                ``stream`` on another device than ``device``.
+            TypeError: ``stream`` is not an ``ig.Stream``.
+            OutOfMemoryError: the resource cannot get the memory (``OutOfBudgetError`` from
+                a ``BudgetResource``).
+            ClosedError: the stream or the resource was closed.
+            StaleHandleError: the stream or the resource predates a context rebuild.
+        """
         self._freed = True  # until memory is in hand, so __del__ does nothing
         if _deferred:
             drain_deferred()
@@ -332,22 +377,28 @@ class NvArray:
     # -- identity ------------------------------------------------------------
     @property
     def ndim(self) -> int:
+        """The number of dimensions."""
         return len(self.shape)
 
     @property
     def freed(self) -> bool:
+        """True once ``free()`` succeeded on this array."""
         return self._freed
 
     @property
     def is_view(self) -> bool:
+        """True for a view into another array's memory (``base`` is that array)."""
         return self._base is not None
 
     @property
     def base(self) -> "NvArray | None":
+        """The array this one is a view of, or None."""
         return self._base
 
     @property
     def owns_memory(self) -> bool:
+        """True if this array allocated its memory and frees it (not a view, not foreign memory,
+        not empty)."""
         return self._base is None and self._block is not None and self._keepalive is None
 
     @property
@@ -357,21 +408,26 @@ class NvArray:
 
     @property
     def tag(self) -> str | None:
+        """The allocation's tag, or None where there is no block (foreign memory, zero bytes)."""
         return None if self._block is None else self._block.tag
 
     @property
     def device_id(self) -> int:
+        """The ordinal of the array's device."""
         return self.device.ordinal
 
     @property
     def device_ptr(self) -> int:
-        """The device address (for FFI). Raises if the array was freed."""
+        """The device address (for FFI). Raises ``UseAfterFreeError`` if the array was freed.
+
+        Taking the address is not a tracked use: queue work on it inside ``use()``."""
         if self._freed:
             self._check_live("take the device pointer of")
         return self._ptr
 
     @property
     def resource(self) -> DeviceMemoryResource | None:
+        """The memory resource the array's block came from (None for foreign memory)."""
         return self._mr
 
     def __len__(self) -> int:
@@ -493,7 +549,21 @@ class NvArray:
     def use(self, stream: Stream | None = None, access: "Access | str" = Access.READ_WRITE) -> Iterator[int]:
         """Use the raw pointer in foreign work (PyTorch, CuPy, Triton, custom CUDA)
         queued on ``stream`` inside the ``with`` block: the waits it needs are
-        queued before, and the use is recorded after."""
+        queued before, and the use is recorded after. The block gives the device address.
+
+        Args:
+            stream: the ``Stream`` the foreign work is queued on; None: the array's own.
+            access: what the work does to the bytes: an ``Access`` or ``"read"`` /
+                ``"write"`` / ``"read_write"`` (default READ_WRITE).
+
+        Raises:
+            UseAfterFreeError: the array (or its base) was freed.
+            ReadOnlyError: ``access`` writes to read-only memory.
+            StreamMisuseError: the array's resource cannot track cross-stream uses and
+                ``stream`` is not the block's own.
+            ClosedError: the stream was closed.
+            StaleHandleError: the stream predates a context rebuild.
+        """
         s = self.stream if stream is None else stream
         acc = Access.parse(access)
         self._begin(s, acc, "use()")
@@ -504,12 +574,29 @@ class NvArray:
 
     # -- ownership and reference counts -------------------------------------------
     def incref(self) -> int:
+        """Note that another component holds this array (``free()`` refuses while any does).
+
+        Returns:
+            The new ``ref_count``.
+
+        Raises:
+            UseAfterFreeError: the array was freed.
+        """
         with self._lock:
             self._check_live("incref")
             self.ref_count += 1
             return self.ref_count
 
     def decref(self) -> int:
+        """Drop a reference taken with ``incref()``.
+
+        Returns:
+            The new ``ref_count``.
+
+        Raises:
+            UseAfterFreeError: the array was freed.
+            MemoryContractViolation: ``ref_count`` is already 0.
+        """
         with self._lock:
             self._check_live("decref")
             if self.ref_count <= 0:
@@ -521,7 +608,19 @@ class NvArray:
     def transfer_ownership(self, new_owner: str) -> str:
         """Hand the array to ``new_owner`` directly (``contract.acquire`` / ``release``
         are the checked way for layers). A view's owner is its root's: handing a view
-        over hands over the root and every view of it."""
+        over hands over the root and every view of it.
+
+        Args:
+            new_owner: a registered owner name.
+
+        Returns:
+            ``new_owner``.
+
+        Raises:
+            ValueError: ``new_owner`` is not a registered owner.
+            UseAfterFreeError: the array was freed.
+            MemoryContractViolation: the root's ``ref_count`` is above 1.
+        """
         validate_owner(new_owner)
         root = self._root()
         with root._lock:
@@ -553,7 +652,11 @@ class NvArray:
         return done
 
     def ref(self) -> "GpuRef":
-        """A generation-checked handle that keeps this array's memory alive."""
+        """A generation-checked handle that keeps this array's memory alive (a ``GpuRef``).
+
+        Raises:
+            UseAfterFreeError: the array was freed.
+        """
         from ..safety import GpuRef
         self._check_live("take a GpuRef to")
         return GpuRef(self)
@@ -562,11 +665,27 @@ class NvArray:
     def free(self, by: str = DEFAULT_OWNER) -> None:
         """Give the memory back (stream-ordered). Views only mark themselves freed.
 
+        The block goes back to its resource (``deallocate``, stream-ordered), and
+        the pinned staging buffer of ``pin()`` goes back too. An array that adopted
+        foreign memory (``from_dlpack``) drops its reference to the producer. An
+        array exported through ``__cuda_array_interface__`` (which has no release
+        signal) is retired at once, but its memory goes back only when the array
+        object is collected.
+
         Refused (``MemoryContractViolation``) while ``ref_count > 0``, while a layer other
         than ``by`` owns the array, while views of it are alive, and while a DLPack consumer
         still holds an export of it. If the resource refuses to take the memory back (a
         driver error), the error is raised and the array stays live: ``free()`` can be
-        called again."""
+        called again.
+
+        Args:
+            by: the owner freeing the array (default ``"compute"``); it must be the owner.
+
+        Raises:
+            DoubleFreeError: the array was already freed.
+            MemoryContractViolation: one of the refusals above; the array is untouched.
+            DriverError: the resource refused the memory (the array stays live).
+        """
         if _deferred:
             drain_deferred()
         lock = _LOCKS[self.id & 63]
@@ -979,10 +1098,19 @@ class NvArray:
     to_host = to_numpy
 
     def tolist(self) -> Any:
+        """The values as nested Python lists (``to_numpy().tolist()``; waits for the copy)."""
         return self.to_numpy().tolist()
 
     def pin(self) -> "PinnedBuffer":
-        """Give the array its own pinned host staging buffer (``pinned_host``)."""
+        """Give the array its own pinned host staging buffer (``pinned_host``).
+
+        Returns:
+            The ``PinnedBuffer`` (``nbytes`` bytes), until ``unpin()`` or ``free()``.
+
+        Raises:
+            UseAfterFreeError: the array was freed.
+            RuntimeError: the array is already pinned.
+        """
         with self._lock:
             self._check_live("pin")
             if self._pinned is not None:
@@ -991,6 +1119,12 @@ class NvArray:
             return self._pinned
 
     def unpin(self) -> None:
+        """Give back the pinned staging buffer of ``pin()`` (ordered after the array's stream).
+
+        Raises:
+            UseAfterFreeError: the array was freed.
+            RuntimeError: the array is not pinned.
+        """
         with self._lock:
             self._check_live("unpin")
             if self._pinned is None:

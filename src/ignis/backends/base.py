@@ -112,7 +112,20 @@ def driver_error(name: str, call: str, detail: str = "") -> DriverError:
 
 @dataclass(frozen=True)
 class DeviceProperties:
-    """What a device is and can do."""
+    """What a device is and can do.
+
+    Attributes:
+        ordinal: the device's number in this process.
+        name: the device's name.
+        total_memory: its memory, in bytes.
+        multiprocessor_count: its number of streaming multiprocessors.
+        compute_capability: ``(major, minor)``.
+        uuid: its UUID, as a string.
+        vmm_supported: virtual memory management (exportable allocations) works.
+        memory_pools_supported: stream-ordered memory pools (``cuMemAllocAsync``) work.
+        posix_fd_ipc_supported: memory can be shared as POSIX file descriptors.
+        extra: backend-specific facts (not compared).
+    """
 
     ordinal: int
     name: str
@@ -127,6 +140,7 @@ class DeviceProperties:
 
     @property
     def capabilities(self) -> dict[str, bool]:
+        """``{"vmm": ..., "memory_pools": ..., "posix_fd_ipc": ...}`` from the three flags."""
         return {
             "vmm": self.vmm_supported,
             "memory_pools": self.memory_pools_supported,
@@ -136,7 +150,17 @@ class DeviceProperties:
 
 class Backend:
     """Base of the backends. Subclasses override the operations they support;
-    the rest raise ``UnsupportedError`` naming the backend."""
+    the rest raise ``UnsupportedError`` naming the backend.
+
+    Every operation takes and returns plain ints (device pointers, host
+    addresses, stream and event handles, sizes in bytes). Every operation may
+    raise ``DriverError`` (the driver's status, or an injected fault),
+    ``UnsupportedError`` (not on this backend) and, in a child forked after the
+    parent used the backend, ``ForkedProcessError``; the methods do not repeat it.
+
+    Attributes:
+        name: the backend's name (``"cuda"``, ``"emulated"``).
+    """
 
     name: str = "abstract"
 
@@ -163,6 +187,11 @@ class Backend:
         self._faults[FORKED] = [0, "CUDA_ERROR_NOT_INITIALIZED", 0]
 
     def forked_error(self, what: str) -> ForkedProcessError:
+        """The ``ForkedProcessError`` to raise for ``what`` in a forked child (returned, not raised).
+
+        Args:
+            what: what was attempted (``"use the stream"``...).
+        """
         return ForkedProcessError(what, backend=self.name, parent_pid=self._forked_from or 0, pid=os.getpid())
 
     def _check_fork(self, what: str) -> None:
@@ -231,9 +260,11 @@ class Backend:
 
     # -- devices -----------------------------------------------------------
     def device_count(self) -> int:
+        """How many devices the backend sees."""
         raise self._unsupported("device_count")
 
     def device_properties(self, ordinal: int) -> DeviceProperties:
+        """The ``DeviceProperties`` of device ``ordinal``."""
         raise self._unsupported("device_properties")
 
     def versions(self) -> dict[str, str]:
@@ -254,13 +285,16 @@ class Backend:
         raise self._unsupported("rebuild_context")
 
     def device_synchronize(self, ordinal: int) -> None:
+        """Block the host until all work on device ``ordinal`` has finished (``cuCtxSynchronize``)."""
         raise self._unsupported("device_synchronize")
 
     # -- memory ------------------------------------------------------------
     def mem_alloc(self, ordinal: int, nbytes: int) -> int:
+        """Allocate ``nbytes`` bytes of device memory on ``ordinal`` (``cuMemAlloc``); returns the device pointer."""
         raise self._unsupported("mem_alloc")
 
     def mem_free(self, ordinal: int, ptr: int) -> None:
+        """Free device memory from ``mem_alloc`` (``cuMemFree``)."""
         raise self._unsupported("mem_free")
 
     def mem_alloc_async(self, ordinal: int, nbytes: int, stream: int) -> int:
@@ -284,18 +318,23 @@ class Backend:
         raise self._unsupported("host_alloc")
 
     def host_free(self, ptr: int) -> None:
+        """Free page-locked host memory from ``host_alloc`` (``cuMemFreeHost``)."""
         raise self._unsupported("host_free")
 
     def memcpy_htod_async(self, dst: int, src_host: int, nbytes: int, stream: int) -> None:
+        """Queue a copy of ``nbytes`` bytes from host address ``src_host`` to device pointer ``dst`` on ``stream``."""
         raise self._unsupported("memcpy_htod_async")
 
     def memcpy_dtoh_async(self, dst_host: int, src: int, nbytes: int, stream: int) -> None:
+        """Queue a copy of ``nbytes`` bytes from device pointer ``src`` to host address ``dst_host`` on ``stream``."""
         raise self._unsupported("memcpy_dtoh_async")
 
     def memcpy_dtod_async(self, dst: int, src: int, nbytes: int, stream: int) -> None:
+        """Queue a copy of ``nbytes`` bytes from device pointer ``src`` to device pointer ``dst`` on ``stream``."""
         raise self._unsupported("memcpy_dtod_async")
 
     def memset_d8_async(self, ptr: int, value: int, nbytes: int, stream: int) -> None:
+        """Queue setting ``nbytes`` bytes at device pointer ``ptr`` to the byte ``value`` on ``stream``."""
         raise self._unsupported("memset_d8_async")
 
     # -- streams -----------------------------------------------------------
@@ -304,6 +343,7 @@ class Backend:
         raise self._unsupported("stream_create")
 
     def stream_destroy(self, stream: int) -> None:
+        """Destroy ``stream`` (work already queued on it still completes)."""
         raise self._unsupported("stream_destroy")
 
     def stream_wait_event(self, stream: int, event: int) -> None:
@@ -316,6 +356,7 @@ class Backend:
         raise self._unsupported("stream_query")
 
     def stream_synchronize(self, stream: int) -> None:
+        """Block the host until all work queued on ``stream`` has finished."""
         raise self._unsupported("stream_synchronize")
 
     def launch_host_func(self, stream: int, fn: Callable[[], None]) -> None:
@@ -325,12 +366,15 @@ class Backend:
 
     # -- events ------------------------------------------------------------
     def event_create(self, ordinal: int, timing: bool = False) -> int:
+        """A new event on device ``ordinal`` (able to measure time if ``timing``); returns its handle."""
         raise self._unsupported("event_create")
 
     def event_destroy(self, event: int) -> None:
+        """Destroy ``event``."""
         raise self._unsupported("event_destroy")
 
     def event_record(self, event: int, stream: int) -> None:
+        """Record ``event`` at the current end of ``stream``'s queued work."""
         raise self._unsupported("event_record")
 
     def event_query(self, event: int) -> bool:
@@ -338,9 +382,11 @@ class Backend:
         raise self._unsupported("event_query")
 
     def event_synchronize(self, event: int) -> None:
+        """Block the host until ``event``'s most recent record is reached."""
         raise self._unsupported("event_synchronize")
 
     def event_elapsed_ms(self, start: int, end: int) -> float:
+        """Milliseconds between the records of the timing events ``start`` and ``end`` (both reached)."""
         raise self._unsupported("event_elapsed_ms")
 
     # -- virtual memory (exportable allocations, seeds/002) ----------------------
@@ -354,6 +400,7 @@ class Backend:
         raise self._unsupported("vmm_create")
 
     def vmm_release(self, handle: int) -> None:
+        """Release a physical allocation handle (``cuMemRelease``); the memory goes once no mapping uses it."""
         raise self._unsupported("vmm_release")
 
     def vmm_export_fd(self, handle: int) -> int:
@@ -369,9 +416,11 @@ class Backend:
         raise self._unsupported("vmm_reserve")
 
     def vmm_free_address(self, ptr: int, nbytes: int) -> None:
+        """Free a virtual address range from ``vmm_reserve`` (``cuMemAddressFree``); it must have no mappings."""
         raise self._unsupported("vmm_free_address")
 
     def vmm_map(self, ptr: int, nbytes: int, handle: int, offset: int = 0) -> None:
+        """Map ``nbytes`` of the allocation ``handle``, from byte ``offset``, at the reserved address ``ptr`` (``cuMemMap``)."""
         raise self._unsupported("vmm_map")
 
     def vmm_unmap(self, ptr: int, nbytes: int) -> None:

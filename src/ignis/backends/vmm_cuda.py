@@ -55,6 +55,8 @@ class CudaVmm:
         return prop
 
     def vmm_granularity(self, ordinal: int, recommended: bool = False) -> int:
+        """``cuMemGetAllocationGranularity`` for exportable memory on ``ordinal``: the minimum granularity in
+        bytes, or the recommended one if ``recommended``."""
         if self._faults:
             self._fault("vmm_granularity")
         c = _drv()
@@ -67,6 +69,8 @@ class CudaVmm:
         return int(res[1])
 
     def vmm_create(self, ordinal: int, nbytes: int) -> int:
+        """``cuMemCreate``: ``nbytes`` (a multiple of the granularity) of physical memory on ``ordinal``,
+        exportable as a POSIX fd. Returns the allocation handle."""
         if self._faults:
             self._fault("vmm_create")
         c = _drv()
@@ -74,6 +78,7 @@ class CudaVmm:
         return int(c._check(c.cu.cuMemCreate(nbytes, self._vmm_prop(ordinal), 0), "cuMemCreate")[1])
 
     def vmm_release(self, handle: int) -> None:
+        """``cuMemRelease`` the allocation ``handle``; the memory goes once no mapping uses it."""
         if self._faults:
             self._fault("vmm_release")
         c = _drv()
@@ -81,6 +86,7 @@ class CudaVmm:
         c._check(c.cu.cuMemRelease(handle), "cuMemRelease")
 
     def vmm_export_fd(self, handle: int) -> int:
+        """``cuMemExportToShareableHandle``: a new POSIX file descriptor for ``handle`` (the caller closes it)."""
         if self._faults:
             self._fault("vmm_export_fd")
         c = _drv()
@@ -90,6 +96,8 @@ class CudaVmm:
                             "cuMemExportToShareableHandle")[1])
 
     def vmm_import_fd(self, fd: int) -> int:
+        """``cuMemImportFromShareableHandle``: an allocation handle for the memory behind ``fd`` (which stays
+        the caller's). A value that is not a non-negative int is ``CUDA_ERROR_INVALID_VALUE``."""
         if self._faults:
             self._fault("vmm_import_fd")
         c = _drv()
@@ -102,6 +110,8 @@ class CudaVmm:
                             "cuMemImportFromShareableHandle")[1])
 
     def vmm_reserve(self, ordinal: int, nbytes: int, alignment: int = 0) -> int:
+        """``cuMemAddressReserve``: a device virtual address range of ``nbytes`` (aligned to ``alignment``,
+        0 for the default); returns its start."""
         if self._faults:
             self._fault("vmm_reserve")
         c = _drv()
@@ -109,6 +119,7 @@ class CudaVmm:
         return int(c._check(c.cu.cuMemAddressReserve(nbytes, alignment, 0, 0), "cuMemAddressReserve")[1])
 
     def vmm_free_address(self, ptr: int, nbytes: int) -> None:
+        """``cuMemAddressFree`` a range from ``vmm_reserve``."""
         if self._faults:
             self._fault("vmm_free_address")
         c = _drv()
@@ -116,6 +127,7 @@ class CudaVmm:
         c._check(c.cu.cuMemAddressFree(ptr, nbytes), "cuMemAddressFree")
 
     def vmm_map(self, ptr: int, nbytes: int, handle: int, offset: int = 0) -> None:
+        """``cuMemMap``: back ``nbytes`` at the reserved ``ptr`` with ``handle``'s memory from ``offset``."""
         if self._faults:
             self._fault("vmm_map")
         c = _drv()
@@ -123,6 +135,7 @@ class CudaVmm:
         c._check(c.cu.cuMemMap(ptr, nbytes, offset, handle, 0), "cuMemMap")
 
     def vmm_unmap(self, ptr: int, nbytes: int) -> None:
+        """``cuMemUnmap`` a mapped range. Does not wait for queued work: synchronize first."""
         if self._faults:
             self._fault("vmm_unmap")
         c = _drv()
@@ -130,6 +143,7 @@ class CudaVmm:
         c._check(c.cu.cuMemUnmap(ptr, nbytes), "cuMemUnmap")
 
     def vmm_set_access(self, ordinal: int, ptr: int, nbytes: int) -> None:
+        """``cuMemSetAccess``: give device ``ordinal`` read-write access to a mapped range."""
         if self._faults:
             self._fault("vmm_set_access")
         c = _drv()

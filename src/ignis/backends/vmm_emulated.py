@@ -192,6 +192,8 @@ class EmulatedVmm:
         return GRANULARITY
 
     def vmm_create(self, ordinal: int, nbytes: int) -> int:
+        """``nbytes`` (a multiple of the granularity) of physical memory on ``ordinal``: a sealed memfd,
+        counted against the device's memory. Returns the allocation handle (never reused)."""
         if self._faults:
             self._fault("vmm_create")
         call = OPS["vmm_create"]
@@ -234,6 +236,7 @@ class EmulatedVmm:
             self._vmm_drop(phys)
 
     def vmm_export_fd(self, handle: int) -> int:
+        """A new file descriptor (a dup of the memfd) for ``handle`` (the caller closes it)."""
         if self._faults:
             self._fault("vmm_export_fd")
         call = OPS["vmm_export_fd"]
@@ -299,6 +302,8 @@ class EmulatedVmm:
         return base
 
     def vmm_free_address(self, ptr: int, nbytes: int) -> None:
+        """Free a reservation from ``vmm_reserve`` (the same ``ptr`` and ``nbytes``); it must have no
+        mappings left (else ``CUDA_ERROR_INVALID_VALUE``)."""
         if self._faults:
             self._fault("vmm_free_address")
         call = OPS["vmm_free_address"]
@@ -319,6 +324,9 @@ class EmulatedVmm:
                 dev.free_addrs.setdefault(rec.span, []).append(rec.raw)
 
     def vmm_map(self, ptr: int, nbytes: int, handle: int, offset: int = 0) -> None:
+        """Map ``nbytes`` of ``handle``'s memory from ``offset`` at ``ptr`` inside a reservation
+        (sizes and offsets granule-aligned, no overlap with another mapping; else
+        ``CUDA_ERROR_INVALID_VALUE``). The mapping has no access until ``vmm_set_access``."""
         if self._faults:
             self._fault("vmm_map")
         call = OPS["vmm_map"]
@@ -360,6 +368,8 @@ class EmulatedVmm:
                 self._vmm_unmap_one(rec, m)
 
     def vmm_set_access(self, ordinal: int, ptr: int, nbytes: int) -> None:
+        """Make the mappings in ``[ptr, ptr + nbytes)`` usable (each becomes an emulated allocation that
+        copies, memsets and kernels can reach)."""
         if self._faults:
             self._fault("vmm_set_access")
         call = OPS["vmm_set_access"]

@@ -36,6 +36,15 @@ def add_parser(subparsers: "argparse._SubParsersAction") -> argparse.ArgumentPar
 
 
 def run(args: argparse.Namespace) -> int:
+    """Run ``ignis launch`` with the parsed ``args``.
+
+    Args:
+        args: the namespace ``add_parser``'s parser gave (``nproc``, ``script``, ``args``,
+            ``master_addr``, ``master_port``, ``grace``).
+
+    Returns:
+        The exit status: that of the first rank that failed, else 0.
+    """
     from .launch import launch
     return launch(args.nproc, args.script, args.args, master_addr=args.master_addr, master_port=args.master_port,
                   grace=args.grace)

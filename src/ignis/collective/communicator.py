@@ -127,6 +127,13 @@ class Health:
         return True
 
     def peer_died(self, rank: int, why: str) -> None:
+        """Fail the communicator because rank ``rank`` died (``kind="peer_died"``), naming the
+        oldest unfinished operation.
+
+        Args:
+            rank: the rank that died (negative if not known).
+            why: what was seen.
+        """
         self.fail(CollectiveError(why, op=self.oldest(), rank=rank if rank >= 0 else None, this_rank=self.rank,
                                   kind="peer_died"))
 
@@ -288,6 +295,7 @@ class Communicator:
     # -- identity ----------------------------------------------------------------------
     @property
     def size(self) -> int:
+        """The number of ranks (``world_size``)."""
         return self.world_size
 
     @property
@@ -302,6 +310,7 @@ class Communicator:
 
     @property
     def is_closed(self) -> bool:
+        """True once ``close()`` was called."""
         return self._closed
 
     @property

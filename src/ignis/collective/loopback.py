@@ -322,6 +322,17 @@ class LoopbackEngine:
             poison(targets, claimed, self.rank)
 
     def execute(self, hw: "_HostWork", work: list) -> None:
+        """Run one queued call (one operation or one group, sends first) on the stream's
+        host thread. A failure becomes the communicator's first failure (the arrays the
+        queued operations were to write are poisoned) and is raised, failing the stream.
+
+        Args:
+            hw: the queued host function.
+            work: ``(op, send view, receive view)`` for each operation.
+
+        Raises:
+            CollectiveError: the communicator had failed, or this call failed.
+        """
         try:
             if self.health.error is not None:
                 raise self.health.again(hw.label)

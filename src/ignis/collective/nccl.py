@@ -453,6 +453,7 @@ class NcclEngine:
 
     @property
     def bindings(self) -> str:
+        """Which NCCL bindings are in use: ``"nccl4py"``, ``"cupy"`` or ``"ctypes"``."""
         return self.api.name
 
     def init(self, uid: bytes, stream: "Stream") -> None:
@@ -642,6 +643,8 @@ class NcclEngine:
             pass
 
     def abort(self) -> None:
+        """Stop the watchdog and abort the NCCL communicator (``ncclCommAbort``, once; its
+        errors are ignored), and the checker mesh if any."""
         self._stop.set()
         self._abort()
         if self.checker is not None:

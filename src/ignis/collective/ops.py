@@ -36,6 +36,14 @@ class ReduceOp(enum.Enum):
 
     @classmethod
     def parse(cls, op: "ReduceOp | str") -> "ReduceOp":
+        """The ``ReduceOp`` that ``op`` names.
+
+        Args:
+            op: a ``ReduceOp``, or its name in any case (``"sum"``, ``"MAX"``...).
+
+        Raises:
+            ValueError: ``op`` names no reduction; the message lists them.
+        """
         found = _BY_NAME.get(op)  # a ReduceOp maps to itself
         if found is not None:
             return found

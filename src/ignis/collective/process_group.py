@@ -246,6 +246,8 @@ def get_communicator() -> Communicator:
 
 
 def is_initialized() -> bool:
+    """True while a default communicator exists (``init_process_group`` was called and
+    ``destroy_process_group`` not since)."""
     return _default is not None
 
 

@@ -42,6 +42,13 @@ _MAX_LINE = 1 << 20
 
 
 def is_loopback(host: str) -> bool:
+    """True if ``host`` (a name or an address) resolves to a loopback address.
+
+    ``"localhost"`` is; ``""`` and names that do not resolve are not.
+
+    Args:
+        host: a host name or IP address.
+    """
     if host in ("localhost", ""):
         return host == "localhost"
     try:
@@ -340,10 +347,21 @@ class MpiRendezvous:
         self.local_ip = socket.gethostbyname(socket.gethostname())
 
     def exchange(self, blob: dict[str, Any]) -> list[dict[str, Any]]:
+        """Every rank's ``blob``, in rank order (``allgather``; every rank calls it once).
+
+        Args:
+            blob: this rank's JSON-like dict.
+        """
         return list(self._comm.allgather(blob))
 
     def watch(self, on_failure: Callable[[int, str], None]) -> None:
+        """Nothing: under MPI, the launcher watches the ranks.
+
+        Args:
+            on_failure: ignored.
+        """
         return None
 
     def close(self) -> None:
+        """Nothing to close (the MPI communicator is the caller's)."""
         return None

@@ -57,5 +57,6 @@ def reports() -> list:
 
 
 def summary() -> str:
+    """What the guards checked and found, as text (the same as ``ignis.torch``'s guard summary)."""
     from ..torch._guard import summary as _summary
     return _summary()

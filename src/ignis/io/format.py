@@ -96,6 +96,7 @@ class TensorEntry:
 
     @property
     def nbytes(self) -> int:
+        """The tensor's size in bytes (``end - begin``)."""
         return self.end - self.begin
 
 
@@ -110,6 +111,7 @@ class Header:
     data_size: int
 
     def index(self) -> dict[str, TensorEntry]:
+        """The entries by tensor name."""
         return {e.name: e for e in self.entries}
 
 

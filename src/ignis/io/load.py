@@ -178,6 +178,7 @@ class SafetensorsFile:
     # -- lifetime ----------------------------------------------------------------------
     @property
     def is_closed(self) -> bool:
+        """True once ``close()`` was called."""
         return self._fd < 0
 
     def close(self) -> None:

@@ -500,6 +500,16 @@ class _Mapping:
 
 
 def pwrite_all(fd: int, view: memoryview, offset: int) -> None:
+    """Write all of ``view`` to ``fd`` at file offset ``offset`` (``os.pwrite`` until done).
+
+    Args:
+        fd: an open file descriptor.
+        view: the bytes to write.
+        offset: the file offset of the first byte.
+
+    Raises:
+        OSError: a write failed.
+    """
     done, n = 0, len(view)
     while done < n:
         done += os.pwrite(fd, view[done:], offset + done)

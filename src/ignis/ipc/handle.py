@@ -188,6 +188,7 @@ class IpcHandle:
 
     @property
     def closed(self) -> bool:
+        """True once the handle's fd was closed or handed over (``close()``, ``detach()``)."""
         return self._fd < 0
 
     def detach(self) -> int:

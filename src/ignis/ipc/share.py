@@ -250,6 +250,11 @@ class ImportedMemory(TrackedResource):
 
     @classmethod
     def of(cls, device: Device) -> "ImportedMemory":
+        """The one ``ImportedMemory`` of ``device`` in its current context generation.
+
+        Args:
+            device: the ``ig.Device``.
+        """
         key = (id(device.backend), device.ordinal, device.state.generation)
         res = cls._instances.get(key)
         if res is None:
@@ -276,6 +281,11 @@ class ImportedMemory(TrackedResource):
         return block
 
     def holds(self, block: DeviceBlock) -> bool:
+        """True if ``block`` is a live imported block of this resource.
+
+        Args:
+            block: a ``DeviceBlock``.
+        """
         return self._live.get(block.ptr) is block
 
     # -- blocks made by allocate() belong to the current resource ---------------------------

@@ -34,7 +34,20 @@ __all__ = ["ResourceAdaptor", "BudgetResource", "LoggingResource", "StatisticsRe
 
 
 class ResourceAdaptor(DeviceMemoryResource):
-    """Base of the adaptors: forwards everything to ``upstream``."""
+    """Base of the adaptors: forwards everything to ``upstream``.
+
+    The tracking methods are the upstream's own (bound at construction), so an
+    adaptor tracks exactly when its upstream does.
+
+    Args:
+        upstream: the ``DeviceMemoryResource`` to wrap (kept alive by the adaptor).
+
+    Attributes:
+        upstream: the wrapped resource.
+
+    Raises:
+        TypeError: ``upstream`` is not a DeviceMemoryResource.
+    """
 
     def __init__(self, upstream: DeviceMemoryResource) -> None:
         if not isinstance(upstream, DeviceMemoryResource):
@@ -50,9 +63,23 @@ class ResourceAdaptor(DeviceMemoryResource):
         self.record_block_use = upstream.record_block_use
 
     def allocate(self, nbytes: int, stream: Stream | None = None, tag: str = UNTAGGED) -> DeviceBlock:
+        """The upstream's ``allocate(nbytes, stream, tag)``, with its errors (see
+        ``DeviceMemoryResource.allocate``).
+
+        Args:
+            nbytes: the size in bytes, at least 1.
+            stream: the ``Stream`` the allocation is ordered on; None for the default stream.
+            tag: a label shown in logs, statistics and reports.
+        """
         return self.upstream.allocate(nbytes, stream, tag)
 
     def deallocate(self, block: DeviceBlock) -> None:
+        """The upstream's ``deallocate(block)``, with its errors (see
+        ``DeviceMemoryResource.deallocate``).
+
+        Args:
+            block: a LIVE block allocated through this adaptor.
+        """
         self.upstream.deallocate(block)
 
     @property
@@ -64,12 +91,19 @@ class ResourceAdaptor(DeviceMemoryResource):
 
     @property
     def supports_block_use_tracking(self) -> bool:
+        """The upstream's: True if it orders cross-stream uses of its blocks."""
         return self.upstream.supports_block_use_tracking
 
     def memory_numbers(self) -> dict[str, int]:
         return self.upstream.memory_numbers()
 
     def trim(self) -> int:
+        """The upstream's ``trim()`` where it has one: hand cached memory back.
+
+        Returns:
+            The bytes released, as the upstream reports them (0 if it has no ``trim`` or
+            reports nothing).
+        """
         trim = getattr(self.upstream, "trim", None)
         return (trim() or 0) if trim is not None else 0
 
@@ -79,7 +113,19 @@ class ResourceAdaptor(DeviceMemoryResource):
 
 class BudgetResource(ResourceAdaptor):
     """Refuses any allocation that would take the requested bytes outstanding
-    through this adaptor past ``limit_bytes`` (``OutOfBudgetError``)."""
+    through this adaptor past ``limit_bytes`` (``OutOfBudgetError``).
+
+    Requested bytes are counted (not the upstream's rounding), from allocate to
+    deallocate; a failing upstream allocation counts nothing.
+
+    Args:
+        upstream: the ``DeviceMemoryResource`` to wrap.
+        limit_bytes: the budget, in bytes (a non-negative int).
+
+    Raises:
+        ValueError: ``limit_bytes`` is not a non-negative int.
+        TypeError: ``upstream`` is not a DeviceMemoryResource.
+    """
 
     def __init__(self, upstream: DeviceMemoryResource, limit_bytes: int) -> None:
         if isinstance(limit_bytes, bool) or not isinstance(limit_bytes, int) or limit_bytes < 0:
@@ -91,13 +137,27 @@ class BudgetResource(ResourceAdaptor):
 
     @property
     def used_bytes(self) -> int:
+        """Bytes (as requested) allocated through this adaptor and not yet deallocated."""
         return self._used
 
     @property
     def remaining_bytes(self) -> int:
+        """Bytes left in the budget: ``limit_bytes - used_bytes``."""
         return self.limit_bytes - self._used
 
     def allocate(self, nbytes: int, stream: Stream | None = None, tag: str = UNTAGGED) -> DeviceBlock:
+        """The upstream's allocation (with its errors), unless ``nbytes`` exceeds the
+        remaining budget.
+
+        Args:
+            nbytes: the size in bytes, at least 1.
+            stream: the ``Stream`` the allocation is ordered on; None for the default stream.
+            tag: a label shown in logs, statistics and reports.
+
+        Raises:
+            OutOfBudgetError: ``nbytes`` is more than ``remaining_bytes`` (nothing is asked of
+                the upstream).
+        """
         with self._lock:
             remaining = self.limit_bytes - self._used
             if type(nbytes) is int and nbytes > remaining:
@@ -113,6 +173,11 @@ class BudgetResource(ResourceAdaptor):
             raise
 
     def deallocate(self, block: DeviceBlock) -> None:
+        """The upstream's deallocation; then the block's requested bytes are back in the budget.
+
+        Args:
+            block: a LIVE block allocated through this adaptor.
+        """
         self.upstream.deallocate(block)
         with self._lock:
             self._used -= block.requested
@@ -128,6 +193,17 @@ class LoggingResource(ResourceAdaptor):
     ``HH:MM:SS.ffffff``, pointer and stream in hex); with ``extra_columns=True``
     also ``Tag,Generation``. ``path`` may be a file name or a text stream.
     Lines are buffered; ``flush()`` / ``close()`` write them out.
+
+    Args:
+        upstream: the ``DeviceMemoryResource`` to wrap.
+        path: a file name (created or truncated; the adaptor closes it) or a text stream
+            (left open; flushed on ``close()``).
+        extra_columns: also write each allocation's tag and generation.
+        auto_flush: flush after every line.
+
+    Raises:
+        TypeError: ``upstream`` is not a DeviceMemoryResource.
+        OSError: the file cannot be opened.
     """
 
     def __init__(self, upstream: DeviceMemoryResource, path: "str | os.PathLike | io.TextIOBase",
@@ -163,6 +239,14 @@ class LoggingResource(ResourceAdaptor):
                 self._file.flush()
 
     def allocate(self, nbytes: int, stream: Stream | None = None, tag: str = UNTAGGED) -> DeviceBlock:
+        """The upstream's allocation, logged as ``allocate`` (or ``allocate failure`` when the
+        upstream raises a ``MemoryError``, such as ``OutOfMemoryError``, which is re-raised).
+
+        Args:
+            nbytes: the size in bytes, at least 1.
+            stream: the ``Stream`` the allocation is ordered on; None for the default stream.
+            tag: a label shown in logs, statistics and reports.
+        """
         try:
             block = self.upstream.allocate(nbytes, stream, tag)
         except MemoryError:
@@ -173,14 +257,22 @@ class LoggingResource(ResourceAdaptor):
         return block
 
     def deallocate(self, block: DeviceBlock) -> None:
+        """The upstream's deallocation, then a ``free`` line.
+
+        Args:
+            block: a LIVE block allocated through this adaptor.
+        """
         self.upstream.deallocate(block)
         self._write("free", block.ptr, block.requested, block.alloc_stream, block.tag, block.generation)
 
     def flush(self) -> None:
+        """Write the buffered lines out."""
         with self._lock:
             self._file.flush()
 
     def close(self) -> None:
+        """Close the log file it opened (or flush a stream it was given), then refuse
+        further allocations."""
         with self._lock:
             if self._owns_file and not self._file.closed:
                 self._file.close()
@@ -191,24 +283,44 @@ class LoggingResource(ResourceAdaptor):
 
 @dataclass
 class Counter:
-    """Current, peak and total of one quantity."""
+    """Current, peak and total of one quantity.
+
+    Attributes:
+        value: the current amount.
+        peak: the highest ``value`` seen.
+        total: the sum of everything added.
+    """
 
     value: int = 0
     peak: int = 0
     total: int = 0
 
     def add(self, n: int) -> None:
+        """Add ``n`` to ``value`` and ``total``, and raise ``peak`` if passed.
+
+        Args:
+            n: the amount.
+        """
         self.value += n
         self.total += n
         if self.value > self.peak:
             self.peak = self.value
 
     def sub(self, n: int) -> None:
+        """Take ``n`` from ``value``.
+
+        Args:
+            n: the amount.
+        """
         self.value -= n
 
     def merge_child(self, child: "Counter") -> None:
         """Fold a popped frame into its parent (RMM's rule: peaks are compared
-        relative to the parent's value when the frame was pushed)."""
+        relative to the parent's value when the frame was pushed).
+
+        Args:
+            child: the popped frame's counter.
+        """
         self.peak = max(self.peak, self.value + child.peak)
         self.value += child.value
         self.total += child.total
@@ -216,12 +328,19 @@ class Counter:
 
 @dataclass
 class Statistics:
-    """Bytes and allocation counts."""
+    """Bytes and allocation counts.
+
+    Attributes:
+        bytes: a ``Counter`` of bytes (as requested).
+        count: a ``Counter`` of allocations.
+    """
 
     bytes: Counter = field(default_factory=Counter)
     count: Counter = field(default_factory=Counter)
 
     def as_dict(self) -> dict[str, int]:
+        """``current_bytes``, ``peak_bytes``, ``total_bytes``, ``current_count``, ``peak_count``,
+        ``total_count``."""
         return {"current_bytes": self.bytes.value, "peak_bytes": self.bytes.peak,
                 "total_bytes": self.bytes.total, "current_count": self.count.value,
                 "peak_count": self.count.peak, "total_count": self.count.total}
@@ -231,7 +350,14 @@ class StatisticsResource(ResourceAdaptor):
     """Counts bytes (as requested) and allocations: current, peak, total, and per tag.
 
     ``push_counters()`` starts a nested frame; ``pop_counters()`` ends it,
-    returns it, and folds it into the frame below."""
+    returns it, and folds it into the frame below.
+
+    Args:
+        upstream: the ``DeviceMemoryResource`` to wrap.
+
+    Raises:
+        TypeError: ``upstream`` is not a DeviceMemoryResource.
+    """
 
     def __init__(self, upstream: DeviceMemoryResource) -> None:
         super().__init__(upstream)
@@ -272,16 +398,31 @@ class StatisticsResource(ResourceAdaptor):
             return self._stack[-1]
 
     def by_tag(self) -> dict[str, dict[str, int]]:
+        """Per tag, the figures of ``Statistics.as_dict()`` (all frames together)."""
         with self._lock:
             return {tag: st.as_dict() for tag, st in self._by_tag.items()}
 
     def push_counters(self) -> Statistics:
+        """Start a nested frame of counters (allocations from now on count in it).
+
+        Returns:
+            The new frame's ``Statistics``.
+        """
         with self._lock:
             frame = Statistics()
             self._stack.append(frame)
             return frame
 
     def pop_counters(self) -> Statistics:
+        """End the innermost frame and fold it into the one below (its peak relative to
+        that frame's value when it was pushed).
+
+        Returns:
+            The popped frame's ``Statistics``.
+
+        Raises:
+            RuntimeError: no frame was pushed.
+        """
         with self._lock:
             if len(self._stack) == 1:
                 raise RuntimeError("pop_counters() without a matching push_counters()")
@@ -292,6 +433,7 @@ class StatisticsResource(ResourceAdaptor):
             return child
 
     def reset_peak(self) -> None:
+        """Set every peak (every frame's and every tag's) to its current value."""
         with self._lock:
             for st in [*self._stack, *self._by_tag.values()]:
                 st.bytes.peak = st.bytes.value
@@ -299,7 +441,15 @@ class StatisticsResource(ResourceAdaptor):
 
 
 class TrackingResource(ResourceAdaptor):
-    """Keeps every outstanding allocation (and, if asked, the Python stack that made it)."""
+    """Keeps every outstanding allocation (and, if asked, the Python stack that made it).
+
+    Args:
+        upstream: the ``DeviceMemoryResource`` to wrap.
+        capture_stacks: record the Python stack of each allocation (``stack_of``, ``report``).
+
+    Raises:
+        TypeError: ``upstream`` is not a DeviceMemoryResource.
+    """
 
     def __init__(self, upstream: DeviceMemoryResource, capture_stacks: bool = False) -> None:
         super().__init__(upstream)
@@ -320,10 +470,17 @@ class TrackingResource(ResourceAdaptor):
             self._outstanding.pop(block.ptr, None)
 
     def outstanding(self) -> list[DeviceBlock]:
+        """The blocks allocated through this adaptor and not yet deallocated."""
         with self._lock:
             return [b for b, _ in self._outstanding.values()]
 
     def stack_of(self, block: DeviceBlock) -> str | None:
+        """The Python stack that allocated ``block``, formatted; None if it is not outstanding
+        here or stacks were not captured.
+
+        Args:
+            block: a block allocated through this adaptor.
+        """
         with self._lock:
             entry = self._outstanding.get(block.ptr)
         if entry is None or entry[1] is None:

@@ -54,7 +54,14 @@ class _Queued:
 
 
 class AsyncResource(TrackedResource):
-    """Stream-ordered allocation from the device's default memory pool."""
+    """Stream-ordered allocation from the device's default memory pool.
+
+    Args:
+        device: the ``ig.Device`` (or ordinal) it serves; None for the current device.
+
+    Raises:
+        UnsupportedError: the device has no stream-ordered memory pools.
+    """
 
     def __init__(self, device: "Device | int | None" = None) -> None:
         super().__init__(device)
@@ -228,7 +235,14 @@ class AsyncResource(TrackedResource):
         return self._pending_bytes
 
     def trim(self, keep_bytes: int = 0) -> None:
-        """Return the driver pool's unused memory to the system."""
+        """Return the driver pool's unused memory to the system.
+
+        Args:
+            keep_bytes: the bytes the pool may keep reserved.
+
+        Raises:
+            DriverError: the driver refused the trim.
+        """
         self._backend.mem_pool_trim(self.device.ordinal, keep_bytes)
 
     def memory_numbers(self) -> dict[str, int]:

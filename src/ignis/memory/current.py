@@ -23,6 +23,12 @@ _lock = threading.Lock()
 
 
 def default_upstream(device: Device) -> DeviceMemoryResource:
+    """A new resource for the default pool to draw from: an ``AsyncResource`` where the
+    device has stream-ordered memory pools, else a ``DirectResource``.
+
+    Args:
+        device: the ``ig.Device``.
+    """
     if device.capabilities.get("memory_pools", False):
         from .async_resource import AsyncResource
         return AsyncResource(device)
@@ -36,7 +42,17 @@ def _key(device: "Device | int | None") -> tuple[Device, tuple[int, int]]:
 
 
 def get_current_resource(device: "Device | int | None" = None) -> DeviceMemoryResource:
-    """The resource that allocations on ``device`` use when none is named."""
+    """The resource that allocations on ``device`` use when none is named.
+
+    What ``set_current_resource`` set, else a default made on first use (a
+    ``PoolResource`` over ``default_upstream``), remade after a context rebuild.
+
+    Args:
+        device: an ``ig.Device`` or ordinal; None for the current device.
+
+    Raises:
+        ValueError: ``device`` is out of range.
+    """
     dev, key = _key(device)
     mr = _current.get(key)
     if mr is not None and (mr._generation == dev.state.generation or key in _explicit):
@@ -54,7 +70,20 @@ def get_current_resource(device: "Device | int | None" = None) -> DeviceMemoryRe
 def set_current_resource(mr: DeviceMemoryResource | None, device: "Device | int | None" = None
                          ) -> DeviceMemoryResource | None:
     """Make ``mr`` the current resource of its device (or of ``device``); ``None``
-    restores the default. Returns the previous resource."""
+    restores the default. Returns the previous resource.
+
+    Args:
+        mr: a ``DeviceMemoryResource``, or None for the default.
+        device: the device to set it for; None: ``mr``'s device (the current device when
+            ``mr`` is None).
+
+    Returns:
+        The resource that was set before (None if there was none yet).
+
+    Raises:
+        TypeError: ``mr`` is not a DeviceMemoryResource.
+        ValueError: ``mr`` serves another device than ``device``.
+    """
     if mr is not None and not isinstance(mr, DeviceMemoryResource):
         raise TypeError(f"expected a DeviceMemoryResource, got {type(mr).__name__}")
     if device is None and mr is not None:

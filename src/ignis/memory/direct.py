@@ -20,7 +20,11 @@ __all__ = ["DirectResource"]
 
 
 class DirectResource(DeviceMemoryResource):
-    """``cuMemAlloc`` / ``cuMemFree``. The stream only labels the block."""
+    """``cuMemAlloc`` / ``cuMemFree``. The stream only labels the block.
+
+    Args:
+        device: the ``ig.Device`` (or ordinal) it serves; None for the current device.
+    """
 
     def __init__(self, device: "Device | int | None" = None) -> None:
         super().__init__(device)

@@ -152,7 +152,15 @@ def first_poisoned_offset(target: Any, stream: Stream | None = None, *, poison: 
 def holds_poison(target: Any, stream: Stream | None = None, *, poison: int = 0xA5) -> bool:
     """True when every byte of ``target`` still holds ``poison``: nothing has
     written it since a ``DebugGuardResource`` allocated (or freed) it, so reading
-    it would read uninitialized memory. Arguments as ``first_poisoned_offset``."""
+    it would read uninitialized memory. Arguments as ``first_poisoned_offset``.
+
+    Args:
+        target: a ``DeviceBlock`` (its requested bytes), a ``(ptr, nbytes)`` pair or an
+            ``NvArray``.
+        stream: the stream to read on; None for the block's or array's stream, else
+            device 0's default stream.
+        poison: the poison byte value (default 0xA5).
+    """
     ptr, nbytes, s = _target(target, stream)
     return _scan(s.device.backend, ptr, nbytes, s, _byte("poison", poison), False) is None
 
@@ -435,6 +443,7 @@ class DebugGuardResource(ResourceAdaptor):
 
     @property
     def quarantined_count(self) -> int:
+        """The number of freed blocks held in the quarantine."""
         return len(self._quarantine)
 
     def memory_numbers(self) -> dict[str, int]:

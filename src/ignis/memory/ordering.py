@@ -45,14 +45,29 @@ def _valid(p: str) -> str:
 
 
 def policy(stream: "Stream") -> str:
-    """The policy that applies to a use on ``stream`` now."""
+    """The policy that applies to a use on ``stream`` now: the stream's own, else the
+    ``ordering(...)`` block's, else the process-wide one.
+
+    Args:
+        stream: the ``Stream`` the use is on.
+    """
     if not any_manual:
         return AUTO
     return stream.ordering or _context.get() or _process
 
 
 def set_ordering(p: str, stream: "Stream | None" = None) -> None:
-    """Set the process-wide policy, or one stream's (``None`` clears a stream's override)."""
+    """Set the process-wide policy, or one stream's (``None`` clears a stream's override).
+
+    Args:
+        p: ``"auto"`` (Ignis queues the event waits each tracked use needs) or ``"manual"``
+            (the program's own events and synchronizations must order its uses); with
+            ``stream``, also None.
+        stream: the ``Stream`` whose own policy to set; None sets the process-wide policy.
+
+    Raises:
+        ValueError: ``p`` is not ``"auto"`` or ``"manual"`` (or None for a stream).
+    """
     global _process, any_manual
     if stream is not None:
         stream.ordering = None if p is None else _valid(p)
@@ -63,12 +78,28 @@ def set_ordering(p: str, stream: "Stream | None" = None) -> None:
 
 
 def get_ordering(stream: "Stream | None" = None) -> str:
+    """The ordering policy in force, ``"auto"`` or ``"manual"``.
+
+    Args:
+        stream: a ``Stream``: the policy that applies to a use on it now (its own, else
+            the ``ordering(...)`` block's, else the process-wide one). None: the
+            ``ordering(...)`` block's policy, else the process-wide one.
+    """
     return policy(stream) if stream is not None else (_context.get() or _process)
 
 
 @contextmanager
 def ordering(p: str) -> Iterator[None]:
-    """Use policy ``p`` for tracked uses made inside the ``with`` block (this thread / task)."""
+    """Use policy ``p`` for tracked uses made inside the ``with`` block (this thread / task).
+
+    A stream's own policy (``set_ordering(p, stream)``) still wins inside the block.
+
+    Args:
+        p: ``"auto"`` or ``"manual"``.
+
+    Raises:
+        ValueError: ``p`` is neither.
+    """
     global any_manual
     token = _context.set(_valid(p))
     if p == MANUAL:

@@ -30,7 +30,22 @@ _MIN = 4096
 
 
 class PinnedBuffer:
-    """A page-locked host buffer. ``array`` is a uint8 NumPy view of its first ``nbytes``."""
+    """A page-locked host buffer. ``array`` is a uint8 NumPy view of its first ``nbytes``.
+
+    Made by ``PinnedHostResource.allocate``; ``with buffer:`` releases it at the
+    end of the block.
+
+    Args:
+        ptr: the host address.
+        nbytes: the usable size in bytes.
+        capacity: the size of the underlying buffer in bytes (a power of two, at least 4096).
+        resource: the ``PinnedHostResource`` it goes back to.
+
+    Attributes:
+        ptr: the host address.
+        nbytes: the usable size in bytes.
+        capacity: the underlying buffer's size in bytes.
+    """
 
     __slots__ = ("ptr", "nbytes", "capacity", "_resource", "_released", "__weakref__")
 
@@ -43,6 +58,11 @@ class PinnedBuffer:
 
     @property
     def array(self) -> np.ndarray:
+        """The first ``nbytes`` bytes as a uint8 NumPy array over the pinned memory.
+
+        Raises:
+            UseAfterFreeError: the buffer was released.
+        """
         if self._released:
             raise UseAfterFreeError(f"pinned buffer {self.ptr:#x} was released; allocate a new one",
                                     ptr=self.ptr)
@@ -50,7 +70,15 @@ class PinnedBuffer:
             if self.nbytes else np.empty(0, np.uint8)
 
     def release(self, *streams: Stream) -> None:
-        """Hand the buffer back; it is reused after the work queued on ``streams`` so far."""
+        """Hand the buffer back; it is reused after the work queued on ``streams`` so far.
+
+        Args:
+            *streams: the streams whose queued work may still use the buffer.
+
+        Raises:
+            DoubleFreeError: the buffer was already released.
+            DriverError: an event record failed; the buffer stays held and can be released again.
+        """
         self._resource.deallocate(self, *streams)
 
     def __enter__(self) -> "PinnedBuffer":
@@ -65,7 +93,14 @@ class PinnedBuffer:
 
 
 class PinnedHostResource:
-    """Pooled page-locked host memory. Thread-safe."""
+    """Pooled page-locked host memory. Thread-safe.
+
+    Buffers are cached by power-of-two capacity and reused once the work queued
+    on the streams given at release has completed.
+
+    Args:
+        backend: the backend to allocate through; None for the current one.
+    """
 
     def __init__(self, backend: Backend | None = None) -> None:
         self._backend = backend or get_backend()
@@ -79,6 +114,16 @@ class PinnedHostResource:
         return max(_MIN, 1 << (nbytes - 1).bit_length())
 
     def allocate(self, nbytes: int) -> PinnedBuffer:
+        """A pinned buffer of ``nbytes`` usable bytes: a cached one whose last uses have
+        completed, else a new one.
+
+        Args:
+            nbytes: the size in bytes (0 is allowed).
+
+        Raises:
+            ValueError: ``nbytes`` is not a non-negative int.
+            DriverError: the driver could not allocate pinned memory.
+        """
         if isinstance(nbytes, bool) or not isinstance(nbytes, int) or nbytes < 0:
             raise ValueError(f"pinned allocation size must be a non-negative int, got {nbytes!r}")
         cap = self._capacity(max(nbytes, 1))
@@ -112,7 +157,16 @@ class PinnedHostResource:
 
     def deallocate(self, buf: PinnedBuffer, *streams: Stream) -> None:
         """Hand ``buf`` back; its memory is reused only after the work queued so far on
-        ``streams``. A closed stream's work is waited for on the host."""
+        ``streams``. A closed stream's work is waited for on the host.
+
+        Args:
+            buf: a ``PinnedBuffer`` from this resource.
+            *streams: the streams whose queued work may still use it.
+
+        Raises:
+            DoubleFreeError: ``buf`` was already released.
+            DriverError: an event record failed; ``buf`` stays held and can be released again.
+        """
         with self._lock:
             if buf._released:
                 raise DoubleFreeError(f"pinned buffer {buf.ptr:#x} was released twice", ptr=buf.ptr)
@@ -147,10 +201,12 @@ class PinnedHostResource:
 
     @property
     def bytes_outstanding(self) -> int:
+        """Bytes (by capacity) of buffers handed out and not yet released."""
         return self._outstanding
 
     @property
     def bytes_cached(self) -> int:
+        """Bytes (by capacity) of released buffers kept for reuse."""
         return self._cached
 
     def trim(self) -> int:

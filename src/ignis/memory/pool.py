@@ -172,7 +172,25 @@ def _segment_size(size: int) -> tuple[int, bool]:
 
 
 class PoolResource(TrackedResource):
-    """Caching allocator with per-stream free lists over ``upstream``."""
+    """Caching allocator with per-stream free lists over ``upstream``.
+
+    The default resource of every device (``ig.get_current_resource``). It tracks
+    cross-stream uses itself, whatever ``upstream`` does, and reuses a block freed
+    on another stream only behind an event wait (see the module's description).
+
+    Args:
+        upstream: the resource segments come from; None: ``AsyncResource`` where the
+            device has stream-ordered memory pools, else ``DirectResource``.
+        device: with no ``upstream``, the device (or ordinal) for the default upstream;
+            None for the current device. The pool serves ``upstream``'s device.
+
+    Attributes:
+        upstream: the resource segments come from.
+        num_alloc_retries: allocations retried after handing the cache back on out-of-memory.
+        num_ooms: allocations that failed even after that retry.
+        num_segment_allocs: segments obtained from ``upstream``.
+        num_segment_frees: segments handed back to ``upstream``.
+    """
 
     # Slots (not the instance dict) for what the C fast path reads and writes.
     __slots__ = ("device", "_generation", "_closed", "_lock", "_live", "_free", "_live_bytes", "_state", "_backend",
@@ -482,6 +500,8 @@ class PoolResource(TrackedResource):
 
     @property
     def bytes_outstanding(self) -> int:
+        """Bytes of live blocks, by block size (requests rounded up to 512 bytes, or more where a
+        cached block was not worth splitting)."""
         return self._live_bytes
 
     @property
@@ -491,6 +511,7 @@ class PoolResource(TrackedResource):
 
     @property
     def bytes_cached(self) -> int:
+        """Bytes held from the upstream resource that no live block uses (``bytes_reserved - bytes_outstanding``)."""
         return self._reserved - self._live_bytes
 
     def _numbers_locked(self) -> dict[str, int]:

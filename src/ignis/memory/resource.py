@@ -59,7 +59,16 @@ __all__ = ["DeviceMemoryResource", "TrackedResource", "EventPool", "check_reques
 
 def check_request(nbytes: Any, stream: Any) -> None:
     """Validate an allocation request (called only on the error path or by
-    resources without a faster inline check)."""
+    resources without a faster inline check).
+
+    Args:
+        nbytes: the requested size; must be an int of at least 1.
+        stream: the stream asked for; must be an ``ig.Stream``.
+
+    Raises:
+        TypeError: ``nbytes`` is not an int (a bool is refused), or ``stream`` is not a Stream.
+        ValueError: ``nbytes`` is 0 or negative.
+    """
     if isinstance(nbytes, bool) or not isinstance(nbytes, int):
         raise TypeError(f"allocation size must be an int number of bytes, got {type(nbytes).__name__}")
     if nbytes < 0:
@@ -73,7 +82,15 @@ def check_request(nbytes: Any, stream: Any) -> None:
 
 
 class EventPool:
-    """Reusable timing-free events of one device and context generation."""
+    """Reusable timing-free events of one device and context generation.
+
+    Tracking resources record their cross-stream events from it
+    (``event_pool(device)`` gives the shared one). Not locked: its callers hold
+    their resource's lock.
+
+    Args:
+        device: the ``ig.Device`` whose events it keeps.
+    """
 
     __slots__ = ("_backend", "_ordinal", "_free", "_lock", "generation", "state")
 
@@ -91,15 +108,26 @@ class EventPool:
         return self.state.generation != self.generation
 
     def get(self) -> int:
+        """A free event handle: a pooled one, else a new one from the backend.
+
+        Raises:
+            DriverError: the backend failed to create an event.
+        """
         try:
             return self._free.pop()
         except IndexError:
             return self._backend.event_create(self._ordinal, False)
 
     def put(self, event: int) -> None:
+        """Give back an event handle from ``get()`` for reuse.
+
+        Args:
+            event: the handle.
+        """
         self._free.append(event)
 
     def close(self) -> None:
+        """Destroy every pooled event (errors of the backend are ignored)."""
         while self._free:
             try:
                 self._backend.event_destroy(self._free.pop())
@@ -147,7 +175,14 @@ class DeviceMemoryResource:
     """Base of every device memory resource. Thread-safe.
 
     Subclasses implement ``allocate`` / ``deallocate``; resources that track
-    cross-stream uses derive from ``TrackedResource`` instead.
+    cross-stream uses derive from ``TrackedResource`` instead. The tracking
+    methods here raise ``StreamMisuseError``: this base tracks nothing.
+
+    Args:
+        device: the ``ig.Device`` (or ordinal) it serves; None for the current device.
+
+    Attributes:
+        device: the ``ig.Device`` it serves.
     """
 
     device: Device
@@ -161,13 +196,51 @@ class DeviceMemoryResource:
 
     # -- the contract ------------------------------------------------------
     def allocate(self, nbytes: int, stream: Stream | None = None, tag: str = UNTAGGED) -> DeviceBlock:
+        """A new LIVE block of at least ``nbytes`` bytes, ordered on ``stream``.
+
+        The memory may be used on ``stream`` at once; a tracking resource also orders
+        uses on other streams after the allocation.
+
+        Args:
+            nbytes: the size in bytes, at least 1.
+            stream: the ``Stream`` the allocation is ordered on (the block's ``alloc_stream``);
+                None for the device's default stream.
+            tag: a label shown in logs, statistics and reports.
+
+        Returns:
+            The ``DeviceBlock``; hand it back with ``deallocate``.
+
+        Raises:
+            TypeError: ``nbytes`` is not an int, or ``stream`` is not a Stream.
+            ValueError: ``nbytes`` is below 1, or ``stream`` is on another device.
+            OutOfMemoryError: the memory is not there (with the device's and the resource's
+                numbers).
+            ClosedError: the resource or the stream was closed.
+            StaleHandleError: the resource or the stream predates a context rebuild.
+            ForkedProcessError: this is a forked child of a process that used the device.
+        """
         raise NotImplementedError
 
     def deallocate(self, block: DeviceBlock) -> None:
+        """Hand ``block`` back, ordered on its alloc stream (after the uses a tracking
+        resource recorded on other streams). The block is no longer LIVE.
+
+        Args:
+            block: a LIVE ``DeviceBlock`` from this resource's ``allocate``.
+
+        Raises:
+            TypeError: ``block`` is not a DeviceBlock.
+            DoubleFreeError: the block was already deallocated.
+            ValueError: the block was not allocated by this resource.
+            DriverError: the driver refused the free (or the event record or wait that
+                orders it); the block stays LIVE and counted, and a later ``deallocate``
+                can free it.
+        """
         raise NotImplementedError
 
     @property
     def device_ordinal(self) -> int:
+        """The ordinal of the device it serves."""
         return self.device.ordinal
 
     @property
@@ -180,6 +253,8 @@ class DeviceMemoryResource:
 
     @property
     def supports_block_use_tracking(self) -> bool:
+        """True if the tracking methods (``prepare_block_use``...) work: the resource
+        orders cross-stream uses of its blocks. False here."""
         return False
 
     def _no_tracking(self, op: str) -> StreamMisuseError:
@@ -189,13 +264,45 @@ class DeviceMemoryResource:
             "yourself with events", resource=type(self).__name__)
 
     def record_block_use(self, block: "DeviceBlock | BlockId", stream: Stream) -> None:
+        """Note that work on ``stream`` touches the block, so its deallocation waits for
+        that work. Refused here.
+
+        Args:
+            block: the ``DeviceBlock`` or its ``BlockId``.
+            stream: the ``Stream`` whose work uses it.
+
+        Raises:
+            StreamMisuseError: always: this resource does not track cross-stream uses.
+        """
         raise self._no_tracking("record_block_use")
 
     def prepare_block_use(self, block: "DeviceBlock | BlockId", stream: Stream, access: Access,
                           span: tuple | None = None) -> None:
+        """Queue on ``stream`` the waits that a use with ``access`` needs. Refused here.
+
+        Args:
+            block: the ``DeviceBlock`` or its ``BlockId``.
+            stream: the ``Stream`` the use will be queued on.
+            access: what the use does to the bytes (an ``Access``).
+            span: ``(offset, nbytes, op)``: the bytes used and the operation's name, for the
+                sanitizer; None for the whole block.
+
+        Raises:
+            StreamMisuseError: always: this resource does not track cross-stream uses.
+        """
         raise self._no_tracking("prepare_block_use")
 
     def finish_block_use(self, block: "DeviceBlock | BlockId", stream: Stream, access: Access) -> None:
+        """Record the use just queued on ``stream``. Refused here.
+
+        Args:
+            block: the ``DeviceBlock`` or its ``BlockId``.
+            stream: the ``Stream`` the use was queued on.
+            access: what the use does to the bytes (an ``Access``).
+
+        Raises:
+            StreamMisuseError: always: this resource does not track cross-stream uses.
+        """
         raise self._no_tracking("finish_block_use")
 
     # -- helpers -----------------------------------------------------------
@@ -308,6 +415,7 @@ class DeviceMemoryResource:
         return {"live_bytes": self.bytes_outstanding, "cached_bytes": 0, "largest_free_block": 0}
 
     def close(self) -> None:
+        """Refuse further allocations (``ClosedError``); live blocks can still be deallocated."""
         self._closed = True
 
     def __repr__(self) -> str:
@@ -315,7 +423,17 @@ class DeviceMemoryResource:
 
 
 class TrackedResource(DeviceMemoryResource):
-    """A resource that keeps a live map and the per-block hazard record."""
+    """A resource that keeps a live map and the per-block hazard record.
+
+    Its tracking methods order cross-stream uses of its blocks (see the module's
+    description); subclasses implement ``allocate`` / ``deallocate``.
+
+    Args:
+        device: the ``ig.Device`` (or ordinal) it serves; None for the current device.
+
+    Attributes:
+        cross_stream_waits: how many stream waits tracking has queued (a statistic).
+    """
 
     def __init__(self, device: "Device | int | None" = None) -> None:
         super().__init__(device)
@@ -326,6 +444,7 @@ class TrackedResource(DeviceMemoryResource):
 
     @property
     def supports_block_use_tracking(self) -> bool:
+        """True: this resource orders cross-stream uses of its blocks."""
         return True
 
     # -- events ------------------------------------------------------------
@@ -375,7 +494,22 @@ class TrackedResource(DeviceMemoryResource):
                           span: tuple | None = None) -> None:
         """Queue on ``stream`` the waits that ``access`` needs (under ``auto`` ordering).
         Call before enqueuing the work. ``span`` = (offset, nbytes, op) narrows what
-        the sanitizer checks."""
+        the sanitizer checks.
+
+        Args:
+            block: the ``DeviceBlock`` or its ``BlockId``.
+            stream: the ``Stream`` the use will be queued on.
+            access: what the use does to the bytes (an ``Access``).
+            span: ``(offset, nbytes, op)`` for the sanitizer; None for the whole block.
+
+        Raises:
+            UseAfterFreeError: the block is not live here (freed, reused or never allocated here).
+            ClosedError: the stream was closed.
+            StaleHandleError: the stream predates a context rebuild.
+            RaceError: the sanitizer is on in ``raise`` mode and the use races an earlier one.
+            OutOfBoundsError: the sanitizer is on in ``raise`` mode and ``span`` leaves the block.
+            DriverError: an event record or wait failed.
+        """
         if stream._closed or stream._generation != stream.device.state.generation:
             stream._check()  # a closed or stale stream: its handle must not reach the driver
         with self._lock:
@@ -396,7 +530,17 @@ class TrackedResource(DeviceMemoryResource):
             _ord.checker.access(b, stream, access, span)
 
     def finish_block_use(self, block: "DeviceBlock | BlockId", stream: Stream, access: Access) -> None:
-        """Record the use just enqueued on ``stream``. Call after enqueuing the work."""
+        """Record the use just enqueued on ``stream``. Call after enqueuing the work.
+
+        Args:
+            block: the ``DeviceBlock`` or its ``BlockId``.
+            stream: the ``Stream`` the use was queued on.
+            access: what the use did to the bytes (an ``Access``).
+
+        Raises:
+            UseAfterFreeError: the block is not live here.
+            DriverError: the event record failed.
+        """
         with self._lock:
             b = self._live.get(block.ptr)
             if b is None or b.generation != block.generation:
@@ -441,7 +585,17 @@ class TrackedResource(DeviceMemoryResource):
 
     def record_block_use(self, block: "DeviceBlock | BlockId", stream: Stream) -> None:
         """Note that work on ``stream`` touches the block, so its deallocation
-        waits for that work (queues no wait now)."""
+        waits for that work (queues no wait now). The same as ``finish_block_use``
+        with ``Access.READ``.
+
+        Args:
+            block: the ``DeviceBlock`` or its ``BlockId``.
+            stream: the ``Stream`` whose work uses it.
+
+        Raises:
+            UseAfterFreeError: the block is not live here.
+            DriverError: the event record failed.
+        """
         self.finish_block_use(block, stream, Access.READ)
 
     def _order_release(self, b: DeviceBlock) -> None:

@@ -35,6 +35,7 @@ class Generation(int):
 
     @staticmethod
     def next() -> "Generation":
+        """A fresh generation, larger than every one handed out before in this process."""
         return Generation(_next_generation())
 
     def __repr__(self) -> str:
@@ -61,7 +62,15 @@ class Access(enum.Enum):
 
     READ waits on a prior write from another stream. WRITE and READ_WRITE
     also wait on every outstanding read from another stream, and become the
-    block's last write."""
+    block's last write.
+
+    Wherever an access is taken, the strings ``"read"``, ``"write"`` and
+    ``"read_write"`` (any case, ``-`` for ``_``) are accepted too (``parse``).
+
+    Attributes:
+        reads: True if the use reads the bytes (READ, READ_WRITE).
+        writes: True if the use writes the bytes (WRITE, READ_WRITE).
+    """
 
     READ = (True, False)
     WRITE = (False, True)
@@ -73,6 +82,14 @@ class Access(enum.Enum):
 
     @classmethod
     def parse(cls, x: "Access | str") -> "Access":
+        """The ``Access`` that ``x`` names.
+
+        Args:
+            x: an ``Access``, or its name as a string (``"read"``, ``"WRITE"``, ``"read-write"``...).
+
+        Raises:
+            ValueError: ``x`` names no access.
+        """
         if isinstance(x, Access):
             return x
         try:
@@ -82,6 +99,14 @@ class Access(enum.Enum):
 
 
 class BlockState(enum.Enum):
+    """Where a ``DeviceBlock`` is in its life; it moves only along ``TRANSITIONS``.
+
+    - ``LIVE``: handed out; usable on its alloc stream (or, elsewhere, after ordering).
+    - ``RETIRED``: deallocated; its reuse waits for stream order.
+    - ``QUARANTINED``: held back by a debug guard before reuse.
+    - ``FREED``: returned to the system; any use is a bug.
+    """
+
     LIVE = "live"                # handed out; usable on alloc_stream (or after ordering)
     RETIRED = "retired"          # deallocated; reuse waits for stream order
     QUARANTINED = "quarantined"  # held back by a debug guard before reuse
@@ -97,7 +122,11 @@ TRANSITIONS: dict[BlockState, frozenset[BlockState]] = {
 
 
 class BlockId(NamedTuple):
-    """The copyable identity of a block."""
+    """The copyable identity of a block: ``(ptr, generation, alloc_stream, device_ordinal)``.
+
+    Resources accept it wherever they take a block for tracking, and raise
+    ``UseAfterFreeError`` when it names memory that is no longer that live block.
+    """
 
     ptr: int
     generation: int
@@ -106,6 +135,11 @@ class BlockId(NamedTuple):
 
     @classmethod
     def from_block(cls, block: "DeviceBlock") -> "BlockId":
+        """The identity of ``block`` (the same as ``block.id``).
+
+        Args:
+            block: a ``DeviceBlock``.
+        """
         return cls(block.ptr, block.generation, block.alloc_stream, block.alloc_stream.device.ordinal)
 
 
@@ -116,6 +150,26 @@ class DeviceBlock:
     ``align`` is the guaranteed alignment (256 bytes, as cudaMalloc gives).
     The ``_w*`` / ``_rd`` slots hold the cross-stream hazard record (see
     ``ignis.memory.resource``); ``_impl`` belongs to the resource that made it.
+
+    Blocks are made by resources (``allocate``), not by users.
+
+    Args:
+        ptr: the device address.
+        alloc_stream: the ``Stream`` the allocation is ordered on (and its deallocation).
+        nbytes: the size in bytes (``bytes``).
+        requested: the size asked for, in bytes.
+        tag: the caller's label for the allocation.
+        generation: the block's generation (fresh for every allocation).
+        impl: the making resource's own data, or None.
+
+    Attributes:
+        ptr: the device address.
+        alloc_stream: the ``Stream`` the allocation is ordered on.
+        bytes: the size in bytes (may exceed ``requested``).
+        requested: the size asked for, in bytes.
+        tag: the caller's label.
+        generation: the process-unique generation of this allocation.
+        state: the ``BlockState``.
     """
 
     __slots__ = ("ptr", "alloc_stream", "bytes", "requested", "tag", "generation", "state", "_ws", "_we",
@@ -142,14 +196,23 @@ class DeviceBlock:
 
     @property
     def device_ordinal(self) -> int:
+        """The ordinal of the device the block is on."""
         return self.alloc_stream.device.ordinal
 
     @property
     def id(self) -> BlockId:
+        """The block's copyable identity, a ``BlockId``."""
         return BlockId(self.ptr, self.generation, self.alloc_stream, self.alloc_stream.device.ordinal)
 
     def transition(self, new: BlockState) -> None:
-        """Move to ``new`` along the transition table, or raise."""
+        """Move to ``new`` along the transition table, or raise.
+
+        Args:
+            new: the ``BlockState`` to move to.
+
+        Raises:
+            InvalidTransitionError: ``TRANSITIONS`` does not allow the move from the current state.
+        """
         if new not in TRANSITIONS[self.state]:
             raise InvalidTransitionError(f"block {self.ptr:#x} (generation {self.generation}, tag {self.tag!r})",
                                          self.state.name, new.name)

@@ -142,7 +142,15 @@ def release_streams(resource: TrackedResource, b: DeviceBlock) -> "list[Stream]"
 
 class VmmResource(TrackedResource):
     """Exportable allocations (see the module docstring). ``granularity`` is the
-    driver's allocation granularity for this device, in bytes."""
+    driver's allocation granularity for this device, in bytes.
+
+    Args:
+        device: the ``ig.Device`` (or ordinal) it serves; None for the current device.
+
+    Raises:
+        UnsupportedError: the device lacks virtual memory management or POSIX file
+            descriptor handles.
+    """
 
     def __init__(self, device: "Device | int | None" = None) -> None:
         super().__init__(device)

@@ -29,7 +29,22 @@ __all__ = ["Device", "DeviceState", "device_count"]
 
 
 class DeviceState:
-    """Generation counter and shutdown flag of one device. Thread-safe."""
+    """Generation counter and shutdown flag of one device. Thread-safe.
+
+    Each ``Device`` has one (``device.state``); streams, events, blocks and
+    ``GpuRef`` handles remember the ``generation`` they were made in and refuse
+    to work once it changed.
+
+    Args:
+        device_id: the device's ordinal.
+
+    Attributes:
+        device_id: the device's ordinal.
+        generation: the context generation, 0 at first, bumped by each ``Device.rebuild()``.
+        accepting_ops: False once ``Device.shutdown()`` began.
+        forked_from: in a child made by ``fork()`` after the parent used the device, the
+            parent's pid (the context is gone); else None.
+    """
 
     __slots__ = ("device_id", "generation", "accepting_ops", "forked_from", "_lock", "__weakref__")
 
@@ -41,11 +56,13 @@ class DeviceState:
         self._lock = threading.Lock()
 
     def bump_generation(self) -> int:
+        """Add one to ``generation`` (a context rebuild) and return the new value."""
         with self._lock:
             self.generation += 1
             return self.generation
 
     def begin_shutdown(self) -> None:
+        """Set ``accepting_ops`` to False: from now on the device refuses new work."""
         self.accepting_ops = False
 
 
@@ -59,7 +76,21 @@ def device_count() -> int:
 
 
 class Device:
-    """One device of the current backend. ``Device(n)`` always returns the same object for ``n``."""
+    """One device of the current backend. ``Device(n)`` always returns the same object for ``n``.
+
+    ``with device:`` makes it the calling thread's current device for the block
+    (what ``device=None`` means everywhere in Ignis); ``set_current()`` does so
+    until changed.
+
+    Args:
+        ordinal: the device's number, ``0 <= ordinal < device_count()`` (default 0). A
+            ``Device`` is returned as it is.
+
+    Raises:
+        TypeError: ``ordinal`` is not an int (a bool is refused too).
+        ValueError: ``ordinal`` is out of range for the backend; the message gives the valid range.
+        DriverError: the backend failed to initialize the device.
+    """
 
     backend: Backend
     ordinal: int
@@ -97,20 +128,24 @@ class Device:
     # -- identity and properties ---------------------------------------------
     @property
     def properties(self) -> DeviceProperties:
+        """The backend's ``DeviceProperties`` of this device (asked once, then cached)."""
         if self._props is None:
             self._props = self.backend.device_properties(self.ordinal)
         return self._props
 
     @property
     def name(self) -> str:
+        """The device's name as the driver reports it (e.g. ``"NVIDIA H200"``)."""
         return self.properties.name
 
     @property
     def total_memory(self) -> int:
+        """The device's total memory, in bytes."""
         return self.properties.total_memory
 
     @property
     def uuid(self) -> str:
+        """The device's UUID, as a string."""
         return self.properties.uuid
 
     @property
@@ -120,10 +155,12 @@ class Device:
 
     @property
     def generation(self) -> int:
+        """The current context generation (``state.generation``), bumped by ``rebuild()``."""
         return self.state.generation
 
     @property
     def accepting_ops(self) -> bool:
+        """False once ``shutdown()`` began (``state.accepting_ops``)."""
         return self.state.accepting_ops
 
     def __index__(self) -> int:
@@ -142,12 +179,32 @@ class Device:
 
     # -- streams and events ----------------------------------------------------
     def create_stream(self, *, priority: int = 0) -> Stream:
-        """A new stream on this device, owned by the caller (``close()`` it)."""
+        """A new stream on this device, owned by the caller (``close()`` it).
+
+        Args:
+            priority: the stream priority passed to the driver (0, the default, is normal;
+                lower numbers are higher priority on CUDA).
+
+        Raises:
+            StaleHandleError: the device is shutting down.
+            ForkedProcessError: this is a forked child of a process that used the device.
+            DriverError: the driver failed to create the stream.
+        """
         self._check_usable("create a stream")
         self.backend.set_current(self.ordinal)
         return Stream(self, self.backend.stream_create(self.ordinal, priority), owned=True)
 
     def create_event(self, *, timing: bool = False) -> Event:
+        """A new, not yet recorded ``Event`` on this device (``Event(self, timing=timing)``).
+
+        Args:
+            timing: make the event able to measure time (``Event.elapsed_ms``).
+
+        Raises:
+            StaleHandleError: the device is shutting down.
+            ForkedProcessError: this is a forked child of a process that used the device.
+            DriverError: the driver failed to create the event.
+        """
         return Event(self, timing=timing)
 
     @property
@@ -184,7 +241,13 @@ class Device:
 
     # -- whole-device operations -------------------------------------------------
     def synchronize(self) -> None:
-        """Block the host until all work on this device has finished."""
+        """Block the host until all work on this device has finished.
+
+        Raises:
+            StaleHandleError: the device is shutting down.
+            ForkedProcessError: this is a forked child of a process that used the device.
+            DriverError: queued work failed (the driver's error for it).
+        """
         self._check_usable("synchronize")
         self.backend.device_synchronize(self.ordinal)
 

@@ -19,7 +19,21 @@ __all__ = ["Event"]
 
 
 class Event:
-    """A recorded point in a stream. Made by ``Stream.record()`` or ``Device.create_event()``."""
+    """A recorded point in a stream. Made by ``Stream.record()`` or ``Device.create_event()``.
+
+    An event can be recorded again; waits and queries refer to its most recent
+    record. ``with event:`` closes it at the end of the block.
+
+    Args:
+        device: the ``ig.Device`` the event belongs to.
+        timing: make the event able to measure time (``elapsed_ms``).
+
+    Raises:
+        TypeError: ``device`` is not an ``ig.Device``.
+        StaleHandleError: the device is shutting down.
+        ForkedProcessError: this is a forked child of a process that used the device.
+        DriverError: the driver failed to create the event.
+    """
 
     __slots__ = ("handle", "device", "timing", "_generation", "_closed", "__weakref__")
 
@@ -51,28 +65,64 @@ class Event:
 
     @property
     def is_closed(self) -> bool:
+        """True once ``close()`` was called."""
         return self._closed
 
     # -- operations --------------------------------------------------------
     def record(self, stream: "Stream") -> "Event":
-        """Record this event at the current end of ``stream``'s work."""
+        """Record this event at the current end of ``stream``'s work.
+
+        Args:
+            stream: the ``Stream`` to record on (on the event's device).
+
+        Returns:
+            This event.
+
+        Raises:
+            ClosedError: the event or the stream was closed.
+            StaleHandleError: the event or the stream predates a context rebuild (or the
+                device is shutting down).
+            DriverError: the driver refused the record.
+        """
         self.device.backend.event_record(self._check(), stream._check())
         return self
 
     def query(self) -> bool:
-        """True when the work before the most recent record has finished."""
+        """True when the work before the most recent record has finished (or it was never recorded).
+
+        Raises:
+            ClosedError: the event was closed.
+            StaleHandleError: the event predates a context rebuild.
+        """
         return self.device.backend.event_query(self._check())
 
     def synchronize(self) -> None:
-        """Block the host until the most recent record is reached."""
+        """Block the host until the most recent record is reached.
+
+        Raises:
+            ClosedError: the event was closed.
+            StaleHandleError: the event predates a context rebuild.
+            DriverError: work before the record failed.
+        """
         self.device.backend.event_synchronize(self._check())
 
     @property
     def is_done(self) -> bool:
+        """``query()``: True when the work before the most recent record has finished."""
         return self.query()
 
     def elapsed_ms(self, end: "Event") -> float:
-        """Milliseconds from this event to ``end``; both need ``timing=True``."""
+        """Milliseconds from this event to ``end``; both need ``timing=True``.
+
+        Args:
+            end: the later ``Event``; both must have been recorded and reached.
+
+        Raises:
+            ValueError: either event was made without ``timing=True``.
+            ClosedError: either event was closed.
+            StaleHandleError: either event predates a context rebuild.
+            DriverError: the driver could not measure (e.g. an event not yet reached).
+        """
         if not (self.timing and end.timing):
             raise ValueError("both events must be created with timing enabled to measure time "
                              "between them; use stream.record(timing=True)")

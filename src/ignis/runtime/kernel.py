@@ -43,7 +43,24 @@ SCALAR_CTYPES = _CTYPES = {"int8": ctypes.c_int8, "uint8": ctypes.c_uint8, "int1
 
 
 class RawPtr:
-    """A typed pointer into emulated device memory, for ``host_impl``."""
+    """A typed pointer into emulated device memory, for ``host_impl``.
+
+    ``launch`` passes one for each array argument of a kernel run on the emulated
+    backend, pointing at the array's first element and typed by its dtype.
+    ``p[i]`` reads or writes one element, ``p[a:b]`` is a NumPy view of elements
+    ``[a, b)`` (assignable: ``p[0:n] = ...``); indices are relative to the pointer
+    as in C, so negative ones address memory before it. Reaching outside the
+    underlying allocation raises ``IndexError`` ("illegal address"), which fails
+    the stream like a faulting kernel. ``p[a:b]`` needs ``b``.
+
+    Args:
+        buf: the whole allocation, as a uint8 NumPy array.
+        byte_offset: where the pointer points, in bytes from the allocation's start.
+        dtype: the element type (a NumPy dtype or anything ``np.dtype`` takes).
+
+    Attributes:
+        dtype: the NumPy dtype of the elements.
+    """
 
     __slots__ = ("_buf", "_off", "dtype")
 
@@ -87,7 +104,86 @@ def _marshaller(param_types: tuple) -> Callable[..., list]:
 
 
 class Kernel:
-    """A device function with a declared access for each argument."""
+    """A device function with a declared access for each argument.
+
+    A Kernel is CUDA C source, compiled with NVRTC on the cuda backend, plus an
+    optional NumPy ``host_impl`` that the emulated backend runs instead. Either
+    may be left out, but not both; a launch on a backend whose half is missing
+    raises ``UnsupportedError``. Run it with ``ig.launch(kernel, grid, block,
+    *args)``, which checks the arguments against ``access`` and makes each array
+    argument a tracked use.
+
+    ``access`` has one entry per kernel argument, in order:
+
+    - an array argument: what the kernel does to its bytes, ``Access.READ``,
+      ``Access.WRITE`` or ``Access.READ_WRITE`` (or the strings ``"read"``,
+      ``"write"``, ``"read_write"``). ``launch`` then passes the array's device
+      address, queues the waits the access needs on the launch stream (under
+      ``auto`` ordering), and records the use after queuing the kernel. By default
+      the use covers the whole array. ``(access, byte_range)`` narrows it:
+      ``byte_range`` is called with the launch's arguments (arrays as ``NvArray``,
+      scalars as given) and returns ``(start, stop)`` in bytes from the array's
+      first byte; ``launch`` refuses a range outside the array
+      (``OutOfBoundsError``), and the sanitizer checks races on that range only.
+    - a scalar argument: its dtype, one of ``int8``, ``uint8``, ``int16``,
+      ``uint16``, ``int32``, ``uint32``, ``int64``, ``uint64``, ``float32``,
+      ``float64``, ``bool`` (a name, an ``ig.DType`` or a NumPy type; see
+      ``SCALAR_CTYPES``). The value is passed as that C type.
+
+    On the cuda backend the source is compiled at the first launch on each device
+    and context generation, and cached (a rebuilt context compiles again). On the
+    emulated backend ``host_impl`` is called once per launch, on the stream's
+    worker thread when the stream reaches it, with a ``RawPtr`` for each array
+    argument and each scalar converted to its NumPy type. It is not given the grid,
+    block or shared memory size: it does the whole launch's work in one call. An
+    exception in it fails the stream like a faulting kernel.
+
+    Args:
+        source: CUDA C source defining the ``extern "C" __global__`` function ``name``;
+            None for a kernel that runs only on the emulated backend.
+        name: the name of that function (required with ``source``); without ``source``
+            it defaults to ``host_impl.__name__``.
+        access: one declaration per kernel argument, as above.
+        host_impl: ``host_impl(*args)``, the emulated backend's implementation; None for a
+            kernel that runs only on a GPU.
+        options: extra NVRTC options (e.g. ``("-use_fast_math",)``), after the
+            ``--gpu-architecture`` of the device and ``--std=c++17`` that Ignis passes.
+
+    Attributes:
+        source: the CUDA C source, or None.
+        name: the kernel's name (the function's, or ``host_impl``'s), used in errors and reports.
+        host_impl: the emulated implementation, or None.
+        options: the extra NVRTC options, a tuple.
+        nargs: the number of arguments ``launch`` expects.
+        array_args: the indices of the array arguments.
+
+    Raises:
+        ValueError: neither ``source`` nor ``host_impl``; ``source`` without ``name``; an
+            ``access`` entry that is None, neither an access nor a dtype, a dtype that
+            cannot be passed to a kernel (``float16``, ``bfloat16``...), or a byte range
+            that is not callable. The message names the argument's index.
+
+    Example::
+
+        src = r'''
+        extern "C" __global__ void scale(float* y, const float* x, float a, long long n) {
+            long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x;
+            if (i < n) y[i] = a * x[i];
+        }'''
+
+        def scale_host(y, x, a, n):            # the emulator's version: all of it at once
+            y[0:int(n)] = a * x[0:int(n)]
+
+        scale = ig.Kernel(src, "scale", access=(ig.Access.WRITE, ig.Access.READ, "float32", "int64"),
+                          host_impl=scale_host)
+        x, y = ig.ones(1000), ig.empty(1000)
+        ig.launch(scale, (1000 + 255) // 256, 256, y, x, 2.0, 1000)
+
+        # Only the first n elements are touched: say so, and launch checks it.
+        n_bytes = lambda y, x, a, n: (0, n * 4)
+        scale_n = ig.Kernel(src, "scale", access=((ig.Access.WRITE, n_bytes), (ig.Access.READ, n_bytes),
+                                                  "float32", "int64"), host_impl=scale_host)
+    """
 
     def __init__(self, source: str | None = None, name: str | None = None, access: Sequence[Any] = (),
                  host_impl: Callable[..., None] | None = None, options: Sequence[str] = ()) -> None:

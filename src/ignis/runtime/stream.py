@@ -34,7 +34,29 @@ def add_close_hook(method: Callable[["Stream"], None]) -> None:
 
 
 class Stream:
-    """An ordered queue of device work on one device."""
+    """An ordered queue of device work on one device.
+
+    Make one with ``Device.create_stream()`` or adopt a foreign handle with
+    ``Stream.from_handle()``; the constructor is the layer both use. ``with
+    stream:`` makes it the thread's current stream for the block.
+
+    Args:
+        device: the ``ig.Device`` the stream runs on.
+        handle: the driver's stream handle (a positive int).
+        owned: True if this object destroys ``handle`` on ``close()``; False for a foreign
+            stream (never destroyed by Ignis).
+        keepalive: any object to keep alive as long as the Stream (the foreign stream's owner).
+
+    Attributes:
+        id: a small process-unique number, for logs and reports.
+        ordering: this stream's ordering policy (``"auto"`` / ``"manual"``), or None to follow
+            the ``ig.ordering(...)`` block or the process-wide policy (set it with
+            ``ig.set_ordering(p, stream)``).
+
+    Raises:
+        TypeError: ``device`` is not an ``ig.Device``.
+        ValueError: ``handle`` is not a positive int.
+    """
 
     __slots__ = ("handle", "device", "id", "_generation", "_closed", "_owned", "_keepalive",
                  "ordering", "__weakref__")
@@ -61,7 +83,18 @@ class Stream:
     @classmethod
     def from_handle(cls, handle: int, device: "Device | int" = 0, *, owner: object = None) -> "Stream":
         """Adopt a stream made by someone else (PyTorch, CuPy, ...). The handle
-        is never destroyed by Ignis; ``owner`` is kept alive as long as the Stream."""
+        is never destroyed by Ignis; ``owner`` is kept alive as long as the Stream.
+
+        Args:
+            handle: the foreign stream's driver handle (a positive int).
+            device: the ``ig.Device`` (or its ordinal) the stream belongs to.
+            owner: an object to keep alive while the Stream lives (the foreign stream object).
+
+        Raises:
+            ValueError: ``handle`` is not a positive int, or ``device`` is out of range.
+            StaleHandleError: the device is shutting down.
+            ForkedProcessError: this is a forked child of a process that used the device.
+        """
         from .device import Device
 
         dev = device if isinstance(device, Device) else Device(device)
@@ -86,11 +119,25 @@ class Stream:
 
     @property
     def is_closed(self) -> bool:
+        """True once ``close()`` was called (the same as ``closed``)."""
         return self._closed
 
     # -- operations --------------------------------------------------------
     def record(self, event: Event | None = None, *, timing: bool = False) -> Event:
-        """Record an event (a new one unless ``event`` is given) at the current end of this stream."""
+        """Record an event (a new one unless ``event`` is given) at the current end of this stream.
+
+        Args:
+            event: an existing ``Event`` of this device to record again; None makes a new one.
+            timing: for a new event, make it able to measure time (``Event.elapsed_ms``).
+
+        Returns:
+            The recorded ``Event``.
+
+        Raises:
+            ClosedError: the stream (or ``event``) was closed.
+            StaleHandleError: the stream predates a context rebuild, or the device is shutting down.
+            DriverError: the driver refused to create or record the event.
+        """
         self._check()
         ev = event if event is not None else Event(self.device, timing=timing)
         return ev.record(self)
@@ -98,7 +145,18 @@ class Stream:
     def wait(self, other: "Event | Stream") -> None:
         """Make work queued on this stream from now on wait for ``other``
         (an event's latest record, or everything queued on another stream so far).
-        Only this stream waits; the host does not."""
+        Only this stream waits; the host does not.
+
+        Args:
+            other: an ``Event`` (its most recent record) or a ``Stream`` (all its work queued so
+                far; waiting on this stream itself does nothing).
+
+        Raises:
+            TypeError: ``other`` is neither an Event nor a Stream.
+            ClosedError: this stream or ``other`` was closed.
+            StaleHandleError: either predates a context rebuild, or the device is shutting down.
+            DriverError: the driver refused the wait.
+        """
         handle = self._check()
         backend = self.device.backend
         if isinstance(other, Event):
@@ -113,16 +171,36 @@ class Stream:
             raise TypeError(f"Stream.wait expects an Event or a Stream, got {type(other).__name__}")
 
     def query(self) -> bool:
-        """True when all work queued on this stream has finished."""
+        """True when all work queued on this stream has finished.
+
+        Raises:
+            ClosedError: the stream was closed.
+            StaleHandleError: the stream predates a context rebuild, or the device is shutting down.
+        """
         return self.device.backend.stream_query(self._check())
 
     def synchronize(self) -> None:
-        """Block the host until all work queued on this stream has finished."""
+        """Block the host until all work queued on this stream has finished.
+
+        Raises:
+            ClosedError: the stream was closed.
+            StaleHandleError: the stream predates a context rebuild, or the device is shutting down.
+            DriverError: queued work failed (the driver's error for it).
+        """
         self.device.backend.stream_synchronize(self._check())
 
     def launch_host_func(self, fn: Callable[[], None]) -> None:
         """Run ``fn()`` on a host thread when the stream gets here; the stream
-        waits for it. ``fn`` must not call Ignis or the driver."""
+        waits for it. ``fn`` must not call Ignis or the driver.
+
+        Args:
+            fn: a callable taking no arguments.
+
+        Raises:
+            TypeError: ``fn`` is not callable.
+            ClosedError: the stream was closed.
+            StaleHandleError: the stream predates a context rebuild, or the device is shutting down.
+        """
         if not callable(fn):
             raise TypeError(f"launch_host_func needs a callable, got {type(fn).__name__}")
         self.device.backend.launch_host_func(self._check(), fn)

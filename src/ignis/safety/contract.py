@@ -40,7 +40,17 @@ _owners_lock = threading.Lock()
 
 
 def register_owner(name: str) -> str:
-    """Add an owner name (a layer of your own). Idempotent."""
+    """Add an owner name (a layer of your own). Idempotent.
+
+    Args:
+        name: the new owner's name, a non-empty string.
+
+    Returns:
+        ``name``.
+
+    Raises:
+        ValueError: ``name`` is not a non-empty string.
+    """
     if not isinstance(name, str) or not name.strip():
         raise ValueError(f"owner names are non-empty strings, got {name!r}")
     with _owners_lock:
@@ -61,7 +71,16 @@ def validate_owner(owner: Any) -> str:
 
 
 class MemoryContract:
-    """Ownership of arrays passed between layers."""
+    """Ownership of arrays passed between layers.
+
+    ``ig.contract`` is the process's one contract; the layers of Ignis use it.
+
+    Attributes:
+        track_all: when True, every new array is tracked for ``audit()`` (acquired arrays
+            always are).
+        capture_sites: when True, tracking records where each array was made (for leak
+            reports).
+    """
 
     def __init__(self) -> None:
         self._lock = threading.RLock()
@@ -72,7 +91,21 @@ class MemoryContract:
     # -- ownership ---------------------------------------------------------
     def acquire(self, array: "NvArray", by: str) -> bool:
         """Move ``array`` from the default owner to layer ``by``. A view's owner is its
-        root's: acquiring a view acquires the root, with every view of it."""
+        root's: acquiring a view acquires the root, with every view of it.
+
+        Args:
+            array: the ``NvArray`` (or a view of it) to hand over.
+            by: the acquiring owner, a registered name (``"collective"``, ``"io"``, ...).
+
+        Returns:
+            True.
+
+        Raises:
+            ValueError: ``by`` is not a registered owner.
+            UseAfterFreeError: ``array`` was freed.
+            MemoryContractViolation: ``by`` already holds it (double acquire), another layer
+                holds it, or it is shared (``ref_count > 1``).
+        """
         validate_owner(by)
         view, array = array, array._root()
         with self._lock, array._lock:
@@ -94,7 +127,19 @@ class MemoryContract:
             return True
 
     def release(self, array: "NvArray", by: str) -> bool:
-        """Give ``array`` back to the default owner; only its holder may."""
+        """Give ``array`` back to the default owner; only its holder may.
+
+        Args:
+            array: the ``NvArray`` (or a view: its root is released).
+            by: the owner releasing it; it must be the holder.
+
+        Returns:
+            True.
+
+        Raises:
+            ValueError: ``by`` is not a registered owner.
+            MemoryContractViolation: ``array`` is not held by ``by``.
+        """
         validate_owner(by)
         array = array._root()
         with self._lock, array._lock:
@@ -106,6 +151,16 @@ class MemoryContract:
             return True
 
     def assert_owner(self, array: "NvArray", owner: str) -> None:
+        """Check that ``array`` (its root, for a view) is owned by ``owner``.
+
+        Args:
+            array: the ``NvArray`` to check.
+            owner: the expected owner name.
+
+        Raises:
+            ValueError: ``owner`` is not a registered owner.
+            MemoryContractViolation: the array has another owner.
+        """
         validate_owner(owner)
         actual = array._root().owner
         if actual != owner:
@@ -114,7 +169,16 @@ class MemoryContract:
 
     @contextmanager
     def holding(self, array: "NvArray", by: str) -> Iterator["NvArray"]:
-        """Acquire ``array`` for ``by`` and always release it."""
+        """Acquire ``array`` for ``by`` and always release it (a context manager).
+
+        Args:
+            array: the ``NvArray`` to hold for the ``with`` block (it is what ``as`` gives).
+            by: the owner that holds it.
+
+        Raises:
+            ValueError: ``by`` is not a registered owner.
+            MemoryContractViolation: as ``acquire``.
+        """
         self.acquire(array, by)
         try:
             yield array
@@ -124,17 +188,28 @@ class MemoryContract:
 
     # -- tracking and audit --------------------------------------------------
     def track(self, array: "NvArray") -> None:
+        """Track ``array`` (weakly) for ``audit()``, from now; an array already tracked keeps its start.
+
+        Args:
+            array: the ``NvArray`` to track.
+        """
         frames = capture_frames(3) if self.capture_sites else ()
         with self._lock:
             if array.id not in self._tracked:
                 self._tracked[array.id] = (weakref.ref(array), time.monotonic(), frames)
 
     def untrack(self, array: "NvArray") -> None:
+        """Stop tracking ``array`` (nothing happens if it was not tracked).
+
+        Args:
+            array: the ``NvArray`` to forget.
+        """
         with self._lock:
             self._tracked.pop(array.id, None)
 
     @property
     def tracked_count(self) -> int:
+        """How many tracked arrays are still alive."""
         with self._lock:
             self._prune()
             return len(self._tracked)
@@ -147,7 +222,14 @@ class MemoryContract:
     def audit(self, older_than: float = 5.0) -> list[dict[str, Any]]:
         """Tracked arrays alive for more than ``older_than`` seconds: id (also as array_id), owner,
         age_ms, shape, dtype, freed, nbytes, the allocation tag and, when
-        ``capture_sites`` is on, the allocation site."""
+        ``capture_sites`` is on, the allocation site.
+
+        Args:
+            older_than: the age threshold, in seconds since tracking began.
+
+        Returns:
+            One dict per such array, in the order they were tracked.
+        """
         now = time.monotonic()
         out = []
         with self._lock:

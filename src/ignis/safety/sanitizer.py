@@ -167,7 +167,17 @@ def _mark(ext: _Extent, lo: int, hi: int) -> None:
 
 
 class Sanitizer:
-    """One process-wide checker (``ignis.sanitizer``)."""
+    """One process-wide checker (``ignis.sanitizer``).
+
+    Made once, at import, as ``ignis.sanitizer.sanitizer``; use the module's
+    ``enable`` / ``disable`` / ``enabled`` / ``reports``.
+
+    Attributes:
+        active: True while checking.
+        mode: ``"raise"`` or ``"collect"``.
+        reports: the problems collected in ``collect`` mode, one per kind and pair of sites
+            (each with a ``count``).
+    """
 
     def __init__(self) -> None:
         self._lock = threading.RLock()
@@ -300,10 +310,20 @@ class Sanitizer:
                 self._host_join(vc)
 
     def on_stream_destroyed(self, stream: int) -> None:
+        """Trace handler: the stream handle ``stream`` was destroyed (a new stream may reuse it).
+
+        Args:
+            stream: the driver's stream handle.
+        """
         with self._lock:
             self._sids.pop(stream, None)  # a new stream may get the same handle
 
     def on_event_destroyed(self, event: int) -> None:
+        """Trace handler: the event handle ``event`` was destroyed (forget its clock snapshot).
+
+        Args:
+            event: the driver's event handle.
+        """
         with self._lock:
             self._events.pop(event, None)
 
@@ -364,6 +384,20 @@ class Sanitizer:
 
     # -- checks of Ignis blocks (called by the memory layer through ordering.checker) --
     def access(self, block: DeviceBlock, stream: Any, access: Access, span: tuple | None) -> None:
+        """Check a tracked use of an Ignis block (the memory layer calls it from
+        ``prepare_block_use``), then record it.
+
+        Args:
+            block: the ``DeviceBlock`` used.
+            stream: the ``Stream`` the use is queued on.
+            access: what the use does to the bytes (an ``Access``).
+            span: ``(offset, nbytes, op)`` (bytes relative to the block, and the operation's
+                name), or None for the whole block.
+
+        Raises:
+            OutOfBoundsError: ``span`` reaches outside the block (``raise`` mode).
+            RaceError: the use is not ordered after a conflicting earlier one (``raise`` mode).
+        """
         if span is None:
             off, n, op = 0, block.bytes, "tracked use"
         else:
@@ -382,6 +416,15 @@ class Sanitizer:
         self._check(block, stream, kind, block.ptr + off, block.ptr + off + n, op, access.reads and access.writes)
 
     def free(self, block: DeviceBlock) -> None:
+        """Check the free of an Ignis block on its alloc stream against earlier uses (the
+        memory layer calls it once the release ordering is queued), then record it.
+
+        Args:
+            block: the ``DeviceBlock`` freed.
+
+        Raises:
+            RaceError: a use on another stream is not ordered before the free (``raise`` mode).
+        """
         self._check(block, block.alloc_stream, "free", block.ptr, block.ptr + block.bytes, "free", False)
 
     def _check(self, block: DeviceBlock, stream: Any, kind: str, lo: int, hi: int, op: str, rw: bool) -> None:
@@ -789,18 +832,33 @@ sanitizer = Sanitizer()
 
 
 def enable(mode: str = "raise") -> Sanitizer:
+    """Start checking Ignis's tracked uses on the current backend.
+
+    Args:
+        mode: ``"raise"`` (an error at the second access of a problem) or ``"collect"``
+            (reports kept in ``reports()`` and printed at exit).
+
+    Returns:
+        The process's ``Sanitizer``.
+
+    Raises:
+        ValueError: ``mode`` is neither.
+    """
     return sanitizer.enable(mode)
 
 
 def disable() -> None:
+    """Stop checking and forget all state (collected reports are kept)."""
     sanitizer.disable()
 
 
 def is_enabled() -> bool:
+    """True while the sanitizer is checking."""
     return sanitizer.active
 
 
 def reports() -> list:
+    """A copy of the problems collected so far (``collect`` mode), one per kind and pair of sites."""
     return list(sanitizer.reports)
 
 

@@ -116,7 +116,23 @@ def plot_timeline(snapshot_or_path: "dict[str, Any] | str | os.PathLike[str]", o
     a snapshot dict or a pickle written by ``dump_snapshot`` (or PyTorch).
     ``device``: one device's trace (default: all). Returns ``path``, ``peak_bytes``,
     ``peak_x``, ``reserved_peak_bytes``, ``groups`` (drawn, largest first), ``events``.
-    Raises ``ImportError`` without matplotlib."""
+    Raises ``ImportError`` without matplotlib.
+
+    Args:
+        snapshot_or_path: a snapshot dict, or the path of a snapshot pickle.
+        out_png: where to write the PNG.
+        by: ``"tag"`` or ``"site"``: what the stacked areas group by.
+        device: one device's trace; None for all.
+        top: how many groups (the largest by peak) are drawn; the rest are summed as one
+            "other" area.
+        size: the image's ``(width, height)`` in pixels, each at least 100.
+        dpi: the resolution (positive).
+        title: the plot's title; None for one that says what is drawn.
+
+    Raises:
+        ImportError: matplotlib is not installed.
+        ValueError: ``size`` below 100x100 pixels or a non-positive ``dpi``.
+    """
     try:
         from matplotlib.backends.backend_agg import FigureCanvasAgg
         from matplotlib.figure import Figure

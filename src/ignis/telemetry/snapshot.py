@@ -344,7 +344,17 @@ def _traces(stacks: list[Roles], ndev: int, only: int | None) -> list[list[dict[
 def dump_snapshot(path: "str | os.PathLike[str]" = "ignis_snapshot.pickle", device: "Device | int | None" = None,
                   *, resource: DeviceMemoryResource | None = None) -> str:
     """Write ``snapshot()`` as a pickle that https://pytorch.org/memory_viz opens
-    (and ``torch.cuda._memory_viz`` reads). Returns the path."""
+    (and ``torch.cuda._memory_viz`` reads). Returns the path.
+
+    Args:
+        path: the file to write (replaced if it exists).
+        device: only that device's segments (an ``ig.Device`` or ordinal); None for all.
+        resource: only that resource stack; None for every device's current resource and
+            every stack the history saw (as ``snapshot``).
+
+    Raises:
+        OSError: the file cannot be written.
+    """
     snap = snapshot(device, resource=resource)
     path = os.fspath(path)
     with open(path, "wb") as f:

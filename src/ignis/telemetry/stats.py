@@ -307,6 +307,8 @@ def disable_stats() -> None:
 
 
 def stats_enabled() -> bool:
+    """True while memory statistics are collected (``enable_stats()`` was called and
+    ``disable_stats()`` not since)."""
     return _enabled
 
 
@@ -395,7 +397,17 @@ def reset_peak_stats(device: "Device | int | None" = None, *, resource: DeviceMe
 
 def memory_summary(device: "Device | int | None" = None, *, resource: DeviceMemoryResource | None = None,
                    max_tags: int = 8) -> str:
-    """A readable table of ``memory_stats`` (the ``max_tags`` largest tags by current bytes)."""
+    """A readable table of ``memory_stats`` (the ``max_tags`` largest tags by current bytes).
+
+    Args:
+        device: the device whose current resource to describe (an ``ig.Device`` or
+            ordinal); None for the current device.
+        resource: a resource to describe instead of the device's current one.
+        max_tags: how many tags to list.
+
+    Raises:
+        TypeError: ``resource`` is not a DeviceMemoryResource.
+    """
     ro = _resolve(device, resource)
     s = memory_stats(resource=ro.chain[0])
     dev = ro.top.device

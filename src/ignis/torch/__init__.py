@@ -59,6 +59,7 @@ def disable() -> None:
 
 
 def is_enabled() -> bool:
+    """True while PyTorch's ops are checked (between ``enable()`` / ``sanitize()`` and ``disable()``)."""
     return _fe is not None
 
 
