@@ -41,8 +41,8 @@ from ..array import NvArray
 from ..backends import get_backend
 from ..errors import DriverError, UnsupportedError, UseAfterFreeError
 from ..memory import Access, ResourceAdaptor, TrackedResource, VmmResource, get_current_resource
-from ..memory.types import UNTAGGED, BlockState, DeviceBlock, _next_generation
-from ..memory.vmm import _Mapping, map_range, release_streams, synchronize_streams, unmap_block, unmap_range
+from ..memory.types import UNTAGGED, DeviceBlock, _next_generation
+from ..memory.vmm import _Mapping, map_range, release_mapped_block, unmap_range
 from ..runtime import Device, Stream
 from ..safety.contract import contract
 from . import liveness
@@ -324,37 +324,7 @@ class ImportedMemory(TrackedResource):
             up.deallocate(block)  # if it raises, the block stays forwarded: a retry goes there again
             self._forwarded.pop(int(block.generation), None)
             return
-        with self._lock:
-            stale = self.device.state.generation != self._generation
-            if self._unmapped and self._unmapped.get(block.ptr) is block:
-                del self._unmapped[block.ptr]  # finish an unmap whose address free failed
-                self._bytes -= block.bytes
-                streams: "list[Stream]" = []
-            else:
-                self._unregister(block)
-                try:
-                    streams = [] if stale else release_streams(self, block)
-                except BaseException:
-                    self._relive(block)
-                    raise
-        try:
-            if not stale:
-                if block._impl.mapped:
-                    synchronize_streams(self.device, streams)
-                unmap_block(self._backend, block)
-        except BaseException:
-            # The driver refused: a block still mapped stays LIVE and usable; one already
-            # unmapped stays counted here. Either way a later deallocate finishes it.
-            with self._lock:
-                if block._impl.mapped:
-                    self._reset_record_after_release(block)
-                    self._relive(block)
-                else:
-                    self._unmapped[block.ptr] = block
-                    self._bytes += block.bytes
-            raise
-        block.state = BlockState.FREED
-        self._sanitize_free(block)
+        release_mapped_block(self, block)
 
     @property
     def bytes_outstanding(self) -> int:

@@ -235,16 +235,7 @@ class DebugGuardResource(ResourceAdaptor):
             stack.reverse()
         g = self.canary_bytes
         up = self._upstream_allocate(nbytes + 2 * g, stream, tag)
-        try:
-            handle = up.alloc_stream._check()
-            memset = self._backend.memset_d8_async
-            if g:
-                memset(up.ptr, self.canary, g, handle)
-                memset(up.ptr + g + nbytes, self.canary, g, handle)
-            memset(up.ptr + g, self.poison, nbytes, handle)
-        except BaseException:
-            self.upstream.deallocate(up)
-            raise
+        self._format(up, nbytes)
         block = DeviceBlock(up.ptr + g, up.alloc_stream, nbytes, nbytes, tag, _next_generation())
         block._ws = None  # its hazard record is the upstream block's: never "clean" (memory.resource)
         entry = _Guarded(block, up, stack)
@@ -256,6 +247,31 @@ class DebugGuardResource(ResourceAdaptor):
         if rec is not None:
             rec("alloc", self, block.ptr, nbytes, block.alloc_stream, block)
         return block
+
+    def _format(self, up: DeviceBlock, nbytes: int) -> None:
+        """Queue the canaries around, and the poison inside, a fresh upstream block of
+        ``nbytes`` user bytes (on its allocation stream). If that fails, the block goes
+        back upstream and the error propagates."""
+        g = self.canary_bytes
+        try:
+            handle = up.alloc_stream._check()
+            memset = self._backend.memset_d8_async
+            if g:
+                memset(up.ptr, self.canary, g, handle)
+                memset(up.ptr + g + nbytes, self.canary, g, handle)
+            memset(up.ptr + g, self.poison, nbytes, handle)
+        except BaseException:
+            self.upstream.deallocate(up)
+            raise
+
+    def _undo_free(self, entry: _Guarded, exc: BaseException) -> None:
+        """After a free step failed with ``exc``: make the block live here again; if even that
+        fails, say so on ``exc`` (the first error is the one to report)."""
+        try:
+            self._return_or_relive(entry)
+        except BaseException as undo:  # noqa: BLE001
+            if hasattr(exc, "add_note"):
+                exc.add_note(f"the block stays live: returning it upstream also failed: {undo}")
 
     def _upstream_allocate(self, nbytes: int, stream: Stream, tag: str) -> DeviceBlock:
         """Allocate upstream; on running out, empty the quarantine (checking it) and retry once."""
@@ -308,11 +324,7 @@ class DebugGuardResource(ResourceAdaptor):
                 # was closed): the upstream's hazard record restarts on the alloc stream.
                 self.upstream.finish_block_use(entry.up, entry.up.alloc_stream, Access.READ_WRITE)
         except BaseException as exc:
-            try:
-                self._return_or_relive(entry)
-            except BaseException as undo:  # noqa: BLE001 - the first error is the one to report
-                if hasattr(exc, "add_note"):
-                    exc.add_note(f"the block stays live: returning it upstream also failed: {undo}")
+            self._undo_free(entry, exc)
             raise
         with self._lock:
             # A block that could never fit the quarantine skips it rather than flushing it.

@@ -48,7 +48,8 @@ from .types import UNTAGGED, BlockState, DeviceBlock
 if TYPE_CHECKING:
     from ..backends import Backend
 
-__all__ = ["VmmResource", "map_range", "unmap_range", "synchronize_streams", "release_streams", "unmap_block"]
+__all__ = ["VmmResource", "map_range", "unmap_range", "synchronize_streams", "release_streams", "unmap_block",
+           "release_mapped_block"]
 
 
 def _cleanup(exc: BaseException, fn: Callable[..., Any], *args: Any) -> None:
@@ -113,6 +114,44 @@ def unmap_block(backend: "Backend", block: DeviceBlock, on_unmapped: "Callable[[
         if on_unmapped is not None:
             on_unmapped()
     backend.vmm_free_address(block.ptr, block.bytes)
+
+
+def release_mapped_block(mr: Any, block: DeviceBlock, on_unmapped: "Callable[[], None] | None" = None) -> None:
+    """Deallocate a mapped block of ``mr`` (a VmmResource, or IPC's imports): wait for its
+    queued uses (a host synchronization), then unmap it and release what backs it, step by
+    step. If the driver refuses a step, a block still mapped is LIVE again (usable, counted)
+    and one already unmapped stays counted in ``mr._unmapped``; either way a later call
+    finishes it. ``mr`` provides ``_lock``, ``_unmapped``, ``_bytes``, ``_unregister``,
+    ``_relive``, ``_reset_record_after_release`` and ``_sanitize_free``."""
+    with mr._lock:
+        stale = mr.device.state.generation != mr._generation
+        if mr._unmapped and mr._unmapped.get(block.ptr) is block:
+            del mr._unmapped[block.ptr]  # finish a free that failed after the unmap
+            mr._bytes -= block.bytes
+            streams: "list[Stream]" = []
+        else:
+            mr._unregister(block)
+            try:
+                streams = [] if stale else release_streams(mr, block)
+            except BaseException:
+                mr._relive(block)
+                raise
+    try:
+        if not stale:  # a rebuilt context already took the memory with it
+            if block._impl.mapped:
+                synchronize_streams(mr.device, streams)
+            unmap_block(mr._backend, block, on_unmapped)
+    except BaseException:
+        with mr._lock:
+            if block._impl.mapped:  # still usable: LIVE again
+                mr._reset_record_after_release(block)
+                mr._relive(block)
+            else:                   # gone from the device, not yet from the resource
+                mr._unmapped[block.ptr] = block
+                mr._bytes += block.bytes
+        raise
+    block.state = BlockState.FREED
+    mr._sanitize_free(block)
 
 
 def synchronize_streams(device: Device, streams: "list[Stream]") -> None:
@@ -196,36 +235,8 @@ class VmmResource(TrackedResource):
     def deallocate(self, block: DeviceBlock) -> None:
         """Wait for the block's queued uses (a host synchronization), then release its
         handle and unmap it. If the driver refuses, see the module docstring."""
-        with self._lock:
-            stale = self.device.state.generation != self._generation
-            if self._unmapped and self._unmapped.get(block.ptr) is block:
-                del self._unmapped[block.ptr]  # finish a free that failed after the unmap
-                self._bytes -= block.bytes
-                streams: "list[Stream]" = []
-            else:
-                self._unregister(block)
-                try:
-                    streams = [] if stale else release_streams(self, block)
-                except BaseException:
-                    self._relive(block)
-                    raise
-        try:
-            if not stale:  # a rebuilt context already took the memory with it
-                if block._impl.mapped:
-                    synchronize_streams(self.device, streams)
-                unmap_block(self._backend, block, lambda: self._close_export(block))
-        except BaseException:
-            with self._lock:
-                if block._impl.mapped:  # still usable: LIVE again
-                    self._reset_record_after_release(block)
-                    self._relive(block)
-                else:                   # gone from the device, not yet from this resource
-                    self._unmapped[block.ptr] = block
-                    self._bytes += block.bytes
-            raise
+        release_mapped_block(self, block, lambda: self._close_export(block))
         self._close_export(block)
-        block.state = BlockState.FREED
-        self._sanitize_free(block)
         rec = _history.recorder
         if rec is not None:
             rec("free_requested", self, block.ptr, block.bytes, block.alloc_stream, block)

@@ -524,16 +524,7 @@ class DeferredGuardResource(DebugGuardResource):
         if fmt is not None and fmt[0] is impl and fmt[1] == impl.size and fmt[2] == nbytes:
             self.reused += 1
         else:
-            try:
-                handle = up.alloc_stream._check()
-                memset = self._backend.memset_d8_async
-                if g:
-                    memset(up.ptr, self.canary, g, handle)
-                    memset(up.ptr + g + nbytes, self.canary, g, handle)
-                memset(up.ptr + g, self.poison, nbytes, handle)
-            except BaseException:
-                self.upstream.deallocate(up)
-                raise
+            self._format(up, nbytes)
             self.formatted_fresh += 1
         ptr = up.ptr + g
         block = DeviceBlock(ptr, up.alloc_stream, nbytes, nbytes, tag, _next_generation())
@@ -614,11 +605,7 @@ class DeferredGuardResource(DebugGuardResource):
             if tracked:
                 self.upstream.finish_block_use(up, up.alloc_stream, Access.READ_WRITE)
         except BaseException as exc:
-            try:
-                self._return_or_relive(entry)
-            except BaseException as undo:  # noqa: BLE001 - the first error is the one to report
-                if hasattr(exc, "add_note"):
-                    exc.add_note(f"the block stays live: returning it upstream also failed: {undo}")
+            self._undo_free(entry, exc)
             raise
         evicted: list[_Entry] = []
         with self._lock:
