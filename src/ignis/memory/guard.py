@@ -248,6 +248,28 @@ class DebugGuardResource(ResourceAdaptor):
             rec("alloc", self, block.ptr, nbytes, block.alloc_stream, block)
         return block
 
+    def _take_for_free(self, block: DeviceBlock, foreign: bool = False) -> "_Guarded | None":
+        """The first step of a free: the checks, then the block leaves the live table and the
+        sanitizer (unless ``foreign``: a framework's tensor it follows as a foreign extent) and
+        the history recorder hear of it. Returns its entry, or None when the context is gone
+        and the block went straight back upstream."""
+        with self._lock:
+            entry = self._live.get(block.ptr) if isinstance(block, DeviceBlock) else None
+            if entry is None or entry.block is not block:
+                self._check_dealloc(block, self._live)
+            chk = _ord.checker
+            if chk is not None and not foreign:
+                chk.free(block)
+            del self._live[block.ptr]
+            self._live_bytes -= block.requested
+        rec = _history.recorder
+        if rec is not None:
+            rec("free_requested", self, block.ptr, block.requested, block.alloc_stream, block)
+        if not self._context_alive():
+            self._return_or_relive(entry)
+            return None
+        return entry
+
     def _format(self, up: DeviceBlock, nbytes: int) -> None:
         """Queue the canaries around, and the poison inside, a fresh upstream block of
         ``nbytes`` user bytes (on its allocation stream). If that fails, the block goes
@@ -293,20 +315,8 @@ class DebugGuardResource(ResourceAdaptor):
         bytes and quarantine the block. Raises ``OutOfBoundsError`` for a damaged
         guard and ``UseAfterFreeError`` for a write after free found in a block
         pushed out of the quarantine, in both cases after the free completed."""
-        with self._lock:
-            entry = self._live.get(block.ptr) if isinstance(block, DeviceBlock) else None
-            if entry is None or entry.block is not block:
-                self._check_dealloc(block, self._live)
-            chk = _ord.checker
-            if chk is not None:
-                chk.free(block)
-            del self._live[block.ptr]
-            self._live_bytes -= block.requested
-        rec = _history.recorder
-        if rec is not None:
-            rec("free_requested", self, block.ptr, block.requested, block.alloc_stream, block)
-        if not self._context_alive():
-            self._return_or_relive(entry)
+        entry = self._take_for_free(block)
+        if entry is None:
             return
         try:
             closed = entry.up.alloc_stream._closed

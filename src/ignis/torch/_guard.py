@@ -562,20 +562,8 @@ class DeferredGuardResource(DebugGuardResource):
         check of the guards and quarantine the block. Never waits for the device;
         what the checks find goes to ``on_problem`` later. ``foreign``: a framework's
         tensor, which the sanitizer follows as a foreign extent (not as an Ignis block)."""
-        with self._lock:
-            entry = self._live.get(block.ptr) if isinstance(block, DeviceBlock) else None
-            if entry is None or entry.block is not block:
-                self._check_dealloc(block, self._live)
-            chk = _ord.checker
-            if chk is not None and not foreign:
-                chk.free(block)
-            del self._live[block.ptr]
-            self._live_bytes -= block.requested
-        rec = _history.recorder
-        if rec is not None:
-            rec("free_requested", self, block.ptr, block.requested, block.alloc_stream, block)
-        if not self._context_alive():
-            self._return_or_relive(entry)
+        entry = self._take_for_free(block, foreign)
+        if entry is None:
             return
         up = entry.up
         try:
