@@ -444,9 +444,10 @@ def test_use_guard_too_late_is_a_clear_error(monkeypatch):
 
 
 def _wrapper(*args: str, script: str, env_extra: dict | None = None) -> subprocess.CompletedProcess:
+    """``ignis run [flags] script`` in a child process (the unmodified program, as a user runs it)."""
     env = dict(os.environ, PYTHONPATH=SRC + os.pathsep + os.environ.get("PYTHONPATH", ""), PYTHONUNBUFFERED="1")
     env.update(env_extra or {})
-    return subprocess.run([sys.executable, os.path.join(ZOO, "run_guarded.py"), *args, script],
+    return subprocess.run([sys.executable, "-m", "ignis", "run", *args, script],
                           capture_output=True, text=True, env=env, timeout=240)
 
 

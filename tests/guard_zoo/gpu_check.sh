@@ -10,7 +10,7 @@ python3 setup.py -q build_ext --inplace > "$out/build.txt" 2>&1 || { echo "BUILD
 python3 -c "import torch, cupy; print('torch', torch.__version__, 'cupy', cupy.__version__, torch.cuda.get_device_name(0))"
 echo "compute-sanitizer: $(command -v compute-sanitizer || ls /usr/local/cuda/bin/compute-sanitizer 2>/dev/null || echo absent)"
 for z in zoo_oob_torch zoo_uaf; do
-  timeout 60 python3 tests/guard_zoo/run_guarded.py --guard tests/guard_zoo/$z.py > "$out/$z.txt" 2>&1
+  timeout 60 python3 -m ignis run --guard tests/guard_zoo/$z.py > "$out/$z.txt" 2>&1
   echo "== $z: status $?"; head -c 2500 "$out/$z.txt"; echo
 done
 timeout "${1:-150}" python3 -m pytest -q tests/test_torch_guard.py tests/test_cupy_guard.py -p no:cacheprovider \
