@@ -270,6 +270,18 @@ class DebugGuardResource(ResourceAdaptor):
             return None
         return entry
 
+    def _enter_quarantine(self, entry: _Guarded) -> tuple[bool, list]:
+        """With the lock held, after a free poisoned ``entry``: quarantine it, pushing out what
+        no longer fits. Returns (bypass, evicted): a block that could never fit the quarantine
+        (or a closed resource, or no quarantine) skips it rather than flushing it."""
+        bypass = self._closed or not self.quarantine_count or self._held(entry) > self.quarantine_bytes
+        if bypass:
+            return True, []
+        entry.block.transition(BlockState.QUARANTINED)
+        self._quarantine[entry.block.ptr] = entry
+        self._quarantined_bytes += self._held(entry)
+        return False, self._take_quarantine(self._overflow())
+
     def _format(self, up: DeviceBlock, nbytes: int) -> None:
         """Queue the canaries around, and the poison inside, a fresh upstream block of
         ``nbytes`` user bytes (on its allocation stream). If that fails, the block goes
@@ -337,13 +349,7 @@ class DebugGuardResource(ResourceAdaptor):
             self._undo_free(entry, exc)
             raise
         with self._lock:
-            # A block that could never fit the quarantine skips it rather than flushing it.
-            bypass = self._closed or not self.quarantine_count or self._held(entry) > self.quarantine_bytes
-            if not bypass:
-                block.transition(BlockState.QUARANTINED)
-                self._quarantine[block.ptr] = entry
-                self._quarantined_bytes += self._held(entry)
-                evicted = self._take_quarantine(self._overflow())
+            bypass, evicted = self._enter_quarantine(entry)
         if bypass:
             self._return_or_relive(entry)
         else:

@@ -595,14 +595,8 @@ class DeferredGuardResource(DebugGuardResource):
         except BaseException as exc:
             self._undo_free(entry, exc)
             raise
-        evicted: list[_Entry] = []
         with self._lock:
-            bypass = self._closed or not self.quarantine_count or self._held(entry) > self.quarantine_bytes
-            if not bypass:
-                block.transition(BlockState.QUARANTINED)
-                self._quarantine[block.ptr] = entry
-                self._quarantined_bytes += self._held(entry)
-                evicted = self._take_quarantine(self._overflow())
+            bypass, evicted = self._enter_quarantine(entry)
             for e in evicted:
                 self._held_exit[e.block.ptr] = e
             if bypass:
