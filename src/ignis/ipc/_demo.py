@@ -1,4 +1,4 @@
-"""The IPC demo (``ig.ipc.demo``, shown by ``ignis demo``).
+"""The IPC demo (``ig.ipc.demo``).
 
 This process is the producer: it fills an array in a ``VmmResource`` and
 sends it over a Unix socket pair to a consumer process (started with the

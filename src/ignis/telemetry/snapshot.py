@@ -58,8 +58,9 @@ SEGMENT_TAG = "ignis.pool.segment"     # the tag a pool gives the blocks it take
 _SUBSCRIBER = "history"
 
 _PKG = os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep
-# Ignis modules whose frames are the program's own story (the tour is a program).
-_SHOWN = frozenset({os.path.join(_PKG, "telemetry", "tour.py"), os.path.join(_PKG, "demo.py")})
+# Ignis modules whose frames are the program's own story: the demo and its tour (``ignis demo``)
+# are programs. File names only: nothing here imports the command line.
+_SHOWN = frozenset({os.path.join(_PKG, "cli", "demo.py"), os.path.join(_PKG, "cli", "tour.py")})
 
 
 class _History:

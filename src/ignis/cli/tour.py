@@ -1,4 +1,5 @@
-"""``tour(out)``: a tour of what Ignis is for, in well under a minute without a GPU.
+"""``tour(out)``: a tour of what Ignis is for, in well under a minute without a GPU
+(``ignis demo`` runs it after the demo).
 
 1. A small generated model is saved to a safetensors file from device memory
    and loaded back straight to the device (skipped, saying so, where
@@ -252,7 +253,7 @@ class _Tour:
         except ImportError as e:
             self.say(f"   timeline: skipped ({e})")
             return
-        from .stats import format_bytes
+        from ..telemetry.stats import format_bytes
         self.say(f"   timeline: {info['path']} (peak in use {format_bytes(info['peak_bytes'])}, reserved peak "
                  f"{format_bytes(info['reserved_peak_bytes'])}; tags: {', '.join(info['groups'][:6])})")
 
@@ -270,8 +271,8 @@ def tour(out: TextIO | None = None, *, device: int = 0, out_dir: str | None = No
     """Run the tour on ``device``, printing to ``out``; files go to ``out_dir``
     (default: ``ignis-tour`` in the temporary directory). Returns 0 when every
     check held, else 1."""
-    from . import stats as _stats
-    from .snapshot import is_recording, record_memory_history
+    from ..telemetry import stats as _stats
+    from ..telemetry.snapshot import is_recording, record_memory_history
 
     out = out or sys.stdout
     out_dir = out_dir or os.path.join(tempfile.gettempdir(), "ignis-tour")
