@@ -26,7 +26,7 @@ from . import collective
 from . import telemetry
 from .telemetry import dump_snapshot, memory_stats, memory_summary, plot_timeline, record_memory_history, reset_peak_stats, snapshot  # noqa: E501
 
-__version__ = "0.1.0"
+from ._version import __version__
 
 __all__ = ["__version__", "backend_name", "get_backend", "set_backend", "dtypes", "errors",
            "DType", "dtype", "bool_", "int8", "int16", "int32", "int64", "uint8", "uint16", "uint32", "uint64",

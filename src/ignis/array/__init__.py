@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Callable
 
 import numpy as np
 
@@ -13,6 +13,19 @@ from .nvarray import NvArray, _empty_c
 
 __all__ = ["NvArray", "launch", "empty", "zeros", "ones", "full", "empty_like", "zeros_like", "ones_like",
            "full_like", "from_numpy", "asarray", "from_dlpack", "synchronize"]
+
+
+# Adopting foreign memory (DLPack, ``__cuda_array_interface__``) is the interop layer's
+# (``ignis.interop.from_dlpack``, layer 5, above this one). ``ignis.interop`` puts it here
+# when it is imported, which ``import ignis`` does; ``asarray`` and ``from_dlpack`` below
+# call it, so no import of this layer points up.
+adopt_foreign: Callable[..., NvArray] | None = None
+
+
+def _adopter() -> Callable[..., NvArray]:
+    if adopt_foreign is None:
+        raise ImportError("adopting foreign memory needs ignis.interop, which is not imported; import ignis first")
+    return adopt_foreign
 
 
 # ``empty(shape, dtype, *, device, stream, owner, mr, tag)``: an uninitialized array from
@@ -211,8 +224,7 @@ def asarray(obj: Any, *, dtype: Any = None, **kw: Any) -> NvArray:
                              "dtype conversion needs a copy")
         return obj
     if not isinstance(obj, np.ndarray) and (hasattr(obj, "__dlpack__") or hasattr(obj, "__cuda_array_interface__")):
-        from ..interop import from_dlpack as _from_dlpack
-        return _from_dlpack(obj)
+        return _adopter()(obj)
     return from_numpy(np.asarray(obj, dtype=None if dtype is None else _dt.dtype(dtype).numpy), **kw)
 
 
@@ -237,5 +249,4 @@ def from_dlpack(x: Any, *, stream: Stream | None = None, owner: str = "compute")
             backend), or of a dtype Ignis does not know.
         UnsupportedError: on the emulated backend, a tensor that is not in host memory.
     """
-    from ..interop import from_dlpack as _from_dlpack
-    return _from_dlpack(x, stream=stream, owner=owner)
+    return _adopter()(x, stream=stream, owner=owner)

@@ -39,7 +39,8 @@ from .. import dtypes as _dt
 from ..dtypes import DType
 from ..errors import (DoubleFreeError, MemoryContractViolation, ReadOnlyError, StreamMisuseError,
                       UseAfterFreeError)
-from ..memory import Access, DeviceMemoryResource, current, get_current_resource
+from .._types import Access
+from ..memory import DeviceMemoryResource, current, get_current_resource
 from ..memory import ordering as _ord
 from ..memory.types import UNTAGGED, DeviceBlock
 from ..runtime import Device, Stream

@@ -32,6 +32,8 @@ from typing import Any, Callable, TextIO
 
 import numpy as np
 
+from ..units import format_bytes
+
 __all__ = ["tour"]
 
 D = 64          # model width
@@ -100,7 +102,7 @@ class _Tour:
         same = all(np.array_equal(weights[n].to_numpy(), host[n]) for n in ("embed.weight", "norm.weight"))
         if not same:
             self.fail("the loaded weights differ from the saved ones")
-        self.say(f"1. model: {len(host)} tensors ({total / 1024:.0f} KiB float32) saved from the device to "
+        self.say(f"1. model: {len(host)} tensors ({format_bytes(total)} float32) saved from the device to "
                  f"{os.path.basename(path)} in {t_save * 1e3:.1f} ms and loaded back to the device in "
                  f"{t_load * 1e3:.1f} ms; bytes {'match' if same else 'DIFFER'}")
         return weights
@@ -253,7 +255,6 @@ class _Tour:
         except ImportError as e:
             self.say(f"   timeline: skipped ({e})")
             return
-        from ..telemetry.stats import format_bytes
         self.say(f"   timeline: {info['path']} (peak in use {format_bytes(info['peak_bytes'])}, reserved peak "
                  f"{format_bytes(info['reserved_peak_bytes'])}; tags: {', '.join(info['groups'][:6])})")
 

@@ -53,7 +53,7 @@ from typing import TYPE_CHECKING, Any, Callable, Iterator
 from .. import dtypes as _dt
 from ..array import NvArray
 from ..errors import DriverError, MemoryContractViolation
-from ..memory import Access
+from .._types import Access
 from ..safety.contract import contract
 from .errors import CollectiveError
 from .ops import _BY_NAME as _OPS

@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING, Any
 
 from .. import dtypes as _dt
 from ..errors import UnsupportedError
-from ..memory import Access
+from .._types import Access
 from ..runtime import Device, Stream, current_device
 
 if TYPE_CHECKING:

@@ -39,7 +39,7 @@ from typing import Any, Iterable, Mapping
 from .. import dtypes as _dt
 from ..array import NvArray
 from ..errors import ClosedError
-from ..memory import Access
+from .._types import Access
 from ..runtime import Device, Stream, current_stream
 from ..safety.contract import contract
 from . import pipeline

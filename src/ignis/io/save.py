@@ -28,7 +28,7 @@ import os
 from typing import Any, Mapping
 
 from ..array import NvArray
-from ..memory import Access
+from .._types import Access
 from ..runtime import Stream, current_stream
 from ..safety.contract import contract
 from . import pipeline

@@ -37,10 +37,11 @@ import threading
 from typing import Any
 
 from .. import dtypes as _dt
+from .._types import Access
 from ..array import NvArray
 from ..backends import get_backend
 from ..errors import DriverError, UnsupportedError, UseAfterFreeError
-from ..memory import Access, ResourceAdaptor, TrackedResource, VmmResource, get_current_resource
+from ..memory import ResourceAdaptor, TrackedResource, VmmResource, get_current_resource
 from ..memory.types import UNTAGGED, DeviceBlock, _next_generation
 from ..memory.vmm import _Mapping, map_range, release_mapped_block, unmap_range
 from ..runtime import Device, Stream

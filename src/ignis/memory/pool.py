@@ -566,7 +566,7 @@ def _load_speedups() -> Any:
     from ..runtime.stream import Stream as _Stream
     from ..runtime.device import DeviceState
     from .resource import EventPool
-    from .types import Access
+    from .._types import Access
     try:
         mod.setup(_Stream, DeviceBlock, _Block, _FreeList, _SizeClass, _Segment, PoolResource, DeviceState, EventPool,
                   BlockState.LIVE, _RETIRED, _next_generation.__self__, _history, _ord, PoolResource.allocate,

@@ -49,7 +49,8 @@ from ..errors import (ClosedError, DoubleFreeError, DriverError, OutOfMemoryErro
 from ..runtime import Device, Stream, current_device
 from . import history as _history
 from . import ordering as _ord
-from .types import UNTAGGED, Access, BlockId, BlockState, DeviceBlock, _next_generation
+from .._types import Access
+from .types import UNTAGGED, BlockId, BlockState, DeviceBlock, _next_generation
 
 if TYPE_CHECKING:
     from ..backends import Backend

@@ -229,7 +229,7 @@ def snapshot(device: "Device | int | None" = None, *, resource: DeviceMemoryReso
         segments += _segments(allocator, ros)
     segments.sort(key=lambda s: (s["device"], s["address"]))
     traces = _traces(stacks, ndev, only)
-    from .. import __version__
+    from .._version import __version__
     return {"segments": segments, "device_traces": traces,
             "ignis": {"version": __version__, "backend": Device(0).backend.name if device_count() else None,
                       "recording": _h.active, "max_entries": _h.ring.maxlen,
