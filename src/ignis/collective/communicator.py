@@ -9,8 +9,8 @@ Design and rules:
   and releases them when done): each operation acquires its arrays for
   ``"collective"`` (``MemoryContractViolation`` if another layer holds one,
   or it is shared), queues the waits their last uses need on the
-  communicator's stream (``_begin``), enqueues the operation there, records
-  the use (``_end``) and releases them. So the arrays are free again as soon
+  communicator's stream, enqueues the operation there, records the use and
+  releases them (one ``NvArray.access_all`` block). So the arrays are free again as soon
   as the work is *ordered*, without waiting for it: a later reader on any
   stream waits for the collective on the device, not on the host, and a free
   is deferred behind it. Inside ``with comm.group():`` arrays stay acquired
@@ -391,39 +391,19 @@ class Communicator:
                 g.add(b, acc_b, op)
             g.ops.append(op)
             return
-        contract.acquire(a, OWNER)
-        try:
-            st = self.stream
-            if b is None:
-                a._begin(st, acc, op.name)
-                targets: tuple = () if acc is _READ else (_target(a, op),)
-                try:
-                    self._engine.run((op,), st, targets)
-                except BaseException as e:
-                    self._run_failed((op,), targets, e)
-                a._end(st, acc)
-                return
-            shared = b._root() is a._root()  # two views of one array (an in-place operation)
-            if not shared:
-                contract.acquire(b, OWNER)
+        # Held for "collective" (two views of one array: once), ordered on the communicator's
+        # stream, recorded and released. A failed run records nothing: it poisons what it was
+        # to write, and the others must not wait on a failed stream.
+        uses = ((a, acc),) if b is None else ((a, acc), (b, acc_b))
+        with NvArray.access_all(uses, self.stream, by=OWNER, op=op.name, finish_on_error=False):
+            if acc is not _READ:
+                targets: tuple = (_target(a, op),) if b is None else (_target(a, op), _target(b, op))
+            else:
+                targets = () if b is None or acc_b is _READ else (_target(b, op),)
             try:
-                a._begin(st, acc, op.name)
-                b._begin(st, acc_b, op.name)
-                if acc is _READ:
-                    targets = () if acc_b is _READ else (_target(b, op),)
-                else:
-                    targets = (_target(a, op), _target(b, op))
-                try:
-                    self._engine.run((op,), st, targets)
-                except BaseException as e:
-                    self._run_failed((op,), targets, e)
-                a._end(st, acc)
-                b._end(st, acc_b)
-            finally:
-                if not shared:
-                    contract.release(b, OWNER)
-        finally:
-            contract.release(a, OWNER)
+                self._engine.run((op,), self.stream, targets)
+            except BaseException as e:
+                self._run_failed((op,), targets, e)
 
     def _run_failed(self, ops: "list[_Op] | tuple[_Op, ...]", targets: tuple, e: BaseException) -> None:
         """The engine raised while queuing ``ops``: part of the work may be queued, so the
@@ -438,16 +418,14 @@ class Communicator:
 
     def _issue(self, ops: "list[_Op] | tuple[_Op, ...]", held: list) -> None:
         s = self.stream
-        name = ops[0].name
-        for a, acc, _ in held:
-            a._begin(s, acc, name)
-        targets = tuple(_target(a, w) for a, _, w in held if w is not None)
-        try:
-            self._engine.run(ops, s, targets)
-        except BaseException as e:
-            self._run_failed(ops, targets, e)
-        for a, acc, _ in held:
-            a._end(s, acc)
+        # The group holds the arrays already (by=None: used, not acquired again).
+        with NvArray.access_all([(a, acc) for a, acc, _ in held], s, by=None, op=ops[0].name,
+                                finish_on_error=False):
+            targets = tuple(_target(a, w) for a, _, w in held if w is not None)
+            try:
+                self._engine.run(ops, s, targets)
+            except BaseException as e:
+                self._run_failed(ops, targets, e)
 
     @contextmanager
     def group(self) -> Iterator["Communicator"]:
