@@ -6,6 +6,9 @@ raises. Each test runs on the active backend (the emulator here)."""
 
 from __future__ import annotations
 
+import ast
+from pathlib import Path
+
 import numpy as np
 import pytest
 
@@ -13,6 +16,7 @@ import ignis as ig
 from helpers import read, sleep_on, write
 
 K = ig.kernels
+SRC = Path(__file__).resolve().parents[1] / "src" / "ignis"
 
 
 @pytest.fixture
@@ -380,3 +384,37 @@ def test_access_all_on_an_exception_records_then_releases(dev, streams):
             raise OSError("disk full")
     assert (x.owner, y.owner) == ("compute", "compute")
     assert _state(x, streams) == (0, [1]) and _state(y, streams) == (1, None)
+
+
+# -- layering ---------------------------------------------------------------------------------
+
+def test_the_array_layer_imports_nothing_above_it():
+    """Layer 4 (ignis.array) uses only the layers below: never io, collective, ipc,
+    interop (layer 5) or what sits on them."""
+    above = {"io", "collective", "ipc", "interop", "torch", "cupy", "telemetry", "cli", "runner", "demo"}
+    found = []
+    for path in sorted((SRC / "array").glob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.ImportFrom):
+                mod = node.module or ""
+                names = [mod.split(".")[0]] if node.level == 2 and mod else []
+                if node.level == 2 and not mod:
+                    names = [a.name for a in node.names]
+                if node.level == 0 and mod.startswith("ignis."):
+                    names = [mod.split(".")[1]]
+                found += [f"{path.name}: {n}" for n in names if n in above]
+            elif isinstance(node, ast.Import):
+                found += [f"{path.name}: {a.name}" for a in node.names
+                          if a.name.startswith("ignis.") and a.name.split(".")[1] in above]
+    assert not found, f"ignis.array imports from layers above it: {found}"
+
+
+def test_dlpack_export_lives_in_the_array_layer(dev):
+    from ignis.array import dlpack_export
+    from ignis.interop import dlpack
+    assert dlpack.export is dlpack_export.export  # the interop names still work
+    x = ig.full(8, 2.0)
+    n = np.from_dlpack(x)
+    assert len([v for v in dlpack_export._exports.values() if v[2] is x]) == 1
+    assert (n == 2.0).all()
+    del n

@@ -1391,17 +1391,17 @@ class NvArray:
     # -- interop (DLPack, CUDA array interface) --------------------------------------------
     def __dlpack__(self, *, stream: Any = None, max_version: Any = None, dl_device: Any = None,
                    copy: Any = None) -> Any:
-        from ..interop import dlpack
-        return dlpack.export(self, stream=stream, max_version=max_version, dl_device=dl_device, copy=copy)
+        from . import dlpack_export
+        return dlpack_export.export(self, stream=stream, max_version=max_version, dl_device=dl_device, copy=copy)
 
     def __dlpack_device__(self) -> tuple[int, int]:
-        from ..interop import dlpack
-        return dlpack.device_of(self)
+        from . import dlpack_export
+        return dlpack_export.device_of(self)
 
     @property
     def __cuda_array_interface__(self) -> dict[str, Any]:
-        from ..interop import dlpack
-        return dlpack.cuda_array_interface(self)
+        from . import dlpack_export
+        return dlpack_export.cuda_array_interface(self)
 
 
 # -- the optional C fast path --------------------------------------------------------
