@@ -47,14 +47,13 @@ from __future__ import annotations
 import threading
 import time
 import weakref
-from contextlib import contextmanager
+from contextlib import ExitStack, contextmanager
 from typing import TYPE_CHECKING, Any, Callable, Iterator
 
 from .. import dtypes as _dt
 from ..array import NvArray
 from ..errors import DriverError, MemoryContractViolation
 from ..memory import Access
-from ..safety.contract import contract
 from .errors import CollectiveError
 from .ops import _BY_NAME as _OPS
 from .ops import FP8, Plan, ReduceOp, movement_plan, reduction_plan
@@ -238,12 +237,16 @@ class _Op:
 
 
 class _Group:
-    __slots__ = ("ops", "held", "roots")
+    __slots__ = ("ops", "held", "roots", "stream", "holds")
 
-    def __init__(self) -> None:
+    def __init__(self, stream: "Stream") -> None:
         self.ops: list[_Op] = []
         self.held: dict[int, list] = {}  # id(array) -> [array, Access, the first _Op that writes it]
         self.roots: set[int] = set()  # ids of the roots acquired (a view is held through its root)
+        self.stream = stream
+        # The group's holds: each root acquired for "collective" (an access that holds and makes
+        # no use: the uses are made when the group is issued) until release().
+        self.holds = ExitStack()
 
     def add(self, a: NvArray, acc: Access, op: "_Op") -> None:
         """Acquire ``a`` for the group, once; an array used twice gets the union of the accesses."""
@@ -251,13 +254,20 @@ class _Group:
         if entry is None:
             root = a._root()
             if id(root) not in self.roots:
-                contract.acquire(a, OWNER)
+                self.holds.enter_context(NvArray.access_all([(a, None)], self.stream, by=OWNER, op=op.name))
                 self.roots.add(id(root))
             self.held[id(a)] = [a, acc, None if acc is _READ else op]
         else:
             entry[1] = _merge(entry[1], acc)
             if entry[2] is None and acc is not _READ:
                 entry[2] = op
+
+    def release(self) -> None:
+        """Give every array the group holds back (never raises for one no longer held)."""
+        try:
+            self.holds.close()
+        except MemoryContractViolation:
+            pass
 
 
 def _merge(a: Access, b: Access) -> Access:
@@ -438,21 +448,20 @@ class Communicator:
             yield self
             return
         self._check_usable("group")
-        g = self._group = _Group()
+        g = self._group = _Group(self.stream)
         try:
             yield self
         except BaseException:
             self._group = None
-            _release(list(g.held.values()))
+            g.release()
             raise
         self._group = None
-        held = list(g.held.values())
         try:
             if g.ops:
                 self._check_usable(g.ops[0].label)
-                self._issue(g.ops, held)
+                self._issue(g.ops, list(g.held.values()))
         finally:
-            _release(held)
+            g.release()
 
     # -- collectives -----------------------------------------------------------------------
     def all_reduce(self, send: NvArray, recv: NvArray | None = None, *, op: "ReduceOp | str" = "sum") -> NvArray:
@@ -638,7 +647,7 @@ class Communicator:
         self._closed = True
         g, self._group = self._group, None
         if g is not None:
-            _release(list(g.held.values()))
+            g.release()
         try:
             if self._health.error is None:
                 self._engine.close()
@@ -673,16 +682,6 @@ class Communicator:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
-
-
-def _release(held: list) -> None:
-    for entry in held:
-        a = entry[0]
-        if a.owner == OWNER:
-            try:
-                contract.release(a, OWNER)
-            except MemoryContractViolation:
-                pass
 
 
 def _c_strides(shape: tuple[int, ...], itemsize: int) -> tuple[int, ...]:
