@@ -659,6 +659,7 @@ class NvArray:
         """Use the raw pointer in foreign work (PyTorch, CuPy, Triton, custom CUDA)
         queued on ``stream`` inside the ``with`` block: the waits it needs are
         queued before, and the use is recorded after. The block gives the device address.
+        For a byte range, or for a layer that holds the array meanwhile, see ``access``.
 
         Args:
             stream: the ``Stream`` the foreign work is queued on; None: the array's own.
