@@ -58,11 +58,7 @@ LAYERS: dict[str, int] = {
 FACADE = "ignis"  # the public facade: it may import anything; below the cli, nothing may import it
 
 # Upward imports that remain: (importer, imported) -> why, and the change that removes it.
-ALLOWED_UPWARD: dict[tuple[str, str], str] = {
-    ("ignis.array.nvarray", "ignis.interop.dlpack"):
-        "NvArray.__dlpack__ / __dlpack_device__ / __cuda_array_interface__ call interop's DLPack exporter; "
-        "removed by the DLPack export change (the export functions move into the array layer)",
-}
+ALLOWED_UPWARD: dict[tuple[str, str], str] = {}
 
 
 def layer_of(module: str) -> int:
@@ -309,29 +305,6 @@ def test_upper_layers_plug_themselves_in():
     import ignis as ig
     from ignis.telemetry import _torch
 
-    assert ig.array.adopt_foreign is ig.interop.from_dlpack  # asarray / from_dlpack adopt through interop
     assert ig.torch.memory_views is _torch.torch_memory_views  # the guard's torch.cuda.memory_* answers
 
 
-def test_adopting_without_the_interop_layer_says_so(monkeypatch):
-    import numpy as np
-
-    import ignis as ig
-
-    class Foreign:  # anything with __dlpack__ goes to the interop layer
-        def __init__(self) -> None:
-            self.a = np.zeros(4, np.float32)
-
-        def __dlpack__(self, **kw):
-            return self.a.__dlpack__(**kw)
-
-        def __dlpack_device__(self):
-            return self.a.__dlpack_device__()
-
-    got = ig.asarray(Foreign())
-    assert got.shape == (4,) and not got.owns_memory
-    monkeypatch.setattr(ig.array, "adopt_foreign", None)
-    with pytest.raises(ImportError, match="ignis.interop"):
-        ig.asarray(Foreign())
-    with pytest.raises(ImportError, match="ignis.interop"):
-        ig.array.from_dlpack(Foreign())

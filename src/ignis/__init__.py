@@ -15,11 +15,12 @@ from .memory import *  # noqa: F401,F403
 from .memory import __all__ as _memory_all
 from .safety import (DEFAULT_OWNER, GpuRef, MemoryContract, contract, get_ordering, ordering, owners,
                      register_owner, sanitizer, set_ordering)
-from .array import (NvArray, asarray, empty, empty_like, from_dlpack, from_numpy, full, full_like, launch, ones,
-                    ones_like, synchronize, zeros, zeros_like)
+from .array import (NvArray, empty, empty_like, from_numpy, full, full_like, launch, ones, ones_like, synchronize,
+                    zeros, zeros_like)
 from .array import builtins as kernels
 from .runtime import Kernel, RawPtr
 from . import interop
+from .interop import asarray, from_dlpack
 from . import io
 from . import ipc
 from . import collective

@@ -1320,7 +1320,7 @@ static PyObject *array_del(PyObject *self, PyObject *unused) {
  * either can happen in the interpreter's final garbage collection, after ignis's modules
  * were cleared and a ctypes callback object could have been freed. These are plain C
  * functions (an extension module stays loaded): they drop the export's entry from
- * ignis.interop.dlpack._exports, and do nothing once the interpreter is finalizing. */
+ * ignis.array.dlpack_export._exports, and do nothing once the interpreter is finalizing. */
 static PyObject *DL_EXPORTS;  /* struct address -> what keeps the exported tensor alive */
 
 static void dl_forget(void *addr) {
