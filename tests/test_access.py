@@ -14,32 +14,9 @@ import pytest
 
 import ignis as ig
 from helpers import read, sleep_on, write
-from ignis.backends import get_backend
-
-# NumPy producers and consumers hand DLPack tensors in host memory: device memory only
-# on the emulated backend (the GPU's DLPack paths: tests/test_interop_gpu.py).
-host_dlpack = pytest.mark.skipif(get_backend().name != "emulated",
-                                 reason="NumPy's DLPack tensors are host memory: a device array only on the emulated "
-                                        "backend")
 
 K = ig.kernels
 SRC = Path(__file__).resolve().parents[1] / "src" / "ignis"
-
-
-@pytest.fixture
-def san():
-    ig.sanitizer.disable()
-    s = ig.sanitizer.enable("raise")
-    try:
-        yield s
-    finally:
-        ig.sanitizer.disable()
-
-
-@pytest.fixture
-def manual():
-    with ig.ordering("manual"):
-        yield
 
 
 def _state(x: ig.NvArray, streams: list) -> tuple:
@@ -236,8 +213,8 @@ def test_a_failed_preparation_releases_and_records_nothing(dev, streams):
     assert y.owner == "compute"
 
 
-@host_dlpack
-def test_a_write_to_read_only_memory_is_refused(dev):
+# NumPy hands DLPack tensors in host memory: device memory on the emulated backend only.
+def test_a_write_to_read_only_memory_is_refused(dev, on_emulated):
     src = np.arange(8, dtype=np.float32)
     src.flags.writeable = False
     x = ig.from_dlpack(src)
@@ -417,8 +394,8 @@ def test_the_array_layer_imports_nothing_above_it():
     assert not found, f"ignis.array imports from layers above it: {found}"
 
 
-@host_dlpack
-def test_dlpack_export_lives_in_the_array_layer(dev):
+# NumPy hands DLPack tensors in host memory: device memory on the emulated backend only.
+def test_dlpack_export_lives_in_the_array_layer(dev, on_emulated):
     from ignis.array import dlpack_export
     from ignis.interop import dlpack
     assert dlpack.export is dlpack_export.export  # the interop names still work
