@@ -9,8 +9,8 @@ from .guard import DebugGuardResource, first_poisoned_offset, holds_poison
 from .pinned import PinnedBuffer, PinnedHostResource
 from .pool import PoolResource
 from .resource import DeviceMemoryResource, TrackedResource
-from .types import (TRANSITIONS, UNTAGGED, Access, AllocTag, BlockId, BlockState, DeviceBlock, Generation,
-                    StreamId)
+from .types import TRANSITIONS, UNTAGGED, Access, AllocTag, BlockId, BlockState, Generation, StreamId
+from .block import DeviceBlock
 from .vmm import VmmResource
 
 __all__ = [

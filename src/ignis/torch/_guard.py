@@ -74,7 +74,8 @@ from ..memory import history as _history
 from ..memory.guard import DebugGuardResource, _Guarded
 from ..memory.pool import PoolResource
 from ..memory.resource import check_request
-from ..memory.types import UNTAGGED, Access, BlockState, DeviceBlock, _next_generation
+from ..memory.types import UNTAGGED, Access, BlockState, _next_generation
+from ..memory.block import DeviceBlock
 from ..runtime import Device, Stream
 from ..safety import frames as _frames
 from ..safety.frames import add_library_dir, capture_frames, format_frames, sites

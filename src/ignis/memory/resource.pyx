@@ -46,15 +46,25 @@ from typing import TYPE_CHECKING, Any
 
 from ..errors import (ClosedError, DoubleFreeError, DriverError, OutOfMemoryError, StaleHandleError, StreamMisuseError,
                       UseAfterFreeError)
-from ..runtime import Device, Stream, current_device
+from ..runtime import Device, current_device
+from ..runtime.stream cimport Stream
 from . import history as _history
 from . import ordering as _ord
-from .types import UNTAGGED, Access, BlockId, BlockState, DeviceBlock, _next_generation
+from .types import UNTAGGED, Access, BlockId, BlockState, _next_generation
+from .block cimport DeviceBlock
 
 if TYPE_CHECKING:
     from ..backends import Backend
 
 __all__ = ["DeviceMemoryResource", "TrackedResource", "EventPool", "check_request"]
+
+
+cdef Stream _as_stream(object stream):
+    """``stream`` as a Stream, or a TypeError that says what was expected."""
+    if not isinstance(stream, Stream):
+        raise TypeError(f"stream must be an ignis Stream (device.create_stream(), device.default_stream), "
+                        f"got {type(stream).__name__}")
+    return <Stream>stream
 
 
 def check_request(nbytes: Any, stream: Any) -> None:
@@ -81,7 +91,7 @@ def check_request(nbytes: Any, stream: Any) -> None:
                         "use device.default_stream or device.create_stream()")
 
 
-class EventPool:
+cdef class EventPool:
     """Reusable timing-free events of one device and context generation.
 
     Tracking resources record their cross-stream events from it
@@ -92,7 +102,7 @@ class EventPool:
         device: the ``ig.Device`` whose events it keeps.
     """
 
-    __slots__ = ("_backend", "_ordinal", "_free", "_lock", "generation", "state")
+    # Fields: see resource.pxd.
 
     def __init__(self, device: Device) -> None:
         self._backend = device.backend
@@ -171,7 +181,7 @@ def _after_fork_in_child() -> None:
             pass
 
 
-class DeviceMemoryResource:
+cdef class DeviceMemoryResource:
     """Base of every device memory resource. Thread-safe.
 
     Subclasses implement ``allocate`` / ``deallocate``; resources that track
@@ -184,8 +194,6 @@ class DeviceMemoryResource:
     Attributes:
         device: the ``ig.Device`` it serves.
     """
-
-    device: Device
 
     def __init__(self, device: "Device | int | None" = None) -> None:
         self.device = current_device() if device is None else Device(device)
@@ -422,7 +430,7 @@ class DeviceMemoryResource:
         return f"<{type(self).__name__} device={self.device.ordinal}>"
 
 
-class TrackedResource(DeviceMemoryResource):
+cdef class TrackedResource(DeviceMemoryResource):
     """A resource that keeps a live map and the per-block hazard record.
 
     Its tracking methods order cross-stream uses of its blocks (see the module's
@@ -510,12 +518,14 @@ class TrackedResource(DeviceMemoryResource):
             OutOfBoundsError: the sanitizer is on in ``raise`` mode and ``span`` leaves the block.
             DriverError: an event record or wait failed.
         """
-        if stream._closed or stream._generation != stream.device.state.generation:
-            stream._check()  # a closed or stale stream: its handle must not reach the driver
+        cdef Stream s = _as_stream(stream)
+        cdef DeviceBlock b
+        if s._closed or s._generation != s.device.state.generation:
+            s._check()  # a closed or stale stream: its handle must not reach the driver
         with self._lock:
             b = self._live.get(block.ptr)
             if b is None or b.generation != block.generation:
-                self._resolve(block)  # raises UseAfterFreeError
+                b = self._resolve(block)  # raises UseAfterFreeError
             ws = b._ws
             if (ws is not stream and ws is not None) or (b._rd and access.writes):
                 if not _ord.any_manual or _ord.policy(stream) == _ord.AUTO:
@@ -541,10 +551,11 @@ class TrackedResource(DeviceMemoryResource):
             UseAfterFreeError: the block is not live here.
             DriverError: the event record failed.
         """
+        cdef DeviceBlock b
         with self._lock:
             b = self._live.get(block.ptr)
             if b is None or b.generation != block.generation:
-                self._resolve(block)  # raises UseAfterFreeError
+                b = self._resolve(block)  # raises UseAfterFreeError
             if stream is b.alloc_stream:
                 if b._ws is stream and not b._we and b._rd is None:
                     return  # clean on this stream: nothing to record (see "Clean" above)
@@ -598,7 +609,7 @@ class TrackedResource(DeviceMemoryResource):
         """
         self.finish_block_use(block, stream, Access.READ)
 
-    def _order_release(self, b: DeviceBlock) -> None:
+    def _order_release(self, DeviceBlock b) -> None:
         """Make the alloc stream wait for every recorded use from another stream,
         then return the block's events to the pool. Caller holds the lock.
 
@@ -633,7 +644,7 @@ class TrackedResource(DeviceMemoryResource):
         b._rd = None
 
     @staticmethod
-    def _reset_record_after_release(b: DeviceBlock) -> None:
+    def _reset_record_after_release(DeviceBlock b) -> None:
         """A block whose release was ordered (``_order_release`` returned) but whose free
         then failed: its alloc stream already waits for every earlier use, so it counts as
         last written there (no event yet), which orders any later use after all of them."""

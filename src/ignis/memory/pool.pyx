@@ -34,12 +34,15 @@ import warnings
 from typing import Any
 
 from ..errors import DriverError, OutOfMemoryError
-from ..runtime import Device, Stream, current_device
+from ..runtime import Device, current_device
+from ..runtime.stream cimport Stream
 from ..runtime.stream import add_close_hook
 from . import history as _history
 from . import ordering as _ord
-from .resource import DeviceMemoryResource, TrackedResource, check_request
-from .types import UNTAGGED, BlockState, DeviceBlock, _next_generation
+from .resource import DeviceMemoryResource, check_request
+from .resource cimport TrackedResource, EventPool
+from .types import UNTAGGED, BlockState, _next_generation
+from .block cimport DeviceBlock
 
 __all__ = ["PoolResource"]
 
@@ -55,8 +58,7 @@ _MIN_SPLIT_SMALL = _ALIGN
 _MIN_SPLIT_LARGE = 1 << 20
 
 
-class _Segment:
-    __slots__ = ("block", "ptr", "size", "small")
+cdef class _Segment:
 
     def __init__(self, block: DeviceBlock, size: int, small: bool) -> None:
         self.block = block
@@ -65,10 +67,9 @@ class _Segment:
         self.small = small
 
 
-class _Block:
+cdef class _Block:
     """A range of a segment: handed out or free on one stream's list."""
 
-    __slots__ = ("ptr", "size", "seg", "prev", "next", "free", "stream")
 
     def __init__(self, ptr: int, size: int, seg: _Segment, prev: "_Block | None", nxt: "_Block | None",
                  stream: Stream) -> None:
@@ -81,11 +82,10 @@ class _Block:
         self.stream = stream
 
 
-class _SizeClass:
+cdef class _SizeClass:
     """Free blocks of one size class: exact-size bins (LIFO) plus the sorted list
     of sizes that have (or recently had) a bin, for best fit."""
 
-    __slots__ = ("bins", "sizes")
 
     def __init__(self) -> None:
         self.bins: dict[int, list[_Block]] = {}
@@ -111,10 +111,9 @@ class _SizeClass:
         return b
 
 
-class _FreeList:
+cdef class _FreeList:
     """Free blocks of one stream, by size class."""
 
-    __slots__ = ("small", "large", "count", "dirty")
 
     def __init__(self) -> None:
         self.small = _SizeClass()
@@ -171,7 +170,7 @@ def _segment_size(size: int) -> tuple[int, bool]:
     return (size + _ROUND_LARGE - 1) // _ROUND_LARGE * _ROUND_LARGE, False
 
 
-class PoolResource(TrackedResource):
+cdef class PoolResource(TrackedResource):
     """Caching allocator with per-stream free lists over ``upstream``.
 
     The default resource of every device (``ig.get_current_resource``). It tracks
@@ -192,9 +191,6 @@ class PoolResource(TrackedResource):
         num_segment_frees: segments handed back to ``upstream``.
     """
 
-    # Slots (not the instance dict) for what the C fast path reads and writes.
-    __slots__ = ("device", "_generation", "_closed", "_lock", "_live", "_free", "_live_bytes", "_state", "_backend",
-                 "_events", "cross_stream_waits")
 
     def __init__(self, upstream: DeviceMemoryResource | None = None, *, device: "Device | int | None" = None) -> None:
         if upstream is None:
@@ -213,21 +209,19 @@ class PoolResource(TrackedResource):
         self.num_segment_frees = 0
         self._final: dict[Stream, int] = {}  # closed stream -> event recorded just before it closed
         add_close_hook(self._on_stream_close)
-        if FAST and type(self) is PoolResource:
-            # The common case in C (ignis/_speedups.c); everything else, and every
-            # error, still goes through the methods below.
-            self.allocate = types.MethodType(_speedups.pool_allocate, self)
-            self.deallocate = types.MethodType(_speedups.pool_deallocate, self)
-            self.prepare_block_use = types.MethodType(_speedups.tracked_prepare, self)
-            self.finish_block_use = types.MethodType(_speedups.tracked_finish, self)
-            _bind_backend(self._backend)  # tracking queues its records and waits through this backend
 
     # -- hot path ------------------------------------------------------------
-    def allocate(self, nbytes: int, stream: Stream | None = None, tag: str = UNTAGGED) -> DeviceBlock:
-        if stream is None:
-            stream = self.device.default_stream
-        if type(nbytes) is not int or nbytes <= 0 or type(stream) is not Stream:
-            check_request(nbytes, stream)
+    def allocate(self, nbytes: int, stream_: Stream | None = None, tag: str = UNTAGGED) -> DeviceBlock:
+        cdef Stream stream
+        cdef _FreeList fl
+        cdef _Block b
+        cdef list lst
+        cdef DeviceBlock block
+        if stream_ is None:
+            stream_ = self.device.default_stream
+        if type(nbytes) is not int or nbytes <= 0 or type(stream_) is not Stream:
+            check_request(nbytes, stream_)
+        stream = <Stream>stream_
         if stream._closed or stream._generation != self._generation or stream.device is not self.device \
                 or self._closed:
             self._check_stream(stream)
@@ -260,7 +254,14 @@ class PoolResource(TrackedResource):
             _history.recorder("alloc", self, ptr, b.size, stream, block)
         return block
 
-    def deallocate(self, block: DeviceBlock) -> None:
+    def deallocate(self, block_: DeviceBlock) -> None:
+        cdef DeviceBlock block
+        cdef _FreeList fl
+        cdef _Block b
+        cdef list lst
+        if type(block_) is not DeviceBlock:
+            self._check_dealloc(block_, self._live)
+        block = <DeviceBlock>block_
         lock = self._lock
         lock.acquire()
         try:
@@ -553,44 +554,3 @@ class PoolResource(TrackedResource):
                 f"reserved={self._reserved} upstream={type(self.upstream).__name__}>")
 
 
-# -- the optional C fast path ------------------------------------------------------
-def _load_speedups() -> Any:
-    """``ignis._speedups`` bound to these classes, or None (not built, or
-    ``IGNIS_PURE_PYTHON=1``)."""
-    if os.environ.get("IGNIS_PURE_PYTHON", "") not in ("", "0"):
-        return None
-    try:
-        from .. import _speedups as mod
-    except ImportError:
-        return None
-    from ..runtime.stream import Stream as _Stream
-    from ..runtime.device import DeviceState
-    from .resource import EventPool
-    from .types import Access
-    try:
-        mod.setup(_Stream, DeviceBlock, _Block, _FreeList, _SizeClass, _Segment, PoolResource, DeviceState, EventPool,
-                  BlockState.LIVE, _RETIRED, _next_generation.__self__, _history, _ord, PoolResource.allocate,
-                  PoolResource.deallocate, PoolResource.prepare_block_use, PoolResource.finish_block_use,
-                  threading.Lock(), Access.READ, Access.WRITE, Access.READ_WRITE)
-    except Exception as e:  # a layout this build does not know: run in Python, and say so
-        warnings.warn(f"ignis._speedups could not bind ({type(e).__name__}: {e}); PoolResource runs in Python",
-                      RuntimeWarning, stacklevel=2)
-        return None
-    return mod
-
-
-_speedups = _load_speedups()
-FAST = _speedups is not None  # PoolResource's allocate / deallocate (and tracking, on cuda) run their common case in C
-_bound: list = [None]  # the backend the C tracking path queues through
-
-
-def _bind_backend(backend: Any) -> None:
-    if _bound[0] is backend:
-        return
-    calls = backend.tracking_calls()
-    if "streams" in calls:
-        _speedups.bind_cuda(backend, calls["streams"], calls["events"], calls["current"], calls["record"],
-                            calls["wait"], calls["faults"], *calls.get("raw", (0, 0)))
-    else:
-        _speedups.bind_backend(backend, calls["record"], calls["wait"], calls["faults"])
-    _bound[0] = backend
