@@ -41,3 +41,5 @@ cdef class PoolResource(TrackedResource):
     cdef public dict _segments
     cdef public object _reserved
     cdef public dict _final
+
+    cdef int _split_if_worth(self, _Block b, object size, bint small) except -1

@@ -40,13 +40,47 @@ from ..runtime.stream import add_close_hook
 from . import history as _history
 from . import ordering as _ord
 from .resource import DeviceMemoryResource, check_request
-from .resource cimport TrackedResource, EventPool
+from .resource cimport TrackedResource, EventPool, ResourceLock, lock_take, lock_give
 from .types import UNTAGGED, BlockState, _next_generation
 from .block cimport DeviceBlock
 
+cdef extern from "Python.h":
+    Py_ssize_t _as_ssize "PyLong_AsSsize_t"(object) noexcept
+    void PyErr_Clear()
+
 __all__ = ["PoolResource"]
 
-_RETIRED = BlockState.RETIRED
+cdef object _RETIRED = BlockState.RETIRED
+cdef object _FREED = BlockState.FREED
+cdef object _LIVE = BlockState.LIVE
+cdef object _ZERO = 0
+cdef dict _HIST = _history.__dict__
+cdef dict _ORD = _ord.__dict__
+# The process-wide generation counter (ignis.memory.types._next_generation is its
+# __next__): one counter for every resource, read here without the method call.
+cdef object _GENERATIONS = _next_generation.__self__
+# Requests up to this many bytes take the compiled arithmetic (far beyond any device).
+cdef enum:
+    _C_SMALL_MAX = 1 << 20
+cdef Py_ssize_t _SIZE_LIMIT = (<Py_ssize_t>1) << 60
+
+
+cdef inline DeviceBlock _new_block(object ptr, Stream stream, object nbytes, object requested, object tag,
+                                   object impl):
+    """A new LIVE DeviceBlock (what ``DeviceBlock(...)`` makes, without the call)."""
+    cdef DeviceBlock block = DeviceBlock.__new__(DeviceBlock)
+    block.ptr = ptr
+    block.alloc_stream = stream
+    block.bytes = nbytes
+    block.requested = requested
+    block.tag = tag
+    block.generation = next(_GENERATIONS)
+    block.state = _LIVE
+    block._ws = stream
+    block._we = _ZERO
+    block._rd = None
+    block._impl = impl
+    return block
 
 _ALIGN = 512
 _SMALL_MAX = 1 << 20
@@ -214,44 +248,89 @@ cdef class PoolResource(TrackedResource):
     def allocate(self, nbytes: int, stream_: Stream | None = None, tag: str = UNTAGGED) -> DeviceBlock:
         cdef Stream stream
         cdef _FreeList fl
+        cdef _SizeClass cls
         cdef _Block b
         cdef list lst
         cdef DeviceBlock block
+        cdef Py_ssize_t n, size
+        cdef bint small
+        cdef ResourceLock lk
         if stream_ is None:
             stream_ = self.device.default_stream
-        if type(nbytes) is not int or nbytes <= 0 or type(stream_) is not Stream:
+        if type(nbytes) is not int or type(stream_) is not Stream:
             check_request(nbytes, stream_)
+        n = _as_ssize(nbytes)
+        if n <= 0 or n > _SIZE_LIMIT:
+            if n == -1:
+                PyErr_Clear()  # out of Py_ssize_t range
+            if nbytes <= 0:
+                check_request(nbytes, stream_)
+            return self._allocate_huge(nbytes, stream_, tag)
         stream = <Stream>stream_
-        if stream._closed or stream._generation != self._generation or stream.device is not self.device \
-                or self._closed:
+        if stream._closed or (stream._generation is not self._generation and stream._generation != self._generation) \
+                or stream.device is not self.device or self._closed:
             self._check_stream(stream)
-        size = (nbytes + 511) & -512
-        small = size <= _SMALL_MAX
-        lock = self._lock
-        lock.acquire()
+        size = (n + 511) & ~(<Py_ssize_t>511)
+        small = size <= _C_SMALL_MAX
+        size_obj = size
+        lk = self._lock
+        lock_take(lk)
         try:
             fl = self._free.get(stream)
             b = None
             if fl is not None:
-                lst = (fl.small if small else fl.large).bins.get(size)
+                cls = fl.small if small else fl.large
+                lst = cls.bins.get(size_obj)
                 if lst:  # the common case: a block of exactly this size, freed on this stream
                     b = lst.pop()
                     b.free = False
                     fl.count -= 1
                 else:
-                    b = fl.take(size, small)
+                    b = fl.take(size_obj, small)
+                    if b is not None:
+                        self._split_if_worth(b, size_obj, small)
             if b is None:
-                b = self._slow_take(size, small, stream)
-            if b.size != size and b.size - size >= (_MIN_SPLIT_SMALL if small else _MIN_SPLIT_LARGE):
-                self._split(b, size)
-            ptr = b.ptr
-            block = DeviceBlock(ptr, stream, b.size, nbytes, tag, _next_generation(), b)
-            self._live[ptr] = block
+                b = self._slow_take(size_obj, small, stream)
+                self._split_if_worth(b, size_obj, small)
+            block = _new_block(b.ptr, stream, b.size, nbytes, tag, b)
+            self._live[b.ptr] = block
             self._live_bytes += b.size
         finally:
-            lock.release()
-        if _history.recorder is not None:
-            _history.recorder("alloc", self, ptr, b.size, stream, block)
+            lock_give(lk)
+        rec = _HIST["recorder"]
+        if rec is not None:
+            rec("alloc", self, b.ptr, b.size, stream, block)
+        return block
+
+    cdef int _split_if_worth(self, _Block b, object size, bint small) except -1:
+        if b.size != size and b.size - size >= (_MIN_SPLIT_SMALL if small else _MIN_SPLIT_LARGE):
+            self._split(b, size)
+        return 0
+
+    def _allocate_huge(self, nbytes: int, stream_: Stream, tag: str) -> DeviceBlock:
+        """``allocate`` for a request beyond the compiled path's sizes (its arithmetic on
+        Python ints): the same steps, which end in the upstream's out-of-memory error."""
+        cdef Stream stream = <Stream>stream_
+        cdef _FreeList fl
+        cdef _Block b
+        cdef DeviceBlock block
+        if stream._closed or stream._generation != self._generation or stream.device is not self.device \
+                or self._closed:
+            self._check_stream(stream)
+        size = (nbytes + 511) & -512
+        small = size <= _SMALL_MAX
+        with self._lock:
+            fl = self._free.get(stream)
+            b = fl.take(size, small) if fl is not None else None
+            if b is None:
+                b = self._slow_take(size, small, stream)
+            self._split_if_worth(b, size, small)
+            block = _new_block(b.ptr, stream, b.size, nbytes, tag, b)
+            self._live[b.ptr] = block
+            self._live_bytes += b.size
+        rec = _HIST["recorder"]
+        if rec is not None:
+            rec("alloc", self, b.ptr, b.size, stream, block)
         return block
 
     def deallocate(self, block_: DeviceBlock) -> None:
@@ -259,11 +338,12 @@ cdef class PoolResource(TrackedResource):
         cdef _FreeList fl
         cdef _Block b
         cdef list lst
+        cdef ResourceLock lk
         if type(block_) is not DeviceBlock:
             self._check_dealloc(block_, self._live)
         block = <DeviceBlock>block_
-        lock = self._lock
-        lock.acquire()
+        lk = self._lock
+        lock_take(lk)
         try:
             ptr = block.ptr
             if self._live.get(ptr) is not block:
@@ -272,13 +352,14 @@ cdef class PoolResource(TrackedResource):
             b = block._impl
             size = b.size
             self._live_bytes -= size
-            if self._generation != self.device.state.generation:
-                block.state = BlockState.FREED
+            g = self._state.generation
+            if g is not self._generation and g != self._generation:
+                block.state = _FREED
                 return
             stream = block.alloc_stream
             if block._rd is not None or block._ws is not stream:
                 try:
-                    self._order_release(block)
+                    self._order_release_c(block)
                 except BaseException:
                     # A refused event record or wait: the block stays LIVE and counted.
                     self._reset_record_after_release(block)
@@ -287,9 +368,9 @@ cdef class PoolResource(TrackedResource):
                     raise
             else:
                 if block._we:
-                    self._events.put(block._we)
+                    self._events._free.append(block._we)
+                    block._we = _ZERO
                 block._ws = None
-                block._we = 0
             b.stream = stream
             fl = self._free.get(stream)
             if fl is None:
@@ -305,12 +386,14 @@ cdef class PoolResource(TrackedResource):
                 fl.dirty = True
             block.state = _RETIRED
         finally:
-            lock.release()
-        if _history.recorder is not None:
-            _history.recorder("free_requested", self, ptr, size, stream, block)
-            _history.recorder("free_completed", self, ptr, size, stream, block)  # reusable at once, in order
-        if _ord.checker is not None:
-            _ord.checker.free(block)  # after the release ordering was queued
+            lock_give(lk)
+        rec = _HIST["recorder"]
+        if rec is not None:
+            rec("free_requested", self, ptr, size, stream, block)
+            rec("free_completed", self, ptr, size, stream, block)  # reusable at once, in order
+        checker = _ORD["checker"]
+        if checker is not None:
+            checker.free(block)  # after the release ordering was queued
 
     # -- slow paths (lock held) ---------------------------------------------------
     def _slow_take(self, size: int, small: bool, stream: Stream) -> _Block:
@@ -350,7 +433,7 @@ cdef class PoolResource(TrackedResource):
                 del self._free[owner]
                 self._events.put(self._final.pop(owner))
         else:
-            ev = self._wait(stream, owner, 0)
+            ev = self._wait_c(stream, <Stream>owner, 0)
             if ev:
                 self._events.put(ev)
         b.stream = stream
