@@ -134,11 +134,13 @@ def summarize(samples: list[float], n: int) -> dict:
 
 # -- driver-call counting -----------------------------------------------------------
 def _c_driver_calls() -> dict[str, int]:
+    """The event records and stream waits that compiled tracking queued straight to the
+    driver (ignis.memory.resource.driver_calls: the cuda backend's direct path)."""
     try:
-        from ignis import _speedups
+        from ignis.memory.resource import driver_calls
     except ImportError:
         return {}
-    return _speedups.driver_calls()
+    return driver_calls()
 
 
 class DriverCallCounter:
@@ -147,8 +149,8 @@ class DriverCallCounter:
     It shadows the backend's methods with counting wrappers on the instance,
     so a resource that calls ``self._backend.event_record(...)`` is counted,
     and removes the shadows on exit. The event records and stream waits that
-    the C fast path queues itself (``ignis._speedups``) are added from its own
-    counters."""
+    compiled tracking queues straight to the driver (``ignis.memory.resource.driver_calls``)
+    are added from its own counters."""
 
     def __init__(self, backend: Any) -> None:
         from ignis.backends import Backend
@@ -602,7 +604,7 @@ def print_report(r: dict, labels: dict[str, str]) -> None:
             print(f"  backend calls per pair, {labels[key]}: " + "; ".join(f"{k} {v}" for k, v in texts.items()))
 
     print(f"\n2. tracked use (prepare_block_use + finish_block_use, READ_WRITE), {mu}s per use")
-    print(f"  C fast path: {'on' if meta.get('c_fast_path') else 'off (pure Python)'}")
+    print(f"  compiled hot path: {'on' if meta.get('c_fast_path') else 'off (pure Python)'}")
     for tkey, suffix in (("tracked_use", ""), ("tracked_use_python", ", Python path")):
         t = r.get(tkey)
         if t is None:
@@ -798,7 +800,7 @@ def main(argv: list[str] | None = None) -> int:
     r.update({
         "meta": {"card": dev.name, "backend": backend.name, "backend_versions": versions,
                  "python": platform.python_version(), "platform": platform.platform(),
-                 "c_fast_path": pool_module.FAST,
+                 "c_fast_path": not pool_module.__file__.endswith(".py"),  # the compiled (Cython) pool
                  "ignis": ig.__version__, "mode": "quick" if args.quick else "full", "repeats": cfg.repeats,
                  "target_ms": cfg.target_s * 1e3, "sizes": {lbl: n for lbl, n in SIZES},
                  "date": datetime.now(timezone.utc).isoformat(timespec="seconds"),

@@ -7,9 +7,15 @@ from ignis.memory.block cimport DeviceBlock
 from ignis.runtime.stream cimport Stream
 
 
+cdef extern from "pythread.h":
+    ctypedef long long PY_TIMEOUT_T
+
+
 cdef class ResourceLock:
     cdef PyThread_type_lock _h
     cdef bint _held
+
+    cdef bint _acquire(self, PY_TIMEOUT_T us) except -1
 
 
 # The compiled callers' acquire and release (no Python call): an uncontended acquire
@@ -50,7 +56,7 @@ cdef class TrackedResource(DeviceMemoryResource):
     cdef public ResourceLock _lock
     cdef public dict _live
     cdef public EventPool _events
-    cdef public object cross_stream_waits
+    cdef public Py_ssize_t cross_stream_waits
 
     cdef object _record_c(self, Stream stream)
     cdef object _wait_c(self, Stream stream, Stream other, object event)

@@ -62,7 +62,6 @@ cdef extern from "Python.h":
     void *PyLong_AsVoidPtr(object) except? NULL
 
 cdef extern from "pythread.h":
-    ctypedef long long PY_TIMEOUT_T
     PY_TIMEOUT_T PY_TIMEOUT_MAX
     PyLockStatus PyThread_acquire_lock_timed(PyThread_type_lock, PY_TIMEOUT_T microseconds, int intr_flag) nogil
 
@@ -291,7 +290,6 @@ cdef class ResourceLock:
             OverflowError: the timeout is too large.
         """
         cdef PY_TIMEOUT_T us = -1
-        cdef PyLockStatus r
         cdef double t = timeout
         if not blocking:
             if t != -1:
@@ -303,14 +301,19 @@ cdef class ResourceLock:
             if t * 1e6 >= <double>PY_TIMEOUT_MAX:
                 raise OverflowError("timeout value is too large")
             us = <PY_TIMEOUT_T>(t * 1e6)
-        r = PyThread_acquire_lock_timed(self._h, 0, 0)
+        return self._acquire(us)
+
+    cdef bint _acquire(self, PY_TIMEOUT_T us) except -1:
+        """Take the lock, waiting up to ``us`` microseconds (-1: no limit) with the GIL
+        released; a signal's handler runs meanwhile (its exception propagates)."""
+        cdef PyLockStatus r = PyThread_acquire_lock_timed(self._h, 0, 0)
         if r != PY_LOCK_ACQUIRED and us != 0:
             while True:
                 with nogil:
                     r = PyThread_acquire_lock_timed(self._h, us, 1)
                 if r != PY_LOCK_INTR:
                     break
-                PyErr_CheckSignals()  # a signal handler's exception propagates
+                PyErr_CheckSignals()
         if r == PY_LOCK_ACQUIRED:
             self._held = True
             return True
@@ -331,8 +334,7 @@ cdef class ResourceLock:
         return self._held
 
     def __enter__(self) -> bool:
-        lock_take(self)
-        return True
+        return self._acquire(-1)
 
     def __exit__(self, *exc: object) -> None:
         if not self._held:
@@ -789,12 +791,12 @@ cdef class TrackedResource(DeviceMemoryResource):
         cdef DeviceBlock b
         cdef dict rd
         cdef ResourceLock lk = self._lock
-        if s._closed or (s._generation is not s.device.state.generation
-                         and s._generation != s.device.state.generation):
+        g = s.device.state.generation
+        if s._closed or (s._generation is not g and s._generation != g):
             s._check()  # a closed or stale stream: its handle must not reach the driver
         lock_take(lk)
         try:
-            b = self._live.get(block.ptr)
+            b = self._live.get((<DeviceBlock>block).ptr if type(block) is DeviceBlock else block.ptr)
             if b is not block and (b is None or b.generation != block.generation):
                 b = self._resolve(block)  # raises UseAfterFreeError
             ws = b._ws
@@ -829,7 +831,7 @@ cdef class TrackedResource(DeviceMemoryResource):
         cdef ResourceLock lk = self._lock
         lock_take(lk)
         try:
-            b = self._live.get(block.ptr)
+            b = self._live.get((<DeviceBlock>block).ptr if type(block) is DeviceBlock else block.ptr)
             if b is not block and (b is None or b.generation != block.generation):
                 b = self._resolve(block)  # raises UseAfterFreeError
             self._finish_locked(b, stream, access)
