@@ -23,6 +23,7 @@ DESIGN.md; the command line (layer 8) is the ``ignis/cli/`` package.
 from __future__ import annotations
 
 import ast
+import re
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -43,7 +44,7 @@ LAYERS: dict[str, int] = {
     "ignis._types": FOUNDATION, "ignis._version": FOUNDATION,
     # the compiled hot path: it imports no Python module (checked below); each layer binds
     # it to its own classes (memory.pool, array.nvarray, torch._guard), so it sits under all
-    "ignis._speedups": FOUNDATION,
+    "ignis._speedups": FOUNDATION, "ignis._native": FOUNDATION,  # _native: loads _speedups once
     "ignis.backends": 0,
     "ignis.runtime": 1,
     "ignis.memory": 2,
@@ -90,9 +91,41 @@ def module_names() -> dict[str, Path]:
         if parts[-1] == "__init__":
             parts.pop()
         out[".".join(parts)] = path
-    for path in sorted(PACKAGE.rglob("*.c")):  # extension modules: ignis/_speedups.c -> ignis._speedups
-        out[".".join(path.relative_to(SRC).with_suffix("").parts)] = path
+    for ext in ("*.pyx", "*.c"):  # compiled modules: ignis/memory/pool.pyx -> ignis.memory.pool
+        for path in sorted(PACKAGE.rglob(ext)):
+            out.setdefault(".".join(path.relative_to(SRC).with_suffix("").parts), path)
     return out
+
+
+_CY_IMPORT = re.compile(r"^([ \t]*)(from\s+\S+\s+c?import\b|c?import\s)")
+
+
+def cython_imports(source: str) -> str:
+    """The import statements of a Cython source (``.pyx`` / ``.pxd``) as Python that ``ast``
+    reads, on their own lines: ``cimport`` counts as ``import`` (a compile-time dependency
+    is a dependency); an indented import stays indented under a function, so it is not
+    top level; one under ``if TYPE_CHECKING:`` is dropped. Every other line is blank."""
+    lines = source.splitlines()
+    out = [""] * len(lines)
+    type_checking = False
+    i = 0
+    while i < len(lines):
+        line = lines[i]
+        if line and not line[0].isspace():
+            type_checking = line.startswith("if TYPE_CHECKING")
+        m = _CY_IMPORT.match(line)
+        if not m or type_checking:
+            i += 1
+            continue
+        stmt = [line]
+        while "".join(stmt).count("(") > "".join(stmt).count(")") or stmt[-1].rstrip().endswith("\\"):
+            i += 1
+            stmt.append(lines[i])
+        text = " ".join(s.strip().rstrip("\\") for s in stmt)
+        text = re.sub(r"\bcimport\b", "import", text)
+        out[i - len(stmt) + 1] = f"def _(): {text}" if m.group(1) else text
+        i += 1
+    return "\n".join(out)
 
 
 def _is_type_checking(test: ast.expr) -> bool:
@@ -148,8 +181,20 @@ def graph() -> dict[str, list[Import]]:
     """Module -> its imports of other Ignis modules."""
     names = module_names()
     known = set(names)
-    return {m: [i for i in imports_of(m, p.read_text(), p.name == "__init__.py", known) if i.target != m]
-            for m, p in names.items() if p.suffix == ".py"}
+    out: dict[str, list[Import]] = {}
+    for m, p in names.items():
+        if p.suffix == ".py":
+            source = p.read_text()
+        elif p.suffix == ".pyx":  # a compiled module: its .pyx and the .pxd that declares it
+            pxd = p.with_suffix(".pxd")
+            source = cython_imports(p.read_text())
+            if pxd.exists():
+                extra = cython_imports(pxd.read_text())
+                source = source + "\n" + extra
+        else:
+            continue
+        out[m] = [i for i in imports_of(m, source, p.name == "__init__.py", known) if i.target != m]
+    return out
 
 
 def upward(graph: dict[str, list[Import]]) -> dict[tuple[str, str], list[int]]:
@@ -272,6 +317,31 @@ def test_the_reader_counts_lazy_imports_and_skips_type_checking():
     g = {"ignis.runtime.kernel": [Import(t, ln, top) for t, ln, top in got]}
     assert upward(g) == {("ignis.runtime.kernel", "ignis.memory"): [2],
                          ("ignis.runtime.kernel", "ignis.telemetry.stats"): [9]}
+
+
+def test_the_reader_reads_cython_imports_and_cimports():
+    source = ("from libc.stdint cimport uintptr_t\n"
+              "from ..runtime.stream cimport Stream\n"            # a cimport is a dependency
+              "from .resource import (DeviceMemoryResource,\n"
+              "                       check_request)\n"           # continued in parentheses
+              "cdef extern from \"Python.h\":\n"                 # not an import
+              "    void *PyLong_AsVoidPtr(object)\n"
+              "cdef class P:\n"
+              "    cdef object f(self):\n"
+              "        from ..telemetry import stats\n"          # indented: not module-level
+              "if TYPE_CHECKING:\n"
+              "    from ..array import NvArray\n")
+    known = {"ignis.memory", "ignis.memory.pool", "ignis.memory.resource", "ignis.runtime.stream",
+             "ignis.telemetry", "ignis.telemetry.stats", "ignis.array"}
+    got = {(i.target, i.line, i.top_level)
+           for i in imports_of("ignis.memory.pool", cython_imports(source), False, known)}
+    assert got == {("ignis.runtime.stream", 2, True), ("ignis.memory.resource", 3, True),
+                   ("ignis.telemetry.stats", 9, False)}
+
+
+def test_the_compiled_modules_are_in_the_graph(graph):
+    assert {"ignis.memory.pool", "ignis.memory.resource", "ignis.memory.block", "ignis.runtime.stream"} <= set(graph)
+    assert "ignis.memory.resource" in {i.target for i in graph["ignis.memory.pool"]}
 
 
 def test_the_cycle_finder_reports_the_loop():

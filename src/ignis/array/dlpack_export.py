@@ -121,8 +121,7 @@ def _capsule_destructor_impl(capsule: int, _valid: Any = _RawIsValid, _get: Any 
 
 
 def _native_callbacks() -> tuple[Any, Any]:
-    from ..memory import pool as _pool
-    sp = _pool._speedups
+    from .._native import speedups as sp
     if sp is not None:
         deleter, destructor = sp.dlpack_setup(_exports)
         return _DELETER(deleter), ctypes.c_void_p(destructor)

@@ -42,7 +42,8 @@ from ..errors import (DoubleFreeError, MemoryContractViolation, OutOfBoundsError
 from .._types import Access
 from ..memory import DeviceMemoryResource, current, get_current_resource
 from ..memory import ordering as _ord
-from ..memory.types import UNTAGGED, DeviceBlock
+from ..memory.types import UNTAGGED
+from ..memory.block import DeviceBlock
 from ..runtime import Device, Stream
 from ..runtime import current as _rt_current
 from ..safety.contract import DEFAULT_OWNER, contract, validate_owner
@@ -1414,12 +1415,13 @@ def _bind_speedups() -> Any:
     the id counter and the clock itself: patching ``__init__``, ``_next_id`` or ``_now``
     reaches ``NvArray(...)`` and the keyword forms of ``ig.empty`` only.
     Returns the module's ``array_empty``, or None (not built, or ``IGNIS_PURE_PYTHON=1``)."""
+    from .._native import speedups as sp
     from ..memory import current as _current
-    from ..memory import pool as _pool
-    sp = _pool._speedups
+    from ..runtime.device import DeviceState
     if sp is None:
         return None
     try:
+        sp.setup(DeviceState, threading.Lock())
         free_c, del_c = sp.array_setup(NvArray, _fast, backends, _current, _LOCKS, _deferred, _in_gc, contract,
                                        _NAMES, _ids, _dt.float32, DEFAULT_OWNER, UNTAGGED, NvArray.free,
                                        NvArray.__del__)

@@ -180,7 +180,7 @@ class Backend:
 
     def mark_forked(self, parent_pid: int) -> None:
         """In a forked child: make every later operation raise ``ForkedProcessError``.
-        The fault table is mutated in place (the C fast path holds it too), and the
+        The fault table is mutated in place (the compiled tracking path holds it too), and the
         lock a parent thread may have held at the fork is replaced."""
         self._fault_lock = threading.Lock()
         self._forked_from = parent_pid
@@ -200,12 +200,10 @@ class Backend:
             raise self.forked_error(what)
 
     def tracking_calls(self) -> dict[str, Any]:
-        """What the memory layer's optional C fast path (ignis/_speedups.c) may call to
-        queue the event records and stream waits of cross-stream tracking: here the
-        backend's own ``event_record`` / ``stream_wait_event`` (the class's, not any
-        wrapper installed on the instance later, such as the sanitizer's, which is only
-        there while the fast path stays off), and the fault table (while a fault is
-        armed the fast path stays off)."""
+        """What the memory layer's compiled tracking (ignis/memory/resource.pyx) may call
+        to queue the event records and stream waits of cross-stream tracking directly.
+        Here nothing direct: the backend's own ``event_record`` / ``stream_wait_event``
+        (for reference; tracking calls the methods on the instance), and the fault table."""
         cls = type(self)
         return {"record": functools.partial(cls.event_record, self),
                 "wait": functools.partial(cls.stream_wait_event, self), "faults": self._faults}

@@ -252,7 +252,7 @@ class CudaBackend(CudaVmm, Backend):
         return True
 
     def tracking_calls(self) -> dict[str, Any]:
-        """For the memory layer's optional C fast path: this backend's handle tables
+        """For the memory layer's compiled tracking (ignis/memory/resource.pyx): this backend's handle tables
         (handle -> (device, binding object)), the thread's current-context record, the
         binding functions for event record and stream wait, and the driver's own entry
         points for them (the handles are the driver's pointers; 0 where not found).

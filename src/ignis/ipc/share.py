@@ -42,7 +42,8 @@ from ..array import NvArray
 from ..backends import get_backend
 from ..errors import DriverError, UnsupportedError, UseAfterFreeError
 from ..memory import ResourceAdaptor, TrackedResource, VmmResource, get_current_resource
-from ..memory.types import UNTAGGED, DeviceBlock, _next_generation
+from ..memory.types import UNTAGGED, _next_generation
+from ..memory.block import DeviceBlock
 from ..memory.vmm import _Mapping, map_range, release_mapped_block, unmap_range
 from ..runtime import Device, Stream
 from . import liveness

@@ -10,7 +10,8 @@ from .pinned import PinnedBuffer, PinnedHostResource
 from .pool import PoolResource
 from .resource import DeviceMemoryResource, TrackedResource
 from .._types import Access
-from .types import TRANSITIONS, UNTAGGED, AllocTag, BlockId, BlockState, DeviceBlock, Generation, StreamId
+from .types import TRANSITIONS, UNTAGGED, AllocTag, BlockId, BlockState, Generation, StreamId
+from .block import DeviceBlock
 from .vmm import VmmResource
 
 __all__ = [

@@ -56,7 +56,7 @@ from typing import Any, Callable, Iterator
 from ..errors import OutOfBoundsError, RaceError, UninitializedReadError
 from ..memory import ordering as _ord
 from .._types import Access
-from ..memory.types import DeviceBlock
+from ..memory.block import DeviceBlock
 from .frames import capture_frames, format_frames, sites
 
 __all__ = ["Sanitizer", "sanitizer", "enable", "disable", "enabled", "is_enabled", "reports",

@@ -75,7 +75,8 @@ from ..memory.guard import DebugGuardResource, _Guarded
 from ..memory.pool import PoolResource
 from ..memory.resource import check_request
 from .._types import Access
-from ..memory.types import UNTAGGED, BlockState, DeviceBlock, _next_generation
+from ..memory.types import UNTAGGED, BlockState, _next_generation
+from ..memory.block import DeviceBlock
 from ..runtime import Device, Stream
 from ..safety import frames as _frames
 from ..safety.frames import add_library_dir, capture_frames, format_frames, sites
