@@ -29,8 +29,7 @@ import sys
 import threading
 import time
 import weakref
-from contextlib import contextmanager
-from typing import TYPE_CHECKING, Any, Iterator
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -246,6 +245,29 @@ def _release_held(roots: "list[NvArray]", by: str) -> None:
     for r in reversed(roots):
         if r.owner == by:  # still held by ``by``: nothing in the block handed it on
             contract.release(r, by)
+
+
+class _Use:
+    """The ``with`` block of ``NvArray.use``: the use begun on entry (its waits queued,
+    the sanitizer's check), recorded on exit, also when the block raised."""
+
+    __slots__ = ("array", "stream", "access")
+
+    def __init__(self, array: "NvArray", stream: Stream, access: Access) -> None:
+        self.array = array
+        self.stream = stream
+        self.access = access
+
+    def __enter__(self) -> int:
+        a = self.array
+        a._begin(self.stream, self.access, "use()")
+        return a._ptr
+
+    def __exit__(self, *exc: Any) -> None:
+        self.array._end(self.stream, self.access)
+
+    def __repr__(self) -> str:
+        return f"<use of NvArray#{self.array.id} ({self.access.name.lower()}) on stream #{self.stream.id}>"
 
 
 class _TrackedAccess:
@@ -656,8 +678,7 @@ class NvArray:
                 return  # clean on this stream: nothing to record
             self._mr.finish_block_use(b, stream, access)
 
-    @contextmanager
-    def use(self, stream: Stream | None = None, access: "Access | str" = Access.READ_WRITE) -> Iterator[int]:
+    def use(self, stream: Stream | None = None, access: "Access | str" = Access.READ_WRITE) -> "_Use":
         """Use the raw pointer in foreign work (PyTorch, CuPy, Triton, custom CUDA)
         queued on ``stream`` inside the ``with`` block: the waits it needs are
         queued before, and the use is recorded after. The block gives the device address.
@@ -676,13 +697,8 @@ class NvArray:
             ClosedError: the stream was closed.
             StaleHandleError: the stream predates a context rebuild.
         """
-        s = self.stream if stream is None else stream
-        acc = Access.parse(access)
-        self._begin(s, acc, "use()")
-        try:
-            yield self._ptr
-        finally:
-            self._end(s, acc)
+        return _Use(self, self.stream if stream is None else stream,
+                    access if type(access) is Access else Access.parse(access))
 
     def access(self, stream: Stream | None = None, mode: "Access | str" = "read", *, by: str | None = DEFAULT_OWNER,
                op: str = "access()", offset: int = 0, nbytes: int | None = None,
