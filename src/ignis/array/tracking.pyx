@@ -9,11 +9,36 @@ from __future__ import annotations
 from .._types import Access
 from ..errors import StreamMisuseError
 from ..memory import ordering as _ord
+from cpython.object cimport PyObject
+
 from ..memory.block cimport DeviceBlock
+from ..memory.resource cimport TrackedResource
 from ..runtime.stream cimport Stream
+
+cdef extern from "Python.h":
+    PyObject **_PyObject_GetDictPtr(object)
 
 cdef dict _ORD = _ord.__dict__  # ``checker`` (the sanitizer's hook) changes at any time
 cdef object _RW = Access.READ_WRITE
+cdef dict _PLAIN = {}  # resource type -> it keeps TrackedResource's prepare / finish_block_use
+
+
+cdef inline bint _direct(object mr) except -1:
+    """``mr``'s prepare / finish_block_use are TrackedResource's own (no subclass or instance
+    overrides them): the compiled callers may call their compiled bodies directly."""
+    cls = type(mr)
+    plain = _PLAIN.get(cls)
+    if plain is None:
+        plain = _PLAIN[cls] = issubclass(cls, TrackedResource) \
+            and cls.prepare_block_use is TrackedResource.prepare_block_use \
+            and cls.finish_block_use is TrackedResource.finish_block_use
+    if not plain:
+        return False
+    cdef PyObject **dp = _PyObject_GetDictPtr(mr)  # an adaptor sets its upstream's methods on itself
+    if dp == NULL or dp[0] == NULL:
+        return True
+    d = <dict>dp[0]
+    return "prepare_block_use" not in d and "finish_block_use" not in d
 
 
 cdef inline bint _clean_on(object block, object stream) except -1:
@@ -42,7 +67,11 @@ cdef int begin_use(object arr, object stream, object access, object op, Py_ssize
                         return 0
                 elif not stream._closed and stream._generation == stream.device.state.generation:
                     return 0
-            arr._mr.prepare_block_use(block, stream, access)
+            mr = arr._mr
+            if type(stream) is Stream and _direct(mr):
+                (<TrackedResource>mr)._prepare_c(block, <Stream>stream, access, None)
+            else:
+                mr.prepare_block_use(block, stream, access)
         else:
             arr._mr.prepare_block_use(block, stream, access,
                                       (arr._ptr - block.ptr + off, arr.nbytes if n < 0 else n, op))
@@ -64,7 +93,11 @@ cdef int end_use(object arr, object stream, object access) except -1:
         b = arr._block
         if _clean_on(b, stream):
             return 0  # clean on this stream: nothing to record
-        arr._mr.finish_block_use(b, stream, access)
+        mr = arr._mr
+        if _direct(mr):
+            (<TrackedResource>mr)._finish_c(b, stream, access)
+        else:
+            mr.finish_block_use(b, stream, access)
     return 0
 
 

@@ -788,7 +788,10 @@ cdef class TrackedResource(DeviceMemoryResource):
             OutOfBoundsError: the sanitizer is on in ``raise`` mode and ``span`` leaves the block.
             DriverError: an event record or wait failed.
         """
-        cdef Stream s = _as_stream(stream)
+        self._prepare_c(block, _as_stream(stream), access, span)
+
+    cdef int _prepare_c(self, object block, Stream s, object access, object span) except -1:
+        """``prepare_block_use`` after its argument conversion (compiled callers call it directly)."""
         cdef DeviceBlock b
         cdef dict rd
         cdef ResourceLock lk = self._lock
@@ -814,7 +817,8 @@ cdef class TrackedResource(DeviceMemoryResource):
             lock_give(lk)
         checker = _ORD["checker"]
         if checker is not None:
-            checker.access(b, stream, access, span)
+            checker.access(b, s, access, span)
+        return 0
 
     def finish_block_use(self, block: "DeviceBlock | BlockId", stream: Stream, access: Access) -> None:
         """Record the use just enqueued on ``stream``. Call after enqueuing the work.
@@ -828,6 +832,10 @@ cdef class TrackedResource(DeviceMemoryResource):
             UseAfterFreeError: the block is not live here.
             DriverError: the event record failed.
         """
+        self._finish_c(block, stream, access)
+
+    cdef int _finish_c(self, object block, object stream, object access) except -1:
+        """``finish_block_use`` (compiled callers call it directly)."""
         cdef DeviceBlock b
         cdef ResourceLock lk = self._lock
         lock_take(lk)
@@ -838,6 +846,7 @@ cdef class TrackedResource(DeviceMemoryResource):
             self._finish_locked(b, stream, access)
         finally:
             lock_give(lk)
+        return 0
 
     cdef int _finish_locked(self, DeviceBlock b, object stream, object access) except -1:
         cdef dict rd
