@@ -158,11 +158,32 @@ class Backend:
     ``UnsupportedError`` (not on this backend) and, in a child forked after the
     parent used the backend, ``ForkedProcessError``; the methods do not repeat it.
 
+    Every difference between backends is a method or a capability of this
+    protocol, so the layers above never branch on a backend's name: they ask
+    a capability (below), or call a method that raises ``UnsupportedError``
+    where the backend cannot do it (``host_view`` on cuda, ``kernel_compile``
+    on the emulator).
+
     Attributes:
-        name: the backend's name (``"cuda"``, ``"emulated"``).
+        name: the backend's name (``"cuda"``, ``"emulated"``), for messages and reports.
+        host_memory: device memory is host memory: ``host_view``, ``host_address``,
+            ``allocation_view``, ``adopt_host_memory`` and ``release_host_memory`` work (else
+            they raise ``UnsupportedError``), and DLPack consumers see it as CPU memory.
+        host_kernels: ``kernel_launch`` runs a Python callable (a ``Kernel``'s ``host_impl``
+            over NumPy views of the memory) instead of compiled CUDA C (``kernel_compile``).
+        cuda_driver: the operations are the NVIDIA CUDA driver's: pointers, streams and
+            contexts are shared with the other CUDA libraries of the process (PyTorch, CuPy,
+            NCCL can use them), the legacy default stream (handle 0) exists, and rebuilding
+            a context resets one that other code may be using.
+        gpu_timings: event timings and measured rates describe a GPU (the emulator's are
+            host times and say nothing about one).
     """
 
     name: str = "abstract"
+    host_memory: bool = False
+    host_kernels: bool = False
+    cuda_driver: bool = False
+    gpu_timings: bool = False
 
     def __init__(self) -> None:
         # op -> [calls_until_failure, status name, remaining failures]
@@ -430,6 +451,33 @@ class Backend:
     def vmm_set_access(self, ordinal: int, ptr: int, nbytes: int) -> None:
         """Give ``ordinal`` read-write access to a mapped range."""
         raise self._unsupported("vmm_set_access")
+
+    # -- host memory (backends whose device memory is host memory: ``host_memory``) --
+    def host_view(self, ptr: int, nbytes: int) -> Any:
+        """A writable uint8 NumPy view of ``nbytes`` bytes of device memory at ``ptr``
+        (host kernels and debug guards use it); the range must lie in one live allocation."""
+        raise self._unsupported("host_view", "device memory is not host memory on this backend")
+
+    def host_address(self, ptr: int) -> int:
+        """The host address backing device pointer ``ptr`` (interior pointers too)."""
+        raise self._unsupported("host_address", "device memory is not host memory on this backend")
+
+    def allocation_view(self, ptr: int) -> tuple[Any, int]:
+        """The whole allocation holding ``ptr`` as a uint8 NumPy array, and ``ptr``'s offset
+        in it (a host kernel's raw pointers are bounded by their allocation, as on a GPU)."""
+        raise self._unsupported("allocation_view", "device memory is not host memory on this backend")
+
+    def adopt_host_memory(self, ordinal: int, host: int, nbytes: int) -> tuple[int, bool]:
+        """Make ``nbytes`` bytes of existing host memory at ``host`` addressable as device memory
+        of ``ordinal`` (foreign CPU arrays adopted zero-copy through DLPack). Returns
+        ``(device_ptr, adopted)``; ``adopted`` is False when the memory already was device
+        memory of this backend (nothing to release). The caller keeps the host memory alive
+        and, when ``adopted``, calls ``release_host_memory`` once done."""
+        raise self._unsupported("adopt_host_memory", "device memory is not host memory on this backend")
+
+    def release_host_memory(self, ordinal: int, ptr: int) -> None:
+        """Forget memory adopted with ``adopt_host_memory`` (``ptr`` is the device pointer it returned)."""
+        raise self._unsupported("release_host_memory", "device memory is not host memory on this backend")
 
     # -- kernels -----------------------------------------------------------------
     def kernel_compile(self, ordinal: int, source: str, name: str, options: tuple = ()) -> Any:

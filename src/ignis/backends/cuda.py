@@ -197,6 +197,8 @@ class CudaBackend(CudaVmm, Backend):
     """
 
     name = "cuda"
+    cuda_driver = True   # pointers, streams and contexts are the driver's, shared with PyTorch, CuPy, NCCL
+    gpu_timings = True
 
     def __init__(self) -> None:
         super().__init__()

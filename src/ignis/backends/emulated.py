@@ -387,6 +387,8 @@ class EmulatedBackend(EmulatedVmm, Backend):
     """
 
     name = "emulated"
+    host_memory = True    # device memory is NumPy host memory: host views, DLPack as CPU memory
+    host_kernels = True   # a kernel is a Python callable over NumPy views (a Kernel's host_impl)
 
     def __init__(self, devices: int | None = None, memory: int | str | None = None,
                  jitter: tuple[int, float] | int | bool | None = None) -> None:
@@ -476,7 +478,7 @@ class EmulatedBackend(EmulatedVmm, Backend):
         if error is not None:
             raise driver_error("CUDA_ERROR_LAUNCH_FAILED", call, error)
 
-    # -- emulator-only helpers -------------------------------------------------
+    # -- host memory (the protocol's host_memory methods) ---------------------------
     def host_view(self, ptr: int, nbytes: int) -> np.ndarray:
         """A writable uint8 NumPy view of ``nbytes`` of device memory at ``ptr``
         (kernels and debug guards use it). Raises ``DriverError``
@@ -498,7 +500,7 @@ class EmulatedBackend(EmulatedVmm, Backend):
         return alloc.host + (ptr - alloc.base)
 
     def adopt_host_memory(self, ordinal: int, host: int, nbytes: int) -> tuple[int, bool]:
-        """Emulator only: make ``nbytes`` of existing host memory at ``host`` addressable
+        """Make ``nbytes`` of existing host memory at ``host`` addressable
         as device memory of ``ordinal`` (so foreign CPU arrays can be adopted zero-copy
         through DLPack). Memory that already backs an emulated allocation maps back to
         its device address. Counted as used until ``release_host_memory``; the caller
@@ -529,7 +531,7 @@ class EmulatedBackend(EmulatedVmm, Backend):
         self._device(ordinal, "release_host_memory").free(ptr, "release_host_memory")
 
     def allocation_view(self, ptr: int) -> tuple[np.ndarray, int]:
-        """Emulator only: the whole allocation holding ``ptr`` as uint8, and ``ptr``'s
+        """The whole allocation holding ``ptr`` as uint8, and ``ptr``'s
         offset in it (kernels' raw pointers are bounded by their allocation, as on a GPU)."""
         if self._forked_from is not None:
             self._check_fork("use allocation_view")

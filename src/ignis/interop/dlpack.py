@@ -130,13 +130,10 @@ def _native_callbacks() -> tuple[Any, Any]:
 _delete, _capsule_destructor = _native_callbacks()
 
 
-def _is_emulated(a: "NvArray") -> bool:
-    return a.device.backend.name == "emulated"
-
-
 def device_of(a: "NvArray") -> tuple[int, int]:
-    """``(device_type, device_id)``: CUDA for the cuda backend, CPU for the emulator."""
-    return (KDL_CPU, 0) if _is_emulated(a) else (KDL_CUDA, a.device.ordinal)
+    """``(device_type, device_id)``: CPU where the backend's device memory is host memory
+    (the emulator), else the CUDA device."""
+    return (KDL_CPU, 0) if a.device.backend.host_memory else (KDL_CUDA, a.device.ordinal)
 
 
 def _consumer_stream(a: "NvArray", stream: Any) -> Stream | None:
@@ -177,7 +174,8 @@ def export(a: "NvArray", *, stream: Any = None, max_version: Any = None, dl_devi
                                f"this array lives on {(dev_type, dev_id)}")
     if dev_type == KDL_CPU:
         if stream not in (None, -1):
-            raise ValueError("the emulated backend exports CPU tensors; DLPack requires stream=None for them")
+            raise ValueError(f"the {a.device.backend.name} backend exports CPU tensors; DLPack requires "
+                             "stream=None for them")
         # A CPU consumer reads at once: make the bytes current first.
         s = a.stream
         a._begin(s, acc, "DLPack export")
@@ -258,10 +256,10 @@ def from_dlpack(x: Any, *, stream: Stream | None = None, owner: str = "compute")
     dev_type, dev_id = int(dev_type), int(dev_id)
     from ..backends import get_backend
     backend = get_backend()
-    if backend.name == "emulated":
+    if backend.host_memory:  # device memory is host memory: adopt CPU tensors
         if dev_type not in (KDL_CPU, KDL_CUDA_HOST):
-            raise UnsupportedError(f"importing DLPack device type {dev_type}", "emulated",
-                                   "the emulator adopts CPU tensors only")
+            raise UnsupportedError(f"importing DLPack device type {dev_type}", backend.name,
+                                   "this backend adopts CPU tensors only")
         device = current_device()
         kwargs: dict[str, Any] = {}
     else:
@@ -277,7 +275,7 @@ def from_dlpack(x: Any, *, stream: Stream | None = None, owner: str = "compute")
             capsule = x.__dlpack__(**kwargs)
         except TypeError:
             capsule = x.__dlpack__()
-            if backend.name != "emulated":
+            if not backend.host_memory:
                 device.synchronize()
     readonly = False
     if _PyCapsule_IsValid(capsule, _VERSIONED):
@@ -308,7 +306,7 @@ def from_dlpack(x: Any, *, stream: Stream | None = None, owner: str = "compute")
     for d in shape:
         nbytes *= d
     data = (t.data or 0) + t.byte_offset
-    if backend.name == "emulated" and nbytes:
+    if backend.host_memory and nbytes:
         ptr, adopted = backend.adopt_host_memory(device.ordinal, data, nbytes)
         if adopted:
             keep = _EmuAdopted(keep, backend, device.ordinal, ptr)
@@ -373,8 +371,8 @@ def cuda_array_interface(a: "NvArray") -> dict[str, Any]:
     pointer taken from the interface and kept without the object is outside this rule:
     keep the array alive, or use DLPack, whose exports are counted."""
     from ..array.nvarray import _CAI
-    if _is_emulated(a):
-        raise AttributeError("__cuda_array_interface__ is CUDA-only; the emulated backend exports "
+    if not a.device.backend.cuda_driver:
+        raise AttributeError(f"__cuda_array_interface__ is CUDA-only; the {a.device.backend.name} backend exports "
                              "through __dlpack__ (a CPU tensor) instead")
     a._check_live("export through __cuda_array_interface__")
     readonly = a.readonly
