@@ -64,7 +64,9 @@ static Layout L_stream, L_block, L_kblock, L_freelist, L_sizeclass, L_segment, L
 static PyObject *LIVE, *RETIRED, *COUNTER, *HISTORY_DICT, *ORDERING_DICT, *PY_ALLOCATE, *PY_DEALLOCATE;
 static PyObject *PY_PREPARE, *PY_FINISH, *ACC_READ, *ACC_WRITE, *ACC_RW;
 /* the bound backend's tracking calls (Backend.tracking_calls(), bound by ignis.memory.pool) */
-static PyObject *BK_BACKEND, *BK_STREAMS, *BK_EVENTS, *BK_CUR, *BK_RECORD, *BK_WAIT, *BK_FAULTS;
+/* BK_OFF: a tuple of containers (the backend's trace listeners, its fork marker, a fault
+ * wrapper's armed faults); while any of them is non-empty the tracking path stays in Python */
+static PyObject *BK_BACKEND, *BK_STREAMS, *BK_EVENTS, *BK_CUR, *BK_RECORD, *BK_WAIT, *BK_OFF;
 /* the driver's own entry points, when the backend could hand them over (else the binding functions) */
 typedef int (*event_record_fn)(void *event, void *stream);
 typedef int (*stream_wait_fn)(void *stream, void *event, unsigned int flags);
@@ -508,14 +510,15 @@ fail:
  * entry points; any other backend's own methods), with the sanitizer
  * off; prepare only under "auto" ordering (finish records the same either way). A
  * write's prepare with outstanding reads, a BlockId, a closed or stale stream, an empty
- * event pool, armed fault injection or a failing driver call take the Python path
+ * event pool, a non-empty container of the binding's "off" tuple (trace listeners, armed
+ * fault injection, a forked child) or a failing driver call take the Python path
  * (before any change, or after undoing it). */
 
 /* Any other backend: its own event_record(event, stream_handle) and
  * stream_wait_event(stream_handle, event) methods are called (slower, same logic). */
 static PyObject *bind_backend(PyObject *self, PyObject *args) {
-    PyObject *backend, *record, *wait, *faults;
-    if (!PyArg_ParseTuple(args, "OOOO", &backend, &record, &wait, &faults))
+    PyObject *backend, *record, *wait, *off;
+    if (!PyArg_ParseTuple(args, "OOOO!", &backend, &record, &wait, &PyTuple_Type, &off))
         return NULL;
     Py_XSETREF(BK_BACKEND, Py_NewRef(backend));
     RAW_RECORD = NULL;
@@ -525,15 +528,15 @@ static PyObject *bind_backend(PyObject *self, PyObject *args) {
     Py_CLEAR(BK_CUR);
     Py_XSETREF(BK_RECORD, Py_NewRef(record));
     Py_XSETREF(BK_WAIT, Py_NewRef(wait));
-    Py_XSETREF(BK_FAULTS, Py_NewRef(faults));
+    Py_XSETREF(BK_OFF, Py_NewRef(off));
     Py_RETURN_NONE;
 }
 
 static PyObject *bind_cuda(PyObject *self, PyObject *args) {
-    PyObject *backend, *streams, *events, *cur, *record, *wait, *faults;
+    PyObject *backend, *streams, *events, *cur, *record, *wait, *off;
     unsigned long long raw_record = 0, raw_wait = 0;
-    if (!PyArg_ParseTuple(args, "OO!O!OOOO|KK", &backend, &PyDict_Type, &streams, &PyDict_Type, &events, &cur, &record,
-                          &wait, &faults, &raw_record, &raw_wait))
+    if (!PyArg_ParseTuple(args, "OO!O!OOOO!|KK", &backend, &PyDict_Type, &streams, &PyDict_Type, &events, &cur, &record,
+                          &wait, &PyTuple_Type, &off, &raw_record, &raw_wait))
         return NULL;
     RAW_RECORD = raw_record && raw_wait ? (event_record_fn)(uintptr_t)raw_record : NULL;
     RAW_WAIT = raw_record && raw_wait ? (stream_wait_fn)(uintptr_t)raw_wait : NULL;
@@ -543,7 +546,7 @@ static PyObject *bind_cuda(PyObject *self, PyObject *args) {
     Py_XSETREF(BK_CUR, Py_NewRef(cur));
     Py_XSETREF(BK_RECORD, Py_NewRef(record));
     Py_XSETREF(BK_WAIT, Py_NewRef(wait));
-    Py_XSETREF(BK_FAULTS, Py_NewRef(faults));
+    Py_XSETREF(BK_OFF, Py_NewRef(off));
     Py_RETURN_NONE;
 }
 
@@ -704,10 +707,15 @@ static inline int tracking_ok(PyObject *pool, PyObject *block, PyObject *stream,
     if (!ready || BK_BACKEND == NULL || Py_TYPE(pool) != L_pool.type || Py_TYPE(block) != L_block.type ||
         (access != ACC_READ && access != ACC_WRITE && access != ACC_RW) || !hooks_off())
         return 0;
-    int armed = PyObject_IsTrue(BK_FAULTS);
-    if (armed != 0) {
-        PyErr_Clear();
+    PyObject *off = BK_OFF;
+    if (off == NULL || !PyTuple_CheckExact(off))
         return 0;
+    for (Py_ssize_t i = 0; i < PyTuple_GET_SIZE(off); i++) {
+        int busy = PyObject_IsTrue(PyTuple_GET_ITEM(off, i));  /* a dict or a list: no Python code runs */
+        if (busy != 0) {
+            PyErr_Clear();
+            return 0;
+        }
     }
     PyObject *backend = SLOT(pool, L_pool, P_BACKEND), *live = SLOT(pool, L_pool, P_LIVE),
              *events = SLOT(pool, L_pool, P_EVENTS), *waits = SLOT(pool, L_pool, P_WAITS);

@@ -189,6 +189,7 @@ class Backend:
         # op -> [calls_until_failure, status name, remaining failures]
         self._faults: dict[str, list] = {}
         self._fault_lock = threading.Lock()
+        self._trace: list = []        # trace listeners (ignis.backends.trace); changed in place
         self._used = False            # set once a device was initialized (fork safety)
         self._forked_from: int | None = None  # the parent's pid in a forked child
         _instances.add(self)
@@ -223,13 +224,13 @@ class Backend:
     def tracking_calls(self) -> dict[str, Any]:
         """What the memory layer's optional C fast path (ignis/_speedups.c) may call to
         queue the event records and stream waits of cross-stream tracking: here the
-        backend's own ``event_record`` / ``stream_wait_event`` (the class's, not any
-        wrapper installed on the instance later, such as the sanitizer's, which is only
-        there while the fast path stays off), and the fault table (while a fault is
-        armed the fast path stays off)."""
+        backend's own ``event_record`` / ``stream_wait_event``; and under ``"off"`` the
+        containers (changed in place, never replaced) that keep the fast path off while
+        any of them is non-empty: the trace listeners (the fast path emits nothing) and
+        the fault table."""
         cls = type(self)
         return {"record": functools.partial(cls.event_record, self),
-                "wait": functools.partial(cls.stream_wait_event, self), "faults": self._faults}
+                "wait": functools.partial(cls.stream_wait_event, self), "off": (self._faults, self._trace)}
 
     # -- fault injection ---------------------------------------------------
     def inject_fault(self, op: str, nth: int = 1, error: str = "CUDA_ERROR_OUT_OF_MEMORY",

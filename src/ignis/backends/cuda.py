@@ -49,6 +49,7 @@ import numpy as np
 
 from ..errors import DriverError
 from .base import CU_STATUS, Backend, DeviceProperties, driver_error
+from .trace import emit
 from .vmm_cuda import CudaVmm
 
 try:
@@ -259,7 +260,8 @@ class CudaBackend(CudaVmm, Backend):
         binding functions for event record and stream wait, and the driver's own entry
         points for them (the handles are the driver's pointers; 0 where not found).
         The fast path uses them only for handles in these tables whose context is
-        current on the calling thread, and only while no fault is armed."""
+        current on the calling thread, and only while every container of ``"off"`` is
+        empty (see ``Backend.tracking_calls``)."""
         try:  # the same library the bindings loaded
             lib = ctypes.CDLL("libcuda.so.1")
             raw = (ctypes.cast(lib.cuEventRecord, ctypes.c_void_p).value or 0,
@@ -267,7 +269,7 @@ class CudaBackend(CudaVmm, Backend):
         except (OSError, AttributeError):
             raw = (0, 0)
         return {"streams": self._streams, "events": self._events, "current": self._cur,
-                "record": cu.cuEventRecord, "wait": cu.cuStreamWaitEvent, "faults": self._faults, "raw": raw}
+                "record": cu.cuEventRecord, "wait": cu.cuStreamWaitEvent, "off": (self._faults, self._trace), "raw": raw}
 
     # -- contexts ----------------------------------------------------------
     def _retain(self, ordinal: int) -> _Device:
@@ -373,6 +375,8 @@ class CudaBackend(CudaVmm, Backend):
                 for handle in [h for h, (d, _) in list(self._streams.items()) if d is dev]:
                     errors.extend(self._host_errors.pop(handle, ()))
             self._raise_host_errors(errors, "cuCtxSynchronize")
+        if self._trace:
+            emit(self._trace, "on_device_synchronize", ordinal)
 
     # -- devices -----------------------------------------------------------
     def device_count(self) -> int:
@@ -581,6 +585,8 @@ class CudaBackend(CudaVmm, Backend):
             errors = self._host_errors.pop(stream, None)
             if errors and rec is not None:
                 self._orphan_errors.setdefault(rec[0].ordinal, []).extend(errors)
+        if self._trace:
+            emit(self._trace, "on_stream_destroyed", stream)
 
     def stream_wait_event(self, stream: int, event: int) -> None:
         if self._faults:
@@ -593,11 +599,16 @@ class CudaBackend(CudaVmm, Backend):
             res = self._cuStreamWaitEvent(self._enter_stream(stream), event if erec is None else erec[1], 0)
         if res[0]:
             raise _error(res[0], "cuStreamWaitEvent")
+        if self._trace:
+            emit(self._trace, "on_stream_wait_event", stream, event)
 
     def stream_query(self, stream: int) -> bool:
         if self._faults:
             self._fault("stream_query")
-        return _ready(self._cuStreamQuery(self._enter_stream(stream)), "cuStreamQuery")
+        done = _ready(self._cuStreamQuery(self._enter_stream(stream)), "cuStreamQuery")
+        if done and self._trace:
+            emit(self._trace, "on_stream_synchronize", stream)
+        return done
 
     def stream_synchronize(self, stream: int) -> None:
         """Wait for ``stream``; then raise the first exception a host function
@@ -611,6 +622,8 @@ class CudaBackend(CudaVmm, Backend):
                 errors = self._host_errors.pop(stream, None)
             if errors:
                 self._raise_host_errors(errors, "cuStreamSynchronize")
+        if self._trace:
+            emit(self._trace, "on_stream_synchronize", stream)
 
     def launch_host_func(self, stream: int, fn: Callable[[], None]) -> None:
         """Run ``fn()`` on the driver's host thread when ``stream`` gets here.
@@ -673,10 +686,14 @@ class CudaBackend(CudaVmm, Backend):
                                f"event {event:#x} was not created by this backend or its context was reset")
         _check(cu.cuEventDestroy(self._enter_event(event)), "cuEventDestroy")
         self._events.pop(event, None)
+        if self._trace:
+            emit(self._trace, "on_event_destroyed", event)
 
     def event_record(self, event: int, stream: int) -> None:
         if self._faults:
             self._fault("event_record")
+        if self._trace:
+            emit(self._trace, "on_event_record", event, stream)
         srec = self._streams.get(stream)
         erec = self._events.get(event)
         if srec is not None and erec is not None and self._cur.ctx is srec[0].ctx:  # the hot path, inlined
@@ -689,12 +706,17 @@ class CudaBackend(CudaVmm, Backend):
     def event_query(self, event: int) -> bool:
         if self._faults:
             self._fault("event_query")
-        return _ready(self._cuEventQuery(self._enter_event(event)), "cuEventQuery")
+        done = _ready(self._cuEventQuery(self._enter_event(event)), "cuEventQuery")
+        if done and self._trace:
+            emit(self._trace, "on_event_synchronize", event)
+        return done
 
     def event_synchronize(self, event: int) -> None:
         if self._faults:
             self._fault("event_synchronize")
         _check(self._cuEventSynchronize(self._enter_event(event)), "cuEventSynchronize")
+        if self._trace:
+            emit(self._trace, "on_event_synchronize", event)
 
     def event_elapsed_ms(self, start: int, end: int) -> float:
         """Milliseconds between two completed records of timing events."""

@@ -62,6 +62,7 @@ from typing import Any, Callable
 import numpy as np
 
 from .base import OPS, Backend, DeviceProperties, driver_error
+from .trace import emit
 from ..units import parse_bytes
 from .vmm_emulated import EmulatedVmm
 
@@ -618,6 +619,8 @@ class EmulatedBackend(EmulatedVmm, Backend):
         for s, ticket in targets:
             s.wait_for(ticket)
         self._raise_sticky(dev.error, OPS["device_synchronize"])
+        if self._trace:
+            emit(self._trace, "on_device_synchronize", ordinal)
 
     # -- memory ------------------------------------------------------------------
     def mem_alloc(self, ordinal: int, nbytes: int) -> int:
@@ -785,6 +788,8 @@ class EmulatedBackend(EmulatedVmm, Backend):
             raise driver_error("CUDA_ERROR_INVALID_HANDLE", OPS["stream_destroy"],
                                f"stream {stream!r} was destroyed or never created")
         s.close()
+        if self._trace:
+            emit(self._trace, "on_stream_destroyed", stream)
 
     def stream_wait_event(self, stream: int, event: int) -> None:
         if self._faults:
@@ -792,12 +797,14 @@ class EmulatedBackend(EmulatedVmm, Backend):
         call = OPS["stream_wait_event"]
         s = self._stream(stream, call)
         rec = self._event(event, call).latest
-        if rec is None or rec.stream is s:
-            return  # nothing to wait for (never recorded, or FIFO order)
-        src = rec.stream
-        if rec.done() and not (src.failed_at and src.failed_at <= rec.ticket):
-            return  # already reached, and the work before it succeeded
-        self._put(s, call, _wait_item, (src, rec.ticket), rec)
+        # Nothing to queue when never recorded, in FIFO order (the same stream), or already
+        # reached with the work before it succeeded.
+        if rec is not None and rec.stream is not s:
+            src = rec.stream
+            if not rec.done() or (src.failed_at and src.failed_at <= rec.ticket):
+                self._put(s, call, _wait_item, (src, rec.ticket), rec)
+        if self._trace:
+            emit(self._trace, "on_stream_wait_event", stream, event)
 
     def stream_query(self, stream: int) -> bool:
         """True when nothing is queued or running. A failed stream raises its
@@ -807,7 +814,10 @@ class EmulatedBackend(EmulatedVmm, Backend):
         call = OPS["stream_query"]
         s = self._stream(stream, call)
         self._raise_sticky(s.error, call)
-        return s.drained()
+        done = s.drained()
+        if done and self._trace:
+            emit(self._trace, "on_stream_synchronize", stream)
+        return done
 
     def stream_synchronize(self, stream: int) -> None:
         """Wait for everything queued before this call. Raises
@@ -821,6 +831,8 @@ class EmulatedBackend(EmulatedVmm, Backend):
             raise driver_error("CUDA_ERROR_INVALID_HANDLE", call,
                                f"stream {stream} was lost to a context rebuild while waiting")
         self._raise_sticky(s.error, call)
+        if self._trace:
+            emit(self._trace, "on_stream_synchronize", stream)
 
     def launch_host_func(self, stream: int, fn: Callable[[], None]) -> None:
         """Run ``fn()`` on the stream's worker thread. If it raises, the stream's
@@ -852,10 +864,14 @@ class EmulatedBackend(EmulatedVmm, Backend):
         if e is None:
             raise driver_error("CUDA_ERROR_INVALID_HANDLE", OPS["event_destroy"],
                                f"event {event!r} was destroyed or never created")
+        if self._trace:
+            emit(self._trace, "on_event_destroyed", event)
 
     def event_record(self, event: int, stream: int) -> None:
         if self._faults:
             self._fault("event_record")
+        if self._trace:
+            emit(self._trace, "on_event_record", event, stream)
         call = OPS["event_record"]
         e = self._event(event, call)
         s = self._stream(stream, call)
@@ -874,11 +890,12 @@ class EmulatedBackend(EmulatedVmm, Backend):
             self._fault("event_query")
         call = OPS["event_query"]
         rec = self._event(event, call).latest
-        if rec is None:
-            return True
-        if not rec.done():
-            return False
-        self._raise_sticky(rec.stream.error, call)
+        if rec is not None:
+            if not rec.done():
+                return False
+            self._raise_sticky(rec.stream.error, call)
+        if self._trace:
+            emit(self._trace, "on_event_synchronize", event)
         return True
 
     def event_synchronize(self, event: int) -> None:
@@ -888,12 +905,13 @@ class EmulatedBackend(EmulatedVmm, Backend):
             self._fault("event_synchronize")
         call = OPS["event_synchronize"]
         rec = self._event(event, call).latest
-        if rec is None:
-            return
-        if not rec.stream.wait_for(rec.ticket):
-            raise driver_error("CUDA_ERROR_INVALID_HANDLE", call,
-                               f"event {event} was lost to a context rebuild while waiting")
-        self._raise_sticky(rec.stream.error, call)
+        if rec is not None:
+            if not rec.stream.wait_for(rec.ticket):
+                raise driver_error("CUDA_ERROR_INVALID_HANDLE", call,
+                                   f"event {event} was lost to a context rebuild while waiting")
+            self._raise_sticky(rec.stream.error, call)
+        if self._trace:
+            emit(self._trace, "on_event_synchronize", event)
 
     def event_elapsed_ms(self, start: int, end: int) -> float:
         """Host milliseconds between the two records being reached by their

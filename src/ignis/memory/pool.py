@@ -590,7 +590,7 @@ def _bind_backend(backend: Any) -> None:
     calls = backend.tracking_calls()
     if "streams" in calls:
         _speedups.bind_cuda(backend, calls["streams"], calls["events"], calls["current"], calls["record"],
-                            calls["wait"], calls["faults"], *calls.get("raw", (0, 0)))
+                            calls["wait"], tuple(calls["off"]), *calls.get("raw", (0, 0)))
     else:
-        _speedups.bind_backend(backend, calls["record"], calls["wait"], calls["faults"])
+        _speedups.bind_backend(backend, calls["record"], calls["wait"], tuple(calls["off"]))
     _bound[0] = backend
