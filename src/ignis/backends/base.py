@@ -11,31 +11,32 @@ Rules every backend follows:
   driver's status name and number, or ``UnsupportedError`` naming the backend.
   Nothing is masked and nothing returns a silent success.
 - Asynchronous operations only enqueue; they never wait for the device.
-- ``inject_fault(op, nth)`` makes the nth future call of ``op`` fail with
-  the error the real driver gives, so every error path is testable. The
-  check costs one attribute test when no fault is armed.
+- Backends carry no fault checks: ``FaultInjectingBackend`` (``ignis.backends.faults``)
+  wraps any backend and makes chosen calls fail with the error the real driver
+  gives, so every error path is testable.
+- Observers subscribe to the trace registry (``ignis.backends.trace``): the
+  ordering operations (event record, stream wait, synchronizes, successful
+  queries, destroys) call their listeners; unobserved, each pays one list test.
 - Fork: a child made by ``fork()`` after the parent used a backend inherits
   none of its device state. ``mark_forked`` (run in the child by the at-fork
-  handler of ``ignis.backends``) arms a permanent entry in the fault table,
-  so every operation of the inherited backend raises ``ForkedProcessError``
-  before it touches a lock or the driver, at no cost in the parent.
+  handler of ``ignis.backends``) turns the inherited backend into its forked
+  stand-in (the instance's class becomes a generated subclass whose every
+  operation of ``OPS``, and every host-memory method, raises
+  ``ForkedProcessError`` before it touches a lock or the driver), at no cost
+  in the parent.
 """
 
 from __future__ import annotations
 
 import functools
 import os
-import threading
 import weakref
 from dataclasses import dataclass, field
 from typing import Any, Callable, Sequence
 
 from ..errors import DriverError, ForkedProcessError, UnsupportedError
 
-__all__ = ["Backend", "DeviceProperties", "CU_STATUS", "OPS", "driver_error", "FORKED"]
-
-# The fault-table key that marks a backend inherited through fork() (never an op name).
-FORKED = "<forked>"
+__all__ = ["Backend", "DeviceProperties", "CU_STATUS", "OPS", "driver_error", "REFUSED_AFTER_FORK"]
 
 # CUresult values for the statuses Ignis raises or injects (cuda.h).
 CU_STATUS: dict[str, int] = {
@@ -57,7 +58,7 @@ CU_STATUS: dict[str, int] = {
 }
 
 # Backend operation name -> the driver entry point it stands for. Fault
-# injection and DriverError.call use these names on every backend.
+# injection (FaultInjectingBackend) and DriverError.call use these names on every backend.
 OPS: dict[str, str] = {
     "init_device": "cuDevicePrimaryCtxRetain",
     "rebuild_context": "cuDevicePrimaryCtxReset",
@@ -186,10 +187,8 @@ class Backend:
     gpu_timings: bool = False
 
     def __init__(self) -> None:
-        # op -> [calls_until_failure, status name, remaining failures]
-        self._faults: dict[str, list] = {}
-        self._fault_lock = threading.Lock()
         self._trace: list = []        # trace listeners (ignis.backends.trace); changed in place
+        self._fast_off: dict[str, Any] = {}  # why the C fast path must stay off ("forked"); changed in place
         self._used = False            # set once a device was initialized (fork safety)
         self._forked_from: int | None = None  # the parent's pid in a forked child
         _instances.add(self)
@@ -201,12 +200,15 @@ class Backend:
         return self._used
 
     def mark_forked(self, parent_pid: int) -> None:
-        """In a forked child: make every later operation raise ``ForkedProcessError``.
-        The fault table is mutated in place (the C fast path holds it too), and the
-        lock a parent thread may have held at the fork is replaced."""
-        self._fault_lock = threading.Lock()
-        self._forked_from = parent_pid
-        self._faults[FORKED] = [0, "CUDA_ERROR_NOT_INITIALIZED", 0]
+        """In a forked child: make every later operation (``REFUSED_AFTER_FORK``) raise
+        ``ForkedProcessError``. The instance's class becomes its forked stand-in (a
+        generated subclass whose operations only raise), and the C fast path, which
+        calls no method, is turned off through ``_fast_off`` (it holds that dict)."""
+        if self._forked_from is None:
+            self._forked_from = parent_pid
+        self._fast_off["forked"] = parent_pid
+        if not getattr(type(self), "_forked_stand_in", False):
+            self.__class__ = _forked_class(type(self))
 
     def forked_error(self, what: str) -> ForkedProcessError:
         """The ``ForkedProcessError`` to raise for ``what`` in a forked child (returned, not raised).
@@ -227,55 +229,10 @@ class Backend:
         backend's own ``event_record`` / ``stream_wait_event``; and under ``"off"`` the
         containers (changed in place, never replaced) that keep the fast path off while
         any of them is non-empty: the trace listeners (the fast path emits nothing) and
-        the fault table."""
+        the fork marker (a wrapper adds its own, such as armed faults)."""
         cls = type(self)
         return {"record": functools.partial(cls.event_record, self),
-                "wait": functools.partial(cls.stream_wait_event, self), "off": (self._faults, self._trace)}
-
-    # -- fault injection ---------------------------------------------------
-    def inject_fault(self, op: str, nth: int = 1, error: str = "CUDA_ERROR_OUT_OF_MEMORY",
-                     times: int = 1) -> None:
-        """Make the ``nth`` next call of ``op`` (and ``times - 1`` calls after it) fail.
-
-        ``op`` is a key of ``OPS`` ("mem_alloc", "memcpy_htod_async", ...);
-        ``error`` is a CUDA status name.
-        """
-        if op not in OPS:
-            raise ValueError(f"unknown backend operation {op!r}; valid: {', '.join(sorted(OPS))}")
-        if error not in CU_STATUS:
-            raise ValueError(f"unknown driver status {error!r}; valid: {', '.join(CU_STATUS)}")
-        if nth < 1 or times < 1:
-            raise ValueError(f"nth and times must be >= 1, got nth={nth}, times={times}")
-        with self._fault_lock:
-            self._faults[op] = [nth, error, times]
-
-    def clear_faults(self) -> None:
-        """Disarm every injected fault."""
-        with self._fault_lock:
-            forked = self._faults.get(FORKED)
-            self._faults.clear()
-            if forked is not None:
-                self._faults[FORKED] = forked
-
-    def _fault(self, op: str) -> None:
-        """Raise the injected error if ``op`` is armed and its turn has come.
-        Callers test ``if self._faults:`` first so the unarmed cost is nil."""
-        if self._forked_from is not None:
-            raise self.forked_error(f"call {OPS.get(op, op)} ({op})")
-        with self._fault_lock:
-            entry = self._faults.get(op)
-            if entry is None:
-                return
-            entry[0] -= 1
-            if entry[0] > 0:
-                return
-            status = entry[1]
-            entry[2] -= 1
-            if entry[2] <= 0:
-                del self._faults[op]
-            else:
-                entry[0] = 1
-        raise driver_error(status, OPS[op], "injected fault")
+                "wait": functools.partial(cls.stream_wait_event, self), "off": (self._fast_off, self._trace)}
 
     def _unsupported(self, what: str, hint: str = "") -> UnsupportedError:
         return UnsupportedError(what, self.name, hint)
@@ -491,3 +448,32 @@ class Backend:
         """Queue ``function`` on ``stream``. ``params`` are ctypes values, one per kernel
         parameter (the emulator takes a Python callable as ``function`` and no params)."""
         raise self._unsupported("kernel_launch")
+
+
+# -- fork: the stand-in an inherited backend becomes (Backend.mark_forked) -----------------
+# What a backend inherited through fork() refuses: every operation of OPS and the host-memory methods.
+REFUSED_AFTER_FORK: tuple[str, ...] = (*OPS, "host_view", "host_address", "allocation_view", "adopt_host_memory",
+                                       "release_host_memory")
+_forked_classes: dict[type, type] = {}
+
+
+def _refuse(name: str) -> Callable[..., Any]:
+    what = f"call {OPS[name]} ({name})" if name in OPS else f"use {name}"
+
+    def refused(self: Backend, *args: Any, **kwargs: Any) -> Any:
+        raise self.forked_error(what)
+
+    refused.__name__ = name
+    refused.__doc__ = "Raises ``ForkedProcessError``: this backend was inherited through fork()."
+    return refused
+
+
+def _forked_class(cls: type) -> type:
+    """``cls``'s forked stand-in: a subclass whose ``REFUSED_AFTER_FORK`` methods only raise."""
+    forked = _forked_classes.get(cls)
+    if forked is None:
+        ns: dict[str, Any] = {name: _refuse(name) for name in REFUSED_AFTER_FORK}
+        ns.update(__module__=cls.__module__, _forked_stand_in=True,
+                  __doc__=f"A {cls.__name__} inherited through fork(): its operations raise ForkedProcessError.")
+        forked = _forked_classes.setdefault(cls, type(f"Forked{cls.__name__}", (cls,), ns))
+    return forked
