@@ -134,11 +134,13 @@ def summarize(samples: list[float], n: int) -> dict:
 
 # -- driver-call counting -----------------------------------------------------------
 def _c_driver_calls() -> dict[str, int]:
+    """The event records and stream waits that compiled tracking queued straight to the
+    driver (ignis.memory.resource.driver_calls: the cuda backend's direct path)."""
     try:
-        from ignis import _speedups
+        from ignis.memory.resource import driver_calls
     except ImportError:
         return {}
-    return _speedups.driver_calls()
+    return driver_calls()
 
 
 class DriverCallCounter:
@@ -147,8 +149,8 @@ class DriverCallCounter:
     It shadows the backend's methods with counting wrappers on the instance,
     so a resource that calls ``self._backend.event_record(...)`` is counted,
     and removes the shadows on exit. The event records and stream waits that
-    the C fast path queues itself (``ignis._speedups``) are added from its own
-    counters."""
+    compiled tracking queues straight to the driver (``ignis.memory.resource.driver_calls``)
+    are added from its own counters."""
 
     def __init__(self, backend: Any) -> None:
         from ignis.backends import Backend
@@ -601,20 +603,17 @@ def print_report(r: dict, labels: dict[str, str]) -> None:
             print(f"  backend calls per pair, {labels[key]}: " + "; ".join(f"{k} {v}" for k, v in texts.items()))
 
     print(f"\n2. tracked use (prepare_block_use + finish_block_use, READ_WRITE), {mu}s per use")
-    print(f"  C fast path: {'on' if meta.get('c_fast_path') else 'off (pure Python)'}")
-    for tkey, suffix in (("tracked_use", ""), ("tracked_use_python", ", Python path")):
-        t = r.get(tkey)
-        if t is None:
-            continue
-        for key, text in (("same_stream", "same stream (the block's own)"),
-                          ("cross_stream", "cross stream (alternating 2 streams)"),
-                          ("driver_calls_only", "(its record + wait alone, cuda.bindings)")):
-            if key in t:
-                s = t[key]
-                print(f"  {text + suffix:<{w}}{s['median_us']:>9.3f}{'*' if s['spread'] > NOISY else ' '}  "
-                      f"backend calls per use: {_calls(s['calls_per_use'])}")
-        if "error" in t:
-            print(f"  failed{suffix}: {t['error']}")
+    print(f"  compiled hot path: {'on' if meta.get('c_fast_path') else 'off (pure Python)'}")
+    t = r.get("tracked_use") or {}
+    for key, text in (("same_stream", "same stream (the block's own)"),
+                      ("cross_stream", "cross stream (alternating 2 streams)"),
+                      ("driver_calls_only", "(its record + wait alone, cuda.bindings)")):
+        if key in t:
+            s = t[key]
+            print(f"  {text:<{w}}{s['median_us']:>9.3f}{'*' if s['spread'] > NOISY else ' '}  "
+                  f"backend calls per use: {_calls(s['calls_per_use'])}")
+    if "error" in t:
+        print(f"  failed: {t['error']}")
 
     print("\n3. PoolResource time / anchor time (below 1.0: Ignis is faster)")
     print(f"  {'':<{w}}{head}")
@@ -675,13 +674,7 @@ def main(argv: list[str] | None = None) -> int:
     async_mr = ig.AsyncResource(dev)
     ignis = [ignis_allocator("ignis_pool", "ignis PoolResource(AsyncResource)", pool, s1),
              ignis_allocator("ignis_async", "ignis AsyncResource", async_mr, s1)]
-    from ignis.memory import pool as pool_module
-    pool_py = None
-    if pool_module.FAST:  # the same pool class on its pure-Python path, for comparison
-        pool_py = ig.PoolResource(upstream)
-        for name in ("allocate", "deallocate", "prepare_block_use", "finish_block_use"):
-            vars(pool_py).pop(name, None)
-        ignis.insert(1, ignis_allocator("ignis_pool_py", "ignis PoolResource, Python path", pool_py, s1))
+    from ignis.memory import pool as pool_module  # compiled: there is no Python path to compare with
     anchors: list[Allocator] = []
     device_pool: DevicePool | None = None
     pool_info: dict[str, Any] = {}
@@ -727,11 +720,6 @@ def main(argv: list[str] | None = None) -> int:
             r["tracked_use"] = bench_tracked(ig, pool, s1, s2, sync, cfg, backend)
         except Exception as e:
             r["tracked_use"] = {"error": f"{type(e).__name__}: {e}"}
-        if pool_py is not None:
-            try:
-                r["tracked_use_python"] = bench_tracked(ig, pool_py, s1, s2, sync, cfg, backend)
-            except Exception as e:
-                r["tracked_use_python"] = {"error": f"{type(e).__name__}: {e}"}
     finally:
         for a in reversed(anchors):
             try:
@@ -742,8 +730,6 @@ def main(argv: list[str] | None = None) -> int:
             dev.set_current()
             dev.synchronize()
             pool.close()                 # the cache goes back to `upstream`
-            if pool_py is not None:
-                pool_py.close()
             upstream.reap_pending()
             async_mr.reap_pending()
             checks = {"pool_reserved": pool.bytes_reserved, "pool_outstanding": pool.bytes_outstanding,
@@ -797,7 +783,7 @@ def main(argv: list[str] | None = None) -> int:
     r.update({
         "meta": {"card": dev.name, "backend": backend.name, "backend_versions": versions,
                  "python": platform.python_version(), "platform": platform.platform(),
-                 "c_fast_path": pool_module.FAST,
+                 "c_fast_path": not pool_module.__file__.endswith(".py"),  # the compiled (Cython) pool
                  "ignis": ig.__version__, "mode": "quick" if args.quick else "full", "repeats": cfg.repeats,
                  "target_ms": cfg.target_s * 1e3, "sizes": {lbl: n for lbl, n in SIZES},
                  "date": datetime.now(timezone.utc).isoformat(timespec="seconds"),

@@ -75,6 +75,24 @@ def streams(dev):
         s.close()
 
 
+@pytest.fixture
+def san():
+    """The sanitizer on, in ``raise`` mode, for the test; off afterwards."""
+    ig.sanitizer.disable()
+    s = ig.sanitizer.enable("raise")
+    try:
+        yield s
+    finally:
+        ig.sanitizer.disable()
+
+
+@pytest.fixture
+def manual():
+    """The ``manual`` ordering policy for the test."""
+    with ig.ordering("manual"):
+        yield
+
+
 def pytest_sessionfinish(session, exitstatus):
     """Name the threads and child processes still alive at the end (they outlive the
     tests into interpreter exit)."""

@@ -21,7 +21,7 @@ from helpers import current_resource, python_calls
 from ignis import dtypes as D
 from ignis.array import nvarray as _nv
 from ignis.memory import DeviceMemoryResource
-from ignis.memory import pool as _pool
+from ignis._native import speedups as _sp
 
 fast_only = pytest.mark.skipif(not _nv.FAST, reason="ignis._speedups is not built (or IGNIS_PURE_PYTHON=1)")
 
@@ -32,18 +32,18 @@ def array_path(fast: bool):
     if not _nv.FAST:
         yield
         return
-    was = _pool._speedups.array_enable(fast)
+    was = _sp.array_enable(fast)
     try:
         yield
     finally:
-        _pool._speedups.array_enable(was)
+        _sp.array_enable(was)
 
 
 def test_the_fast_path_is_bound_where_built():
     if os.environ.get("IGNIS_REQUIRE_SPEEDUPS") == "1" and os.environ.get("IGNIS_PURE_PYTHON", "") in ("", "0"):
         assert _nv.FAST, "ignis._speedups is built but NvArray does not use it"
     if _nv.FAST:
-        assert ig.empty is _pool._speedups.array_empty
+        assert ig.empty is _sp.array_empty
         assert type(ig.NvArray.__dict__["free"]).__name__ == "method_descriptor"
         assert "by='compute'" in ig.NvArray.free.__text_signature__
     else:
@@ -293,7 +293,7 @@ def test_many_threads_free_and_count_references(dev):
 
 @fast_only
 def test_unbound_paths_raise_instead_of_crashing():
-    sp = _pool._speedups
+    sp = _sp
     with pytest.raises(TypeError):
         sp.array_setup(1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14)
     with pytest.raises(TypeError):

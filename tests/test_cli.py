@@ -154,3 +154,77 @@ def test_module_bad_subcommand():
     p = run_module("bogus")
     assert p.returncode == 2
     assert "usage: ignis" in p.stderr and "invalid choice" in p.stderr
+
+
+# -- every command's --help, through the real entry points ------------------------------------
+COMMANDS = ["doctor", "demo", "run", "load", "launch", "snapshot", "snapshot plot", "snapshot summary", "replay",
+            "bench"]
+
+
+def _commands(parser, prefix=()):
+    """Every command path of ``parser`` (``("snapshot", "plot")`` for a nested one)."""
+    import argparse
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            for name, sub in action.choices.items():
+                yield " ".join((*prefix, name))
+                yield from _commands(sub, (*prefix, name))
+
+
+def test_the_command_list_is_complete():
+    from ignis.cli import build_parser
+    assert sorted(_commands(build_parser())) == sorted(COMMANDS)
+
+
+@pytest.mark.parametrize("command", ["", *COMMANDS])
+def test_module_help(command):
+    from ignis.cli import build_parser
+    p = run_module(*command.split(), "--help")
+    assert p.returncode == 0, p.stdout + p.stderr
+    assert p.stdout.startswith(f"usage: ignis {command}".rstrip()) and p.stderr == ""
+    parser = build_parser()
+    for word in command.split():
+        parser = next(a for a in parser._actions if a.dest.endswith("command")).choices[word]
+    description = " ".join((parser.description or parser.prog).split())
+    assert description[:40] in " ".join(p.stdout.split())
+
+
+def test_console_script_entry_point():
+    """``[project.scripts] ignis`` in pyproject.toml names a function that runs the command line."""
+    import importlib
+    tomllib = pytest.importorskip("tomllib")  # Python 3.11+
+
+    target = tomllib.loads((SRC.parent / "pyproject.toml").read_text())["project"]["scripts"]["ignis"]
+    module, func = target.split(":")
+    assert getattr(importlib.import_module(module), func) is main
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(SRC), env.get("PYTHONPATH")) if p)
+    code = f"import sys; from {module} import {func}; sys.exit({func}())"
+    p = subprocess.run([sys.executable, "-c", code, "run", "--help"], env=env, capture_output=True, text=True,
+                       timeout=120)
+    assert p.returncode == 0 and "--sanitize" in p.stdout and "--guard" in p.stdout and "--leaks" in p.stdout, \
+        p.stdout + p.stderr
+
+
+def test_the_library_does_not_import_the_command_line():
+    """Layer 8 sits on top: no module outside ``ignis.cli`` imports it (``ignis/__main__.py``,
+    the ``python -m ignis`` entry, excepted)."""
+    import ast
+
+    pkg = SRC / "ignis"
+    offenders = []
+    for path in pkg.rglob("*.py"):
+        rel = path.relative_to(pkg)
+        if rel.parts[0] == "cli" or rel == Path("__main__.py"):
+            continue
+        package = ["ignis", *rel.parts[:-1]]   # what "from . import" means in this file
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            names = []
+            if isinstance(node, ast.Import):
+                names = [a.name for a in node.names]
+            elif isinstance(node, ast.ImportFrom):
+                base = package[:len(package) - node.level + 1] if node.level else []
+                mod = ".".join([*base, *(node.module.split(".") if node.module else [])])
+                names = [mod] + [f"{mod}.{a.name}" for a in node.names]
+            offenders += [f"{rel}:{node.lineno} {n}" for n in names if n == "ignis.cli" or n.startswith("ignis.cli.")]
+    assert offenders == []

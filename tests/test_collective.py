@@ -1202,7 +1202,7 @@ def test_launch_rejects_bad_counts():
 def test_cli_parser():
     import argparse as ap
 
-    from ignis.collective.cli import add_parser
+    from ignis.cli.collective import add_parser
     parser = ap.ArgumentParser(prog="ignis")
     sub = parser.add_subparsers(dest="command")
     add_parser(sub)

@@ -20,6 +20,7 @@ import signal
 import subprocess
 import sys
 import textwrap
+import threading
 import time
 import traceback
 from typing import Any, Callable
@@ -272,3 +273,38 @@ def test_numpy_is_untouched_by_the_fork_guard():
     # The guard changes Ignis's state only: plain host work in a forked child still runs.
     results = run_forked({"numpy": lambda: np.arange(10).sum()})
     assert results["numpy"].get("ok")
+
+
+def _assert_unlocked(lock: Any) -> None:
+    assert not lock.locked(), "the parent thread's hold was inherited"
+    with lock:  # and usable
+        pass
+
+
+def test_a_pool_lock_held_by_a_parent_thread_at_the_fork_is_replaced_in_the_child(dev):
+    pool = ig.PoolResource(ig.DirectResource(dev))
+    blk = pool.allocate(4096, dev.default_stream)
+    held, release = threading.Event(), threading.Event()
+
+    def hold() -> None:
+        with pool._lock:
+            held.set()
+            release.wait(DEADLINE_S)
+
+    t = threading.Thread(target=hold)
+    t.start()
+    assert held.wait(DEADLINE_S)
+    try:
+        results = run_forked({
+            "lock free in the child": lambda: _assert_unlocked(pool._lock),
+            "allocate": lambda: pool.allocate(4096, dev.default_stream),
+            "deallocate": lambda: pool.deallocate(blk),
+        })
+    finally:
+        release.set()
+        t.join(DEADLINE_S)
+    assert results["lock free in the child"].get("ok"), results
+    assert _is_fork_error(results["allocate"]), results["allocate"]
+    assert results["deallocate"].get("ok"), results["deallocate"]  # neither raises nor hangs
+    pool.deallocate(blk)
+    pool.close()

@@ -597,16 +597,6 @@ def test_many_threads_leak_nothing(up, dev):
 
 # -- with the sanitizer ------------------------------------------------------------------
 
-@pytest.fixture
-def san():
-    ig.sanitizer.disable()
-    s = ig.sanitizer.enable("raise")
-    try:
-        yield s
-    finally:
-        ig.sanitizer.disable()
-
-
 def test_sanitizer_judges_spans_against_the_user_bytes(dev, streams, san):
     # Translated to the upstream block, a span into the after-guard would look in bounds.
     guard = ig.DebugGuardResource(ig.PoolResource(ig.DirectResource(dev)))

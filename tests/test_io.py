@@ -31,9 +31,9 @@ import pytest
 import ignis as ig
 from ignis import dtypes as D
 from ignis.array import hostcopy
+from ignis.cli.io import add_parser, run as cli_run
 from ignis.io import PipelineOptions, SafetensorsError
 from ignis.io import pipeline as io_pipeline
-from ignis.io.cli import add_parser, run as cli_run
 
 from helpers import current_resource
 

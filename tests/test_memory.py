@@ -881,3 +881,62 @@ def test_async_reap_pending_failure_keeps_the_frees_counted(dev, backend, stream
     gate.set()
     mr.reap_pending()
     assert mr.bytes_outstanding == 0 and blk.state is BlockState.FREED
+
+
+# -- the tracking resources' lock (ResourceLock, compiled) ----------------------------
+def test_resource_lock_behaves_like_threading_lock(dev):
+    from ignis.memory.resource import ResourceLock
+    pool = ig.PoolResource(ig.DirectResource(dev))
+    lock = pool._lock
+    assert isinstance(lock, ResourceLock) and not lock.locked()
+    assert lock.acquire() is True and lock.locked()
+    assert lock.acquire(blocking=False) is False  # not reentrant
+    t0 = time.monotonic()
+    assert lock.acquire(timeout=0.05) is False
+    assert time.monotonic() - t0 >= 0.04
+    lock.release()
+    assert not lock.locked()
+    with pytest.raises(RuntimeError, match="release unlocked lock"):
+        lock.release()
+    with pytest.raises(ValueError, match="non-blocking"):
+        lock.acquire(False, 1.0)
+    with pytest.raises(ValueError, match="non-negative"):
+        lock.acquire(timeout=-2)
+    with lock:
+        assert lock.locked()
+    assert not lock.locked()
+
+
+def test_resource_lock_held_elsewhere_makes_the_pool_wait(dev):
+    pool = ig.PoolResource(ig.DirectResource(dev))
+    s = dev.default_stream
+    blk = pool.allocate(4096, s)
+    done = threading.Event()
+
+    def free() -> None:
+        pool.deallocate(blk)  # waits (GIL released) until the main thread lets go
+        done.set()
+
+    with pool._lock:
+        t = threading.Thread(target=free)
+        t.start()
+        assert not done.wait(0.1)  # the compiled deallocate waits for the lock
+        assert blk.state is BlockState.LIVE
+    t.join(10)
+    assert done.is_set() and blk.state is BlockState.RETIRED
+    pool.close()
+
+
+def test_same_stream_tracked_uses_make_no_direct_driver_call(dev):
+    from ignis.memory.resource import driver_calls
+    pool = ig.PoolResource(ig.DirectResource(dev))
+    s = dev.default_stream
+    blk = pool.allocate(4096, s)
+    before = driver_calls()
+    assert set(before) == {"event_record", "stream_wait_event"}
+    for acc in (R, W, RW):
+        pool.prepare_block_use(blk, s, acc)
+        pool.finish_block_use(blk, s, acc)
+    assert driver_calls() == before
+    pool.deallocate(blk)
+    pool.close()

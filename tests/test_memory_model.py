@@ -3,7 +3,6 @@ streams against a simple reference model (hypothesis stateful testing)."""
 
 from __future__ import annotations
 
-import types
 
 import numpy as np
 from hypothesis import settings
@@ -13,7 +12,6 @@ from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, 
 import ignis as ig
 from helpers import read, write
 from ignis.memory import Access, BlockState
-from ignis.memory import pool as _pool
 
 SIZES = st.one_of(st.integers(1, 4096), st.integers(4097, 3 << 20), st.sampled_from([512, 1 << 20, 12 << 20]))
 
@@ -79,21 +77,6 @@ class ResourceModel(RuleBasedStateMachine):
     @rule()
     def trim(self):
         self.mr.upstream.trim()
-
-    @rule()
-    def switch_fast_path(self):
-        # Interleave PoolResource's C fast path (where built) and its Python path on one pool.
-        pool = self.mr.upstream
-        if not _pool.FAST:
-            return
-        names = {"allocate": "pool_allocate", "deallocate": "pool_deallocate",
-                 "prepare_block_use": "tracked_prepare", "finish_block_use": "tracked_finish"}
-        if "allocate" in pool.__dict__:
-            for name in names:
-                del pool.__dict__[name]
-        else:
-            for name, fn in names.items():
-                setattr(pool, name, types.MethodType(getattr(_pool._speedups, fn), pool))
 
     @invariant()
     def counts_states_and_no_overlap(self):

@@ -20,22 +20,6 @@ from ignis.memory import Access
 K = ig.kernels
 
 
-@pytest.fixture
-def san():
-    ig.sanitizer.disable()
-    s = ig.sanitizer.enable("raise")
-    try:
-        yield s
-    finally:
-        ig.sanitizer.disable()
-
-
-@pytest.fixture
-def manual():
-    with ig.ordering("manual"):
-        yield
-
-
 def two(dev, a, b, n=4096, dtype="float32"):
     """Arrays made before the test's work, so allocation itself orders nothing."""
     x = ig.empty(n, dtype, stream=a)

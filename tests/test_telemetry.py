@@ -22,9 +22,9 @@ from hypothesis import settings
 from hypothesis.stateful import invariant
 
 import ignis as ig
+from ignis.cli.telemetry import add_parsers
 from ignis.memory import history
 from ignis.telemetry import stats as tstats
-from ignis.telemetry.cli import add_parsers
 from test_memory_model import ResourceModel
 
 SMALL = 1 << 20
@@ -661,7 +661,7 @@ def test_cli_bench_runs_benchmarks_and_writes_tables(tmp_path, capsys):
 def test_cli_bench_reads_the_real_array_benchmark(tmp_path, capsys):
     if ig.backend_name() != "emulated":
         pytest.skip("a full benchmark run belongs to ignis bench on the GPU, not to the test suite")
-    from ignis.telemetry.bench import find_bench_dir
+    from ignis.cli.bench import find_bench_dir
     if find_bench_dir() is None:
         pytest.skip("no benchmarks/ directory next to the sources")
     rc, out, _ = run_cli(["bench", "--only", "array", "--out", str(tmp_path)], capsys)
@@ -673,7 +673,7 @@ def test_cli_bench_reads_the_real_array_benchmark(tmp_path, capsys):
 # -- the tour --------------------------------------------------------------------------------------
 
 def test_tour_catches_every_planted_bug(tmp_path):
-    from ignis.telemetry.tour import tour
+    from ignis.cli.tour import tour
     out = io.StringIO()
     assert history.recorder is None
     rc = tour(out, out_dir=str(tmp_path))

@@ -21,6 +21,7 @@ import pytest
 
 import ignis as ig
 from helpers import read, sleep_on, write
+from ignis.telemetry._torch import guard_memory_stats
 from ignis.torch import _guard as tg
 
 _speedups = pytest.importorskip("ignis._speedups", reason="needs the compiled extension ignis._speedups")
@@ -386,13 +387,37 @@ def test_synchronize_points_queue_and_read_checks(guard, streams):
 def test_statistics_and_snapshot_cover_the_guarded_blocks(guard, streams):
     s = streams[0]
     p = alloc(10000, s)
-    st = tg.memory_stats(0)
+    st = guard_memory_stats(0)
     assert st["guard.live_bytes"] == 10000 and st["allocated_bytes.all.current"] >= 10000 + 2 * G
     assert ig.get_current_resource(0) is guard  # Ignis's own statistics see it as the device's resource
     snap = ig.snapshot()
     blocks = [b for seg in snap["segments"] for b in seg["blocks"] if b["state"] == "active_allocated"]
     assert any(b["requested_size"] == 10000 for b in blocks)
     free(p, 10000, s)
+
+
+def test_torch_memory_functions_answer_with_the_guard_statistics(guard, streams):
+    # patch_memory_stats: the guard installs what telemetry (ignis.torch.memory_views) returns
+    import types
+
+    torch = types.ModuleType("torch")
+    torch.cuda = types.ModuleType("torch.cuda")
+    torch.cuda.memory = types.ModuleType("torch.cuda.memory")
+    torch.cuda.current_device = lambda: 0
+    torch.cuda._utils = types.SimpleNamespace(_get_device_index=lambda d, optional=True: int(d))
+    for name in ("memory_stats", "memory_summary", "reset_peak_memory_stats"):
+        setattr(torch.cuda.memory, name, None)
+        setattr(torch.cuda, name, None)
+    tg._patch_memory_views(torch)
+    assert set(tg._s.saved) >= {"torch.cuda.memory_stats", "torch.cuda.memory.memory_summary"}
+    s = streams[0]
+    p = alloc(5000, s)
+    for stats in (torch.cuda.memory_stats(), torch.cuda.memory.memory_stats(0)):
+        assert stats["guard.live_bytes"] == 5000 and stats["allocated_bytes.all.current"] >= 5000 + 2 * G
+        assert list(stats) == sorted(stats)
+    assert "Quarantined" in torch.cuda.memory_summary(0)
+    free(p, 5000, s)
+    assert torch.cuda.memory_stats()["guard.live_bytes"] == 0
 
 
 # -- options and installation --------------------------------------------------------------

@@ -15,18 +15,19 @@ from .memory import *  # noqa: F401,F403
 from .memory import __all__ as _memory_all
 from .safety import (DEFAULT_OWNER, GpuRef, MemoryContract, contract, get_ordering, ordering, owners,
                      register_owner, sanitizer, set_ordering)
-from .array import (NvArray, asarray, empty, empty_like, from_dlpack, from_numpy, full, full_like, launch, ones,
-                    ones_like, synchronize, zeros, zeros_like)
+from .array import (NvArray, empty, empty_like, from_numpy, full, full_like, launch, ones, ones_like, synchronize,
+                    zeros, zeros_like)
 from .array import builtins as kernels
 from .runtime import Kernel, RawPtr
 from . import interop
+from .interop import asarray, from_dlpack
 from . import io
 from . import ipc
 from . import collective
 from . import telemetry
 from .telemetry import dump_snapshot, memory_stats, memory_summary, plot_timeline, record_memory_history, reset_peak_stats, snapshot  # noqa: E501
 
-__version__ = "0.1.0"
+from ._version import __version__
 
 __all__ = ["__version__", "backend_name", "get_backend", "set_backend", "dtypes", "errors",
            "DType", "dtype", "bool_", "int8", "int16", "int32", "int64", "uint8", "uint16", "uint32", "uint64",

@@ -1,28 +1,20 @@
-/* ignis._speedups: the common cases of PoolResource.allocate / deallocate, of its
- * cross-stream tracking, and of ig.empty / NvArray.free / NvArray.__del__, in C.
+/* ignis._speedups: the common cases of ig.empty / NvArray.free / NvArray.__del__, the
+ * DLPack deleters and the guard's PyTorch allocator entry points, in C. What is left of
+ * the hand-written C path: the memory layer's hot path (streams, blocks, tracking, the
+ * pool) is compiled Cython (ignis/memory/*.pyx), and these move there in turn.
  *
- * The pure-Python implementations in ignis/memory/pool.py and ignis/array/nvarray.py
- * are the reference and handle everything; these functions handle only the hot
- * case -- a block of exactly the requested size cached on the requesting stream,
- * no recorder, no sanitizer; a plain owning array with the default device, stream
- * and resource -- and call the Python implementation for anything else. They
- * check every precondition before changing anything, so a fallback always
- * starts from untouched state.
+ * The Python implementations in ignis/array/nvarray.py are the reference and handle
+ * everything; these functions handle only the hot case -- a plain owning array with
+ * the default device, stream and resource, no recorder, no sanitizer -- and call the
+ * Python implementation for anything else. They check every precondition before
+ * changing anything, so a fallback always starts from untouched state.
  *
  * Objects are the Python ones: the C side reads and writes their __slots__ at
  * offsets taken from the classes' member descriptors at setup(), and checks
  * exact types first, so a subclass or a foreign object takes the Python path.
  *
- * Locking: the pool's threading.Lock is taken without blocking; if another
- * thread holds it (it is in the Python path), the call falls back to the
- * Python path, which waits for it. Allocate and deallocate run no Python code
- * (the lock's and the generation counter's C functions are called directly).
- * The tracking paths queue driver calls, which may release the GIL, but only
- * while holding the pool's lock, as the Python path does; what they use across
- * those calls is held by strong references.
- *
- * Built as an optional extension: without a compiler the package still works
- * (IGNIS_PURE_PYTHON=1 forces the Python path, for tests and comparison).
+ * IGNIS_PURE_PYTHON=1 leaves it unused (the array layer's Python path, for tests and
+ * comparison).
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
@@ -30,29 +22,8 @@
 #include <stdint.h>
 #include <time.h>
 
-/* Slot indices per class. */
-enum { S_DEVICE, S_GENERATION, S_CLOSED, S_HANDLE, S_ORDERING, S_STREAM_N };        /* Stream */
-enum { B_PTR, B_ALLOC_STREAM, B_BYTES, B_REQUESTED, B_TAG, B_GENERATION, B_STATE, B_WS, B_WE, B_RD,
-       B_IMPL, B_N };                                                                /* DeviceBlock */
-enum { K_PTR, K_SIZE, K_SEG, K_PREV, K_NEXT, K_FREE, K_STREAM, K_N };               /* pool _Block */
-enum { F_SMALL, F_LARGE, F_COUNT, F_DIRTY, F_N };                                   /* _FreeList */
-enum { C_BINS, C_N };                                                                /* _SizeClass */
-enum { G_SMALL, G_N };                                                               /* _Segment */
-enum { P_DEVICE, P_GENERATION, P_CLOSED, P_LOCK, P_LIVE, P_FREE, P_LIVE_BYTES, P_STATE, P_BACKEND, P_EVENTS,
-       P_WAITS, P_N };                                                              /* PoolResource */
-enum { E_FREE, E_N };                                                                /* EventPool */
-enum { D_GENERATION, D_N };                                                          /* DeviceState */
-
-static const char *STREAM_SLOTS[] = {"device", "_generation", "_closed", "handle", "ordering"};
-static const char *BLOCK_SLOTS[] = {"ptr", "alloc_stream", "bytes", "requested", "tag", "generation", "state",
-                                    "_ws", "_we", "_rd", "_impl"};
-static const char *KBLOCK_SLOTS[] = {"ptr", "size", "seg", "prev", "next", "free", "stream"};
-static const char *FREELIST_SLOTS[] = {"small", "large", "count", "dirty"};
-static const char *SIZECLASS_SLOTS[] = {"bins"};
-static const char *SEGMENT_SLOTS[] = {"small"};
-static const char *POOL_SLOTS[] = {"device", "_generation", "_closed", "_lock", "_live", "_free", "_live_bytes",
-                                   "_state", "_backend", "_events", "cross_stream_waits"};
-static const char *EVPOOL_SLOTS[] = {"_free"};
+/* Slot indices of DeviceState (the device generation the array layer checks). */
+enum { D_GENERATION, D_N };
 static const char *STATE_SLOTS[] = {"generation"};
 
 typedef struct {
@@ -60,18 +31,7 @@ typedef struct {
     Py_ssize_t off[24];
 } Layout;
 
-static Layout L_stream, L_block, L_kblock, L_freelist, L_sizeclass, L_segment, L_pool, L_state, L_evpool;
-static PyObject *LIVE, *RETIRED, *COUNTER, *HISTORY_DICT, *ORDERING_DICT, *PY_ALLOCATE, *PY_DEALLOCATE;
-static PyObject *PY_PREPARE, *PY_FINISH, *ACC_READ, *ACC_WRITE, *ACC_RW;
-/* the bound backend's tracking calls (Backend.tracking_calls(), bound by ignis.memory.pool) */
-/* BK_OFF: a tuple of containers (the backend's trace listeners, its fork marker, a fault
- * wrapper's armed faults); while any of them is non-empty the tracking path stays in Python */
-static PyObject *BK_BACKEND, *BK_STREAMS, *BK_EVENTS, *BK_CUR, *BK_RECORD, *BK_WAIT, *BK_OFF;
-/* the driver's own entry points, when the backend could hand them over (else the binding functions) */
-typedef int (*event_record_fn)(void *event, void *stream);
-typedef int (*stream_wait_fn)(void *stream, void *event, unsigned int flags);
-static event_record_fn RAW_RECORD;
-static stream_wait_fn RAW_WAIT;
+static Layout L_state;
 static PyObject *STR_RECORDER, *STR_CHECKER, *STR_STREAM, *STR_TAG, *STR_ANY_MANUAL, *STR_CTX, *STR_AUTO,
     *STR_CONTEXT, *STR_PROCESS;
 /* threading.Lock's own C methods, called directly */
@@ -82,7 +42,6 @@ static fastcall_kw_fn LOCK_ACQUIRE_FAST;  /* where acquire uses the fast calling
 static PyCFunction LOCK_RELEASE;
 static PyObject *NONBLOCKING_ARGS;  /* (False,) */
 static PyObject *ZERO;
-static unsigned long long N_RECORD, N_WAIT;  /* driver calls made from here, for counting tools */
 static int ready = 0;
 
 #define SLOT(obj, layout, i) (*(PyObject **)((char *)(obj) + (layout).off[(i)]))
@@ -128,24 +87,12 @@ static int layout_from(Layout *l, PyObject *cls, const char **names, int n) {
 }
 
 static PyObject *setup(PyObject *self, PyObject *args) {
-    PyObject *stream, *block, *kblock, *freelist, *sizeclass, *segment, *pool, *state, *evpool, *live, *retired,
-        *counter, *history, *ordering, *py_alloc, *py_dealloc, *py_prepare, *py_finish, *lock, *acc_r, *acc_w, *acc_rw;
-    if (!PyArg_ParseTuple(args, "OOOOOOOOOOOOOOOOOOOOOO", &stream, &block, &kblock, &freelist, &sizeclass, &segment,
-                          &pool, &state, &evpool, &live, &retired, &counter, &history, &ordering, &py_alloc,
-                          &py_dealloc, &py_prepare, &py_finish, &lock, &acc_r, &acc_w, &acc_rw))
+    PyObject *state, *lock;
+    if (!PyArg_ParseTuple(args, "OO", &state, &lock))
         return NULL;
     ready = 0;
-    if (layout_from(&L_stream, stream, STREAM_SLOTS, S_STREAM_N) || layout_from(&L_block, block, BLOCK_SLOTS, B_N) ||
-        layout_from(&L_kblock, kblock, KBLOCK_SLOTS, K_N) ||
-        layout_from(&L_freelist, freelist, FREELIST_SLOTS, F_N) ||
-        layout_from(&L_sizeclass, sizeclass, SIZECLASS_SLOTS, C_N) ||
-        layout_from(&L_segment, segment, SEGMENT_SLOTS, G_N) || layout_from(&L_pool, pool, POOL_SLOTS, P_N) ||
-        layout_from(&L_state, state, STATE_SLOTS, D_N) || layout_from(&L_evpool, evpool, EVPOOL_SLOTS, E_N))
+    if (layout_from(&L_state, state, STATE_SLOTS, D_N))
         return NULL;
-    if (Py_TYPE(counter)->tp_iternext == NULL) {
-        PyErr_SetString(PyExc_TypeError, "setup: the generation counter must be an iterator");
-        return NULL;
-    }
     /* the lock's acquire / release, as C functions */
     PyTypeObject *lt = Py_TYPE(lock);
     PyObject *acq = PyObject_GetAttrString((PyObject *)lt, "acquire");
@@ -171,39 +118,10 @@ static PyObject *setup(PyObject *self, PyObject *args) {
     LOCK_ACQUIRE = fast ? NULL : (PyCFunctionWithKeywords)(void (*)(void))ad->ml_meth;
     LOCK_ACQUIRE_FAST = fast ? (fastcall_kw_fn)(void (*)(void))ad->ml_meth : NULL;
     LOCK_RELEASE = rd->ml_meth;
-    PyObject *hd = PyModule_GetDict(history), *od = PyModule_GetDict(ordering);
-    if (hd == NULL || od == NULL)
-        return NULL;
-    Py_XSETREF(LIVE, Py_NewRef(live));
-    Py_XSETREF(RETIRED, Py_NewRef(retired));
-    Py_XSETREF(COUNTER, Py_NewRef(counter));
-    Py_XSETREF(HISTORY_DICT, Py_NewRef(hd));
-    Py_XSETREF(ORDERING_DICT, Py_NewRef(od));
-    Py_XSETREF(PY_ALLOCATE, Py_NewRef(py_alloc));
-    Py_XSETREF(PY_DEALLOCATE, Py_NewRef(py_dealloc));
-    Py_XSETREF(PY_PREPARE, Py_NewRef(py_prepare));
-    Py_XSETREF(PY_FINISH, Py_NewRef(py_finish));
-    Py_XSETREF(ACC_READ, Py_NewRef(acc_r));
-    Py_XSETREF(ACC_WRITE, Py_NewRef(acc_w));
-    Py_XSETREF(ACC_RW, Py_NewRef(acc_rw));
     ready = 1;
     Py_RETURN_NONE;
 }
 
-/* True when no recorder and no sanitizer hook is installed (else the Python path runs). */
-static inline int hooks_off(void) {
-    PyObject *r = PyDict_GetItemWithError(HISTORY_DICT, STR_RECORDER);
-    if (r != NULL && r != Py_None)
-        return 0;
-    PyObject *c = PyDict_GetItemWithError(ORDERING_DICT, STR_CHECKER);
-    if (c != NULL && c != Py_None)
-        return 0;
-    if (PyErr_Occurred()) {
-        PyErr_Clear();
-        return 0;
-    }
-    return 1;
-}
 
 /* Non-blocking acquire: 1 taken, 0 busy (or error, cleared: the Python path will see it again). */
 static inline int try_lock(PyObject *lock) {
@@ -229,676 +147,12 @@ static inline int unlock(PyObject *lock) {
     return 0;
 }
 
-/* slot(obj) += delta for an int slot; -1 on error. */
-static inline int add_to_slot(PyObject *obj, Py_ssize_t off, PyObject *delta, int subtract) {
-    PyObject *old = *(PyObject **)((char *)obj + off);
-    if (old == NULL) {
-        PyErr_SetString(PyExc_AttributeError, "ignis._speedups: counter slot unset");
-        return -1;
-    }
-    PyObject *v = subtract ? PyNumber_Subtract(old, delta) : PyNumber_Add(old, delta);
-    if (v == NULL)
-        return -1;
-    set_slot(obj, off, v);
-    Py_DECREF(v);
-    return 0;
-}
 
-static inline PyObject *fallback(PyObject *fn, PyObject *const *args, size_t nargsf, PyObject *kwnames) {
-    if (fn == NULL) {
-        PyErr_SetString(PyExc_RuntimeError, "ignis._speedups is not set up (ignis.memory.pool binds it)");
-        return NULL;
-    }
-    return PyObject_Vectorcall(fn, args, nargsf, kwnames);
-}
 
-/* Release the pool's lock after an error, keeping the error; returns NULL. */
-static PyObject *unlock_keeping_error(PyObject *lock) {
-    PyObject *et, *ev, *tb;
-    PyErr_Fetch(&et, &ev, &tb);
-    unlock(lock);
-    PyErr_Restore(et, ev, tb);
-    return NULL;
-}
 
-/* Release the pool's lock, then run the Python implementation from untouched state. */
-static PyObject *unlock_then_python(PyObject *lock, PyObject *fn, PyObject *const *args, Py_ssize_t nargs,
-                                    PyObject *kwnames) {
-    PyErr_Clear();
-    if (unlock(lock) < 0)
-        return NULL;
-    return fallback(fn, args, nargs, kwnames);
-}
 
 /* pool_allocate(pool, nbytes, stream=None, tag=...): bound to a PoolResource as its `allocate`. */
-static PyObject *pool_allocate(PyObject *self, PyObject *const *args, Py_ssize_t nargs, PyObject *kwnames) {
-    if (!ready || nargs < 2 || nargs > 4)
-        return fallback(PY_ALLOCATE, args, nargs, kwnames);
-    PyObject *pool = args[0], *nb = args[1], *stream = nargs > 2 ? args[2] : NULL, *tag = nargs > 3 ? args[3] : NULL;
-    if (kwnames != NULL) {  /* stream= and tag= by keyword */
-        Py_ssize_t nk = PyTuple_GET_SIZE(kwnames);
-        for (Py_ssize_t i = 0; i < nk; i++) {
-            PyObject *key = PyTuple_GET_ITEM(kwnames, i);
-            if (stream == NULL && PyUnicode_Compare(key, STR_STREAM) == 0)
-                stream = args[nargs + i];
-            else if (tag == NULL && PyUnicode_Compare(key, STR_TAG) == 0)
-                tag = args[nargs + i];
-            else {
-                PyErr_Clear();
-                return fallback(PY_ALLOCATE, args, nargs, kwnames);
-            }
-        }
-    }
-    if (stream == NULL || Py_TYPE(pool) != L_pool.type || !PyLong_CheckExact(nb) || Py_TYPE(stream) != L_stream.type ||
-        !hooks_off())
-        return fallback(PY_ALLOCATE, args, nargs, kwnames);
-    Py_ssize_t n = PyLong_AsSsize_t(nb);
-    if (n <= 0) {
-        PyErr_Clear();
-        return fallback(PY_ALLOCATE, args, nargs, kwnames);  /* its error message */
-    }
-    PyObject *p_device = SLOT(pool, L_pool, P_DEVICE), *p_gen = SLOT(pool, L_pool, P_GENERATION);
-    PyObject *s_gen = SLOT(stream, L_stream, S_GENERATION);
-    if (p_device == NULL || p_gen == NULL || s_gen == NULL || SLOT(stream, L_stream, S_CLOSED) != Py_False ||
-        SLOT(pool, L_pool, P_CLOSED) != Py_False || SLOT(stream, L_stream, S_DEVICE) != p_device)
-        return fallback(PY_ALLOCATE, args, nargs, kwnames);
-    if (s_gen != p_gen) {
-        int eq = PyObject_RichCompareBool(s_gen, p_gen, Py_EQ);
-        if (eq != 1) {
-            PyErr_Clear();
-            return fallback(PY_ALLOCATE, args, nargs, kwnames);
-        }
-    }
-    if (n > PY_SSIZE_T_MAX - 511)
-        return fallback(PY_ALLOCATE, args, nargs, kwnames);
-    Py_ssize_t size = (n + 511) & ~(Py_ssize_t)511;
-    int small = size <= (1 << 20);
-    PyObject *lock = SLOT(pool, L_pool, P_LOCK), *free = SLOT(pool, L_pool, P_FREE), *live = SLOT(pool, L_pool, P_LIVE);
-    if (lock == NULL || free == NULL || live == NULL || !PyDict_CheckExact(free) || !PyDict_CheckExact(live))
-        return fallback(PY_ALLOCATE, args, nargs, kwnames);
-    PyObject *sizeobj = PyLong_FromSsize_t(size);
-    if (sizeobj == NULL)
-        return NULL;
-    if (!try_lock(lock)) {
-        Py_DECREF(sizeobj);
-        return fallback(PY_ALLOCATE, args, nargs, kwnames);
-    }
-    /* -- lock held: look, then change -- */
-    PyObject *fl = PyDict_GetItemWithError(free, stream);
-    PyObject *lst = NULL, *b = NULL;
-    if (fl != NULL && Py_TYPE(fl) == L_freelist.type) {
-        PyObject *cls = SLOT(fl, L_freelist, small ? F_SMALL : F_LARGE);
-        if (cls != NULL && Py_TYPE(cls) == L_sizeclass.type) {
-            PyObject *bins = SLOT(cls, L_sizeclass, C_BINS);
-            if (bins != NULL && PyDict_CheckExact(bins))
-                lst = PyDict_GetItemWithError(bins, sizeobj);
-        }
-    }
-    if (lst != NULL && PyList_CheckExact(lst) && PyList_GET_SIZE(lst) > 0) {
-        b = PyList_GET_ITEM(lst, PyList_GET_SIZE(lst) - 1);
-        if (Py_TYPE(b) != L_kblock.type || SLOT(b, L_kblock, K_PTR) == NULL || SLOT(b, L_kblock, K_SIZE) == NULL ||
-            SLOT(fl, L_freelist, F_COUNT) == NULL)
-            b = NULL;
-    }
-    if (b == NULL) {  /* a miss: the Python path splits, coalesces, steals or grows */
-        PyErr_Clear();
-        Py_DECREF(sizeobj);
-        if (unlock(lock) < 0)
-            return NULL;
-        return fallback(PY_ALLOCATE, args, nargs, kwnames);
-    }
-    PyObject *gen = NULL, *block = NULL;
-    if (tag == NULL) {  /* the default tag: the Python function's own default */
-        PyObject *defaults = PyFunction_Check(PY_ALLOCATE) ? PyFunction_GetDefaults(PY_ALLOCATE) : NULL;
-        if (defaults == NULL || !PyTuple_Check(defaults) || PyTuple_GET_SIZE(defaults) < 1)
-            goto bail;
-        tag = PyTuple_GET_ITEM(defaults, PyTuple_GET_SIZE(defaults) - 1);
-    }
-    gen = Py_TYPE(COUNTER)->tp_iternext(COUNTER);
-    if (gen == NULL) {
-        if (!PyErr_Occurred())
-            PyErr_SetString(PyExc_RuntimeError, "generation counter exhausted");
-        goto fail;
-    }
-    block = L_block.type->tp_alloc(L_block.type, 0);
-    if (block == NULL)
-        goto fail;
-    Py_INCREF(b);  /* keep it across the pop */
-    if (PyList_SetSlice(lst, PyList_GET_SIZE(lst) - 1, PyList_GET_SIZE(lst), NULL) < 0) {
-        Py_DECREF(b);
-        goto fail;
-    }
-    PyObject *ptr = SLOT(b, L_kblock, K_PTR), *bsize = SLOT(b, L_kblock, K_SIZE);
-    set_slot(block, L_block.off[B_PTR], ptr);
-    set_slot(block, L_block.off[B_ALLOC_STREAM], stream);
-    set_slot(block, L_block.off[B_BYTES], bsize);
-    set_slot(block, L_block.off[B_REQUESTED], nb);
-    set_slot(block, L_block.off[B_TAG], tag);
-    set_slot(block, L_block.off[B_GENERATION], gen);
-    set_slot(block, L_block.off[B_STATE], LIVE);
-    set_slot(block, L_block.off[B_WS], stream);
-    set_slot(block, L_block.off[B_WE], ZERO);
-    set_slot(block, L_block.off[B_RD], Py_None);
-    set_slot(block, L_block.off[B_IMPL], b);
-    Py_CLEAR(gen);
-    if (PyDict_SetItem(live, ptr, block) < 0) {
-        PyList_Append(lst, b);  /* put it back; the block was never handed out */
-        Py_DECREF(b);
-        goto fail;
-    }
-    set_slot(b, L_kblock.off[K_FREE], Py_False);
-    PyObject *one = PyLong_FromLong(1);
-    if (one == NULL || add_to_slot(fl, L_freelist.off[F_COUNT], one, 1) < 0 ||
-        add_to_slot(pool, L_pool.off[P_LIVE_BYTES], bsize, 0) < 0) {
-        Py_XDECREF(one);
-        Py_DECREF(b);
-        goto fail;  /* counters only: the block itself is consistent */
-    }
-    Py_DECREF(one);
-    Py_DECREF(b);
-    Py_DECREF(sizeobj);
-    if (unlock(lock) < 0) {
-        Py_DECREF(block);
-        return NULL;
-    }
-    return block;
-bail:
-    Py_DECREF(sizeobj);
-    if (unlock(lock) < 0)
-        return NULL;
-    return fallback(PY_ALLOCATE, args, nargs, kwnames);
-fail:
-    Py_XDECREF(gen);
-    Py_XDECREF(block);
-    Py_DECREF(sizeobj);
-    return unlock_keeping_error(lock);
-}
-
-/* pool_deallocate(pool, block): bound to a PoolResource as its `deallocate`. */
-static PyObject *pool_deallocate(PyObject *self, PyObject *const *args, Py_ssize_t nargs, PyObject *kwnames) {
-    if (!ready || kwnames != NULL || nargs != 2)
-        return fallback(PY_DEALLOCATE, args, nargs, kwnames);
-    PyObject *pool = args[0], *block = args[1];
-    if (Py_TYPE(pool) != L_pool.type || Py_TYPE(block) != L_block.type || !hooks_off())
-        return fallback(PY_DEALLOCATE, args, nargs, kwnames);
-    PyObject *lock = SLOT(pool, L_pool, P_LOCK), *free = SLOT(pool, L_pool, P_FREE), *live = SLOT(pool, L_pool, P_LIVE);
-    PyObject *p_gen = SLOT(pool, L_pool, P_GENERATION), *p_device = SLOT(pool, L_pool, P_DEVICE);
-    PyObject *ptr = SLOT(block, L_block, B_PTR), *stream = SLOT(block, L_block, B_ALLOC_STREAM);
-    PyObject *b = SLOT(block, L_block, B_IMPL);
-    if (lock == NULL || free == NULL || live == NULL || p_gen == NULL || p_device == NULL || ptr == NULL ||
-        stream == NULL || b == NULL || !PyDict_CheckExact(free) || !PyDict_CheckExact(live) ||
-        Py_TYPE(b) != L_kblock.type)
-        return fallback(PY_DEALLOCATE, args, nargs, kwnames);
-    /* the hazard record must be "clean on the alloc stream": nothing to order, no event to return */
-    PyObject *we = SLOT(block, L_block, B_WE);
-    if (SLOT(block, L_block, B_RD) != Py_None || SLOT(block, L_block, B_WS) != stream || we == NULL ||
-        !PyLong_CheckExact(we) || PyObject_IsTrue(we) != 0)
-        return fallback(PY_DEALLOCATE, args, nargs, kwnames);
-    /* the context must not have been rebuilt since the pool was made */
-    PyObject *state = SLOT(pool, L_pool, P_STATE);
-    if (state == NULL || Py_TYPE(state) != L_state.type)
-        return fallback(PY_DEALLOCATE, args, nargs, kwnames);
-    PyObject *dgen = SLOT(state, L_state, D_GENERATION);
-    if (dgen == NULL)
-        return fallback(PY_DEALLOCATE, args, nargs, kwnames);
-    if (dgen != p_gen) {
-        int same = PyObject_RichCompareBool(dgen, p_gen, Py_EQ);
-        if (same != 1) {
-            PyErr_Clear();
-            return fallback(PY_DEALLOCATE, args, nargs, kwnames);
-        }
-    }
-    if (!try_lock(lock))
-        return fallback(PY_DEALLOCATE, args, nargs, kwnames);
-    /* -- lock held: check everything, then change -- */
-    PyObject *cur = PyDict_GetItemWithError(live, ptr);
-    PyObject *fl = cur == block ? PyDict_GetItemWithError(free, stream) : NULL;
-    PyObject *lst = NULL, *seg = NULL, *bsize = NULL;
-    if (fl != NULL && Py_TYPE(fl) == L_freelist.type && SLOT(fl, L_freelist, F_COUNT) != NULL) {
-        seg = SLOT(b, L_kblock, K_SEG);
-        bsize = SLOT(b, L_kblock, K_SIZE);
-        if (seg != NULL && bsize != NULL && Py_TYPE(seg) == L_segment.type) {
-            PyObject *cls = SLOT(fl, L_freelist, SLOT(seg, L_segment, G_SMALL) == Py_True ? F_SMALL : F_LARGE);
-            if (cls != NULL && Py_TYPE(cls) == L_sizeclass.type) {
-                PyObject *bins = SLOT(cls, L_sizeclass, C_BINS);
-                if (bins != NULL && PyDict_CheckExact(bins))
-                    lst = PyDict_GetItemWithError(bins, bsize);
-            }
-        }
-    }
-    if (lst == NULL || !PyList_CheckExact(lst)) {  /* not live here, or a new bin: the Python path */
-        PyErr_Clear();
-        if (unlock(lock) < 0)
-            return NULL;
-        return fallback(PY_DEALLOCATE, args, nargs, kwnames);
-    }
-    Py_INCREF(block);  /* the live map's reference goes away below */
-    if (PyList_Append(lst, b) < 0)
-        goto fail;
-    if (PyDict_DelItem(live, ptr) < 0) {
-        PyList_SetSlice(lst, PyList_GET_SIZE(lst) - 1, PyList_GET_SIZE(lst), NULL);
-        goto fail;
-    }
-    set_slot(b, L_kblock.off[K_STREAM], stream);
-    set_slot(b, L_kblock.off[K_FREE], Py_True);
-    set_slot(block, L_block.off[B_WS], Py_None);
-    set_slot(block, L_block.off[B_STATE], RETIRED);
-    PyObject *prev = SLOT(b, L_kblock, K_PREV), *next = SLOT(b, L_kblock, K_NEXT);
-    if ((prev != NULL && prev != Py_None && Py_TYPE(prev) == L_kblock.type && SLOT(prev, L_kblock, K_FREE) == Py_True) ||
-        (next != NULL && next != Py_None && Py_TYPE(next) == L_kblock.type && SLOT(next, L_kblock, K_FREE) == Py_True))
-        set_slot(fl, L_freelist.off[F_DIRTY], Py_True);
-    PyObject *one = PyLong_FromLong(1);
-    if (one == NULL || add_to_slot(fl, L_freelist.off[F_COUNT], one, 0) < 0 ||
-        add_to_slot(pool, L_pool.off[P_LIVE_BYTES], bsize, 1) < 0) {
-        Py_XDECREF(one);
-        goto fail;
-    }
-    Py_DECREF(one);
-    Py_DECREF(block);
-    if (unlock(lock) < 0)
-        return NULL;
-    Py_RETURN_NONE;
-fail:
-    Py_DECREF(block);
-    return unlock_keeping_error(lock);
-}
-
-
-/* -- cross-stream tracking (TrackedResource.prepare_block_use / finish_block_use) --------
- * The same hazard rules as ignis/memory/resource.py, for PoolResource blocks passed as
- * DeviceBlock objects, on the bound backend (the cuda backend's handle tables and driver
- * entry points; any other backend's own methods), with the sanitizer
- * off; prepare only under "auto" ordering (finish records the same either way). A
- * write's prepare with outstanding reads, a BlockId, a closed or stale stream, an empty
- * event pool, a non-empty container of the binding's "off" tuple (trace listeners, armed
- * fault injection, a forked child) or a failing driver call take the Python path
- * (before any change, or after undoing it). */
-
-/* Any other backend: its own event_record(event, stream_handle) and
- * stream_wait_event(stream_handle, event) methods are called (slower, same logic). */
-static PyObject *bind_backend(PyObject *self, PyObject *args) {
-    PyObject *backend, *record, *wait, *off;
-    if (!PyArg_ParseTuple(args, "OOOO!", &backend, &record, &wait, &PyTuple_Type, &off))
-        return NULL;
-    Py_XSETREF(BK_BACKEND, Py_NewRef(backend));
-    RAW_RECORD = NULL;
-    RAW_WAIT = NULL;
-    Py_CLEAR(BK_STREAMS);
-    Py_CLEAR(BK_EVENTS);
-    Py_CLEAR(BK_CUR);
-    Py_XSETREF(BK_RECORD, Py_NewRef(record));
-    Py_XSETREF(BK_WAIT, Py_NewRef(wait));
-    Py_XSETREF(BK_OFF, Py_NewRef(off));
-    Py_RETURN_NONE;
-}
-
-static PyObject *bind_cuda(PyObject *self, PyObject *args) {
-    PyObject *backend, *streams, *events, *cur, *record, *wait, *off;
-    unsigned long long raw_record = 0, raw_wait = 0;
-    if (!PyArg_ParseTuple(args, "OO!O!OOOO!|KK", &backend, &PyDict_Type, &streams, &PyDict_Type, &events, &cur, &record,
-                          &wait, &PyTuple_Type, &off, &raw_record, &raw_wait))
-        return NULL;
-    RAW_RECORD = raw_record && raw_wait ? (event_record_fn)(uintptr_t)raw_record : NULL;
-    RAW_WAIT = raw_record && raw_wait ? (stream_wait_fn)(uintptr_t)raw_wait : NULL;
-    Py_XSETREF(BK_BACKEND, Py_NewRef(backend));
-    Py_XSETREF(BK_STREAMS, Py_NewRef(streams));
-    Py_XSETREF(BK_EVENTS, Py_NewRef(events));
-    Py_XSETREF(BK_CUR, Py_NewRef(cur));
-    Py_XSETREF(BK_RECORD, Py_NewRef(record));
-    Py_XSETREF(BK_WAIT, Py_NewRef(wait));
-    Py_XSETREF(BK_OFF, Py_NewRef(off));
-    Py_RETURN_NONE;
-}
-
-/* One driver call through the binding function `fn` with arguments (a, b[, 0]); 0 on CUDA_SUCCESS. */
-static int drive(PyObject *fn, PyObject *a, PyObject *b, int with_flags) {
-    PyObject *argv[3] = {a, b, ZERO};
-    PyObject *res = PyObject_Vectorcall(fn, argv, with_flags ? 3 : 2, NULL);
-    if (res == NULL)
-        return -1;
-    int bad = !PyTuple_Check(res) || PyTuple_GET_SIZE(res) < 1 || PyObject_IsTrue(PyTuple_GET_ITEM(res, 0)) != 0;
-    Py_DECREF(res);
-    return bad ? -1 : 0;
-}
-
-/* A backend method call (bind_backend); 0 when it returned without raising. */
-static int call_method(PyObject *fn, PyObject *a, PyObject *b) {
-    PyObject *argv[2] = {a, b};
-    PyObject *res = PyObject_Vectorcall(fn, argv, 2, NULL);
-    if (res == NULL)
-        return -1;
-    Py_DECREF(res);
-    return 0;
-}
-
-/* Queue on `stream` (a Stream) a record of event `ev` (a handle), or (wait=1) a wait
- * for it; 0 on success, -1 for the Python path. Driver calls can release the GIL, so
- * everything used across them is held by strong references taken here: the bound
- * backend's tables and functions (another thread may rebind), the handle table
- * entries (another thread may destroy the handles: the driver then reports an error). */
-static int queue_call(int wait, PyObject *stream, PyObject *ev) {
-    PyObject *h = SLOT(stream, L_stream, S_HANDLE);
-    PyObject *fn = wait ? BK_WAIT : BK_RECORD;
-    if (h == NULL || fn == NULL)
-        return -1;
-    PyObject *streams = BK_STREAMS, *events = BK_EVENTS, *cur = BK_CUR;
-    event_record_fn raw_record = RAW_RECORD;
-    stream_wait_fn raw_wait = RAW_WAIT;
-    Py_INCREF(h);
-    Py_INCREF(fn);
-    Py_XINCREF(streams);
-    Py_XINCREF(events);
-    Py_XINCREF(cur);
-    PyObject *sr = NULL, *er = NULL;
-    int r = -1;
-    if (streams == NULL) {  /* bind_backend: the backend's own methods */
-        r = wait ? call_method(fn, h, ev) : call_method(fn, ev, h);
-        goto out;
-    }
-    if (events == NULL || cur == NULL)
-        goto out;
-    sr = PyDict_GetItemWithError(streams, h);
-    er = PyDict_GetItemWithError(events, ev);
-    if (sr == NULL || er == NULL || !PyTuple_CheckExact(sr) || !PyTuple_CheckExact(er) || PyTuple_GET_SIZE(sr) != 2 ||
-        PyTuple_GET_SIZE(er) != 2 || PyTuple_GET_ITEM(sr, 0) != PyTuple_GET_ITEM(er, 0)) {
-        sr = er = NULL;
-        goto out;
-    }
-    Py_INCREF(sr);
-    Py_INCREF(er);
-    {  /* the handles' context must be current on this thread */
-        PyObject *cctx = PyObject_GetAttr(cur, STR_CTX);
-        PyObject *dctx = cctx ? PyObject_GetAttr(PyTuple_GET_ITEM(sr, 0), STR_CTX) : NULL;
-        int same = dctx != NULL && dctx == cctx;
-        Py_XDECREF(dctx);
-        Py_XDECREF(cctx);
-        if (!same)
-            goto out;
-    }
-    if (raw_record != NULL && raw_wait != NULL) {  /* the handles are the driver's pointers */
-        void *e = PyLong_AsVoidPtr(ev), *st = PyLong_AsVoidPtr(h);
-        if (PyErr_Occurred())
-            goto out;
-        int res;
-        Py_BEGIN_ALLOW_THREADS
-        res = wait ? raw_wait(st, e, 0) : raw_record(e, st);
-        Py_END_ALLOW_THREADS
-        r = res == 0 ? 0 : -1;
-    } else {
-        PyObject *so = PyTuple_GET_ITEM(sr, 1), *eo = PyTuple_GET_ITEM(er, 1);
-        r = wait ? drive(fn, so, eo, 1) : drive(fn, eo, so, 0);
-    }
-out:
-    Py_XDECREF(sr);
-    Py_XDECREF(er);
-    Py_XDECREF(cur);
-    Py_XDECREF(events);
-    Py_XDECREF(streams);
-    Py_DECREF(fn);
-    Py_DECREF(h);
-    if (r == 0) {
-        if (wait)
-            N_WAIT++;
-        else
-            N_RECORD++;
-    }
-    return r;
-}
-
-static inline int record_on(PyObject *ev, PyObject *stream) { return queue_call(0, stream, ev); }
-
-static inline int wait_on(PyObject *stream, PyObject *ev) { return queue_call(1, stream, ev); }
-
-static PyObject *driver_calls(PyObject *self, PyObject *unused) {
-    return Py_BuildValue("{s:K,s:K}", "event_record", N_RECORD, "stream_wait_event", N_WAIT);
-}
-
-/* A usable stream of this pool: open, of this device, of the current context. */
-static inline int stream_ok(PyObject *pool, PyObject *s) {
-    if (Py_TYPE(s) != L_stream.type || SLOT(s, L_stream, S_CLOSED) != Py_False ||
-        SLOT(s, L_stream, S_DEVICE) != SLOT(pool, L_pool, P_DEVICE))
-        return 0;
-    PyObject *state = SLOT(pool, L_pool, P_STATE);
-    if (state == NULL || Py_TYPE(state) != L_state.type)
-        return 0;
-    PyObject *g = SLOT(state, L_state, D_GENERATION), *sg = SLOT(s, L_stream, S_GENERATION);
-    if (g == NULL || sg == NULL)
-        return 0;
-    if (g == sg)
-        return 1;
-    int eq = PyObject_RichCompareBool(g, sg, Py_EQ);
-    if (eq < 0)
-        PyErr_Clear();
-    return eq == 1;
-}
-
-/* 1 when a use on `stream` now is under "auto" ordering (ignis.memory.ordering.policy). */
-static int auto_ordering(PyObject *stream) {
-    PyObject *manual = PyDict_GetItemWithError(ORDERING_DICT, STR_ANY_MANUAL);
-    if (manual == Py_False)
-        return 1;
-    if (manual == NULL) {
-        PyErr_Clear();
-        return 0;
-    }
-    PyObject *p = SLOT(stream, L_stream, S_ORDERING);  /* the stream's own override */
-    PyObject *owned = NULL;
-    if (p == NULL || p == Py_None) {
-        PyObject *var = PyDict_GetItemWithError(ORDERING_DICT, STR_CONTEXT);  /* a `with ordering(...)` scope */
-        if (var == NULL || !PyContextVar_CheckExact(var) || PyContextVar_Get(var, NULL, &owned) < 0) {
-            PyErr_Clear();
-            return 0;
-        }
-        p = owned;
-        if (p == NULL || p == Py_None)
-            p = PyDict_GetItemWithError(ORDERING_DICT, STR_PROCESS);  /* the process's */
-    }
-    int is_auto = p != NULL && PyUnicode_Check(p) && PyUnicode_Compare(p, STR_AUTO) == 0;
-    Py_XDECREF(owned);
-    if (PyErr_Occurred()) {
-        PyErr_Clear();
-        return 0;
-    }
-    return is_auto;
-}
-
-/* Preconditions shared by prepare and finish; 1 when the C path may run. */
-static inline int tracking_ok(PyObject *pool, PyObject *block, PyObject *stream, PyObject *access) {
-    if (!ready || BK_BACKEND == NULL || Py_TYPE(pool) != L_pool.type || Py_TYPE(block) != L_block.type ||
-        (access != ACC_READ && access != ACC_WRITE && access != ACC_RW) || !hooks_off())
-        return 0;
-    PyObject *off = BK_OFF;
-    if (off == NULL || !PyTuple_CheckExact(off))
-        return 0;
-    for (Py_ssize_t i = 0; i < PyTuple_GET_SIZE(off); i++) {
-        int busy = PyObject_IsTrue(PyTuple_GET_ITEM(off, i));  /* a dict or a list: no Python code runs */
-        if (busy != 0) {
-            PyErr_Clear();
-            return 0;
-        }
-    }
-    PyObject *backend = SLOT(pool, L_pool, P_BACKEND), *live = SLOT(pool, L_pool, P_LIVE),
-             *events = SLOT(pool, L_pool, P_EVENTS), *waits = SLOT(pool, L_pool, P_WAITS);
-    if (backend != BK_BACKEND || live == NULL || !PyDict_CheckExact(live) || events == NULL ||
-        Py_TYPE(events) != L_evpool.type || waits == NULL || SLOT(pool, L_pool, P_LOCK) == NULL)
-        return 0;
-    PyObject *efree = SLOT(events, L_evpool, E_FREE);
-    if (efree == NULL || !PyList_CheckExact(efree))
-        return 0;
-    return stream_ok(pool, stream);
-}
-
 static inline int is_zero(PyObject *v) { return v == ZERO || (PyLong_CheckExact(v) && PyObject_IsTrue(v) == 0); }
-
-/* The block is live in this pool (caller holds the lock). */
-static inline int live_here(PyObject *pool, PyObject *block) {
-    PyObject *ptr = SLOT(block, L_block, B_PTR);
-    if (ptr == NULL)
-        return 0;
-    PyObject *cur = PyDict_GetItemWithError(SLOT(pool, L_pool, P_LIVE), ptr);
-    if (cur == NULL)
-        PyErr_Clear();
-    return cur == block;
-}
-
-/* Take an event from the pool's free list and record it on `stream`: 0 with *ev a new
- * reference; 1 for the Python path (no free event, or the record failed: the event is
- * back on the list); -1 on an error. */
-static int record_pooled_event(PyObject *efree, PyObject *stream, PyObject **ev) {
-    Py_ssize_t n = PyList_GET_SIZE(efree);
-    if (n == 0)
-        return 1;
-    PyObject *e = Py_NewRef(PyList_GET_ITEM(efree, n - 1));
-    if (PyList_SetSlice(efree, n - 1, n, NULL) < 0) {
-        Py_DECREF(e);
-        return -1;
-    }
-    if (record_on(e, stream) < 0) {
-        PyList_Append(efree, e);
-        Py_DECREF(e);
-        return 1;
-    }
-    *ev = e;
-    return 0;
-}
-
-static PyObject *tracked_prepare(PyObject *self, PyObject *const *args, Py_ssize_t nargs, PyObject *kwnames) {
-    if (kwnames != NULL || nargs < 4 || nargs > 5 || (nargs == 5 && args[4] != Py_None) ||
-        !tracking_ok(args[0], args[1], args[2], args[3]) || !auto_ordering(args[2]))
-        return fallback(PY_PREPARE, args, nargs, kwnames);
-    PyObject *pool = args[0], *block = args[1], *stream = args[2], *access = args[3];
-    PyObject *lock = SLOT(pool, L_pool, P_LOCK);
-    if (!try_lock(lock))
-        return fallback(PY_PREPARE, args, nargs, kwnames);
-    if (!live_here(pool, block))
-        goto python;
-    PyObject *ws = SLOT(block, L_block, B_WS), *rd = SLOT(block, L_block, B_RD), *we = SLOT(block, L_block, B_WE);
-    if (ws == NULL || rd == NULL || we == NULL)
-        goto python;
-    int writes = access != ACC_READ;
-    int need_ws = ws != Py_None && ws != stream;
-    int has_rd = rd != Py_None && PyObject_IsTrue(rd) == 1;
-    if (writes && has_rd)
-        goto python;  /* a write after reads: the Python path waits for each reader */
-    if (!need_ws) {
-        if (unlock(lock) < 0)
-            return NULL;
-        Py_RETURN_NONE;
-    }
-    PyObject *events = SLOT(pool, L_pool, P_EVENTS);
-    PyObject *efree = SLOT(events, L_evpool, E_FREE);
-    PyObject *ev = NULL;
-    int recorded = 0;
-    if (is_zero(we)) {  /* the writer's end is not recorded yet: record it now */
-        if (!stream_ok(pool, ws))
-            goto python;
-        int got = record_pooled_event(efree, ws, &ev);
-        if (got != 0) {
-            if (got < 0)
-                goto error;
-            goto python;
-        }
-        recorded = 1;
-    } else {
-        ev = Py_NewRef(we);
-    }
-    if (wait_on(stream, ev) < 0) {
-        if (recorded)
-            PyList_Append(efree, ev);
-        Py_DECREF(ev);
-        goto python;
-    }
-    PyObject *one = PyLong_FromLong(1);
-    if (one == NULL || add_to_slot(pool, L_pool.off[P_WAITS], one, 0) < 0) {
-        Py_XDECREF(one);
-        Py_DECREF(ev);
-        goto error;
-    }
-    Py_DECREF(one);
-    set_slot(block, L_block.off[B_WE], ev);
-    Py_DECREF(ev);
-    if (unlock(lock) < 0)
-        return NULL;
-    Py_RETURN_NONE;
-python:
-    return unlock_then_python(lock, PY_PREPARE, args, nargs, kwnames);
-error:
-    return unlock_keeping_error(lock);
-}
-
-/* Return each nonzero event of `rd`'s values to the pool list. */
-static int put_reader_events(PyObject *efree, PyObject *rd) {
-    Py_ssize_t pos = 0;
-    PyObject *k, *v;
-    while (PyDict_Next(rd, &pos, &k, &v))
-        if (!is_zero(v) && PyList_Append(efree, v) < 0)
-            return -1;
-    return 0;
-}
-
-static PyObject *tracked_finish(PyObject *self, PyObject *const *args, Py_ssize_t nargs, PyObject *kwnames) {
-    if (kwnames != NULL || nargs != 4 || !tracking_ok(args[0], args[1], args[2], args[3]))
-        return fallback(PY_FINISH, args, nargs, kwnames);
-    PyObject *pool = args[0], *block = args[1], *stream = args[2], *access = args[3];
-    PyObject *lock = SLOT(pool, L_pool, P_LOCK);
-    if (!try_lock(lock))
-        return fallback(PY_FINISH, args, nargs, kwnames);
-    if (!live_here(pool, block))
-        goto python;
-    PyObject *ws = SLOT(block, L_block, B_WS), *rd = SLOT(block, L_block, B_RD), *we = SLOT(block, L_block, B_WE);
-    PyObject *alloc = SLOT(block, L_block, B_ALLOC_STREAM);
-    if (ws == NULL || rd == NULL || we == NULL || alloc == NULL || (rd != Py_None && !PyDict_CheckExact(rd)))
-        goto python;
-    int writes = access != ACC_READ;
-    PyObject *events = SLOT(pool, L_pool, P_EVENTS);
-    PyObject *efree = SLOT(events, L_evpool, E_FREE);
-    PyObject *ev;
-    if (stream == alloc) {
-        if (ws == stream && is_zero(we) && rd == Py_None)
-            goto done;  /* clean on this stream: nothing to record */
-        ev = Py_NewRef(ZERO);  /* the alloc stream's uses stay lazy */
-    } else {  /* record the use's end on its stream */
-        int got = record_pooled_event(efree, stream, &ev);
-        if (got != 0) {
-            if (got < 0)
-                goto error;
-            goto python;
-        }
-    }
-    if (writes) {  /* the block's last write is now this one; older events go back */
-        if ((!is_zero(we) && PyList_Append(efree, we) < 0) || (rd != Py_None && put_reader_events(efree, rd) < 0)) {
-            Py_DECREF(ev);
-            goto error;
-        }
-        set_slot(block, L_block.off[B_RD], Py_None);
-        set_slot(block, L_block.off[B_WS], stream);
-        set_slot(block, L_block.off[B_WE], ev);
-    } else if (rd == Py_None) {
-        PyObject *d = PyDict_New();
-        if (d == NULL || PyDict_SetItem(d, stream, ev) < 0) {
-            Py_XDECREF(d);
-            Py_DECREF(ev);
-            goto error;
-        }
-        set_slot(block, L_block.off[B_RD], d);
-        Py_DECREF(d);
-    } else {
-        PyObject *old = PyDict_GetItemWithError(rd, stream);
-        if ((old != NULL && !is_zero(old) && PyList_Append(efree, old) < 0) || PyDict_SetItem(rd, stream, ev) < 0) {
-            Py_DECREF(ev);
-            goto error;
-        }
-    }
-    Py_DECREF(ev);
-done:
-    if (unlock(lock) < 0)
-        return NULL;
-    Py_RETURN_NONE;
-python:
-    return unlock_then_python(lock, PY_FINISH, args, nargs, kwnames);
-error:
-    return unlock_keeping_error(lock);
-}
 
 /* -- NvArray: ig.empty, NvArray.free and NvArray.__del__ -------------------------------
  * The same rules as ignis/array/nvarray.py, for the common case only: ig.empty(shape,
@@ -918,6 +172,7 @@ static Layout L_array;
 static PyObject *AR_FAST, *AR_BACKENDS, *AR_CURRENT, *AR_LOCKS, *AR_DEFERRED, *AR_IN_GC, *AR_CONTRACT, *AR_NAMES,
     *AR_IDS, *AR_F32, *AR_OWNER, *AR_TAG, *AR_PY_FREE, *AR_PY_DEL, *AR_EMPTY_TUPLE;
 static PyTypeObject *AR_DTYPE_TYPE;
+static PyObject *STR_CLOSED;
 static PyObject *STR_BACKEND, *STR_EPOCH, *STR_STATE, *STR_TRACK_ALL, *STR_ITEMSIZE, *STR_ALLOCATE, *STR_DEALLOCATE,
     *STR_GIVE_BACK, *STR_BY, *STR_PTR;
 static int array_ready = 0, array_on = 0;
@@ -970,10 +225,15 @@ static PyObject *cached_defaults(void) {
         return NULL;
     Py_INCREF(f);  /* the attribute lookups below could, in principle, replace the cache */
     PyObject *out = PyTuple_GET_ITEM(f, 6), *stream = PyTuple_GET_ITEM(f, 2);
-    if (!PyTuple_CheckExact(out) || PyTuple_GET_SIZE(out) != 4 || Py_TYPE(stream) != L_stream.type ||
-        SLOT(stream, L_stream, S_CLOSED) != Py_False || PyDict_GetItemWithError(AR_BACKENDS, STR_BACKEND) !=
-        PyTuple_GET_ITEM(f, 0))
+    if (!PyTuple_CheckExact(out) || PyTuple_GET_SIZE(out) != 4 ||
+        PyDict_GetItemWithError(AR_BACKENDS, STR_BACKEND) != PyTuple_GET_ITEM(f, 0))
         goto no;
+    {
+        PyObject *closed = PyObject_GetAttr(stream, STR_CLOSED);
+        Py_XDECREF(closed);
+        if (closed != Py_False)
+            goto no;
+    }
     PyObject *epoch = PyDict_GetItemWithError(AR_CURRENT, STR_EPOCH);
     if (epoch == NULL || same_value(epoch, PyTuple_GET_ITEM(f, 5)) != 1)
         goto no;
@@ -1176,8 +436,7 @@ static PyObject *array_empty(PyObject *mod, PyObject *const *args, Py_ssize_t na
         block = PyObject_VectorcallMethod(STR_ALLOCATE, call, 4, NULL);
         if (block == NULL)
             goto error;
-        PyObject *ptr = Py_TYPE(block) == L_block.type ? Py_XNewRef(SLOT(block, L_block, B_PTR))
-                                                       : PyObject_GetAttr(block, STR_PTR);
+        PyObject *ptr = PyObject_GetAttr(block, STR_PTR);
         if (ptr == NULL) {  /* not a block: give it back, keep the error */
             PyObject *et, *ev, *tb;
             PyErr_Fetch(&et, &ev, &tb);
@@ -1328,7 +587,7 @@ static PyObject *array_del(PyObject *self, PyObject *unused) {
  * either can happen in the interpreter's final garbage collection, after ignis's modules
  * were cleared and a ctypes callback object could have been freed. These are plain C
  * functions (an extension module stays loaded): they drop the export's entry from
- * ignis.interop.dlpack._exports, and do nothing once the interpreter is finalizing. */
+ * ignis.array.dlpack_export._exports, and do nothing once the interpreter is finalizing. */
 static PyObject *DL_EXPORTS;  /* struct address -> what keeps the exported tensor alive */
 
 static void dl_forget(void *addr) {
@@ -1528,17 +787,6 @@ static PyObject *torch_guard_bind(PyObject *self, PyObject *args) {
 
 static PyMethodDef methods[] = {
     {"setup", setup, METH_VARARGS, "Bind the Python classes and objects the fast paths use."},
-    {"pool_allocate", (PyCFunction)(void (*)(void))pool_allocate, METH_FASTCALL | METH_KEYWORDS,
-     "PoolResource.allocate's common case (falls back to the Python implementation)."},
-    {"pool_deallocate", (PyCFunction)(void (*)(void))pool_deallocate, METH_FASTCALL | METH_KEYWORDS,
-     "PoolResource.deallocate's common case (falls back to the Python implementation)."},
-    {"bind_cuda", bind_cuda, METH_VARARGS, "Bind the cuda backend's tracking calls (handle tables, driver entry points)."},
-    {"bind_backend", bind_backend, METH_VARARGS, "Bind another backend's event record / stream wait methods."},
-    {"driver_calls", driver_calls, METH_NOARGS, "Event records and stream waits queued from the C path so far."},
-    {"tracked_prepare", (PyCFunction)(void (*)(void))tracked_prepare, METH_FASTCALL | METH_KEYWORDS,
-     "prepare_block_use's common case for PoolResource on the cuda backend (else the Python path)."},
-    {"tracked_finish", (PyCFunction)(void (*)(void))tracked_finish, METH_FASTCALL | METH_KEYWORDS,
-     "finish_block_use's common case for PoolResource on the cuda backend (else the Python path)."},
     {"array_setup", array_setup, METH_VARARGS, "Bind NvArray and the objects its fast paths use."},
     {"array_enable", array_enable, METH_O, "Turn NvArray's fast paths on or off; returns the previous setting."},
     {"array_empty", (PyCFunction)(void (*)(void))array_empty, METH_FASTCALL | METH_KEYWORDS,
@@ -1580,12 +828,13 @@ PyMODINIT_FUNC PyInit__speedups(void) {
     STR_GIVE_BACK = PyUnicode_InternFromString("_give_back");
     STR_BY = PyUnicode_InternFromString("by");
     STR_PTR = PyUnicode_InternFromString("ptr");
+    STR_CLOSED = PyUnicode_InternFromString("_closed");
     AR_EMPTY_TUPLE = PyTuple_New(0);
     ZERO = PyLong_FromLong(0);
     NONBLOCKING_ARGS = PyTuple_Pack(1, Py_False);
     if (!STR_RECORDER || !STR_CHECKER || !STR_ANY_MANUAL || !STR_CTX || !STR_AUTO || !STR_CONTEXT || !STR_PROCESS ||
         !STR_STREAM || !STR_TAG || !ZERO || !NONBLOCKING_ARGS || !STR_BACKEND || !STR_EPOCH || !STR_STATE ||
-        !STR_TRACK_ALL || !STR_ITEMSIZE || !STR_ALLOCATE || !STR_DEALLOCATE || !STR_GIVE_BACK || !STR_BY || !STR_PTR ||
+        !STR_TRACK_ALL || !STR_ITEMSIZE || !STR_ALLOCATE || !STR_DEALLOCATE || !STR_GIVE_BACK || !STR_BY || !STR_PTR || !STR_CLOSED ||
         !AR_EMPTY_TUPLE) {
         Py_DECREF(m);
         return NULL;

@@ -1,4 +1,7 @@
-"""Arrays (layer 4): NvArray and its factories."""
+"""Arrays (layer 4): NvArray and its factories.
+
+``ig.asarray`` and ``ig.from_dlpack``, which adopt other libraries' memory, are
+the interop layer's (``ignis.interop``)."""
 
 from __future__ import annotations
 
@@ -7,12 +10,11 @@ from typing import Any
 import numpy as np
 
 from .. import dtypes as _dt
-from ..runtime import Stream
 from .launch import launch
 from .nvarray import NvArray, _empty_c
 
 __all__ = ["NvArray", "launch", "empty", "zeros", "ones", "full", "empty_like", "zeros_like", "ones_like",
-           "full_like", "from_numpy", "asarray", "from_dlpack", "synchronize"]
+           "full_like", "from_numpy", "synchronize"]
 
 
 # ``empty(shape, dtype, *, device, stream, owner, mr, tag)``: an uninitialized array from
@@ -186,56 +188,3 @@ def from_numpy(a: np.ndarray, *, dtype: Any = None, **kw: Any) -> NvArray:
         out.free()
         raise
     return out
-
-
-def asarray(obj: Any, *, dtype: Any = None, **kw: Any) -> NvArray:
-    """An NvArray for ``obj``: itself, a zero-copy adoption of a DLPack / CUDA array
-    interface object, or a copy of host data (NumPy arrays, sequences, scalars).
-
-    Args:
-        obj: an ``NvArray``, an object with ``__dlpack__`` or ``__cuda_array_interface__``
-            (adopted as ``ig.from_dlpack`` does, on its default stream), or host data.
-        dtype: for host data, the device dtype; for an NvArray it must be the array's own
-            (no conversion); ignored for adopted objects.
-        **kw: ``device``, ``stream``, ``owner``, ``mr``, ``tag``, as for ``ig.empty`` (the
-            ``NvArray`` constructor). Used for host data only.
-
-    Raises:
-        ValueError: ``dtype`` differs from an NvArray's dtype, or is unknown.
-        TypeError: as ``ig.from_dlpack``, for an object it adopts.
-        OutOfMemoryError: as ``ig.from_numpy``, for host data.
-    """
-    if isinstance(obj, NvArray):
-        if dtype is not None and _dt.dtype(dtype) is not obj.dtype:
-            raise ValueError(f"asarray: array is {obj.dtype.name}, not {_dt.dtype(dtype).name}; "
-                             "dtype conversion needs a copy")
-        return obj
-    if not isinstance(obj, np.ndarray) and (hasattr(obj, "__dlpack__") or hasattr(obj, "__cuda_array_interface__")):
-        from ..interop import from_dlpack as _from_dlpack
-        return _from_dlpack(obj)
-    return from_numpy(np.asarray(obj, dtype=None if dtype is None else _dt.dtype(dtype).numpy), **kw)
-
-
-def from_dlpack(x: Any, *, stream: Stream | None = None, owner: str = "compute") -> NvArray:
-    """Adopt ``x``'s memory without copying (a non-owning array that keeps ``x`` alive).
-
-    The producer is asked (the DLPack stream handshake) to order its pending work
-    before ``stream``. A producer that marks its tensor read-only gives a read-only
-    array: every write to it raises ``ReadOnlyError``. Objects with only
-    ``__cuda_array_interface__`` are adopted on the current device. An ``NvArray`` is
-    returned as it is. See ``ignis.interop.from_dlpack``.
-
-    Args:
-        x: an object with ``__dlpack__`` (or ``__cuda_array_interface__``).
-        stream: the new array's stream, the one the producer orders its work before;
-            None: the device's default stream.
-        owner: the new array's owner name (default ``"compute"``).
-
-    Raises:
-        TypeError: ``x`` has neither protocol, or gave a capsule that is not DLPack's.
-        ValueError: the tensor is not contiguous, not on a CUDA device (on the cuda
-            backend), or of a dtype Ignis does not know.
-        UnsupportedError: on the emulated backend, a tensor that is not in host memory.
-    """
-    from ..interop import from_dlpack as _from_dlpack
-    return _from_dlpack(x, stream=stream, owner=owner)

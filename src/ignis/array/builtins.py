@@ -15,7 +15,7 @@ from typing import Any
 
 import numpy as np
 
-from ..memory import Access
+from .._types import Access
 from ..runtime import Kernel, Stream
 from .launch import launch
 from .nvarray import NvArray

@@ -37,11 +37,13 @@ import numpy as np
 from .. import backends
 from .. import dtypes as _dt
 from ..dtypes import DType
-from ..errors import (DoubleFreeError, MemoryContractViolation, ReadOnlyError, StreamMisuseError,
-                      UseAfterFreeError)
-from ..memory import Access, DeviceMemoryResource, current, get_current_resource
+from ..errors import (DoubleFreeError, MemoryContractViolation, OutOfBoundsError, ReadOnlyError,
+                       StreamMisuseError, UseAfterFreeError)
+from .._types import Access
+from ..memory import DeviceMemoryResource, current, get_current_resource
 from ..memory import ordering as _ord
-from ..memory.types import UNTAGGED, DeviceBlock
+from ..memory.types import UNTAGGED
+from ..memory.block import DeviceBlock
 from ..runtime import Device, Stream
 from ..runtime import current as _rt_current
 from ..safety.contract import DEFAULT_OWNER, contract, validate_owner
@@ -217,6 +219,115 @@ def _defaults() -> tuple[Device, Stream, DeviceMemoryResource, bool]:
 
 
 _rt_current.on_first_override(lambda: _fast.__setitem__(0, None))
+
+
+def _parse_mode(mode: Any) -> Access:
+    if type(mode) is Access:
+        return mode
+    if isinstance(mode, str):
+        try:
+            return Access[mode.upper().replace("-", "_")]
+        except KeyError:
+            pass
+    raise ValueError(f"unknown access mode {mode!r}: use 'read', 'write', 'read_write' or an ig.Access")
+
+
+def _parse_by(by: Any) -> str | None:
+    return None if by is None else validate_owner(by)
+
+
+def _check_stream(stream: Any) -> Stream:
+    if not isinstance(stream, Stream):
+        raise TypeError(f"stream must be an ignis.Stream, got {type(stream).__name__}")
+    return stream
+
+
+def _release_held(roots: "list[NvArray]", by: str) -> None:
+    for r in reversed(roots):
+        if r.owner == by:  # still held by ``by``: nothing in the block handed it on
+            contract.release(r, by)
+
+
+class _TrackedAccess:
+    """The ``with`` block of ``NvArray.access`` / ``NvArray.access_all``: check, acquire,
+    prepare on entry; record, release on exit (see ``NvArray.access``). Entered once."""
+
+    __slots__ = ("uses", "stream", "by", "op", "finish_on_error", "single", "held", "begun", "entered")
+
+    def __init__(self, uses: list, stream: Stream, by: str | None, op: str, finish_on_error: bool,
+                 single: bool) -> None:
+        self.uses = uses  # [(array, Access or None (held only), offset, nbytes)]
+        self.stream = stream
+        self.by = by
+        self.op = op
+        self.finish_on_error = finish_on_error
+        self.single = single
+        self.held: list = []
+        self.begun: list = []
+        self.entered = False
+
+    def __repr__(self) -> str:
+        arrays = ", ".join(f"NvArray#{a.id} {acc.name.lower() if acc else 'held'}" for a, acc, _, _ in self.uses)
+        return f"<tracked access ({self.op}) by {self.by!r} on stream #{self.stream.id}: {arrays}>"
+
+    def __enter__(self) -> Any:
+        if self.entered:
+            raise RuntimeError(f"{self!r} was already entered; call access() again for another block")
+        self.entered = True
+        uses, by, op, s = self.uses, self.by, self.op, self.stream
+        for a, acc, _, _ in uses:  # (1) every array may be touched, by this owner
+            if a._freed or a._base is not None or a._gate is not None:
+                a._check_live("use", acc, op)
+            if by == DEFAULT_OWNER:
+                owner = a._root().owner
+                if owner != DEFAULT_OWNER:
+                    raise MemoryContractViolation(
+                        f"NvArray#{a.id} is held by {owner!r}; {DEFAULT_OWNER!r} cannot access it ({op}) until "
+                        f"{owner!r} releases it", array_id=a.id, owner=owner, caller=by)
+        held = self.held
+        if by is not None and by != DEFAULT_OWNER:  # (2) acquire each root once, all or nothing
+            roots: set[int] = set()
+            try:
+                for a, _, _, _ in uses:
+                    r = a._root()
+                    if id(r) not in roots:
+                        contract.acquire(a, by)
+                        roots.add(id(r))
+                        held.append(r)
+            except BaseException:
+                _release_held(held, by)
+                held.clear()
+                raise
+        begun = self.begun
+        try:  # (3) prepare each use, in order
+            for a, acc, off, n in uses:
+                if acc is not None:
+                    a._begin(s, acc, op, off, n)
+                    begun.append((a, acc))
+        except BaseException:
+            self._finish(self.finish_on_error)
+            raise
+        if self.single:
+            a, _, off, _ = uses[0]
+            return a._ptr + off
+        return [a._ptr + off for a, _, off, _ in uses]
+
+    def __exit__(self, exc_type: Any, exc: Any, tb: Any) -> bool:
+        self._finish(exc_type is None or self.finish_on_error)
+        return False
+
+    def _finish(self, record: bool) -> None:
+        """(4) record the uses begun (when ``record``), (5) release what was acquired."""
+        begun, held = self.begun, self.held
+        self.begun, self.held = [], []
+        try:
+            if record:
+                s = self.stream
+                for a, acc in begun:
+                    a._end(s, acc)
+        finally:
+            if held:
+                _release_held(held, self.by)
 
 
 class NvArray:
@@ -550,6 +661,7 @@ class NvArray:
         """Use the raw pointer in foreign work (PyTorch, CuPy, Triton, custom CUDA)
         queued on ``stream`` inside the ``with`` block: the waits it needs are
         queued before, and the use is recorded after. The block gives the device address.
+        For a byte range, or for a layer that holds the array meanwhile, see ``access``.
 
         Args:
             stream: the ``Stream`` the foreign work is queued on; None: the array's own.
@@ -571,6 +683,138 @@ class NvArray:
             yield self._ptr
         finally:
             self._end(s, acc)
+
+    def access(self, stream: Stream | None = None, mode: "Access | str" = "read", *, by: str | None = DEFAULT_OWNER,
+               op: str = "access()", offset: int = 0, nbytes: int | None = None,
+               finish_on_error: bool = True) -> "_TrackedAccess":
+        """A tracked access to bytes of this array for owner ``by``, as a ``with`` block that
+        gives their device address: the one way a layer (Ignis's own, or yours) touches an
+        array's memory outside Ignis's operations.
+
+        Entering the block (1) checks the array (not freed, no freed base, no failed
+        operation's poison, no write to read-only memory) and its owner, (2) acquires it for
+        ``by`` when ``by`` is a layer (``ig.contract.acquire``: a view acquires its root),
+        (3) prepares the use on ``stream``: the waits it needs after earlier uses on other
+        streams are queued there, and the sanitizer, if on, checks the bytes, exactly as
+        ``use()`` and Ignis's own operations do; then gives the address of byte ``offset``.
+        Leaving it (4) records the use on ``stream``, so later uses and the free are ordered
+        after the work queued in the block, and (5) releases what (2) acquired. If the block
+        raises, the use is still recorded (the work queued before the error must be waited
+        for) unless ``finish_on_error=False``, and the array is released either way. Nothing
+        is recorded for a use whose preparation failed, and an array that could not be
+        acquired is left as it was.
+
+        Owners: ``by="compute"`` (the default) is your own code: the array must not be held
+        by a layer, and nothing is acquired. A layer's name (``"io"``, ``"collective"``,
+        ``"ipc"``, or one from ``ig.register_owner``) holds the array for the block: refused,
+        as ``contract.acquire`` refuses, while any layer (``by`` itself included) holds it or
+        it is shared (``ref_count > 1``). ``by=None`` skips ownership: a plain tracked use
+        whoever holds the array, for a layer that already holds it for longer than one
+        access (a collective group) or for protocol exports. Several arrays at once:
+        ``NvArray.access_all``.
+
+        Args:
+            stream: the ``Stream`` the work on the pointer is queued on; None: the stream a
+                ``with stream:`` block made current on the array's device, else the array's own.
+            mode: what the work does to the bytes: ``"read"`` (default), ``"write"``,
+                ``"read_write"`` or an ``ig.Access``.
+            by: the owner making the access (see above); default ``"compute"``.
+            op: the operation's name, shown in sanitizer reports and errors.
+            offset: the first byte used, from the array's start (default 0).
+            nbytes: how many bytes are used; None: from ``offset`` to the end.
+            finish_on_error: whether a ``with`` block that raises still records the use
+                (default True). False only where the block queues nothing it leaves behind
+                when it raises (a failed collective poisons what it was to write).
+
+        Returns:
+            A context manager; ``with a.access(...) as ptr:`` gives the device address of
+            byte ``offset`` (an int).
+
+        Raises:
+            ValueError: an unknown ``mode`` or owner, or a negative ``nbytes``.
+            TypeError: ``stream`` is not an ``ig.Stream``, or ``offset`` / ``nbytes`` are not ints.
+            OutOfBoundsError: ``[offset, offset + nbytes)`` leaves the array.
+            UseAfterFreeError: the array (or its base) was freed.
+            ReadOnlyError: ``mode`` writes to read-only memory.
+            MemoryContractViolation: the owner rules above refuse the access.
+            StreamMisuseError: the array's resource cannot track cross-stream uses and
+                ``stream`` is not the block's own.
+            ClosedError: the stream was closed.
+            StaleHandleError: the stream predates a context rebuild.
+
+        Example::
+
+            ig.register_owner("prefetcher")
+            with x.access(s, "write", by="prefetcher", op="prefetch") as ptr:
+                my_library.fill(ptr, x.nbytes, stream=s.handle)   # queued on s
+        """
+        acc = _parse_mode(mode)
+        s = self._stream_arg(None) if stream is None else _check_stream(stream)
+        off, n = self._byte_range(offset, nbytes, op)
+        return _TrackedAccess([(self, acc, off, n)], s, _parse_by(by), op, finish_on_error, True)
+
+    @staticmethod
+    def access_all(uses: Any, stream: Stream | None = None, *, by: str | None = DEFAULT_OWNER,
+                   op: str = "access()", finish_on_error: bool = True) -> "_TrackedAccess":
+        """Tracked accesses to several arrays at once, as one ``with`` block (``access`` for
+        each, all or nothing): every array is checked and acquired for ``by`` before any use
+        is prepared, so an array that is refused leaves the others untouched; the uses are
+        then prepared in order, recorded in order when the block ends, and the arrays
+        released. Two views of one root acquire it once.
+
+        Args:
+            uses: ``(array, mode)`` or ``(array, mode, offset, nbytes)`` for each use, as the
+                arguments of ``access``. ``mode=None`` holds the array for ``by`` with the
+                others but makes no tracked use of it: the caller orders its work on it
+                itself (for memory whose resource cannot track, waited for on its stream).
+            stream: the ``Stream`` the work is queued on; None: the first array's, as for
+                ``access``.
+            by: the owner making the accesses, as for ``access``.
+            op: the operation's name, shown in sanitizer reports and errors.
+            finish_on_error: as for ``access``.
+
+        Returns:
+            A context manager that gives the list of device addresses, one per use.
+
+        Raises:
+            TypeError: a use is not ``(NvArray, mode[, offset, nbytes])``; the rest as ``access``.
+        """
+        items = []
+        for use in uses:
+            if not isinstance(use, tuple) or len(use) not in (2, 4) or not isinstance(use[0], NvArray):
+                raise TypeError(f"access_all: each use is (NvArray, mode) or (NvArray, mode, offset, nbytes), "
+                                f"got {use!r:.80}")
+            a = use[0]
+            off, n = a._byte_range(*use[2:], op) if len(use) == 4 else (0, a.nbytes)
+            items.append((a, None if use[1] is None else _parse_mode(use[1]), off, n))
+        if stream is not None:
+            s = _check_stream(stream)
+        elif items:
+            s = items[0][0]._stream_arg(None)
+        else:
+            s = _rt_current.current_stream()
+        return _TrackedAccess(items, s, _parse_by(by), op, finish_on_error, False)
+
+    def _byte_range(self, offset: Any, nbytes: Any, op: str) -> tuple[int, int]:
+        """``(offset, nbytes)`` checked against this array's bytes (``nbytes`` None: to the end)."""
+        if type(offset) is not int:
+            if isinstance(offset, bool) or not isinstance(offset, (int, np.integer)):
+                raise TypeError(f"{op}: offset must be an int, got {type(offset).__name__}")
+            offset = int(offset)
+        if nbytes is None:
+            n = self.nbytes - offset
+        elif isinstance(nbytes, bool) or not isinstance(nbytes, (int, np.integer)):
+            raise TypeError(f"{op}: nbytes must be an int or None, got {type(nbytes).__name__}")
+        else:
+            n = int(nbytes)
+            if n < 0:
+                raise ValueError(f"{op}: nbytes must be >= 0, got {n}")
+        if offset < 0 or offset + n > self.nbytes or n < 0:
+            raise OutOfBoundsError(
+                f"{op}: bytes [{offset}, {offset + max(n, 0)}) of NvArray#{self.id}, which has {self.nbytes} bytes",
+                ptr=self._ptr, generation=self.generation, tag=self.tag, side="before" if offset < 0 else "after",
+                offset=offset if offset < 0 else offset + max(n, 0), array_id=self.id)
+        return offset, n
 
     # -- ownership and reference counts -------------------------------------------
     def incref(self) -> int:
@@ -1150,17 +1394,17 @@ class NvArray:
     # -- interop (DLPack, CUDA array interface) --------------------------------------------
     def __dlpack__(self, *, stream: Any = None, max_version: Any = None, dl_device: Any = None,
                    copy: Any = None) -> Any:
-        from ..interop import dlpack
-        return dlpack.export(self, stream=stream, max_version=max_version, dl_device=dl_device, copy=copy)
+        from . import dlpack_export
+        return dlpack_export.export(self, stream=stream, max_version=max_version, dl_device=dl_device, copy=copy)
 
     def __dlpack_device__(self) -> tuple[int, int]:
-        from ..interop import dlpack
-        return dlpack.device_of(self)
+        from . import dlpack_export
+        return dlpack_export.device_of(self)
 
     @property
     def __cuda_array_interface__(self) -> dict[str, Any]:
-        from ..interop import dlpack
-        return dlpack.cuda_array_interface(self)
+        from . import dlpack_export
+        return dlpack_export.cuda_array_interface(self)
 
 
 # -- the optional C fast path --------------------------------------------------------
@@ -1171,12 +1415,13 @@ def _bind_speedups() -> Any:
     the id counter and the clock itself: patching ``__init__``, ``_next_id`` or ``_now``
     reaches ``NvArray(...)`` and the keyword forms of ``ig.empty`` only.
     Returns the module's ``array_empty``, or None (not built, or ``IGNIS_PURE_PYTHON=1``)."""
+    from .._native import speedups as sp
     from ..memory import current as _current
-    from ..memory import pool as _pool
-    sp = _pool._speedups
+    from ..runtime.device import DeviceState
     if sp is None:
         return None
     try:
+        sp.setup(DeviceState, threading.Lock())
         free_c, del_c = sp.array_setup(NvArray, _fast, backends, _current, _LOCKS, _deferred, _in_gc, contract,
                                        _NAMES, _ids, _dt.float32, DEFAULT_OWNER, UNTAGGED, NvArray.free,
                                        NvArray.__del__)

@@ -188,7 +188,7 @@ class Backend:
 
     def __init__(self) -> None:
         self._trace: list = []        # trace listeners (ignis.backends.trace); changed in place
-        self._fast_off: dict[str, Any] = {}  # why the C fast path must stay off ("forked"); changed in place
+        self._fast_off: dict[str, Any] = {}  # why a direct driver path must stay off ("forked"); changed in place
         self._used = False            # set once a device was initialized (fork safety)
         self._forked_from: int | None = None  # the parent's pid in a forked child
         _instances.add(self)
@@ -202,8 +202,8 @@ class Backend:
     def mark_forked(self, parent_pid: int) -> None:
         """In a forked child: make every later operation (``REFUSED_AFTER_FORK``) raise
         ``ForkedProcessError``. The instance's class becomes its forked stand-in (a
-        generated subclass whose operations only raise), and the C fast path, which
-        calls no method, is turned off through ``_fast_off`` (it holds that dict)."""
+        generated subclass whose operations only raise), and the memory layer's direct driver
+        path, which calls no method, is turned off through ``_fast_off`` (it holds that dict)."""
         if self._forked_from is None:
             self._forked_from = parent_pid
         self._fast_off["forked"] = parent_pid
@@ -224,12 +224,13 @@ class Backend:
             raise self.forked_error(what)
 
     def tracking_calls(self) -> dict[str, Any]:
-        """What the memory layer's optional C fast path (ignis/_speedups.c) may call to
-        queue the event records and stream waits of cross-stream tracking: here the
-        backend's own ``event_record`` / ``stream_wait_event``; and under ``"off"`` the
-        containers (changed in place, never replaced) that keep the fast path off while
-        any of them is non-empty: the trace listeners (the fast path emits nothing) and
-        the fork marker (a wrapper adds its own, such as armed faults)."""
+        """What the memory layer's compiled tracking (ignis/memory/resource.pyx) may call
+        to queue the event records and stream waits of cross-stream tracking directly.
+        Here nothing direct: the backend's own ``event_record`` / ``stream_wait_event``
+        (for reference; tracking calls the methods on the instance); and under ``"off"``
+        the containers (changed in place, never replaced) that keep a direct path off
+        while any of them is non-empty: the trace listeners (a direct call emits nothing)
+        and the fork marker (a wrapper adds its own, such as armed faults)."""
         cls = type(self)
         return {"record": functools.partial(cls.event_record, self),
                 "wait": functools.partial(cls.stream_wait_event, self), "off": (self._fast_off, self._trace)}

@@ -256,11 +256,11 @@ class CudaBackend(CudaVmm, Backend):
         return True
 
     def tracking_calls(self) -> dict[str, Any]:
-        """For the memory layer's optional C fast path: this backend's handle tables
+        """For the memory layer's compiled tracking (ignis/memory/resource.pyx): this backend's handle tables
         (handle -> (device, binding object)), the thread's current-context record, the
         binding functions for event record and stream wait, and the driver's own entry
         points for them (the handles are the driver's pointers; 0 where not found).
-        The fast path uses them only for handles in these tables whose context is
+        The direct path uses them only for handles in these tables whose context is
         current on the calling thread, and only while every container of ``"off"`` is
         empty (see ``Backend.tracking_calls``)."""
         try:  # the same library the bindings loaded

@@ -18,10 +18,10 @@ Rules:
   changes nothing: no memory, stream, event or mapping is made, nothing is queued.
 - Only the wrapper pays: the backends themselves have no fault checks. A wrapped
   operation costs one dict test and one forwarding call while nothing is armed.
-- The memory layer's optional C fast path (which queues tracking's event records
-  and stream waits without calling the backend's methods) is handed the fault
-  table with the inner backend's calls (``tracking_calls()["off"]``), so it stays
-  off while a fault is armed: an armed ``event_record`` or ``stream_wait_event``
+- The memory layer's direct driver path (compiled tracking, ignis/memory/resource.pyx,
+  which queues event records and stream waits without calling the backend's methods)
+  is handed the fault table with the inner backend's calls (``tracking_calls()["off"]``),
+  so it stays off while a fault is armed: an armed ``event_record`` or ``stream_wait_event``
   fails for real, through Python.
 - Capabilities, name and trace listeners are the inner backend's (a listener
   subscribed through the wrapper hears the inner backend's operations).
@@ -134,7 +134,7 @@ class FaultInjectingBackend(Backend):
 
     def tracking_calls(self) -> dict[str, Any]:
         """The inner backend's calls, with this wrapper's fault table (and fork marker) added to
-        ``"off"``: the C fast path stays off while a fault is armed."""
+        ``"off"``: the direct driver path stays off while a fault is armed."""
         calls = dict(self.inner.tracking_calls())
         calls["off"] = (*calls["off"], self._faults, self._fast_off)
         return calls

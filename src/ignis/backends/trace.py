@@ -22,8 +22,8 @@ Rules:
 - Nothing is patched: a backend's methods are the same objects whether or not
   anyone listens. Each traced operation tests its backend's listener list
   (``if self._trace:``); with no subscriber that one test is the whole cost.
-- The list is per backend and changed in place (the memory layer's optional C
-  fast path holds it: that path queues records and waits without calling the
+- The list is per backend and changed in place (the memory layer's direct
+  driver path holds it: that path queues records and waits without calling the
   backend's methods, so it stays off while anyone listens). A wrapping backend
   (``FaultInjectingBackend``) shares its inner backend's list: subscribing
   through either reaches the backend that does the work.

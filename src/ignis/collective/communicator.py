@@ -9,8 +9,8 @@ Design and rules:
   and releases them when done): each operation acquires its arrays for
   ``"collective"`` (``MemoryContractViolation`` if another layer holds one,
   or it is shared), queues the waits their last uses need on the
-  communicator's stream (``_begin``), enqueues the operation there, records
-  the use (``_end``) and releases them. So the arrays are free again as soon
+  communicator's stream, enqueues the operation there, records the use and
+  releases them (one ``NvArray.access_all`` block). So the arrays are free again as soon
   as the work is *ordered*, without waiting for it: a later reader on any
   stream waits for the collective on the device, not on the host, and a free
   is deferred behind it. Inside ``with comm.group():`` arrays stay acquired
@@ -47,14 +47,13 @@ from __future__ import annotations
 import threading
 import time
 import weakref
-from contextlib import contextmanager
+from contextlib import ExitStack, contextmanager
 from typing import TYPE_CHECKING, Any, Callable, Iterator
 
 from .. import dtypes as _dt
 from ..array import NvArray
 from ..errors import DriverError, MemoryContractViolation
-from ..memory import Access
-from ..safety.contract import contract
+from .._types import Access
 from .errors import CollectiveError
 from .ops import _BY_NAME as _OPS
 from .ops import FP8, Plan, ReduceOp, movement_plan, reduction_plan
@@ -238,12 +237,16 @@ class _Op:
 
 
 class _Group:
-    __slots__ = ("ops", "held", "roots")
+    __slots__ = ("ops", "held", "roots", "stream", "holds")
 
-    def __init__(self) -> None:
+    def __init__(self, stream: "Stream") -> None:
         self.ops: list[_Op] = []
         self.held: dict[int, list] = {}  # id(array) -> [array, Access, the first _Op that writes it]
         self.roots: set[int] = set()  # ids of the roots acquired (a view is held through its root)
+        self.stream = stream
+        # The group's holds: each root acquired for "collective" (an access that holds and makes
+        # no use: the uses are made when the group is issued) until release().
+        self.holds = ExitStack()
 
     def add(self, a: NvArray, acc: Access, op: "_Op") -> None:
         """Acquire ``a`` for the group, once; an array used twice gets the union of the accesses."""
@@ -251,13 +254,20 @@ class _Group:
         if entry is None:
             root = a._root()
             if id(root) not in self.roots:
-                contract.acquire(a, OWNER)
+                self.holds.enter_context(NvArray.access_all([(a, None)], self.stream, by=OWNER, op=op.name))
                 self.roots.add(id(root))
             self.held[id(a)] = [a, acc, None if acc is _READ else op]
         else:
             entry[1] = _merge(entry[1], acc)
             if entry[2] is None and acc is not _READ:
                 entry[2] = op
+
+    def release(self) -> None:
+        """Give every array the group holds back (never raises for one no longer held)."""
+        try:
+            self.holds.close()
+        except MemoryContractViolation:
+            pass
 
 
 def _merge(a: Access, b: Access) -> Access:
@@ -391,39 +401,19 @@ class Communicator:
                 g.add(b, acc_b, op)
             g.ops.append(op)
             return
-        contract.acquire(a, OWNER)
-        try:
-            st = self.stream
-            if b is None:
-                a._begin(st, acc, op.name)
-                targets: tuple = () if acc is _READ else (_target(a, op),)
-                try:
-                    self._engine.run((op,), st, targets)
-                except BaseException as e:
-                    self._run_failed((op,), targets, e)
-                a._end(st, acc)
-                return
-            shared = b._root() is a._root()  # two views of one array (an in-place operation)
-            if not shared:
-                contract.acquire(b, OWNER)
+        # Held for "collective" (two views of one array: once), ordered on the communicator's
+        # stream, recorded and released. A failed run records nothing: it poisons what it was
+        # to write, and the others must not wait on a failed stream.
+        uses = ((a, acc),) if b is None else ((a, acc), (b, acc_b))
+        with NvArray.access_all(uses, self.stream, by=OWNER, op=op.name, finish_on_error=False):
+            if acc is not _READ:
+                targets: tuple = (_target(a, op),) if b is None else (_target(a, op), _target(b, op))
+            else:
+                targets = () if b is None or acc_b is _READ else (_target(b, op),)
             try:
-                a._begin(st, acc, op.name)
-                b._begin(st, acc_b, op.name)
-                if acc is _READ:
-                    targets = () if acc_b is _READ else (_target(b, op),)
-                else:
-                    targets = (_target(a, op), _target(b, op))
-                try:
-                    self._engine.run((op,), st, targets)
-                except BaseException as e:
-                    self._run_failed((op,), targets, e)
-                a._end(st, acc)
-                b._end(st, acc_b)
-            finally:
-                if not shared:
-                    contract.release(b, OWNER)
-        finally:
-            contract.release(a, OWNER)
+                self._engine.run((op,), self.stream, targets)
+            except BaseException as e:
+                self._run_failed((op,), targets, e)
 
     def _run_failed(self, ops: "list[_Op] | tuple[_Op, ...]", targets: tuple, e: BaseException) -> None:
         """The engine raised while queuing ``ops``: part of the work may be queued, so the
@@ -438,16 +428,14 @@ class Communicator:
 
     def _issue(self, ops: "list[_Op] | tuple[_Op, ...]", held: list) -> None:
         s = self.stream
-        name = ops[0].name
-        for a, acc, _ in held:
-            a._begin(s, acc, name)
-        targets = tuple(_target(a, w) for a, _, w in held if w is not None)
-        try:
-            self._engine.run(ops, s, targets)
-        except BaseException as e:
-            self._run_failed(ops, targets, e)
-        for a, acc, _ in held:
-            a._end(s, acc)
+        # The group holds the arrays already (by=None: used, not acquired again).
+        with NvArray.access_all([(a, acc) for a, acc, _ in held], s, by=None, op=ops[0].name,
+                                finish_on_error=False):
+            targets = tuple(_target(a, w) for a, _, w in held if w is not None)
+            try:
+                self._engine.run(ops, s, targets)
+            except BaseException as e:
+                self._run_failed(ops, targets, e)
 
     @contextmanager
     def group(self) -> Iterator["Communicator"]:
@@ -460,21 +448,20 @@ class Communicator:
             yield self
             return
         self._check_usable("group")
-        g = self._group = _Group()
+        g = self._group = _Group(self.stream)
         try:
             yield self
         except BaseException:
             self._group = None
-            _release(list(g.held.values()))
+            g.release()
             raise
         self._group = None
-        held = list(g.held.values())
         try:
             if g.ops:
                 self._check_usable(g.ops[0].label)
-                self._issue(g.ops, held)
+                self._issue(g.ops, list(g.held.values()))
         finally:
-            _release(held)
+            g.release()
 
     # -- collectives -----------------------------------------------------------------------
     def all_reduce(self, send: NvArray, recv: NvArray | None = None, *, op: "ReduceOp | str" = "sum") -> NvArray:
@@ -660,7 +647,7 @@ class Communicator:
         self._closed = True
         g, self._group = self._group, None
         if g is not None:
-            _release(list(g.held.values()))
+            g.release()
         try:
             if self._health.error is None:
                 self._engine.close()
@@ -695,16 +682,6 @@ class Communicator:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
-
-
-def _release(held: list) -> None:
-    for entry in held:
-        a = entry[0]
-        if a.owner == OWNER:
-            try:
-                contract.release(a, OWNER)
-            except MemoryContractViolation:
-                pass
 
 
 def _c_strides(shape: tuple[int, ...], itemsize: int) -> tuple[int, ...]:

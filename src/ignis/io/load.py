@@ -39,9 +39,8 @@ from typing import Any, Iterable, Mapping
 from .. import dtypes as _dt
 from ..array import NvArray
 from ..errors import ClosedError
-from ..memory import Access
+from .._types import Access
 from ..runtime import Device, Stream, current_stream
-from ..safety.contract import contract
 from . import pipeline
 from .format import Header, SafetensorsError, TensorEntry, read_header, resolve_dtype_map
 from .pipeline import PipelineOptions, Progress
@@ -294,7 +293,6 @@ def _load(fd: int, header: Header, entries: list[TensorEntry], target: Stream, s
           progress: Progress | None, opts: PipelineOptions, check: Any) -> dict[str, NvArray]:
     arrays: dict[str, NvArray] = {}
     made: list[NvArray] = []     # every array of this load, the hidden parent included
-    acquired: list[NvArray] = []
     runs: list[tuple[int, int, int]] = []
     base = header.data_start
     try:
@@ -313,21 +311,17 @@ def _load(fd: int, header: Header, entries: list[TensorEntry], target: Stream, s
             arrays[e.name] = a
             runs.append((base + e.begin, a._ptr, e.nbytes))
         owners = [a for a in made if a.owns_memory]  # the parent, or each separate array
-        for a in owners:  # a view's owner is its root's: holding the parent holds its views
-            contract.acquire(a, by=_OWNER)
-            acquired.append(a)
-        for a in owners:
-            a._begin(target, _WRITE)
-        chunks = pipeline.plan_chunks(runs, opts.chunk_bytes, opts.gap_bytes)
-        try:
-            pipeline.load(fd, chunks, target, opts, progress, header.file)
-        except EOFError as exc:
-            raise SafetensorsError(header.file, f"truncated: {exc}") from None
-        check()  # the bytes read are the ones the header described
-        for a in owners:
-            a._end(target, _WRITE)
-        for a in acquired:
-            contract.release(a, by=_OWNER)
+        # Held for "io" (a view's owner is its root's: holding the parent holds its views)
+        # and written on ``target``; the writes are recorded only when the load succeeded:
+        # on a failure every array of the load is freed below.
+        with NvArray.access_all([(a, _WRITE) for a in owners], target, by=_OWNER, op="safetensors load",
+                                finish_on_error=False):
+            chunks = pipeline.plan_chunks(runs, opts.chunk_bytes, opts.gap_bytes)
+            try:
+                pipeline.load(fd, chunks, target, opts, progress, header.file)
+            except EOFError as exc:
+                raise SafetensorsError(header.file, f"truncated: {exc}") from None
+            check()  # the bytes read are the ones the header described
         return arrays
     except BaseException:
         for a in sorted(made, key=lambda a: not a.is_view):  # views before the parent

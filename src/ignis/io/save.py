@@ -28,9 +28,8 @@ import os
 from typing import Any, Mapping
 
 from ..array import NvArray
-from ..memory import Access
+from .._types import Access
 from ..runtime import Stream, current_stream
-from ..safety.contract import contract
 from . import pipeline
 from .format import METADATA_KEY, build_header
 from .pipeline import PipelineOptions, Progress
@@ -105,53 +104,40 @@ def save_safetensors(arrays: Mapping[str, NvArray], path: "str | os.PathLike[str
                          f"{items[0][1].device.ordinal}")
 
     unique = list({id(a): a for _, a in items}.values())
-    acquired: list[NvArray] = []
-    try:
-        for a in {id(r): r for r in (a._root() for a in unique)}.values():  # a view is held through its root
-            contract.acquire(a, by=_OWNER)
-            acquired.append(a)
-        _write(path, header, layout, by_name, unique, stream, opts, progress)
-    finally:
-        for a in acquired:
-            if a.owner == _OWNER:
-                contract.release(a, by=_OWNER)
-
-
-def _write(path: str, header: bytes, layout: list[tuple[str, int, int]], by_name: dict[str, NvArray],
-           unique: list[NvArray], stream: Stream, opts: PipelineOptions, progress: Progress | None) -> None:
     data_start = len(header)
     file_size = data_start + (layout[-1][2] if layout else 0)
     runs = [(data_start + b, by_name[n]._ptr, e - b) for n, b, e in layout]
     chunks = pipeline.plan_chunks(runs, opts.chunk_bytes)
-    # Order the reads after earlier writes: tracked arrays through the memory layer,
-    # the others (their resource cannot track) behind their own stream.
-    begun: list[NvArray] = []
-    try:
+    # Every array is held for "io" (a view through its root) before the first byte moves.
+    # The device reads are tracked uses, ordered after earlier writes through the memory
+    # layer; an array whose resource cannot track is only held (mode None), and the reads
+    # wait for its own stream instead. A failed save still records the reads it queued.
+    uses = [(a, _READ if a._tracks else None) for a in unique]
+    with NvArray.access_all(uses, stream, by=_OWNER, op="safetensors save"):
         waited: set[int] = set()
         for a in unique:
-            if a._tracks:
-                a._begin(stream, _READ)
-                begun.append(a)
-            elif a.stream is not stream and id(a.stream) not in waited:
+            if not a._tracks and a.stream is not stream and id(a.stream) not in waited:
                 waited.add(id(a.stream))
                 stream.wait(a.stream)
-        tmp = os.path.join(os.path.dirname(path) or ".",
-                           f".{os.path.basename(path)}.ignis-tmp-{os.getpid()}-{next(_tmp_ids)}")
-        fd = os.open(tmp, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o666)
+        _write(path, header, chunks, file_size, stream, opts, progress)
+
+
+def _write(path: str, header: bytes, chunks: Any, file_size: int, stream: Stream, opts: PipelineOptions,
+           progress: Progress | None) -> None:
+    tmp = os.path.join(os.path.dirname(path) or ".",
+                       f".{os.path.basename(path)}.ignis-tmp-{os.getpid()}-{next(_tmp_ids)}")
+    fd = os.open(tmp, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o666)
+    try:
         try:
-            try:
-                os.ftruncate(fd, file_size)
-                pipeline.pwrite_all(fd, memoryview(header), 0)
-                pipeline.save(fd, path, chunks, stream, opts, file_size, progress)
-            finally:
-                os.close(fd)
-            os.replace(tmp, path)
-        except BaseException:
-            try:
-                os.unlink(tmp)
-            except OSError:
-                pass
-            raise
-    finally:
-        for a in begun:
-            a._end(stream, _READ)
+            os.ftruncate(fd, file_size)
+            pipeline.pwrite_all(fd, memoryview(header), 0)
+            pipeline.save(fd, path, chunks, stream, opts, file_size, progress)
+        finally:
+            os.close(fd)
+        os.replace(tmp, path)
+    except BaseException:
+        try:
+            os.unlink(tmp)
+        except OSError:
+            pass
+        raise

@@ -1,4 +1,4 @@
-"""The IPC demo (``ig.ipc.demo``, shown by ``ignis demo``).
+"""The IPC demo (``ig.ipc.demo``).
 
 This process is the producer: it fills an array in a ``VmmResource`` and
 sends it over a Unix socket pair to a consumer process (started with the
@@ -22,8 +22,14 @@ from typing import IO, Any, Callable
 
 import numpy as np
 
+from ..array import empty
 from ..backends import get_backend, set_backend
 from ..errors import IgnisError
+from ..memory import VmmResource
+from ..runtime import Device
+from ..units import format_bytes
+from .share import close, finish
+from .transport import recv, send
 
 __all__ = ["run"]
 
@@ -47,21 +53,19 @@ def _line(sock: socket.socket) -> dict[str, Any]:
 
 def _consumer(sock: socket.socket, backend: str, n: int) -> None:
     """The consumer process: map, check, write back, answer, then unmap."""
-    import ignis as ig
-
     if get_backend().name != backend:
         set_backend(backend)
     try:
         t0 = time.perf_counter()
-        b = ig.ipc.recv(sock)
+        b = recv(sock)
         opened_ms = (time.perf_counter() - t0) * 1000
         host = b.to_numpy()
         wrong = int(np.count_nonzero(host != np.arange(n, dtype=np.float32)))
         b[:MARKED].fill_(MARKER)
-        ig.ipc.finish(b)
+        finish(b)
         sock.sendall(json.dumps({"wrong": wrong, "opened_ms": opened_ms, "ptr": b.device_ptr}).encode() + b"\n")
         _line(sock)  # the producer has looked; now unmap
-        ig.ipc.close(b)
+        close(b)
         sock.sendall(b'{"closed": true}\n')
     except Exception as e:  # reported to the producer, which prints it
         sock.sendall(json.dumps({"error": f"{type(e).__name__}: {e}"}).encode() + b"\n")
@@ -89,24 +93,22 @@ def run(out: "IO[str] | None" = None, *, nbytes: int = 16 << 20, timeout: float 
 
 
 def _run(say: Callable[[str], None], nbytes: int, timeout: float) -> None:
-    import ignis as ig
-
-    dev = ig.Device(0)
+    dev = Device(0)
     backend = dev.backend.name
     caps = dev.capabilities
     if not (caps.get("vmm") and caps.get("posix_fd_ipc")):
         say(f"ipc demo skipped: device 0 ({dev.name}) lacks VMM or POSIX fd handles")
         return
     n = nbytes // 4
-    mr = ig.VmmResource(dev)
-    a = ig.empty((n,), "float32", mr=mr, tag="ipc-demo")
+    mr = VmmResource(dev)
+    a = empty((n,), "float32", mr=mr, tag="ipc-demo")
     proc = None
     ours, theirs = socket.socketpair()
     try:
         a.from_host(np.arange(n, dtype=np.float32))
         say(f"ipc demo on device 0 ({dev.name}, {backend} backend)")
-        say(f" 1. producer (pid {multiprocessing.current_process().pid}): {nbytes >> 20} MiB float32 in a "
-            f"VmmResource (granularity {mr.granularity >> 10} KiB), filled with 0, 1, 2, ...")
+        say(f" 1. producer (pid {multiprocessing.current_process().pid}): {format_bytes(nbytes)} float32 in a "
+            f"VmmResource (granularity {format_bytes(mr.granularity)}), filled with 0, 1, 2, ...")
         ctx = multiprocessing.get_context("spawn")  # never fork a process that has driver threads
         proc = ctx.Process(target=_consumer, args=(theirs, backend, n), daemon=True)
         proc.start()
@@ -114,7 +116,7 @@ def _run(say: Callable[[str], None], nbytes: int, timeout: float) -> None:
         ours.settimeout(timeout)
         say(f" 2. started the consumer (pid {proc.pid}) with the spawn method")
         t0 = time.perf_counter()
-        desc = ig.ipc.send(ours, a)
+        desc = send(ours, a)
         send_ms = (time.perf_counter() - t0) * 1000
         say(f" 3. exported the block (generation {desc.generation}) and sent its fd over the socket with "
             f"SCM_RIGHTS in {send_ms:.2f} ms")

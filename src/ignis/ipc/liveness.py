@@ -36,7 +36,7 @@ from typing import TYPE_CHECKING
 from ..memory.types import BlockState
 
 if TYPE_CHECKING:
-    from ..memory.types import DeviceBlock
+    from ..memory.block import DeviceBlock
     from .handle import IpcDescriptor
 
 __all__ = ["register", "is_live", "query", "peer_credentials"]

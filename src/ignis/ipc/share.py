@@ -37,14 +37,15 @@ import threading
 from typing import Any
 
 from .. import dtypes as _dt
+from .._types import Access
 from ..array import NvArray
 from ..backends import get_backend
 from ..errors import DriverError, UnsupportedError, UseAfterFreeError
-from ..memory import Access, ResourceAdaptor, TrackedResource, VmmResource, get_current_resource
-from ..memory.types import UNTAGGED, DeviceBlock, _next_generation
+from ..memory import ResourceAdaptor, TrackedResource, VmmResource, get_current_resource
+from ..memory.types import UNTAGGED, _next_generation
+from ..memory.block import DeviceBlock
 from ..memory.vmm import _Mapping, map_range, release_mapped_block, unmap_range
 from ..runtime import Device, Stream
-from ..safety.contract import contract
 from . import liveness
 from .handle import IpcDescriptor, IpcHandle
 
@@ -77,8 +78,8 @@ def finish(array: NvArray, *, stream: Stream | None = None) -> None:
     """Wait (on the host) until every queued write and read of ``array``, on any
     stream, has finished: call it before telling another process to use the bytes."""
     s = array.stream if stream is None else stream
-    array._begin(s, _RW, "ipc finish")
-    array._end(s, _RW)
+    with array.access(s, _RW, by=None, op="ipc finish"):  # whoever holds it: a tracked use only
+        pass
     s.synchronize()
 
 
@@ -98,7 +99,7 @@ def export(array: NvArray, *, stream: Stream | None = None) -> IpcHandle:
     if array.nbytes == 0 or block is None:
         raise ValueError(f"NvArray#{array.id} is empty: there is no device memory to share")
     vmm = _vmm_of(array)
-    with contract.holding(array, "ipc"):
+    with NvArray.access_all([(array, None)], stream, by="ipc", op="ipc export"):  # held for the export
         finish(array, stream=stream)
         fd = vmm.export_fd(block)
         try:

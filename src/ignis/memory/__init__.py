@@ -9,8 +9,9 @@ from .guard import DebugGuardResource, first_poisoned_offset, holds_poison
 from .pinned import PinnedBuffer, PinnedHostResource
 from .pool import PoolResource
 from .resource import DeviceMemoryResource, TrackedResource
-from .types import (TRANSITIONS, UNTAGGED, Access, AllocTag, BlockId, BlockState, DeviceBlock, Generation,
-                    StreamId)
+from .._types import Access
+from .types import TRANSITIONS, UNTAGGED, AllocTag, BlockId, BlockState, Generation, StreamId
+from .block import DeviceBlock
 from .vmm import VmmResource
 
 __all__ = [

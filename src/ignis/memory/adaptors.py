@@ -27,7 +27,8 @@ from typing import Any
 from ..errors import OutOfBudgetError
 from ..runtime import Stream
 from .resource import DeviceMemoryResource
-from .types import UNTAGGED, DeviceBlock
+from .types import UNTAGGED
+from .block import DeviceBlock
 
 __all__ = ["ResourceAdaptor", "BudgetResource", "LoggingResource", "StatisticsResource",
            "TrackingResource", "Counter", "Statistics", "LOG_HEADER"]

@@ -34,7 +34,8 @@ from ..runtime import Device, Stream
 from ..runtime.stream import add_close_hook
 from . import history as _history
 from .resource import TrackedResource
-from .types import UNTAGGED, BlockState, DeviceBlock
+from .types import UNTAGGED, BlockState
+from .block import DeviceBlock
 
 __all__ = ["AsyncResource", "REAP_BATCH"]
 

@@ -14,7 +14,8 @@ import threading
 from ..runtime import Device, Stream
 from . import history as _history
 from .resource import DeviceMemoryResource
-from .types import UNTAGGED, BlockState, DeviceBlock
+from .types import UNTAGGED, BlockState
+from .block import DeviceBlock
 
 __all__ = ["DirectResource"]
 

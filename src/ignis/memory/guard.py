@@ -71,7 +71,9 @@ from . import history as _history
 from . import ordering as _ord
 from .adaptors import ResourceAdaptor
 from .resource import DeviceMemoryResource, check_request
-from .types import UNTAGGED, Access, BlockId, BlockState, DeviceBlock, _next_generation
+from .._types import Access
+from .types import UNTAGGED, BlockId, BlockState, _next_generation
+from .block import DeviceBlock
 
 __all__ = ["DebugGuardResource", "holds_poison", "first_poisoned_offset"]
 

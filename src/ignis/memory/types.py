@@ -16,6 +16,7 @@ import enum
 import itertools
 from typing import TYPE_CHECKING, Any, NamedTuple
 
+from .._types import Access  # foundation; re-exported here, where it was defined before
 from ..errors import InvalidTransitionError
 
 if TYPE_CHECKING:
@@ -55,47 +56,6 @@ AllocTag.UNTAGGED = UNTAGGED
 
 # Streams are identified by the ``Stream`` objects themselves.
 StreamId = Any
-
-
-class Access(enum.Enum):
-    """What a use does to a block's bytes.
-
-    READ waits on a prior write from another stream. WRITE and READ_WRITE
-    also wait on every outstanding read from another stream, and become the
-    block's last write.
-
-    Wherever an access is taken, the strings ``"read"``, ``"write"`` and
-    ``"read_write"`` (any case, ``-`` for ``_``) are accepted too (``parse``).
-
-    Attributes:
-        reads: True if the use reads the bytes (READ, READ_WRITE).
-        writes: True if the use writes the bytes (WRITE, READ_WRITE).
-    """
-
-    READ = (True, False)
-    WRITE = (False, True)
-    READ_WRITE = (True, True)
-
-    def __init__(self, reads: bool, writes: bool) -> None:
-        self.reads = reads
-        self.writes = writes
-
-    @classmethod
-    def parse(cls, x: "Access | str") -> "Access":
-        """The ``Access`` that ``x`` names.
-
-        Args:
-            x: an ``Access``, or its name as a string (``"read"``, ``"WRITE"``, ``"read-write"``...).
-
-        Raises:
-            ValueError: ``x`` names no access.
-        """
-        if isinstance(x, Access):
-            return x
-        try:
-            return cls[str(x).upper().replace("-", "_")]
-        except KeyError:
-            raise ValueError(f"unknown access {x!r}; use Access.READ, Access.WRITE or Access.READ_WRITE") from None
 
 
 class BlockState(enum.Enum):
@@ -143,84 +103,11 @@ class BlockId(NamedTuple):
         return cls(block.ptr, block.generation, block.alloc_stream, block.alloc_stream.device.ordinal)
 
 
-class DeviceBlock:
-    """One allocation, owned by the caller until handed back to the resource that made it.
 
-    ``bytes`` may exceed the request (rounding); ``requested`` is what was asked.
-    ``align`` is the guaranteed alignment (256 bytes, as cudaMalloc gives).
-    The ``_w*`` / ``_rd`` slots hold the cross-stream hazard record (see
-    ``ignis.memory.resource``); ``_impl`` belongs to the resource that made it.
-
-    Blocks are made by resources (``allocate``), not by users.
-
-    Args:
-        ptr: the device address.
-        alloc_stream: the ``Stream`` the allocation is ordered on (and its deallocation).
-        nbytes: the size in bytes (``bytes``).
-        requested: the size asked for, in bytes.
-        tag: the caller's label for the allocation.
-        generation: the block's generation (fresh for every allocation).
-        impl: the making resource's own data, or None.
-
-    Attributes:
-        ptr: the device address.
-        alloc_stream: the ``Stream`` the allocation is ordered on.
-        bytes: the size in bytes (may exceed ``requested``).
-        requested: the size asked for, in bytes.
-        tag: the caller's label.
-        generation: the process-unique generation of this allocation.
-        state: the ``BlockState``.
-    """
-
-    __slots__ = ("ptr", "alloc_stream", "bytes", "requested", "tag", "generation", "state", "_ws", "_we",
-                 "_rd", "_impl", "__weakref__")
-
-    align = 256
-
-    def __init__(self, ptr: int, alloc_stream: "Stream", nbytes: int, requested: int, tag: str,
-                 generation: int, impl: Any = None) -> None:
-        self.ptr = ptr
-        self.alloc_stream = alloc_stream
-        self.bytes = nbytes
-        self.requested = requested
-        self.tag = tag
-        self.generation = generation
-        self.state = _LIVE
-        # Hazard record: last writer stream, its event (0 = not recorded yet),
-        # readers {stream: event or 0}. A new block counts as written by its
-        # alloc stream, so a first use elsewhere waits for the allocation.
-        self._ws = alloc_stream
-        self._we = 0
-        self._rd = None
-        self._impl = impl
-
-    @property
-    def device_ordinal(self) -> int:
-        """The ordinal of the device the block is on."""
-        return self.alloc_stream.device.ordinal
-
-    @property
-    def id(self) -> BlockId:
-        """The block's copyable identity, a ``BlockId``."""
-        return BlockId(self.ptr, self.generation, self.alloc_stream, self.alloc_stream.device.ordinal)
-
-    def transition(self, new: BlockState) -> None:
-        """Move to ``new`` along the transition table, or raise.
-
-        Args:
-            new: the ``BlockState`` to move to.
-
-        Raises:
-            InvalidTransitionError: ``TRANSITIONS`` does not allow the move from the current state.
-        """
-        if new not in TRANSITIONS[self.state]:
-            raise InvalidTransitionError(f"block {self.ptr:#x} (generation {self.generation}, tag {self.tag!r})",
-                                         self.state.name, new.name)
-        self.state = new
-
-    def __repr__(self) -> str:
-        return (f"<DeviceBlock {self.ptr:#x} {self.bytes} B gen={self.generation} dev={self.device_ordinal} "
-                f"stream=#{getattr(self.alloc_stream, 'id', '?')} tag={self.tag!r} {self.state.name}>")
-
-
-_LIVE = BlockState.LIVE
+def __getattr__(name: str) -> Any:
+    # DeviceBlock is compiled (memory/block.pyx), which imports this module; it is
+    # reachable from here too, as it always was.
+    if name == "DeviceBlock":
+        from .block import DeviceBlock
+        return DeviceBlock
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

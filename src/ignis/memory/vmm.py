@@ -43,7 +43,8 @@ from ..runtime import Device, Stream
 from . import history as _history
 from . import ordering as _ord
 from .resource import TrackedResource, check_request
-from .types import UNTAGGED, BlockState, DeviceBlock
+from .types import UNTAGGED, BlockState
+from .block import DeviceBlock
 
 if TYPE_CHECKING:
     from ..backends import Backend

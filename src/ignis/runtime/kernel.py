@@ -30,6 +30,7 @@ from typing import TYPE_CHECKING, Any, Callable, Sequence
 import numpy as np
 
 from .. import dtypes as _dt
+from .._types import Access
 
 if TYPE_CHECKING:
     from .device import Device
@@ -211,7 +212,6 @@ class Kernel:
 
     @staticmethod
     def _parse(i: int, spec: Any) -> tuple[str, Any, Any]:
-        from ..memory import Access
         rng = None
         if isinstance(spec, tuple):
             spec, rng = spec

@@ -24,13 +24,11 @@ import threading
 import time
 import weakref
 from contextlib import contextmanager
-from typing import TYPE_CHECKING, Any, Iterator
+from typing import Any, Iterator
 
 from ..errors import MemoryContractViolation
+from ._array import SafeArray
 from .frames import capture_frames, format_frames
-
-if TYPE_CHECKING:
-    from ..array import NvArray
 
 __all__ = ["MemoryContract", "contract", "register_owner", "owners", "DEFAULT_OWNER"]
 
@@ -89,7 +87,7 @@ class MemoryContract:
         self.capture_sites = False  # record where tracked arrays were made (leak reports)
 
     # -- ownership ---------------------------------------------------------
-    def acquire(self, array: "NvArray", by: str) -> bool:
+    def acquire(self, array: SafeArray, by: str) -> bool:
         """Move ``array`` from the default owner to layer ``by``. A view's owner is its
         root's: acquiring a view acquires the root, with every view of it.
 
@@ -126,7 +124,7 @@ class MemoryContract:
                 self.track(a)
             return True
 
-    def release(self, array: "NvArray", by: str) -> bool:
+    def release(self, array: SafeArray, by: str) -> bool:
         """Give ``array`` back to the default owner; only its holder may.
 
         Args:
@@ -150,7 +148,7 @@ class MemoryContract:
             array._set_owner(DEFAULT_OWNER)
             return True
 
-    def assert_owner(self, array: "NvArray", owner: str) -> None:
+    def assert_owner(self, array: SafeArray, owner: str) -> None:
         """Check that ``array`` (its root, for a view) is owned by ``owner``.
 
         Args:
@@ -168,7 +166,7 @@ class MemoryContract:
                                           array_id=array.id, owner=actual, caller=owner)
 
     @contextmanager
-    def holding(self, array: "NvArray", by: str) -> Iterator["NvArray"]:
+    def holding(self, array: SafeArray, by: str) -> Iterator[SafeArray]:
         """Acquire ``array`` for ``by`` and always release it (a context manager).
 
         Args:
@@ -187,7 +185,7 @@ class MemoryContract:
                 self.release(array, by)
 
     # -- tracking and audit --------------------------------------------------
-    def track(self, array: "NvArray") -> None:
+    def track(self, array: SafeArray) -> None:
         """Track ``array`` (weakly) for ``audit()``, from now; an array already tracked keeps its start.
 
         Args:
@@ -198,7 +196,7 @@ class MemoryContract:
             if array.id not in self._tracked:
                 self._tracked[array.id] = (weakref.ref(array), time.monotonic(), frames)
 
-    def untrack(self, array: "NvArray") -> None:
+    def untrack(self, array: SafeArray) -> None:
         """Stop tracking ``array`` (nothing happens if it was not tracked).
 
         Args:

@@ -12,18 +12,20 @@ from __future__ import annotations
 
 import threading
 import weakref
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Generic, TypeVar
 
 from ..errors import StaleHandleError
+from ._array import SafeArray
 
 if TYPE_CHECKING:
-    from ..array import NvArray
     from ..runtime import Stream
 
 __all__ = ["GpuRef"]
 
+_A = TypeVar("_A", bound=SafeArray)  # the array type (NvArray): access() gives back what it was given
 
-class GpuRef:
+
+class GpuRef(Generic[_A]):
     """A process-local handle to an array's memory, checked on every access.
 
     A GpuRef holds its ``NvArray`` (so the memory cannot be collected while the
@@ -64,7 +66,7 @@ class GpuRef:
 
     __slots__ = ("_array", "_state", "_generation", "_device_id", "_last_write", "_lock")
 
-    def __init__(self, array: "NvArray") -> None:
+    def __init__(self, array: _A) -> None:
         state = array.device.state
         self._array = array
         self._state = weakref.ref(state)
@@ -73,7 +75,7 @@ class GpuRef:
         self._last_write: "Stream | None" = None
         self._lock = threading.Lock()
 
-    def access(self) -> "NvArray":
+    def access(self) -> _A:
         """The array, after checking the handle is still valid.
 
         Returns:

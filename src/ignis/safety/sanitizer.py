@@ -57,7 +57,8 @@ from typing import Any, Callable, Iterator
 
 from ..errors import OutOfBoundsError, RaceError, UninitializedReadError
 from ..memory import ordering as _ord
-from ..memory.types import Access, DeviceBlock
+from .._types import Access
+from ..memory.block import DeviceBlock
 from .frames import capture_frames, format_frames, sites
 
 __all__ = ["Sanitizer", "sanitizer", "enable", "disable", "enabled", "is_enabled", "reports",

@@ -1,4 +1,4 @@
-"""Telemetry (layer 6): see the memory.
+"""Telemetry (layer 7): see the memory.
 
 - ``memory_stats`` / ``memory_summary`` / ``reset_peak_stats``: the numbers of a
   device's memory (current values always; peaks and totals after ``enable_stats()``).
@@ -14,6 +14,7 @@ or history are switched on; then each allocation event makes one call into
 this package (``_hook``).
 """
 
+from . import _torch  # noqa: F401  (answers torch.cuda.memory_stats & co. under the guard)
 from .plot import plot_timeline
 from .replay import replay
 from .snapshot import dump_snapshot, is_recording, load_snapshot, record_memory_history, snapshot

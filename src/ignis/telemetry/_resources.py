@@ -26,7 +26,7 @@ from typing import Any
 
 from ..memory import DebugGuardResource, DeviceMemoryResource, PoolResource, ResourceAdaptor
 from ..memory import pool as _pool
-from ..memory.types import DeviceBlock
+from ..memory.block import DeviceBlock
 
 __all__ = ["SMALL_MAX", "SMALL_SEGMENT", "Roles", "Piece", "Segment", "roles", "layout", "user_blocks",
            "is_small", "live_context"]

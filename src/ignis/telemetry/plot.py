@@ -20,8 +20,8 @@ import math
 import os
 from typing import Any
 
+from ..units import format_bytes
 from .snapshot import load_snapshot
-from .stats import format_bytes
 
 __all__ = ["plot_timeline", "timeline"]
 

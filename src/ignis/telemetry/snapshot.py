@@ -58,8 +58,9 @@ SEGMENT_TAG = "ignis.pool.segment"     # the tag a pool gives the blocks it take
 _SUBSCRIBER = "history"
 
 _PKG = os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep
-# Ignis modules whose frames are the program's own story (the tour is a program).
-_SHOWN = frozenset({os.path.join(_PKG, "telemetry", "tour.py"), os.path.join(_PKG, "demo.py")})
+# Ignis modules whose frames are the program's own story: the demo and its tour (``ignis demo``)
+# are programs. File names only: nothing here imports the command line.
+_SHOWN = frozenset({os.path.join(_PKG, "cli", "demo.py"), os.path.join(_PKG, "cli", "tour.py")})
 
 
 class _History:
@@ -228,7 +229,7 @@ def snapshot(device: "Device | int | None" = None, *, resource: DeviceMemoryReso
         segments += _segments(allocator, ros)
     segments.sort(key=lambda s: (s["device"], s["address"]))
     traces = _traces(stacks, ndev, only)
-    from .. import __version__
+    from .._version import __version__
     return {"segments": segments, "device_traces": traces,
             "ignis": {"version": __version__, "backend": Device(0).backend.name if device_count() else None,
                       "recording": _h.active, "max_entries": _h.ring.maxlen,

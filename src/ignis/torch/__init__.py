@@ -24,7 +24,7 @@ extension kernels, CUDA graphs) is declared with ``use()``; see
 from __future__ import annotations
 
 from contextlib import contextmanager
-from typing import TYPE_CHECKING, Any, Iterator
+from typing import TYPE_CHECKING, Any, Callable, Iterator
 
 if TYPE_CHECKING:
     from ..safety.sanitizer import Sanitizer
@@ -33,6 +33,12 @@ if TYPE_CHECKING:
 __all__ = ["sanitize", "enable", "disable", "is_enabled", "use", "front_end"]
 
 _fe: "TorchFrontEnd | None" = None
+
+# The guard's ``patch_memory_stats`` answers torch.cuda.memory_stats and its friends with
+# Ignis's statistics and snapshots: telemetry's work, a layer above this front end.
+# ``ignis.telemetry`` (imported by ``import ignis``) puts its function here:
+# ``memory_views(torch) -> {name: replacement}``; the guard installs what it returns.
+memory_views: "Callable[[Any], dict[str, Callable[..., Any]]] | None" = None
 
 
 def enable(mode: str = "raise") -> "Sanitizer":
@@ -98,7 +104,7 @@ def use(tensor: Any, access: Any = "read_write", *, stream: Any = None, op: str 
             my_triton_kernel[grid](out, ...)
     """
     if _fe is not None:
-        from ..memory.types import Access
+        from .._types import Access
         _fe.declare(tensor, Access.parse(access), stream, op)
     yield tensor
 

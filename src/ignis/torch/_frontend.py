@@ -45,7 +45,7 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode, _get_current_dispatch_mode
 
 from ..errors import IgnisError
-from ..memory.types import Access
+from .._types import Access
 from ..safety.frames import MAX_FRAMES, add_library_dir, capture_frames, is_user_file
 from ..safety.sanitizer import HOST, NO_INIT_CHECK, OUTPUT, PINNED, READ, WRITE, Sanitizer
 from ._ops import SPECS, OpSpec, classify

@@ -74,14 +74,16 @@ from ..memory import history as _history
 from ..memory.guard import DebugGuardResource, _Guarded
 from ..memory.pool import PoolResource
 from ..memory.resource import check_request
-from ..memory.types import UNTAGGED, Access, BlockState, DeviceBlock, _next_generation
+from .._types import Access
+from ..memory.types import UNTAGGED, BlockState, _next_generation
+from ..memory.block import DeviceBlock
 from ..runtime import Device, Stream
 from ..safety import frames as _frames
 from ..safety.frames import add_library_dir, capture_frames, format_frames, sites
 
 __all__ = ["DeferredGuardResource", "GuardError", "use_guard", "use_cupy_guard", "install_on_import", "check",
            "reports", "clear_reports", "summary", "finish", "is_installed", "guard_resource", "guards",
-           "note_record_stream", "memory_stats", "DEFAULTS"]
+           "note_record_stream", "guard_stats", "DEFAULTS"]
 
 _NONE = 0xFFFFFFFFFFFFFFFF
 _RES_WORDS = 16          # per job: first[3], ~last[3], -count[3], samples 2 x 3, spare
@@ -1190,20 +1192,16 @@ def is_installed() -> dict[str, bool]:
     return {"torch": _s.torch, "cupy": _s.cupy}
 
 
-def memory_stats(device: "Device | int" = 0) -> dict[str, int]:
-    """Ignis's statistics for the guard of ``device`` (PyTorch's key layout), with the
-    guard's own numbers (live user bytes, quarantine, checks)."""
-    from ..telemetry import memory_stats as _ms
+def guard_stats(device: "Device | int" = 0) -> dict[str, int] | None:
+    """The guard's own numbers for ``device`` (live user bytes, quarantine, checks), under
+    ``guard.*`` keys; None while the device has no guard. ``ignis.telemetry`` adds them to
+    its statistics of the guard when it answers ``torch.cuda.memory_stats``."""
     g = _s.guards.get(device.ordinal if isinstance(device, Device) else int(device))
     if g is None:
-        return _ms(device)
-    out = _ms(resource=g)
-    out["guard.live_bytes"] = g.bytes_outstanding
-    out["guard.quarantined_bytes"] = g.quarantined_bytes
-    out["guard.checks"] = g._checker.jobs
-    out["guard.batches"] = g._checker.batches
-    out["guard.allocs_reusing_checked_blocks"] = g.reused
-    return out
+        return None
+    return {"guard.live_bytes": g.bytes_outstanding, "guard.quarantined_bytes": g.quarantined_bytes,
+            "guard.checks": g._checker.jobs, "guard.batches": g._checker.batches,
+            "guard.allocs_reusing_checked_blocks": g.reused}
 
 
 def note_record_stream(ptr: int, handle: int, device: int | None = None) -> bool:
@@ -1258,6 +1256,8 @@ def use_guard(**options: Any) -> None:
                 "torch.cuda.synchronize(), ...) and its caching allocator can no longer be replaced. Call it "
                 "at the top of the program, before any CUDA work, or run the unmodified script with "
                 "`ignis run --guard script.py`")
+        if opts["patch_memory_stats"]:
+            _memory_views()  # refused here, before anything is swapped
         from ..backends import get_backend
         if not get_backend().cuda_driver:
             raise GuardError(f"the guard under PyTorch needs Ignis's cuda backend (the active backend is "
@@ -1324,44 +1324,22 @@ def _hook_syncs(torch: Any) -> None:
         reg(_on_sync)
 
 
-def _device_index(torch: Any, device: Any) -> int:
-    if device is None:
-        return torch.cuda.current_device()
-    return torch.cuda._utils._get_device_index(device, optional=True)
+def _memory_views() -> Callable[[Any], dict[str, Callable[..., Any]]]:
+    from . import memory_views
+    if memory_views is None:
+        raise GuardError("patch_memory_stats needs ignis.telemetry, which is not imported (import ignis first); "
+                         "or pass patch_memory_stats=False")
+    return memory_views
 
 
 def _patch_memory_views(torch: Any) -> None:
     """``torch.cuda.memory_stats`` and the functions built on it (memory_allocated,
     max_memory_allocated, memory_reserved, memory_summary, ...) raise under a pluggable
     allocator; answer them with Ignis's statistics of the guard, and the snapshot
-    functions with Ignis's snapshot (PyTorch's memory viewer format)."""
-    import ignis as ig
+    functions with Ignis's snapshot (PyTorch's memory viewer format). The answers are
+    telemetry's (a layer above this one), which left them in ``ignis.torch.memory_views``."""
     mem = torch.cuda.memory
-
-    stats = memory_stats
-
-    def t_memory_stats(device: Any = None) -> dict[str, Any]:
-        return dict(sorted(stats(_device_index(torch, device)).items()))
-
-    def t_reset_peak_memory_stats(device: Any = None) -> None:
-        ig.reset_peak_stats(resource=guard_resource(_device_index(torch, device)))
-
-    def t_memory_summary(device: Any = None, abbreviated: bool = False) -> str:
-        return ig.memory_summary(resource=guard_resource(_device_index(torch, device)))
-
-    def t_snapshot(*_a: Any, **_k: Any) -> dict[str, Any]:
-        return ig.snapshot()
-
-    def t_dump_snapshot(filename: str = "dump_snapshot.pickle") -> None:
-        ig.dump_snapshot(filename)
-
-    def t_record_memory_history(enabled: Any = "all", *_a: Any, **_k: Any) -> None:
-        ig.record_memory_history(enabled not in (None, False))
-
-    for name, fn in (("memory_stats", t_memory_stats), ("reset_peak_memory_stats", t_reset_peak_memory_stats),
-                     ("memory_summary", t_memory_summary), ("_snapshot", t_snapshot),
-                     ("memory_snapshot", t_snapshot), ("_dump_snapshot", t_dump_snapshot),
-                     ("_record_memory_history", t_record_memory_history)):
+    for name, fn in _memory_views()(torch).items():
         for owner in (mem, torch.cuda):
             if hasattr(owner, name):
                 _s.saved[f"{owner.__name__}.{name}"] = getattr(owner, name)

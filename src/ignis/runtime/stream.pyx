@@ -25,15 +25,17 @@ __all__ = ["Stream"]
 _ids = itertools.count(1)
 # Weak callbacks run just before a stream is closed (the memory layer records a
 # final event on it so memory cached for the stream stays usable elsewhere).
-_close_hooks: list[weakref.WeakMethod] = []
+_close_hooks: list = []
 
 
 def add_close_hook(method: Callable[["Stream"], None]) -> None:
     """Call the bound ``method(stream)`` before any stream closes, while its owner lives."""
-    _close_hooks.append(weakref.WeakMethod(method))
+    # (a weak reference to the owner, the method's name): compiled classes' bound
+    # methods have no __func__, so weakref.WeakMethod cannot hold them.
+    _close_hooks.append((weakref.ref(method.__self__), method.__name__))
 
 
-class Stream:
+cdef class Stream:
     """An ordered queue of device work on one device.
 
     Make one with ``Device.create_stream()`` or adopt a foreign handle with
@@ -58,8 +60,7 @@ class Stream:
         ValueError: ``handle`` is not a positive int.
     """
 
-    __slots__ = ("handle", "device", "id", "_generation", "_closed", "_owned", "_keepalive",
-                 "ordering", "__weakref__")
+    # Fields: see stream.pxd.
 
     def __init__(self, device: "Device", handle: int, *, owned: bool, keepalive: object = None) -> None:
         from .device import Device
@@ -219,13 +220,13 @@ class Stream:
         if self._closed:
             return
         if _close_hooks and self.device.state.generation == self._generation:
-            for ref in list(_close_hooks):
-                hook = ref()
-                if hook is None:
-                    _close_hooks.remove(ref)
+            for entry in list(_close_hooks):
+                owner = entry[0]()
+                if owner is None:
+                    _close_hooks.remove(entry)
                 else:
                     try:
-                        hook(self)
+                        getattr(owner, entry[1])(self)
                     except Exception:
                         pass
         self._closed = True
@@ -260,5 +261,5 @@ class Stream:
         try:
             state = "closed" if self._closed else "open"
             return f"<ignis.Stream #{self.id} handle={self.handle:#x} device={self.device.ordinal} {state}>"
-        except AttributeError:
+        except (AttributeError, TypeError):  # __init__ refused its arguments (the fields are None)
             return "<ignis.Stream (not constructed)>"

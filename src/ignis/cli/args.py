@@ -1,4 +1,5 @@
-"""Argument types shared by the command-line modules."""
+"""Argument types shared by the command-line modules: ``ordinal`` (a device
+ordinal), ``positive_int``, and ``int_arg`` to make others."""
 
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ def int_arg(what: str, lo: int, hi: int | None = None) -> Callable[[str], int]:
     """An argparse type: an int in ``[lo, hi)``, else a usage error naming ``what``."""
 
     def parse(text: str) -> int:
+        """``text`` as an int in range, else an ``argparse.ArgumentTypeError`` naming what was expected."""
         try:
             value = int(text)
         except ValueError:

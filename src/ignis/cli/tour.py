@@ -1,4 +1,5 @@
-"""``tour(out)``: a tour of what Ignis is for, in well under a minute without a GPU.
+"""``tour(out)``: a tour of what Ignis is for, in well under a minute without a GPU
+(``ignis demo`` runs it after the demo).
 
 1. A small generated model is saved to a safetensors file from device memory
    and loaded back straight to the device (skipped, saying so, where
@@ -30,6 +31,8 @@ import time
 from typing import Any, Callable, TextIO
 
 import numpy as np
+
+from ..units import format_bytes
 
 __all__ = ["tour"]
 
@@ -99,7 +102,7 @@ class _Tour:
         same = all(np.array_equal(weights[n].to_numpy(), host[n]) for n in ("embed.weight", "norm.weight"))
         if not same:
             self.fail("the loaded weights differ from the saved ones")
-        self.say(f"1. model: {len(host)} tensors ({total / 1024:.0f} KiB float32) saved from the device to "
+        self.say(f"1. model: {len(host)} tensors ({format_bytes(total)} float32) saved from the device to "
                  f"{os.path.basename(path)} in {t_save * 1e3:.1f} ms and loaded back to the device in "
                  f"{t_load * 1e3:.1f} ms; bytes {'match' if same else 'DIFFER'}")
         return weights
@@ -252,7 +255,6 @@ class _Tour:
         except ImportError as e:
             self.say(f"   timeline: skipped ({e})")
             return
-        from .stats import format_bytes
         self.say(f"   timeline: {info['path']} (peak in use {format_bytes(info['peak_bytes'])}, reserved peak "
                  f"{format_bytes(info['reserved_peak_bytes'])}; tags: {', '.join(info['groups'][:6])})")
 
@@ -270,8 +272,8 @@ def tour(out: TextIO | None = None, *, device: int = 0, out_dir: str | None = No
     """Run the tour on ``device``, printing to ``out``; files go to ``out_dir``
     (default: ``ignis-tour`` in the temporary directory). Returns 0 when every
     check held, else 1."""
-    from . import stats as _stats
-    from .snapshot import is_recording, record_memory_history
+    from ..telemetry import stats as _stats
+    from ..telemetry.snapshot import is_recording, record_memory_history
 
     out = out or sys.stdout
     out_dir = out_dir or os.path.join(tempfile.gettempdir(), "ignis-tour")

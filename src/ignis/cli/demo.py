@@ -1,4 +1,5 @@
-"""``ignis demo``: a short end-to-end run of the runtime and the memory layer.
+"""``ignis demo``: a short end-to-end run of the runtime and the memory layer,
+then the tour (``ignis.cli.tour``).
 
 On whichever backend is active it fills a device block from the host on
 stream A, hands it to stream B through an event, copies it device to device
@@ -9,21 +10,24 @@ and a double free being caught. Each step prints one line.
 Rules: every check that fails raises ``DemoFailed``, and ``run`` turns it (or
 an Ignis error) into one "FAILED: ..." line and exit status 1. Everything the
 demo makes is released on the way out, success or not.
+``add_parser(subparsers)`` adds the command.
 """
 
 from __future__ import annotations
 
+import argparse
 import sys
 from typing import Any, Callable, TextIO
 
 import numpy as np
 
-from .errors import DoubleFreeError, IgnisError
-from .memory import Access, BlockState, DeviceMemoryResource, PinnedHostResource, PoolResource, get_current_resource
-from .runtime import Device
-from .units import format_bytes
+from ..errors import DoubleFreeError, IgnisError
+from ..memory import Access, BlockState, DeviceMemoryResource, PinnedHostResource, PoolResource, get_current_resource
+from ..runtime import Device
+from ..units import format_bytes
+from .args import ordinal as _ordinal
 
-__all__ = ["run", "DemoFailed", "format_bytes"]
+__all__ = ["run", "DemoFailed", "add_parser"]
 
 # Over the pool's 10 MiB large-block limit, each block gets a segment of its
 # own with no split remainder, so which memory the reuse step gets is certain.
@@ -48,8 +52,10 @@ def _pool_of(mr: DeviceMemoryResource) -> PoolResource | None:
     return None
 
 
-def run(out: TextIO = sys.stdout, *, device: int = 0) -> int:
-    """Run the demo on ``device``, printing to ``out``. Returns 0 on success, 1 on failure."""
+def run(out: TextIO | None = None, *, device: int = 0) -> int:
+    """Run the demo on ``device``, printing to ``out`` (default: ``sys.stdout`` as it is at the
+    call). Returns 0 on success, 1 on failure."""
+    out = sys.stdout if out is None else out
 
     def say(line: str) -> None:
         print(line, file=out, flush=True)
@@ -197,3 +203,25 @@ def _cleanup(mr: DeviceMemoryResource, streams: list[Any], live: list[Any], pinn
         pass
     for s in streams:
         s.close()
+
+
+# -- the command -------------------------------------------------------------------------
+def _command(args: argparse.Namespace) -> int:
+    """``ignis demo``: the demo, then the tour, on ``--device``; 1 when either failed."""
+    from .tour import tour
+    with Device(args.device):  # what the demo makes without naming a device lands there too
+        rc = run(sys.stdout, device=args.device)
+        return tour(sys.stdout, device=args.device) or rc
+
+
+def add_parser(subparsers: Any) -> argparse.ArgumentParser:
+    """Add ``demo`` to ``subparsers`` (from ``ArgumentParser.add_subparsers``); returns its parser."""
+    demo = subparsers.add_parser("demo", help="a short end-to-end run and a tour: streams, tracked copies, pool "
+                                              "reuse, safetensors, a KV cache, one caught bug of each class, a "
+                                              "timeline",
+                                 description="Copy bytes host -> device -> device -> host across two streams "
+                                             "with cross-stream tracking, check them, show pool reuse across "
+                                             "streams and a caught double free.")
+    demo.add_argument("--device", type=_ordinal, default=0, help="device to run on (default 0)")
+    demo.set_defaults(func=_command)
+    return demo

@@ -34,16 +34,53 @@ import warnings
 from typing import Any
 
 from ..errors import DriverError, OutOfMemoryError
-from ..runtime import Device, Stream, current_device
+from ..runtime import Device, current_device
+from ..runtime.stream cimport Stream
 from ..runtime.stream import add_close_hook
 from . import history as _history
 from . import ordering as _ord
-from .resource import DeviceMemoryResource, TrackedResource, check_request
-from .types import UNTAGGED, BlockState, DeviceBlock, _next_generation
+from .resource import DeviceMemoryResource, check_request
+from .resource cimport TrackedResource, EventPool, ResourceLock, lock_take, lock_give
+from .types import UNTAGGED, BlockState, _next_generation
+from .block cimport DeviceBlock
+
+cdef extern from "Python.h":
+    Py_ssize_t _as_ssize "PyLong_AsSsize_t"(object) noexcept
+    void PyErr_Clear()
 
 __all__ = ["PoolResource"]
 
-_RETIRED = BlockState.RETIRED
+cdef object _RETIRED = BlockState.RETIRED
+cdef object _FREED = BlockState.FREED
+cdef object _LIVE = BlockState.LIVE
+cdef object _ZERO = 0
+cdef dict _HIST = _history.__dict__
+cdef dict _ORD = _ord.__dict__
+# The process-wide generation counter (ignis.memory.types._next_generation is its
+# __next__): one counter for every resource, read here without the method call.
+cdef object _GENERATIONS = _next_generation.__self__
+# Requests up to this many bytes take the compiled arithmetic (far beyond any device).
+cdef enum:
+    _C_SMALL_MAX = 1 << 20
+cdef Py_ssize_t _SIZE_LIMIT = (<Py_ssize_t>1) << 60
+
+
+cdef inline DeviceBlock _new_block(object ptr, Stream stream, object nbytes, object requested, object tag,
+                                   object impl):
+    """A new LIVE DeviceBlock (what ``DeviceBlock(...)`` makes, without the call)."""
+    cdef DeviceBlock block = DeviceBlock.__new__(DeviceBlock)
+    block.ptr = ptr
+    block.alloc_stream = stream
+    block.bytes = nbytes
+    block.requested = requested
+    block.tag = tag
+    block.generation = next(_GENERATIONS)
+    block.state = _LIVE
+    block._ws = stream
+    block._we = _ZERO
+    block._rd = None
+    block._impl = impl
+    return block
 
 _ALIGN = 512
 _SMALL_MAX = 1 << 20
@@ -55,8 +92,7 @@ _MIN_SPLIT_SMALL = _ALIGN
 _MIN_SPLIT_LARGE = 1 << 20
 
 
-class _Segment:
-    __slots__ = ("block", "ptr", "size", "small")
+cdef class _Segment:
 
     def __init__(self, block: DeviceBlock, size: int, small: bool) -> None:
         self.block = block
@@ -65,10 +101,9 @@ class _Segment:
         self.small = small
 
 
-class _Block:
+cdef class _Block:
     """A range of a segment: handed out or free on one stream's list."""
 
-    __slots__ = ("ptr", "size", "seg", "prev", "next", "free", "stream")
 
     def __init__(self, ptr: int, size: int, seg: _Segment, prev: "_Block | None", nxt: "_Block | None",
                  stream: Stream) -> None:
@@ -81,11 +116,10 @@ class _Block:
         self.stream = stream
 
 
-class _SizeClass:
+cdef class _SizeClass:
     """Free blocks of one size class: exact-size bins (LIFO) plus the sorted list
     of sizes that have (or recently had) a bin, for best fit."""
 
-    __slots__ = ("bins", "sizes")
 
     def __init__(self) -> None:
         self.bins: dict[int, list[_Block]] = {}
@@ -111,10 +145,9 @@ class _SizeClass:
         return b
 
 
-class _FreeList:
+cdef class _FreeList:
     """Free blocks of one stream, by size class."""
 
-    __slots__ = ("small", "large", "count", "dirty")
 
     def __init__(self) -> None:
         self.small = _SizeClass()
@@ -171,7 +204,7 @@ def _segment_size(size: int) -> tuple[int, bool]:
     return (size + _ROUND_LARGE - 1) // _ROUND_LARGE * _ROUND_LARGE, False
 
 
-class PoolResource(TrackedResource):
+cdef class PoolResource(TrackedResource):
     """Caching allocator with per-stream free lists over ``upstream``.
 
     The default resource of every device (``ig.get_current_resource``). It tracks
@@ -192,9 +225,6 @@ class PoolResource(TrackedResource):
         num_segment_frees: segments handed back to ``upstream``.
     """
 
-    # Slots (not the instance dict) for what the C fast path reads and writes.
-    __slots__ = ("device", "_generation", "_closed", "_lock", "_live", "_free", "_live_bytes", "_state", "_backend",
-                 "_events", "cross_stream_waits")
 
     def __init__(self, upstream: DeviceMemoryResource | None = None, *, device: "Device | int | None" = None) -> None:
         if upstream is None:
@@ -213,56 +243,107 @@ class PoolResource(TrackedResource):
         self.num_segment_frees = 0
         self._final: dict[Stream, int] = {}  # closed stream -> event recorded just before it closed
         add_close_hook(self._on_stream_close)
-        if FAST and type(self) is PoolResource:
-            # The common case in C (ignis/_speedups.c); everything else, and every
-            # error, still goes through the methods below.
-            self.allocate = types.MethodType(_speedups.pool_allocate, self)
-            self.deallocate = types.MethodType(_speedups.pool_deallocate, self)
-            self.prepare_block_use = types.MethodType(_speedups.tracked_prepare, self)
-            self.finish_block_use = types.MethodType(_speedups.tracked_finish, self)
-            _bind_backend(self._backend)  # tracking queues its records and waits through this backend
 
     # -- hot path ------------------------------------------------------------
-    def allocate(self, nbytes: int, stream: Stream | None = None, tag: str = UNTAGGED) -> DeviceBlock:
-        if stream is None:
-            stream = self.device.default_stream
-        if type(nbytes) is not int or nbytes <= 0 or type(stream) is not Stream:
-            check_request(nbytes, stream)
-        if stream._closed or stream._generation != self._generation or stream.device is not self.device \
-                or self._closed:
+    def allocate(self, nbytes: int, stream_: Stream | None = None, tag: str = UNTAGGED) -> DeviceBlock:
+        cdef Stream stream
+        cdef _FreeList fl
+        cdef _SizeClass cls
+        cdef _Block b
+        cdef list lst
+        cdef DeviceBlock block
+        cdef Py_ssize_t n, size
+        cdef bint small
+        cdef ResourceLock lk
+        if stream_ is None:
+            stream_ = self.device.default_stream
+        if type(nbytes) is not int or type(stream_) is not Stream:
+            check_request(nbytes, stream_)
+        n = _as_ssize(nbytes)
+        if n <= 0 or n > _SIZE_LIMIT:
+            if n == -1:
+                PyErr_Clear()  # out of Py_ssize_t range
+            if nbytes <= 0:
+                check_request(nbytes, stream_)
+            return self._allocate_huge(nbytes, stream_, tag)
+        stream = <Stream>stream_
+        if stream._closed or (stream._generation is not self._generation and stream._generation != self._generation) \
+                or stream.device is not self.device or self._closed:
             self._check_stream(stream)
-        size = (nbytes + 511) & -512
-        small = size <= _SMALL_MAX
-        lock = self._lock
-        lock.acquire()
+        size = (n + 511) & ~(<Py_ssize_t>511)
+        small = size <= _C_SMALL_MAX
+        size_obj = size
+        lk = self._lock
+        lock_take(lk)
         try:
             fl = self._free.get(stream)
             b = None
             if fl is not None:
-                lst = (fl.small if small else fl.large).bins.get(size)
+                cls = fl.small if small else fl.large
+                lst = cls.bins.get(size_obj)
                 if lst:  # the common case: a block of exactly this size, freed on this stream
                     b = lst.pop()
                     b.free = False
                     fl.count -= 1
                 else:
-                    b = fl.take(size, small)
+                    b = fl.take(size_obj, small)
+                    if b is not None:
+                        self._split_if_worth(b, size_obj, small)
             if b is None:
-                b = self._slow_take(size, small, stream)
-            if b.size != size and b.size - size >= (_MIN_SPLIT_SMALL if small else _MIN_SPLIT_LARGE):
-                self._split(b, size)
-            ptr = b.ptr
-            block = DeviceBlock(ptr, stream, b.size, nbytes, tag, _next_generation(), b)
-            self._live[ptr] = block
+                b = self._slow_take(size_obj, small, stream)
+                self._split_if_worth(b, size_obj, small)
+            block = _new_block(b.ptr, stream, b.size, nbytes, tag, b)
+            self._live[b.ptr] = block
             self._live_bytes += b.size
         finally:
-            lock.release()
-        if _history.recorder is not None:
-            _history.recorder("alloc", self, ptr, b.size, stream, block)
+            lock_give(lk)
+        rec = _HIST["recorder"]
+        if rec is not None:
+            rec("alloc", self, b.ptr, b.size, stream, block)
         return block
 
-    def deallocate(self, block: DeviceBlock) -> None:
-        lock = self._lock
-        lock.acquire()
+    cdef int _split_if_worth(self, _Block b, object size, bint small) except -1:
+        if b.size != size and b.size - size >= (_MIN_SPLIT_SMALL if small else _MIN_SPLIT_LARGE):
+            self._split(b, size)
+        return 0
+
+    def _allocate_huge(self, nbytes: int, stream_: Stream, tag: str) -> DeviceBlock:
+        """``allocate`` for a request beyond the compiled path's sizes (its arithmetic on
+        Python ints): the same steps, which end in the upstream's out-of-memory error."""
+        cdef Stream stream = <Stream>stream_
+        cdef _FreeList fl
+        cdef _Block b
+        cdef DeviceBlock block
+        if stream._closed or stream._generation != self._generation or stream.device is not self.device \
+                or self._closed:
+            self._check_stream(stream)
+        size = (nbytes + 511) & -512
+        small = size <= _SMALL_MAX
+        with self._lock:
+            fl = self._free.get(stream)
+            b = fl.take(size, small) if fl is not None else None
+            if b is None:
+                b = self._slow_take(size, small, stream)
+            self._split_if_worth(b, size, small)
+            block = _new_block(b.ptr, stream, b.size, nbytes, tag, b)
+            self._live[b.ptr] = block
+            self._live_bytes += b.size
+        rec = _HIST["recorder"]
+        if rec is not None:
+            rec("alloc", self, b.ptr, b.size, stream, block)
+        return block
+
+    def deallocate(self, block_: DeviceBlock) -> None:
+        cdef DeviceBlock block
+        cdef _FreeList fl
+        cdef _Block b
+        cdef list lst
+        cdef ResourceLock lk
+        if type(block_) is not DeviceBlock:
+            self._check_dealloc(block_, self._live)
+        block = <DeviceBlock>block_
+        lk = self._lock
+        lock_take(lk)
         try:
             ptr = block.ptr
             if self._live.get(ptr) is not block:
@@ -271,13 +352,14 @@ class PoolResource(TrackedResource):
             b = block._impl
             size = b.size
             self._live_bytes -= size
-            if self._generation != self.device.state.generation:
-                block.state = BlockState.FREED
+            g = self._state.generation
+            if g is not self._generation and g != self._generation:
+                block.state = _FREED
                 return
             stream = block.alloc_stream
             if block._rd is not None or block._ws is not stream:
                 try:
-                    self._order_release(block)
+                    self._order_release_c(block)
                 except BaseException:
                     # A refused event record or wait: the block stays LIVE and counted.
                     self._reset_record_after_release(block)
@@ -286,9 +368,9 @@ class PoolResource(TrackedResource):
                     raise
             else:
                 if block._we:
-                    self._events.put(block._we)
+                    self._events._free.append(block._we)
+                    block._we = _ZERO
                 block._ws = None
-                block._we = 0
             b.stream = stream
             fl = self._free.get(stream)
             if fl is None:
@@ -304,12 +386,14 @@ class PoolResource(TrackedResource):
                 fl.dirty = True
             block.state = _RETIRED
         finally:
-            lock.release()
-        if _history.recorder is not None:
-            _history.recorder("free_requested", self, ptr, size, stream, block)
-            _history.recorder("free_completed", self, ptr, size, stream, block)  # reusable at once, in order
-        if _ord.checker is not None:
-            _ord.checker.free(block)  # after the release ordering was queued
+            lock_give(lk)
+        rec = _HIST["recorder"]
+        if rec is not None:
+            rec("free_requested", self, ptr, size, stream, block)
+            rec("free_completed", self, ptr, size, stream, block)  # reusable at once, in order
+        checker = _ORD["checker"]
+        if checker is not None:
+            checker.free(block)  # after the release ordering was queued
 
     # -- slow paths (lock held) ---------------------------------------------------
     def _slow_take(self, size: int, small: bool, stream: Stream) -> _Block:
@@ -349,7 +433,7 @@ class PoolResource(TrackedResource):
                 del self._free[owner]
                 self._events.put(self._final.pop(owner))
         else:
-            ev = self._wait(stream, owner, 0)
+            ev = self._wait_c(stream, <Stream>owner, 0)
             if ev:
                 self._events.put(ev)
         b.stream = stream
@@ -553,44 +637,3 @@ class PoolResource(TrackedResource):
                 f"reserved={self._reserved} upstream={type(self.upstream).__name__}>")
 
 
-# -- the optional C fast path ------------------------------------------------------
-def _load_speedups() -> Any:
-    """``ignis._speedups`` bound to these classes, or None (not built, or
-    ``IGNIS_PURE_PYTHON=1``)."""
-    if os.environ.get("IGNIS_PURE_PYTHON", "") not in ("", "0"):
-        return None
-    try:
-        from .. import _speedups as mod
-    except ImportError:
-        return None
-    from ..runtime.stream import Stream as _Stream
-    from ..runtime.device import DeviceState
-    from .resource import EventPool
-    from .types import Access
-    try:
-        mod.setup(_Stream, DeviceBlock, _Block, _FreeList, _SizeClass, _Segment, PoolResource, DeviceState, EventPool,
-                  BlockState.LIVE, _RETIRED, _next_generation.__self__, _history, _ord, PoolResource.allocate,
-                  PoolResource.deallocate, PoolResource.prepare_block_use, PoolResource.finish_block_use,
-                  threading.Lock(), Access.READ, Access.WRITE, Access.READ_WRITE)
-    except Exception as e:  # a layout this build does not know: run in Python, and say so
-        warnings.warn(f"ignis._speedups could not bind ({type(e).__name__}: {e}); PoolResource runs in Python",
-                      RuntimeWarning, stacklevel=2)
-        return None
-    return mod
-
-
-_speedups = _load_speedups()
-FAST = _speedups is not None  # PoolResource's allocate / deallocate (and tracking, on cuda) run their common case in C
-_bound: list = [None]  # the backend the C tracking path queues through
-
-
-def _bind_backend(backend: Any) -> None:
-    if _bound[0] is backend:
-        return
-    calls = backend.tracking_calls()
-    if "streams" in calls:
-        _speedups.bind_cuda(backend, calls["streams"], calls["events"], calls["current"], calls["record"],
-                            calls["wait"], tuple(calls["off"]), *calls.get("raw", (0, 0)))
-    else:
-        _speedups.bind_backend(backend, calls["record"], calls["wait"], tuple(calls["off"]))
-    _bound[0] = backend

@@ -1,20 +1,12 @@
-"""The ``ignis`` command line (layer 7).
+"""``ignis doctor``: the backend, its devices, driver and library versions, and a short
+host<->device copy bandwidth probe.
 
     ignis doctor [--json] [--device N] [--size-mib N] [--repeats N] [--no-bandwidth]
-    ignis demo [--device N]
-    ignis run [--sanitize] [--guard] [--leaks] [--ordering auto|manual] SCRIPT [ARGS...]
-    ignis load FILE [--device N]
-    ignis launch -n N SCRIPT [ARGS...]
-    ignis snapshot plot|summary FILE [-o OUT.png]
-    ignis replay LOG.csv --resource pool|async|direct|guard [--budget BYTES]
-    ignis bench [--out DIR]
-
-``main(argv)`` returns the exit status instead of exiting (argparse's usage
-errors give 2), so it can be called in-process; the console script and
-``python -m ignis`` hand it to ``sys.exit``.
 
 ``doctor`` reports; it does not stop at the first problem. Each problem it
 meets is listed at the end, and any problem makes the exit status 1.
+``add_parser(subparsers)`` adds the command; ``doctor_report`` is what it
+reports, as a JSON-ready dict (``ignis.cli.doctor_report``).
 """
 
 from __future__ import annotations
@@ -24,11 +16,12 @@ import json
 import platform
 import statistics
 import sys
-from typing import Any, Sequence, TextIO
+from typing import Any, TextIO
 
-from ._cliargs import ordinal as _ordinal
-from ._cliargs import positive_int as _positive_int
-__all__ = ["main", "doctor_report"]
+from .args import ordinal as _ordinal
+from .args import positive_int as _positive_int
+
+__all__ = ["doctor_report", "probe_bandwidth", "add_parser"]
 
 EMULATED_NOTE = ("emulated backend: these are host memcpy speeds and mean nothing about a GPU "
                  "(run on a CUDA machine for real numbers)")
@@ -39,7 +32,7 @@ def _library_versions() -> dict[str, str | None]:
     import ml_dtypes
     import numpy as np
 
-    from . import __version__
+    from .. import __version__
 
     try:
         import cuda.bindings as bindings
@@ -67,8 +60,8 @@ def probe_bandwidth(ordinal: int, nbytes: int, repeats: int) -> dict[str, Any]:
     pinned and pageable host memory, both directions, after one warm-up copy each."""
     import numpy as np
 
-    from .memory import DirectResource, PinnedHostResource
-    from .runtime import Device
+    from ..memory import DirectResource, PinnedHostResource
+    from ..runtime import Device
 
     dev = Device(ordinal)
     backend = dev.backend
@@ -127,7 +120,7 @@ def doctor_report(*, device: int = 0, nbytes: int = 64 << 20, repeats: int = 5,
     report: dict[str, Any] = {"backend": None, "device_count": 0, "devices": [],
                               "versions": _library_versions(), "bandwidth": None, "problems": problems}
     try:
-        from .backends import get_backend
+        from ..backends import get_backend
         backend = get_backend()
     except Exception as e:  # bad IGNIS_BACKEND, or IGNIS_BACKEND=cuda without a driver
         problems.append(f"the backend could not start: {type(e).__name__}: {e}")
@@ -167,7 +160,7 @@ def _yes(flag: bool) -> str:
 
 
 def _print_doctor(report: dict[str, Any], out: TextIO) -> None:
-    from .units import format_bytes
+    from ..units import format_bytes
 
     def say(line: str = "") -> None:
         print(line, file=out)
@@ -175,7 +168,7 @@ def _print_doctor(report: dict[str, Any], out: TextIO) -> None:
     v = report["versions"]
     say(f"ignis {v['ignis']} doctor")
     say(f"backend: {report['backend'] or 'none'}")
-    from . import backends
+    from .. import backends
     if backends.auto_fallback:
         say(f"  (IGNIS_BACKEND=auto took the emulator: {backends.auto_fallback})")
     say(f"devices: {report['device_count']}")
@@ -210,8 +203,9 @@ def _print_doctor(report: dict[str, Any], out: TextIO) -> None:
             say(f"  - {p}")
 
 
-# -- commands ----------------------------------------------------------------------------
-def _cmd_doctor(args: argparse.Namespace) -> int:
+# -- the command -------------------------------------------------------------------------
+def _command(args: argparse.Namespace) -> int:
+    """``ignis doctor``: print the report (text or JSON); 1 when a problem was found, else 0."""
     report = doctor_report(device=args.device, nbytes=args.size_mib << 20, repeats=args.repeats,
                            bandwidth=not args.no_bandwidth)
     if args.json:
@@ -221,33 +215,11 @@ def _cmd_doctor(args: argparse.Namespace) -> int:
     return 1 if report["problems"] else 0
 
 
-def _cmd_demo(args: argparse.Namespace) -> int:
-    from .demo import run
-    from .runtime import Device
-    from .telemetry.tour import tour
-    with Device(args.device):  # what the demo makes without naming a device lands there too
-        rc = run(sys.stdout, device=args.device)
-        return tour(sys.stdout, device=args.device) or rc
-
-
-def _cmd_run(args: argparse.Namespace) -> int:
-    from .runner import run_script
-    return run_script(args.script, args.args, sanitize=args.sanitize, guard=args.guard, leaks=args.leaks,
-                      ordering=args.ordering, leak_threshold=args.leak_threshold)
-
-
-def build_parser() -> argparse.ArgumentParser:
-    from . import __version__
-
-    parser = argparse.ArgumentParser(
-        prog="ignis", description="Ignis: a memory-safe GPU buffer runtime.",
-        epilog="The backend is chosen by IGNIS_BACKEND=auto|cuda|emulated (default auto).")
-    parser.add_argument("--version", action="version", version=f"ignis {__version__}")
-    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
-
-    doctor = sub.add_parser("doctor", help="report the backend, devices, versions and copy bandwidth",
-                            description="Report the backend, its devices, driver and library versions, "
-                                        "and a short host<->device copy bandwidth probe.")
+def add_parser(subparsers: Any) -> argparse.ArgumentParser:
+    """Add ``doctor`` to ``subparsers`` (from ``ArgumentParser.add_subparsers``); returns its parser."""
+    doctor = subparsers.add_parser("doctor", help="report the backend, devices, versions and copy bandwidth",
+                                   description="Report the backend, its devices, driver and library versions, "
+                                               "and a short host<->device copy bandwidth probe.")
     doctor.add_argument("--json", action="store_true", help="print the report as JSON")
     doctor.add_argument("--device", type=_ordinal, default=0, help="device to probe (default 0)")
     doctor.add_argument("--size-mib", type=_positive_int, default=64, metavar="N",
@@ -255,70 +227,5 @@ def build_parser() -> argparse.ArgumentParser:
     doctor.add_argument("--repeats", type=_positive_int, default=5, metavar="N",
                         help="timed copies per case, after one warm-up (default 5)")
     doctor.add_argument("--no-bandwidth", action="store_true", help="skip the bandwidth probe")
-    doctor.set_defaults(func=_cmd_doctor)
-
-    demo = sub.add_parser("demo", help="a short end-to-end run and a tour: streams, tracked copies, pool reuse, "
-                                       "safetensors, a KV cache, one caught bug of each class, a timeline",
-                          description="Copy bytes host -> device -> device -> host across two streams "
-                                      "with cross-stream tracking, check them, show pool reuse across "
-                                      "streams and a caught double free.")
-    demo.add_argument("--device", type=_ordinal, default=0, help="device to run on (default 0)")
-    demo.set_defaults(func=_cmd_demo)
-
-    run = sub.add_parser("run", help="run a Python script under the sanitizer, the debug guard and/or "
-                                     "the leak audit",
-                         description="Run SCRIPT with Ignis's checks on and print their reports at exit. "
-                                     "The exit status is non-zero when a problem was found.")
-    run.add_argument("--sanitize", action="store_true",
-                     help="check cross-stream races, uses after free, reuse races and uninitialized reads, in "
-                          "Ignis's tracked uses and in PyTorch ops on CUDA tensors (the script's ordering "
-                          "policy is kept)")
-    run.add_argument("--guard", action="store_true",
-                     help="canaries, poison and quarantine on every allocation (DebugGuardResource)")
-    run.add_argument("--leaks", action="store_true", help="report arrays still alive at exit, with their sites")
-    run.add_argument("--ordering", choices=("auto", "manual"), default=None,
-                     help="ordering policy for Ignis's tracked uses (default: the script's own; 'manual' "
-                          "with --sanitize checks the script's synchronization instead of supplying it)")
-    run.add_argument("--leak-threshold", type=float, default=0.0, metavar="SECONDS",
-                     help="only report arrays older than this (default 0)")
-    run.add_argument("script", help="the Python script to run")
-    run.add_argument("args", nargs=argparse.REMAINDER, help="arguments for the script")
-    run.set_defaults(func=_cmd_run)
-
-    from .collective.cli import add_parser as add_launch_parser
-    from .io.cli import add_parser as add_load_parser
-    from .telemetry.cli import add_parsers as add_telemetry_parsers
-    add_load_parser(sub)
-    add_launch_parser(sub)
-    add_telemetry_parsers(sub)
-    return parser
-
-
-def main(argv: Sequence[str] | None = None) -> int:
-    """Run the ``ignis`` command line with ``argv`` (default ``sys.argv[1:]``); return the exit status."""
-    parser = build_parser()
-    try:
-        args = parser.parse_args(argv)
-    except SystemExit as e:  # --help, --version, or a usage error (already printed)
-        return e.code if isinstance(e.code, int) else 2
-    device = getattr(args, "device", None)  # (doctor reports a missing device in its own report)
-    if isinstance(device, int) and not isinstance(device, bool) and args.command != "doctor":
-        problem = _bad_device(device)
-        if problem:
-            print(f"ignis {args.command}: {problem}", file=sys.stderr)
-            return 1
-    return args.func(args)
-
-
-def _bad_device(ordinal: int) -> str | None:
-    """Why ``--device ordinal`` cannot be used on this machine, or None."""
-    from .backends import get_backend
-    try:
-        backend = get_backend()
-        count = backend.device_count()
-    except Exception as e:  # no backend at all: the command itself says more
-        return f"no device can be used ({type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''})"
-    if not 0 <= ordinal < count:
-        return (f"--device {ordinal} does not exist: the {backend.name} backend has {count} device(s) "
-                f"(valid: {'0..' + str(count - 1) if count else 'none'}); `ignis doctor` lists them")
-    return None
+    doctor.set_defaults(func=_command)
+    return doctor

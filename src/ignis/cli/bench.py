@@ -31,6 +31,8 @@ import time
 from dataclasses import asdict, dataclass
 from typing import Any, Callable, TextIO
 
+from ..units import format_bytes
+
 __all__ = ["run_benchmarks", "find_bench_dir", "Row"]
 
 _SRC = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # holds the ignis package
@@ -175,8 +177,7 @@ def _rows_array(r: dict[str, Any], emulated: bool) -> list[Row]:
         mine = cells.get("ignis")
         others = [k for k in cells if k != "ignis"]
         for k in others or [None]:
-            size = int(nbytes)
-            label = f"{size >> 20} MiB" if size >= 1 << 20 and not size % (1 << 20) else f"{size} B"
+            label = format_bytes(int(nbytes))
             rows.append(Row("array", f"empty+free {label}", mine, "us/pair", k, cells.get(k) if k else None,
                             mine / cells[k] if k and cells.get(k) else None, not emulated))
     c = r.get("copy_gbps") or {}
@@ -234,7 +235,7 @@ def _rows_ipc(r: dict[str, Any], emulated: bool) -> list[Row]:
 
 
 def _rows_allreduce(r: dict[str, Any], emulated: bool) -> list[Row]:
-    rows = [Row("allreduce", f"all_reduce {row['bytes'] >> 20} MiB bus bandwidth", row.get("ignis_busbw_gbps"),
+    rows = [Row("allreduce", f"all_reduce {format_bytes(row['bytes'])} bus bandwidth", row.get("ignis_busbw_gbps"),
                 "GB/s", "torch.distributed", row.get("torch_busbw_gbps"), row.get("ratio"), not emulated)
             for row in r.get("allreduce", []) if "bytes" in row]
     book = r.get("bookkeeping") or {}

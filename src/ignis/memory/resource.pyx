@@ -44,17 +44,66 @@ import threading
 import weakref
 from typing import TYPE_CHECKING, Any
 
+from cpython.pythread cimport (PyThread_allocate_lock, PyThread_free_lock, PY_LOCK_ACQUIRED, PY_LOCK_INTR,
+                               PY_LOCK_FAILURE, PyLockStatus)
+from cpython.exc cimport PyErr_CheckSignals
+from libc.stdint cimport uintptr_t
+
 from ..errors import (ClosedError, DoubleFreeError, DriverError, OutOfMemoryError, StaleHandleError, StreamMisuseError,
                       UseAfterFreeError)
-from ..runtime import Device, Stream, current_device
+from ..runtime import Device, current_device
+from ..runtime.stream cimport Stream
 from . import history as _history
 from . import ordering as _ord
-from .types import UNTAGGED, Access, BlockId, BlockState, DeviceBlock, _next_generation
+from .._types import Access
+from .types import UNTAGGED, BlockId, BlockState, _next_generation
+from .block cimport DeviceBlock
+
+cdef extern from "Python.h":
+    void *PyLong_AsVoidPtr(object) except? NULL
+
+cdef extern from "pythread.h":
+    PY_TIMEOUT_T PY_TIMEOUT_MAX
+    PyLockStatus PyThread_acquire_lock_timed(PyThread_type_lock, PY_TIMEOUT_T microseconds, int intr_flag) nogil
+
+# The modules whose hooks the hot paths read on every call (``recorder``, ``checker``,
+# ``any_manual`` can change at any time): their dicts, read directly.
+cdef dict _HIST = _history.__dict__
+cdef dict _ORD = _ord.__dict__
+cdef object _READ = Access.READ
+cdef object _WRITE = Access.WRITE
+cdef object _RW = Access.READ_WRITE
+cdef object _AUTO = _ord.AUTO
+cdef object _ZERO = 0
+
+
+cdef inline bint _writes(object access) except -1:
+    """``access.writes``, without the attribute lookup for the three members."""
+    if access is _RW or access is _WRITE:
+        return True
+    if access is _READ:
+        return False
+    return bool(access.writes)
+
+
+cdef inline bint _auto_order(object stream) except -1:
+    """Under ``auto`` ordering for a use on ``stream`` (``ordering.policy``)."""
+    if not _ORD["any_manual"]:
+        return True
+    return _ORD["policy"](stream) == _AUTO
 
 if TYPE_CHECKING:
     from ..backends import Backend
 
 __all__ = ["DeviceMemoryResource", "TrackedResource", "EventPool", "check_request"]
+
+
+cdef Stream _as_stream(object stream):
+    """``stream`` as a Stream, or a TypeError that says what was expected."""
+    if not isinstance(stream, Stream):
+        raise TypeError(f"stream must be an ignis Stream (device.create_stream(), device.default_stream), "
+                        f"got {type(stream).__name__}")
+    return <Stream>stream
 
 
 def check_request(nbytes: Any, stream: Any) -> None:
@@ -81,7 +130,230 @@ def check_request(nbytes: Any, stream: Any) -> None:
                         "use device.default_stream or device.create_stream()")
 
 
-class EventPool:
+# -- the driver calls of tracking ---------------------------------------------------
+# Tracking queues its event records and stream waits through ``_queue``. On the cuda
+# backend (``backend.tracking_calls()`` gives its handle tables and the driver's own
+# cuEventRecord / cuStreamWaitEvent), a call for handles in those tables whose context
+# is current on this thread goes straight to the driver with the GIL released, while
+# every container of ``tracking_calls()["off"]`` is empty (no trace listener is
+# subscribed, no fault of a FaultInjectingBackend is armed, the backend was not
+# inherited through fork()) and no recorder or sanitizer hook is installed; everything else,
+# and any call the driver refuses there (it is then made again, to raise the backend's
+# error), goes through the backend's methods.
+
+ctypedef int (*_event_record_fn)(void *event, void *stream) noexcept nogil
+ctypedef int (*_stream_wait_fn)(void *stream, void *event, unsigned int flags) noexcept nogil
+
+cdef unsigned long long _n_record = 0
+cdef unsigned long long _n_wait = 0
+
+
+cdef class _DriverQueue:
+    """The direct driver calls bound for one backend (none for a backend without them)."""
+    cdef object backend
+    cdef dict streams
+    cdef dict events
+    cdef object cur
+    cdef tuple off
+    cdef _event_record_fn raw_record
+    cdef _stream_wait_fn raw_wait
+
+    cdef int call(self, bint wait, object h, object ev) except -2:
+        """Queue the record (or the wait) directly: 0 done, -1 not done (take the backend's method)."""
+        global _n_record, _n_wait
+        cdef void *e
+        cdef void *st
+        cdef int r
+        cdef _event_record_fn rec = self.raw_record
+        cdef _stream_wait_fn wt = self.raw_wait
+        if rec == NULL or wt == NULL or _HIST["recorder"] is not None or _ORD["checker"] is not None:
+            return -1
+        for c in self.off:  # trace listeners, armed faults, a fork marker: each one's methods must run
+            if c:
+                return -1
+        sr = self.streams.get(h)
+        er = self.events.get(ev)
+        if type(sr) is not tuple or type(er) is not tuple or len(<tuple>sr) != 2 or len(<tuple>er) != 2:
+            return -1
+        dev = (<tuple>sr)[0]
+        if dev is not (<tuple>er)[0]:
+            return -1
+        try:
+            ctx = getattr(self.cur, "ctx", None)
+            if ctx is None or ctx is not getattr(dev, "ctx", None):
+                return -1  # not current on this thread: the backend's method makes it current
+            if type(ev) is not int or type(h) is not int:
+                return -1
+            e = PyLong_AsVoidPtr(ev)
+            st = PyLong_AsVoidPtr(h)
+        except Exception:
+            return -1
+        # sr / er (locals) keep the driver objects alive while the GIL is released.
+        if wait:
+            with nogil:
+                r = wt(st, e, 0)
+        else:
+            with nogil:
+                r = rec(e, st)
+        if r != 0:
+            return -1
+        if wait:
+            _n_wait += 1
+        else:
+            _n_record += 1
+        return 0
+
+
+cdef _DriverQueue _bound = None
+
+
+cdef _DriverQueue _bind(object backend):
+    """The direct calls for ``backend`` (bound once, then while it stays the one in use)."""
+    global _bound
+    cdef _DriverQueue q = _DriverQueue()
+    cdef uintptr_t raw_record = 0, raw_wait = 0
+    q.backend = backend
+    try:
+        calls = backend.tracking_calls()
+    except Exception:  # noqa: BLE001 - a backend without it: its methods only
+        calls = {}
+    if isinstance(calls, dict) and isinstance(calls.get("streams"), dict) and isinstance(calls.get("events"), dict) \
+            and calls.get("current") is not None:
+        raw = calls.get("raw") or (0, 0)
+        raw_record = raw[0] or 0
+        raw_wait = raw[1] or 0
+        if raw_record and raw_wait:
+            q.streams = calls["streams"]
+            q.events = calls["events"]
+            q.cur = calls["current"]
+            q.off = tuple(calls.get("off") or ())
+            q.raw_record = <_event_record_fn>raw_record
+            q.raw_wait = <_stream_wait_fn>raw_wait
+    _bound = q
+    return q
+
+
+cdef int _queue(object backend, bint wait, object h, object ev) except -1:
+    """Queue on stream handle ``h`` a record of event ``ev`` (or, ``wait``, a wait for it)."""
+    cdef _DriverQueue q = _bound
+    if q is None or q.backend is not backend:
+        q = _bind(backend)
+    if q.raw_record != NULL and q.call(wait, h, ev) == 0:
+        return 0
+    if wait:
+        backend.stream_wait_event(h, ev)
+    else:
+        backend.event_record(ev, h)
+    return 0
+
+
+def driver_calls() -> dict[str, int]:
+    """The event records and stream waits that tracking queued straight to the driver
+    (the cuda backend's direct path), since the process started; calls made through
+    the backend's methods are not in it.
+
+    Returns:
+        ``{"event_record": n, "stream_wait_event": n}``.
+    """
+    return {"event_record": _n_record, "stream_wait_event": _n_wait}
+
+
+cdef class ResourceLock:
+    """The lock of a tracking resource: a plain (non-reentrant) lock like
+    ``threading.Lock``, which the compiled allocator and tracking paths take and
+    release without a Python call.
+
+    ``with resource._lock:``, ``acquire(blocking=True, timeout=-1)``, ``release()``
+    and ``locked()`` work as for ``threading.Lock``.
+    """
+
+    def __cinit__(self) -> None:
+        self._h = PyThread_allocate_lock()
+        if self._h == NULL:
+            raise MemoryError("cannot allocate a lock")
+        self._held = False
+
+    def __dealloc__(self) -> None:
+        if self._h != NULL:
+            if self._held:
+                PyThread_release_lock(self._h)
+            PyThread_free_lock(self._h)
+            self._h = NULL
+
+    def acquire(self, blocking: bool = True, timeout: float = -1) -> bool:
+        """Take the lock, waiting (with the GIL released) while another thread holds it.
+
+        Args:
+            blocking: False: take it only if it is free now.
+            timeout: with ``blocking``, the most seconds to wait; -1 waits as long as it takes.
+
+        Returns:
+            True if the lock was taken.
+
+        Raises:
+            ValueError: a timeout with ``blocking=False``, or a negative timeout other than -1.
+            OverflowError: the timeout is too large.
+        """
+        cdef PY_TIMEOUT_T us = -1
+        cdef double t = timeout
+        if not blocking:
+            if t != -1:
+                raise ValueError("can't specify a timeout for a non-blocking call")
+            us = 0
+        elif t != -1:
+            if t < 0:
+                raise ValueError("timeout value must be a non-negative number")
+            if t * 1e6 >= <double>PY_TIMEOUT_MAX:
+                raise OverflowError("timeout value is too large")
+            us = <PY_TIMEOUT_T>(t * 1e6)
+        return self._acquire(us)
+
+    cdef bint _acquire(self, PY_TIMEOUT_T us) except -1:
+        """Take the lock, waiting up to ``us`` microseconds (-1: no limit) with the GIL
+        released; a signal's handler runs meanwhile (its exception propagates)."""
+        cdef PyLockStatus r = PyThread_acquire_lock_timed(self._h, 0, 0)
+        if r != PY_LOCK_ACQUIRED and us != 0:
+            while True:
+                with nogil:
+                    r = PyThread_acquire_lock_timed(self._h, us, 1)
+                if r != PY_LOCK_INTR:
+                    break
+                PyErr_CheckSignals()
+        if r == PY_LOCK_ACQUIRED:
+            self._held = True
+            return True
+        return False
+
+    def release(self) -> None:
+        """Give the lock back (any thread may).
+
+        Raises:
+            RuntimeError: the lock is not held.
+        """
+        if not self._held:
+            raise RuntimeError("release unlocked lock")
+        lock_give(self)
+
+    def locked(self) -> bool:
+        """True while some thread holds the lock."""
+        return self._held
+
+    def __enter__(self) -> bool:
+        return self._acquire(-1)
+
+    def __exit__(self, *exc: object) -> None:
+        if not self._held:
+            raise RuntimeError("release unlocked lock")
+        lock_give(self)
+
+    def __reduce__(self) -> None:
+        raise TypeError("cannot pickle a ResourceLock")
+
+    def __repr__(self) -> str:
+        return f"<ignis ResourceLock {'locked' if self._held else 'unlocked'}>"
+
+
+cdef class EventPool:
     """Reusable timing-free events of one device and context generation.
 
     Tracking resources record their cross-stream events from it
@@ -92,7 +364,7 @@ class EventPool:
         device: the ``ig.Device`` whose events it keeps.
     """
 
-    __slots__ = ("_backend", "_ordinal", "_free", "_lock", "generation", "state")
+    # Fields: see resource.pxd.
 
     def __init__(self, device: Device) -> None:
         self._backend = device.backend
@@ -113,10 +385,12 @@ class EventPool:
         Raises:
             DriverError: the backend failed to create an event.
         """
-        try:
+        return self.take()
+
+    cdef object take(self):
+        if self._free:
             return self._free.pop()
-        except IndexError:
-            return self._backend.event_create(self._ordinal, False)
+        return self._backend.event_create(self._ordinal, False)
 
     def put(self, event: int) -> None:
         """Give back an event handle from ``get()`` for reuse.
@@ -165,13 +439,16 @@ def _after_fork_in_child() -> None:
             if r.device.state.forked_from is None:
                 continue
             r._closed = True
-            if isinstance(getattr(r, "_lock", None), type(_pools_lock)):
+            lock = getattr(r, "_lock", None)
+            if isinstance(lock, ResourceLock):
+                r._lock = ResourceLock()
+            elif isinstance(lock, type(_pools_lock)):
                 r._lock = threading.Lock()
         except Exception:  # noqa: BLE001 - a half-built resource: nothing to close
             pass
 
 
-class DeviceMemoryResource:
+cdef class DeviceMemoryResource:
     """Base of every device memory resource. Thread-safe.
 
     Subclasses implement ``allocate`` / ``deallocate``; resources that track
@@ -184,8 +461,6 @@ class DeviceMemoryResource:
     Attributes:
         device: the ``ig.Device`` it serves.
     """
-
-    device: Device
 
     def __init__(self, device: "Device | int | None" = None) -> None:
         self.device = current_device() if device is None else Device(device)
@@ -422,7 +697,7 @@ class DeviceMemoryResource:
         return f"<{type(self).__name__} device={self.device.ordinal}>"
 
 
-class TrackedResource(DeviceMemoryResource):
+cdef class TrackedResource(DeviceMemoryResource):
     """A resource that keeps a live map and the per-block hazard record.
 
     Its tracking methods order cross-stream uses of its blocks (see the module's
@@ -437,7 +712,7 @@ class TrackedResource(DeviceMemoryResource):
 
     def __init__(self, device: "Device | int | None" = None) -> None:
         super().__init__(device)
-        self._lock = threading.Lock()
+        self._lock = ResourceLock()
         self._live: dict[int, DeviceBlock] = {}
         self._events = event_pool(self.device)
         self.cross_stream_waits = 0  # statistics: waits queued by tracking
@@ -451,31 +726,38 @@ class TrackedResource(DeviceMemoryResource):
     def _record(self, stream: Stream) -> int:
         """An event at the current end of ``stream``; 0 when the stream is gone
         (then the device is synchronized, so everything before is complete)."""
-        if stream._closed or stream._generation != stream.device.state.generation:
+        return self._record_c(_as_stream(stream))
+
+    cdef object _record_c(self, Stream stream):
+        dstate = stream.device.state
+        if stream._closed or (stream._generation is not dstate.generation and stream._generation != dstate.generation):
             self._backend.device_synchronize(self.device.ordinal)
             return 0
-        ev = self._events.get()
+        ev = self._events.take()
         try:
-            self._backend.event_record(ev, stream.handle)
+            _queue(self._backend, False, stream.handle, ev)
         except BaseException:
-            self._events.put(ev)
+            self._events._free.append(ev)
             raise
         return ev
 
     def _wait(self, stream: Stream, other: Stream, event: int) -> int:
         """Make ``stream`` wait for ``other`` at ``event`` (recorded now if 0). Returns the event.
         If the wait fails, an event recorded here goes back to the pool (the caller keeps its own)."""
+        return self._wait_c(_as_stream(stream), _as_stream(other), event)
+
+    cdef object _wait_c(self, Stream stream, Stream other, object event):
         if not event:
-            event = self._record(other)
+            event = self._record_c(other)
             if not event:
                 return 0
             try:
-                self._backend.stream_wait_event(stream.handle, event)
+                _queue(self._backend, True, stream.handle, event)
             except BaseException:
-                self._events.put(event)
+                self._events._free.append(event)
                 raise
         else:
-            self._backend.stream_wait_event(stream.handle, event)
+            _queue(self._backend, True, stream.handle, event)
         self.cross_stream_waits += 1
         return event
 
@@ -510,24 +792,33 @@ class TrackedResource(DeviceMemoryResource):
             OutOfBoundsError: the sanitizer is on in ``raise`` mode and ``span`` leaves the block.
             DriverError: an event record or wait failed.
         """
-        if stream._closed or stream._generation != stream.device.state.generation:
-            stream._check()  # a closed or stale stream: its handle must not reach the driver
-        with self._lock:
-            b = self._live.get(block.ptr)
-            if b is None or b.generation != block.generation:
-                self._resolve(block)  # raises UseAfterFreeError
+        cdef Stream s = _as_stream(stream)
+        cdef DeviceBlock b
+        cdef dict rd
+        cdef ResourceLock lk = self._lock
+        g = s.device.state.generation
+        if s._closed or (s._generation is not g and s._generation != g):
+            s._check()  # a closed or stale stream: its handle must not reach the driver
+        lock_take(lk)
+        try:
+            b = self._live.get((<DeviceBlock>block).ptr if type(block) is DeviceBlock else block.ptr)
+            if b is not block and (b is None or b.generation != block.generation):
+                b = self._resolve(block)  # raises UseAfterFreeError
             ws = b._ws
-            if (ws is not stream and ws is not None) or (b._rd and access.writes):
-                if not _ord.any_manual or _ord.policy(stream) == _ord.AUTO:
-                    if ws is not None and ws is not stream:
-                        b._we = self._wait(stream, ws, b._we)
-                    if access.writes and b._rd:
+            if (ws is not s and ws is not None) or (b._rd and _writes(access)):
+                if _auto_order(s):
+                    if ws is not None and ws is not s:
+                        b._we = self._wait_c(s, <Stream>ws, b._we)
+                    if b._rd and _writes(access):
                         rd = b._rd
-                        for s, ev in rd.items():
-                            if s is not stream:
-                                rd[s] = self._wait(stream, s, ev)
-        if _ord.checker is not None:
-            _ord.checker.access(b, stream, access, span)
+                        for o, ev in rd.items():
+                            if o is not s:
+                                rd[o] = self._wait_c(s, <Stream>o, ev)
+        finally:
+            lock_give(lk)
+        checker = _ORD["checker"]
+        if checker is not None:
+            checker.access(b, stream, access, span)
 
     def finish_block_use(self, block: "DeviceBlock | BlockId", stream: Stream, access: Access) -> None:
         """Record the use just enqueued on ``stream``. Call after enqueuing the work.
@@ -541,47 +832,58 @@ class TrackedResource(DeviceMemoryResource):
             UseAfterFreeError: the block is not live here.
             DriverError: the event record failed.
         """
-        with self._lock:
-            b = self._live.get(block.ptr)
-            if b is None or b.generation != block.generation:
-                self._resolve(block)  # raises UseAfterFreeError
-            if stream is b.alloc_stream:
-                if b._ws is stream and not b._we and b._rd is None:
-                    return  # clean on this stream: nothing to record (see "Clean" above)
-                if access.writes:
-                    ev = 0
-                else:
-                    rd = b._rd
-                    if rd is None:
-                        b._rd = {stream: 0}
-                        return
-                    old = rd.get(stream)
-                    if old:
-                        self._events.put(old)
-                    rd[stream] = 0
-                    return
+        cdef DeviceBlock b
+        cdef ResourceLock lk = self._lock
+        lock_take(lk)
+        try:
+            b = self._live.get((<DeviceBlock>block).ptr if type(block) is DeviceBlock else block.ptr)
+            if b is not block and (b is None or b.generation != block.generation):
+                b = self._resolve(block)  # raises UseAfterFreeError
+            self._finish_locked(b, stream, access)
+        finally:
+            lock_give(lk)
+
+    cdef int _finish_locked(self, DeviceBlock b, object stream, object access) except -1:
+        cdef dict rd
+        cdef list free
+        if stream is b.alloc_stream:
+            if b._ws is stream and not b._we and b._rd is None:
+                return 0  # clean on this stream: nothing to record (see "Clean" above)
+            if _writes(access):
+                ev = _ZERO
             else:
-                ev = self._record(stream)
-            put = self._events.put
-            if access.writes:
-                if b._we:
-                    put(b._we)
-                if b._rd:
-                    for old in b._rd.values():
-                        if old:
-                            put(old)
-                b._rd = None
-                b._ws = stream
-                b._we = ev
+                if b._rd is None:
+                    b._rd = {stream: _ZERO}
+                    return 0
+                rd = b._rd
+                old = rd.get(stream)
+                if old:
+                    self._events._free.append(old)
+                rd[stream] = _ZERO
+                return 0
+        else:
+            ev = self._record_c(_as_stream(stream))
+        free = self._events._free
+        if _writes(access):
+            if b._we:
+                free.append(b._we)
+            if b._rd:
+                for old in (<dict>b._rd).values():
+                    if old:
+                        free.append(old)
+            b._rd = None
+            b._ws = stream
+            b._we = ev
+        else:
+            if b._rd is None:
+                b._rd = {stream: ev}
             else:
                 rd = b._rd
-                if rd is None:
-                    b._rd = {stream: ev}
-                else:
-                    old = rd.get(stream)
-                    if old:
-                        put(old)
-                    rd[stream] = ev
+                old = rd.get(stream)
+                if old:
+                    free.append(old)
+                rd[stream] = ev
+        return 0
 
     def record_block_use(self, block: "DeviceBlock | BlockId", stream: Stream) -> None:
         """Note that work on ``stream`` touches the block, so its deallocation
@@ -596,18 +898,23 @@ class TrackedResource(DeviceMemoryResource):
             UseAfterFreeError: the block is not live here.
             DriverError: the event record failed.
         """
-        self.finish_block_use(block, stream, Access.READ)
+        self.finish_block_use(block, stream, _READ)
 
-    def _order_release(self, b: DeviceBlock) -> None:
+    def _order_release(self, DeviceBlock b) -> None:
         """Make the alloc stream wait for every recorded use from another stream,
         then return the block's events to the pool. Caller holds the lock.
 
         If a driver call fails, the hazard record stays whole (events recorded so far
         are kept in it, none goes back to the pool) and the error propagates: the
         caller can put the block back as it was (``_restore_live``)."""
-        a = b.alloc_stream
+        self._order_release_c(b)
+
+    cdef int _order_release_c(self, DeviceBlock b) except -1:
+        cdef Stream a = b.alloc_stream
+        cdef dict rd
+        cdef list free
         ws = b._ws
-        order = not _ord.any_manual or _ord.policy(a) == _ord.AUTO
+        order = _auto_order(a)
         if order and a._closed and ((ws is not None and ws is not a) or b._rd):
             # The alloc stream is gone, so nothing can be queued on it: wait for
             # every use on the host instead (a rare path).
@@ -615,25 +922,26 @@ class TrackedResource(DeviceMemoryResource):
             order = False
         if order:
             if ws is not None and ws is not a:
-                b._we = self._wait(a, ws, b._we)
-            rd = b._rd
-            if rd:
-                for s, ev in rd.items():
-                    if s is not a:
-                        rd[s] = self._wait(a, s, ev)
-        put = self._events.put
+                b._we = self._wait_c(a, <Stream>ws, b._we)
+            if b._rd:
+                rd = b._rd
+                for o, ev in rd.items():
+                    if o is not a:
+                        rd[o] = self._wait_c(a, <Stream>o, ev)
+        free = self._events._free
         if b._we:
-            put(b._we)
+            free.append(b._we)
         if b._rd:
-            for ev in b._rd.values():
+            for ev in (<dict>b._rd).values():
                 if ev:
-                    put(ev)
+                    free.append(ev)
         b._ws = None
-        b._we = 0
+        b._we = _ZERO
         b._rd = None
+        return 0
 
     @staticmethod
-    def _reset_record_after_release(b: DeviceBlock) -> None:
+    def _reset_record_after_release(DeviceBlock b) -> None:
         """A block whose release was ordered (``_order_release`` returned) but whose free
         then failed: its alloc stream already waits for every earlier use, so it counts as
         last written there (no event yet), which orders any later use after all of them."""

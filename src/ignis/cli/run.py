@@ -15,11 +15,13 @@
   alive once the script's globals are gone are reported as leaks.
 
 Exit status: the script's own if it failed, else 1 when any problem was
-found, else 0.
+found, else 0. ``add_parser(subparsers)`` adds the command; ``run_script`` runs
+a script under the checks (the command calls it).
 """
 
 from __future__ import annotations
 
+import argparse
 import gc
 import os
 import runpy
@@ -27,14 +29,14 @@ import sys
 import traceback
 from typing import Any, TextIO
 
-from .units import format_bytes as _fmt_bytes
+from ..units import format_bytes as _fmt_bytes
 
-__all__ = ["run_script"]
+__all__ = ["run_script", "add_parser"]
 
 
 def run_script(script: str, argv: list[str], *, sanitize: bool = False, guard: bool = False,
                leaks: bool = False, ordering: str | None = None, leak_threshold: float = 0.0,
-               out: TextIO = sys.stderr) -> int:
+               out: TextIO | None = None) -> int:
     """Run ``script`` as ``__main__`` under the checks asked for, then print the report
     (see the module's description for what each check does).
 
@@ -49,7 +51,8 @@ def run_script(script: str, argv: list[str], *, sanitize: bool = False, guard: b
         ordering: the ordering policy to set first (``"auto"`` / ``"manual"``); None keeps
             the script's.
         leak_threshold: with ``leaks``, report arrays older than this many seconds.
-        out: where the report (and the script's traceback, if it fails) is written.
+        out: where the report (and the script's traceback, if it fails) is written (default:
+            ``sys.stderr`` as it is at the call).
 
     Returns:
         The exit status: the script's own if it failed, else 1 when a problem was
@@ -57,12 +60,13 @@ def run_script(script: str, argv: list[str], *, sanitize: bool = False, guard: b
     """
     import ignis as ig
 
+    out = sys.stderr if out is None else out
     if not os.path.isfile(script):
         print(f"ignis run: no such script: {script}", file=out)
         return 2
     launcher = os.path.abspath(sys.argv[0]) if sys.argv and sys.argv[0] else ""
     if os.path.isfile(launcher) and os.path.abspath(script) != launcher:
-        from .safety.frames import add_library_dir
+        from ..safety.frames import add_library_dir
         add_library_dir(launcher)  # the `ignis` command's own file is not the user's code
     problems = 0
     tguard: Any = None
@@ -166,3 +170,34 @@ def _summary(ig: Any) -> str:
         lines.append(f"  device {i}: {type(mr).__name__} live {_fmt_bytes(nums['live_bytes'])}, "
                      f"cached {_fmt_bytes(nums['cached_bytes'])}")
     return "\n".join(lines)
+
+
+# -- the command -------------------------------------------------------------------------
+def _command(args: argparse.Namespace) -> int:
+    """``ignis run``: ``run_script`` with the parsed flags."""
+    return run_script(args.script, args.args, sanitize=args.sanitize, guard=args.guard, leaks=args.leaks,
+                      ordering=args.ordering, leak_threshold=args.leak_threshold)
+
+
+def add_parser(subparsers: Any) -> argparse.ArgumentParser:
+    """Add ``run`` to ``subparsers`` (from ``ArgumentParser.add_subparsers``); returns its parser."""
+    run = subparsers.add_parser("run", help="run a Python script under the sanitizer, the debug guard and/or "
+                                            "the leak audit",
+                                description="Run SCRIPT with Ignis's checks on and print their reports at exit. "
+                                            "The exit status is non-zero when a problem was found.")
+    run.add_argument("--sanitize", action="store_true",
+                     help="check cross-stream races, uses after free, reuse races and uninitialized reads, in "
+                          "Ignis's tracked uses and in PyTorch ops on CUDA tensors (the script's ordering "
+                          "policy is kept)")
+    run.add_argument("--guard", action="store_true",
+                     help="canaries, poison and quarantine on every allocation (DebugGuardResource)")
+    run.add_argument("--leaks", action="store_true", help="report arrays still alive at exit, with their sites")
+    run.add_argument("--ordering", choices=("auto", "manual"), default=None,
+                     help="ordering policy for Ignis's tracked uses (default: the script's own; 'manual' "
+                          "with --sanitize checks the script's synchronization instead of supplying it)")
+    run.add_argument("--leak-threshold", type=float, default=0.0, metavar="SECONDS",
+                     help="only report arrays older than this (default 0)")
+    run.add_argument("script", help="the Python script to run")
+    run.add_argument("args", nargs=argparse.REMAINDER, help="arguments for the script")
+    run.set_defaults(func=_command)
+    return run

@@ -19,7 +19,8 @@ import os
 import sys
 from typing import Any
 
-from .._cliargs import ordinal as _ordinal
+from .args import ordinal as _ordinal
+
 __all__ = ["add_parsers"]
 
 
@@ -29,7 +30,7 @@ def _fail(msg: str) -> int:
 
 
 def _bytes_arg(text: str) -> int:
-    from .replay import parse_bytes
+    from ..telemetry.replay import parse_bytes
     try:
         return parse_bytes(text)
     except ValueError as e:
@@ -46,7 +47,7 @@ def _size_arg(text: str) -> tuple[int, int]:
 
 # -- snapshot ------------------------------------------------------------------------------------------
 def _cmd_snapshot_plot(args: argparse.Namespace) -> int:
-    from .plot import plot_timeline
+    from ..telemetry.plot import plot_timeline
     if not os.path.isfile(args.file):
         return _fail(f"no such snapshot file: {args.file}")
     out = args.output or os.path.splitext(args.file)[0] + ".png"
@@ -56,7 +57,7 @@ def _cmd_snapshot_plot(args: argparse.Namespace) -> int:
         return _fail(str(e))
     except (ValueError, KeyError, EOFError, OSError) as e:
         return _fail(f"could not plot {args.file}: {type(e).__name__}: {e}")
-    from .stats import format_bytes
+    from ..telemetry.stats import format_bytes
     print(f"wrote {info['path']}: {info['events']} events, peak in use {format_bytes(info['peak_bytes'])}, "
           f"reserved peak {format_bytes(info['reserved_peak_bytes'])}; {len(info['groups'])} {args.by} group(s)")
     return 0
@@ -64,7 +65,7 @@ def _cmd_snapshot_plot(args: argparse.Namespace) -> int:
 
 def snapshot_summary(snap: dict[str, Any]) -> str:
     """A few lines about a snapshot: segments, blocks by state, trace entries by action, largest tags."""
-    from .stats import format_bytes
+    from ..telemetry.stats import format_bytes
     segs = snap.get("segments", [])
     states: dict[str, list[int]] = {}
     tags: dict[str, int] = {}
@@ -94,7 +95,7 @@ def snapshot_summary(snap: dict[str, Any]) -> str:
 
 
 def _cmd_snapshot_summary(args: argparse.Namespace) -> int:
-    from .snapshot import load_snapshot
+    from ..telemetry.snapshot import load_snapshot
     if not os.path.isfile(args.file):
         return _fail(f"no such snapshot file: {args.file}")
     try:
@@ -108,7 +109,7 @@ def _cmd_snapshot_summary(args: argparse.Namespace) -> int:
 # -- replay ----------------------------------------------------------------------------------------------
 def format_replay(r: dict[str, Any]) -> str:
     """``replay``'s report as text."""
-    from .stats import format_bytes
+    from ..telemetry.stats import format_bytes
     f = r["failures"]
     frag = f"{r['fragmentation']:.2f}x" if r["fragmentation"] is not None else "-"
     done = r["allocations"] + r["frees"]
@@ -143,7 +144,7 @@ def format_replay(r: dict[str, Any]) -> str:
 
 def _cmd_replay(args: argparse.Namespace) -> int:
     from ..errors import IgnisError
-    from .replay import replay
+    from ..telemetry.replay import replay
     if not os.path.isfile(args.log):
         return _fail(f"no such log file: {args.log}")
     try:
@@ -170,7 +171,7 @@ def _cmd_bench(args: argparse.Namespace) -> int:
 
 def add_parsers(subparsers: Any) -> None:
     """Add ``snapshot``, ``replay`` and ``bench`` to the ``ignis`` command's subparsers."""
-    from .replay import RESOURCES
+    from ..telemetry.replay import RESOURCES
 
     snap = subparsers.add_parser("snapshot", help="look at a memory snapshot (ig.dump_snapshot's pickle)",
                                  description="Work with memory snapshots written by ig.dump_snapshot() (or "

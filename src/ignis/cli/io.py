@@ -15,8 +15,9 @@ import sys
 import time
 from typing import Any, TextIO
 
-from .._cliargs import ordinal as _ordinal
 from ..units import format_bytes
+from .args import ordinal as _ordinal
+
 __all__ = ["add_parser", "run", "BAR_MIN_BYTES"]
 
 BAR_MIN_BYTES = 256 << 20
@@ -79,8 +80,8 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
 def run(args: argparse.Namespace, out: TextIO | None = None, err: TextIO | None = None) -> int:
     """Execute ``ignis load``; returns the exit status."""
     from .. import IgnisError
+    from ..io.load import load_safetensors
     from ..runtime import Device
-    from .load import load_safetensors
 
     out = sys.stdout if out is None else out
     err = sys.stderr if err is None else err

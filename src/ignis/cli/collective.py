@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import argparse
 
-from .._cliargs import int_arg
+from .args import int_arg
 
 _ranks = int_arg("a positive number of processes", 1)
 _port = int_arg("a TCP port (1..65535)", 1, 65536)
@@ -45,6 +45,6 @@ def run(args: argparse.Namespace) -> int:
     Returns:
         The exit status: that of the first rank that failed, else 0.
     """
-    from .launch import launch
+    from ..collective.launch import launch
     return launch(args.nproc, args.script, args.args, master_addr=args.master_addr, master_port=args.master_port,
                   grace=args.grace)

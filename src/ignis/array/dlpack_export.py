@@ -1,0 +1,243 @@
+"""DLPack and CUDA-array-interface export of NvArrays (layer 4), in pure Python (ctypes).
+
+``NvArray.__dlpack__``: a ``"dltensor"`` capsule (``"dltensor_versioned"`` when
+the consumer asks for DLPack 1.x) whose manager context keeps the array alive
+until the consumer calls the deleter (or the capsule dies unconsumed). The
+export is counted on the array (``free()`` refuses while it lives). The stream
+handshake is honoured: the consumer's stream is made to wait for the array's
+pending writes, recorded as a tracked use (``NvArray.access``), so no host
+synchronization is needed. On the emulated backend the tensor is a CPU tensor
+at the emulator's host address, so NumPy imports it zero-copy.
+
+``NvArray.__cuda_array_interface__``: version 3, with the array's stream.
+
+The DLPack structures and capsule names defined here are the ABI that the import
+side (``ignis.interop.dlpack``: ``from_dlpack``) reads too. The deleter and the
+capsule destructor are C functions of ``ignis._speedups`` where it is built
+(``dlpack_setup``, given this module's ``_exports``), ctypes callbacks otherwise.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import sys
+from typing import TYPE_CHECKING, Any
+
+from ..errors import UnsupportedError
+from ..memory import Access
+from ..runtime import Stream
+from .nvarray import _CAI, _Export
+
+if TYPE_CHECKING:
+    from .nvarray import NvArray
+
+__all__ = ["export", "device_of", "cuda_array_interface", "KDL_CPU", "KDL_CUDA", "KDL_CUDA_HOST"]
+
+KDL_CPU, KDL_CUDA, KDL_CUDA_HOST = 1, 2, 3
+
+
+class _DLDevice(ctypes.Structure):
+    _fields_ = [("device_type", ctypes.c_int32), ("device_id", ctypes.c_int32)]
+
+
+class _DLDataType(ctypes.Structure):
+    _fields_ = [("code", ctypes.c_uint8), ("bits", ctypes.c_uint8), ("lanes", ctypes.c_uint16)]
+
+
+class _DLTensor(ctypes.Structure):
+    _fields_ = [("data", ctypes.c_void_p), ("device", _DLDevice), ("ndim", ctypes.c_int32),
+                ("dtype", _DLDataType), ("shape", ctypes.POINTER(ctypes.c_int64)),
+                ("strides", ctypes.POINTER(ctypes.c_int64)), ("byte_offset", ctypes.c_uint64)]
+
+
+class _DLManagedTensor(ctypes.Structure):
+    pass
+
+
+_DELETER = ctypes.CFUNCTYPE(None, ctypes.c_void_p)
+_DLManagedTensor._fields_ = [("dl_tensor", _DLTensor), ("manager_ctx", ctypes.c_void_p),
+                             ("deleter", _DELETER)]
+
+
+class _DLPackVersion(ctypes.Structure):
+    _fields_ = [("major", ctypes.c_uint32), ("minor", ctypes.c_uint32)]
+
+
+class _DLManagedTensorVersioned(ctypes.Structure):
+    _fields_ = [("version", _DLPackVersion), ("manager_ctx", ctypes.c_void_p), ("deleter", _DELETER),
+                ("flags", ctypes.c_uint64), ("dl_tensor", _DLTensor)]
+
+
+_FLAG_READ_ONLY = 1
+_LEGACY, _VERSIONED = b"dltensor", b"dltensor_versioned"
+
+
+def _api(name: str, restype: Any, *argtypes: Any) -> Any:
+    return ctypes.PYFUNCTYPE(restype, *argtypes)((name, ctypes.pythonapi))
+
+
+_PyCapsule_New = _api("PyCapsule_New", ctypes.py_object, ctypes.c_void_p, ctypes.c_char_p, ctypes.c_void_p)
+_PyCapsule_GetPointer = _api("PyCapsule_GetPointer", ctypes.c_void_p, ctypes.py_object, ctypes.c_char_p)
+_PyCapsule_IsValid = _api("PyCapsule_IsValid", ctypes.c_int, ctypes.py_object, ctypes.c_char_p)
+_PyCapsule_SetName = _api("PyCapsule_SetName", ctypes.c_int, ctypes.py_object, ctypes.c_char_p)
+# The capsule destructor gets a borrowed pointer to a capsule being destroyed:
+# these variants take it as a raw address (never touching its refcount).
+_RawIsValid = _api("PyCapsule_IsValid", ctypes.c_int, ctypes.c_void_p, ctypes.c_char_p)
+_RawGetPointer = _api("PyCapsule_GetPointer", ctypes.c_void_p, ctypes.c_void_p, ctypes.c_char_p)
+_CAPSULE_DESTRUCTOR = ctypes.CFUNCTYPE(None, ctypes.c_void_p)
+
+# Exported tensors not yet deleted: struct address -> (struct, shape array, array).
+# Single dict operations, atomic under the GIL: the deleter may run on any thread.
+_exports: dict[int, tuple[Any, Any, Any]] = {}
+
+
+def _immortal(obj: Any) -> Any:
+    """Keep ``obj`` for the life of the process (one reference that is never given back)."""
+    ctypes.pythonapi.Py_IncRef(ctypes.py_object(obj))
+    return obj
+
+
+# The deleter and capsule destructor are function pointers that foreign code calls
+# whenever it drops what it imported -- also during the interpreter's final garbage
+# collection, after this module's globals are cleared. Where ignis._speedups is built
+# they are C functions; otherwise ctypes callbacks that are never freed, that reach
+# nothing through this module's globals, and that do nothing once the interpreter is
+# finalizing (the process is ending; its memory goes with it).
+def _delete_impl(addr: int, _pop: Any = _exports.pop, _finalizing: Any = sys.is_finalizing) -> None:
+    if not _finalizing():
+        _pop(addr, None)
+
+
+def _capsule_destructor_impl(capsule: int, _valid: Any = _RawIsValid, _get: Any = _RawGetPointer,
+                             _pop: Any = _exports.pop, _finalizing: Any = sys.is_finalizing,
+                             _names: tuple = (_LEGACY, _VERSIONED)) -> None:
+    # A capsule nobody consumed (its name unchanged) must run the producer's deleter.
+    if _finalizing():
+        return
+    for name in _names:
+        if _valid(capsule, name):
+            _pop(_get(capsule, name), None)
+            return
+
+
+def _native_callbacks() -> tuple[Any, Any]:
+    from .._native import speedups as sp
+    if sp is not None:
+        deleter, destructor = sp.dlpack_setup(_exports)
+        return _DELETER(deleter), ctypes.c_void_p(destructor)
+    callback = _immortal(_CAPSULE_DESTRUCTOR(_capsule_destructor_impl))
+    return _immortal(_DELETER(_delete_impl)), ctypes.cast(callback, ctypes.c_void_p)
+
+
+_delete, _capsule_destructor = _native_callbacks()
+
+
+def device_of(a: "NvArray") -> tuple[int, int]:
+    """``(device_type, device_id)``: CPU where the backend's device memory is host memory
+    (the emulator), else the CUDA device."""
+    return (KDL_CPU, 0) if a.device.backend.host_memory else (KDL_CUDA, a.device.ordinal)
+
+
+def _consumer_stream(a: "NvArray", stream: Any) -> Stream | None:
+    """The consumer's stream as an ignis Stream, or None when no ordering is asked."""
+    if stream is None or stream == -1:
+        return None
+    if isinstance(stream, Stream):
+        return stream
+    if isinstance(stream, int):
+        if stream in (1, 2):  # legacy / per-thread default streams: order against the array's stream
+            return None
+        return Stream.from_handle(stream, a.device)
+    handle = getattr(stream, "__cuda_stream__", None)
+    if handle is not None:
+        return Stream.from_handle(handle()[1], a.device)
+    raise TypeError(f"__dlpack__(stream=...) expects an int stream handle, got {type(stream).__name__}")
+
+
+def export(a: "NvArray", *, stream: Any = None, max_version: Any = None, dl_device: Any = None,
+           copy: Any = None) -> Any:
+    """The ``__dlpack__`` protocol for an NvArray. The export is counted on the array (and
+    its bases) until the consumer's deleter runs: ``free()`` refuses meanwhile, and a
+    dropped array keeps its memory until then. Read-only memory is exported with DLPack's
+    read-only flag, which a legacy (unversioned) capsule cannot carry, so that is refused."""
+    a._check_live("export through DLPack")
+    readonly = a.readonly
+    versioned = max_version is not None and tuple(max_version)[0] >= 1
+    if readonly and not versioned:
+        raise BufferError(f"NvArray#{a.id} is read-only, and a legacy DLPack capsule cannot say so; the consumer "
+                          "must ask for DLPack 1.0 or newer (max_version), or export a writable clone()")
+    acc = Access.READ if readonly else Access.READ_WRITE
+    if copy:
+        raise UnsupportedError("__dlpack__(copy=True)", a.device.backend.name, "call clone() first")
+    dev_type, dev_id = device_of(a)
+    if dl_device is not None and tuple(dl_device) != (dev_type, dev_id):
+        raise UnsupportedError(f"export to DLPack device {tuple(dl_device)}", a.device.backend.name,
+                               f"this array lives on {(dev_type, dev_id)}")
+    if dev_type == KDL_CPU:
+        if stream not in (None, -1):
+            raise ValueError(f"the {a.device.backend.name} backend exports CPU tensors; DLPack requires "
+                             "stream=None for them")
+        # A CPU consumer reads at once: make the bytes current first.
+        s = a.stream
+        with a.access(s, acc, by=None, op="DLPack export"):
+            pass
+        s.synchronize()
+        data = a.device.backend.host_address(a._ptr) if a.nbytes else 0
+    else:
+        consumer = _consumer_stream(a, stream)
+        if consumer is None and stream != -1:
+            consumer = a.stream
+            with a.access(consumer, acc, by=None, op="DLPack export"):
+                pass
+            consumer.synchronize()  # a legacy-default-stream consumer: only a host sync orders it
+        elif consumer is not None:
+            with a.access(consumer, acc, by=None, op="DLPack export"):
+                pass
+        data = a._ptr
+    ndim = a.ndim
+    shape = (ctypes.c_int64 * max(ndim, 1))(*a.shape)
+    managed: Any = _DLManagedTensorVersioned() if versioned else _DLManagedTensor()
+    t = managed.dl_tensor
+    t.data = data
+    t.device = _DLDevice(dev_type, dev_id)
+    t.ndim = ndim
+    code, bits, lanes = a.dtype.dlpack
+    t.dtype = _DLDataType(code, bits, lanes)
+    t.shape = ctypes.cast(shape, ctypes.POINTER(ctypes.c_int64))
+    t.strides = None
+    t.byte_offset = 0
+    managed.manager_ctx = None
+    managed.deleter = _delete
+    if versioned:
+        managed.version = _DLPackVersion(1, 1)
+        managed.flags = _FLAG_READ_ONLY if readonly else 0
+    addr = ctypes.addressof(managed)
+    token = _Export(a.id)
+    _exports[addr] = (managed, shape, a, token)
+    a._add_export(token)
+    return _PyCapsule_New(addr, _VERSIONED if versioned else _LEGACY, _capsule_destructor)
+
+
+def cuda_array_interface(a: "NvArray") -> dict[str, Any]:
+    """``__cuda_array_interface__`` version 3, with the array's stream (the consumer
+    must order its work after it, as the protocol says).
+
+    The interface has no release signal, so Ignis cannot know when a consumer stops using
+    the memory. The safe rule: once exported this way, ``free()`` retires the array (any
+    later use through Ignis raises) but its memory goes back to the pool only when the
+    array object itself is collected. Consumers (CuPy, PyTorch, Numba) keep the object
+    alive for as long as they use its memory, so none of them can see it reused. A raw
+    pointer taken from the interface and kept without the object is outside this rule:
+    keep the array alive, or use DLPack, whose exports are counted."""
+    if not a.device.backend.cuda_driver:
+        raise AttributeError(f"__cuda_array_interface__ is CUDA-only; the {a.device.backend.name} backend exports "
+                             "through __dlpack__ (a CPU tensor) instead")
+    a._check_live("export through __cuda_array_interface__")
+    readonly = a.readonly
+    acc = Access.READ if readonly else Access.READ_WRITE
+    s = a.stream
+    with a.access(s, acc, by=None, op="__cuda_array_interface__ export"):
+        pass
+    a._add_export(_CAI)
+    return {"shape": a.shape, "typestr": a.dtype.numpy.str, "data": (a._ptr, readonly), "version": 3,
+            "strides": None, "stream": s.handle}

@@ -1,0 +1,16 @@
+# Typed fields of DeviceBlock (block.pyx), for the compiled pool and tracking.
+# _write_stream / _write_event / _readers are the cross-stream hazard record.
+
+cdef class DeviceBlock:
+    cdef public object ptr
+    cdef public object alloc_stream
+    cdef public object bytes
+    cdef public object requested
+    cdef public object tag
+    cdef public object generation
+    cdef public object state
+    cdef public object _ws
+    cdef public object _we
+    cdef public object _rd
+    cdef public object _impl
+    cdef object __weakref__

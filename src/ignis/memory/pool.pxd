@@ -1,0 +1,45 @@
+# Typed fields of the pool and its free lists (pool.pyx).
+
+from ignis.memory.block cimport DeviceBlock
+from ignis.memory.resource cimport TrackedResource
+
+
+cdef class _Segment:
+    cdef public DeviceBlock block
+    cdef public object ptr
+    cdef public object size
+    cdef public bint small
+
+
+cdef class _Block:
+    cdef public object ptr
+    cdef public object size
+    cdef public _Segment seg
+    cdef public _Block prev
+    cdef public _Block next
+    cdef public bint free
+    cdef public object stream
+
+
+cdef class _SizeClass:
+    cdef public dict bins
+    cdef public list sizes
+
+
+cdef class _FreeList:
+    cdef public _SizeClass small
+    cdef public _SizeClass large
+    cdef public Py_ssize_t count
+    cdef public bint dirty
+
+
+cdef class PoolResource(TrackedResource):
+    cdef public dict _free
+    cdef public object _state
+    cdef public object _live_bytes
+    cdef public object upstream
+    cdef public dict _segments
+    cdef public object _reserved
+    cdef public dict _final
+
+    cdef int _split_if_worth(self, _Block b, object size, bint small) except -1
