@@ -157,10 +157,11 @@ def test_bad_fault_requests_are_refused():
     assert b.armed_faults() == {}
 
 
-def test_the_c_fast_path_is_handed_the_fault_table(emu):
-    """The C tracking path queues records and waits without calling the backend's methods:
-    it is given the inner backend's calls, and the wrapper's fault table under "off", so it
-    stays off (and the armed call fails in Python) while a fault is armed."""
+def test_the_direct_driver_path_is_handed_the_fault_table(emu):
+    """The memory layer's direct driver path queues records and waits without calling the
+    backend's methods: it is given the inner backend's calls, and the wrapper's fault table
+    under "off", so it stays off (and the armed call fails in Python) while a fault is armed
+    (tests/test_memory.py runs that path)."""
     b = FaultInjectingBackend(emu)
     calls = b.tracking_calls()
     inner = emu.tracking_calls()
@@ -192,7 +193,7 @@ def test_a_marked_forked_backend_refuses_every_operation():
     inner.mark_forked(os.getpid())
     b.mark_forked(os.getpid())
     assert type(inner).__name__ == "ForkedEmulatedBackend" and isinstance(inner, EmulatedBackend)
-    assert any(off)  # the C fast path stays off
+    assert any(off)  # the direct driver path stays off
     for backend in (inner, b):
         for op in ("mem_alloc", "stream_synchronize", "vmm_create", "host_view"):
             assert op in REFUSED_AFTER_FORK

@@ -111,9 +111,10 @@ def test_listening_patches_nothing(emu):
     assert all(funcs[name] is vars(EmulatedBackend)[name] for name in TRACED)
 
 
-def test_the_list_the_c_fast_path_holds_is_the_live_one(emu):
-    """The C fast path (which queues records without calling the backend's methods)
-    gets the listener list itself, so it sees a subscription made after it bound."""
+def test_the_list_the_direct_driver_path_holds_is_the_live_one(emu):
+    """The memory layer's direct driver path (which queues records without calling the
+    backend's methods) gets the listener list itself, so it sees a subscription made after
+    it bound (tests/test_memory.py runs that path)."""
     off = emu.tracking_calls()["off"]
     assert any(x is emu._trace for x in off) and not any(off)
     log = Log()
