@@ -3,7 +3,8 @@
 Every difference between backends is a method or a capability of the Backend
 protocol (``ignis/backends/base.py``: ``host_memory``, ``host_kernels``,
 ``cuda_driver``, ``gpu_timings``, ``host_view``...). This test reads every
-module of ``ignis`` outside ``ignis/backends/`` and fails on:
+module of ``ignis`` outside ``ignis/backends/`` (the Cython sources of the
+compiled modules too, line by line) and fails on:
 
 - a comparison of a backend's name with ``"cuda"`` or ``"emulated"``: ``x.name
   == "emulated"``, ``backend_name() != "cuda"``, ``report["backend"] ==
@@ -18,6 +19,7 @@ from __future__ import annotations
 
 import ast
 import os
+import re
 from pathlib import Path
 
 import pytest
@@ -105,11 +107,11 @@ def violations(source: str, filename: str = "<source>") -> list[str]:
     return found
 
 
-def _modules_above_backends() -> list[Path]:
+def _modules_above_backends(suffixes: tuple[str, ...] = (".py",)) -> list[Path]:
     out = []
     for root, dirs, files in os.walk(SRC):
         dirs[:] = [d for d in dirs if d != "__pycache__" and Path(root, d) != SRC / "backends"]
-        out += [Path(root, f) for f in files if f.endswith(".py")]
+        out += [Path(root, f) for f in files if f.endswith(suffixes)]
     return sorted(out)
 
 
@@ -117,7 +119,56 @@ def test_nothing_above_the_backends_layer_branches_on_a_backend_name():
     files = _modules_above_backends()
     assert len(files) > 50 and not any("backends" in f.relative_to(SRC).parts for f in files)
     found = [v for f in files for v in violations(f.read_text(), str(f.relative_to(SRC.parent)))]
+    compiled = _modules_above_backends((".pyx", ".pxd"))
+    assert any(f.name == "resource.pyx" for f in compiled)
+    found += [v for f in compiled for v in cython_violations(f.read_text(), str(f.relative_to(SRC.parent)))]
     assert not found, "ask the Backend protocol (a capability or a method) instead:\n  " + "\n  ".join(found)
+
+
+# Cython sources (the compiled memory layer: ignis/memory/*.pyx, ignis/runtime/stream.pyx) are
+# not Python that ``ast`` reads, so they are read line by line: a comparison with a backend's
+# name as a string literal, a backend class, or an import of a backend's own module.
+_CY_NAME_COMPARE = re.compile(r"""(?:[!=]=|\bin)\s*[(\[{]?\s*["'](?:cuda|emulated)["']|["'](?:cuda|emulated)["']\s*[!=]=""")
+_CY_CLASS = re.compile(r"\b(" + "|".join(sorted(BACKEND_CLASSES)) + r")\b")
+_CY_MODULE = re.compile(r"^\s*(?:from\s+\S*\bbackends\.(?:" + "|".join(sorted(BACKEND_MODULES)) +
+                        r")\b|from\s+\S*\bbackends\s+c?import\s.*\b(?:" + "|".join(sorted(BACKEND_MODULES)) +
+                        r")\b|c?import\s+\S*\bbackends\.(?:" + "|".join(sorted(BACKEND_MODULES)) + r")\b)")
+
+
+def cython_violations(source: str, filename: str = "<source>") -> list[str]:
+    """Each backend-name comparison, backend-class use or backend-module import in a Cython source."""
+    found = []
+    for n, line in enumerate(source.splitlines(), 1):
+        code = line.split("#", 1)[0]
+        if _CY_NAME_COMPARE.search(code):
+            found.append(f"{filename}:{n}: compares with a backend's name: {line.strip()}")
+        m = _CY_CLASS.search(code)
+        if m:
+            found.append(f"{filename}:{n}: uses the backend class {m.group(1)}")
+        if _CY_MODULE.search(code):
+            found.append(f"{filename}:{n}: imports a backend's module: {line.strip()}")
+    return found
+
+
+@pytest.mark.parametrize("code", [
+    'if self._backend.name == "emulated":',
+    'cdef bint emu = backend.name in ("emulated",)',
+    'if "cuda" != b.name: pass',
+    'if isinstance(b, CudaBackend):',
+    'from ..backends.emulated import ALIGNMENT',
+    'from ..backends cimport cuda',
+])
+def test_the_cython_scan_catches_each_kind_of_backend_branch(code):
+    assert cython_violations(code), code
+
+
+@pytest.mark.parametrize("code", [
+    'if self._backend.host_memory:',
+    'from ..backends import get_backend',
+    'x = 1  # not for the "emulated" == name case',
+])
+def test_the_cython_scan_leaves_other_lines_alone(code):
+    assert not cython_violations(code), code
 
 
 @pytest.mark.parametrize("code", [
