@@ -1,7 +1,7 @@
 /* ignis._speedups: the common cases of ig.empty / NvArray.free / NvArray.__del__, the
  * DLPack deleters and the guard's PyTorch allocator entry points, in C. What is left of
  * the hand-written C path: the memory layer's hot path (streams, blocks, tracking, the
- * pool) is compiled Cython (ignis/memory/*.pyx), and these move there in turn.
+ * pool) is compiled Cython (the .pyx modules of ignis/memory), and these move there in turn.
  *
  * The Python implementations in ignis/array/nvarray.py are the reference and handle
  * everything; these functions handle only the hot case -- a plain owning array with

@@ -135,7 +135,9 @@ def check_request(nbytes: Any, stream: Any) -> None:
 # backend (``backend.tracking_calls()`` gives its handle tables and the driver's own
 # cuEventRecord / cuStreamWaitEvent), a call for handles in those tables whose context
 # is current on this thread goes straight to the driver with the GIL released, while
-# no fault is armed and no recorder or sanitizer hook is installed; everything else,
+# every container of ``tracking_calls()["off"]`` is empty (no trace listener is
+# subscribed, no fault of a FaultInjectingBackend is armed, the backend was not
+# inherited through fork()) and no recorder or sanitizer hook is installed; everything else,
 # and any call the driver refuses there (it is then made again, to raise the backend's
 # error), goes through the backend's methods.
 
@@ -152,7 +154,7 @@ cdef class _DriverQueue:
     cdef dict streams
     cdef dict events
     cdef object cur
-    cdef object faults
+    cdef tuple off
     cdef _event_record_fn raw_record
     cdef _stream_wait_fn raw_wait
 
@@ -164,9 +166,11 @@ cdef class _DriverQueue:
         cdef int r
         cdef _event_record_fn rec = self.raw_record
         cdef _stream_wait_fn wt = self.raw_wait
-        if rec == NULL or wt == NULL or self.faults or _HIST["recorder"] is not None \
-                or _ORD["checker"] is not None:
+        if rec == NULL or wt == NULL or _HIST["recorder"] is not None or _ORD["checker"] is not None:
             return -1
+        for c in self.off:  # trace listeners, armed faults, a fork marker: each one's methods must run
+            if c:
+                return -1
         sr = self.streams.get(h)
         er = self.events.get(ev)
         if type(sr) is not tuple or type(er) is not tuple or len(<tuple>sr) != 2 or len(<tuple>er) != 2:
@@ -222,7 +226,7 @@ cdef _DriverQueue _bind(object backend):
             q.streams = calls["streams"]
             q.events = calls["events"]
             q.cur = calls["current"]
-            q.faults = calls.get("faults")
+            q.off = tuple(calls.get("off") or ())
             q.raw_record = <_event_record_fn>raw_record
             q.raw_wait = <_stream_wait_fn>raw_wait
     _bound = q
