@@ -201,9 +201,11 @@ class Backend:
 
     def tracking_calls(self) -> dict[str, Any]:
         """What the memory layer's compiled tracking (ignis/memory/resource.pyx) may call
-        to queue the event records and stream waits of cross-stream tracking directly.
-        Here nothing direct: the backend's own ``event_record`` / ``stream_wait_event``
-        (for reference; tracking calls the methods on the instance), and the fault table."""
+        to queue the event records and stream waits of cross-stream tracking directly, and
+        the compiled kernel launch (ignis/runtime/kernel.pyx) its launches. Here nothing
+        direct: the backend's own ``event_record`` / ``stream_wait_event`` (for reference;
+        tracking calls the methods on the instance, launches ``kernel_launch``), and the
+        fault table."""
         cls = type(self)
         return {"record": functools.partial(cls.event_record, self),
                 "wait": functools.partial(cls.stream_wait_event, self), "faults": self._faults}
