@@ -1,10 +1,10 @@
 """Build hook for Ignis's compiled modules; everything else is in pyproject.toml.
 
-The hot path (streams, blocks, the cross-stream tracking record, the pool) is
-written once, in Cython (``.pyx`` with typed fields in ``.pxd``), and compiled;
-there is no pure-Python copy of it. ``ignis._speedups`` (C) still serves the
-array layer until that moves to Cython too. For a source checkout:
-``python3 setup.py build_ext --inplace``."""
+The hot path (streams, the kernel launch, blocks, the cross-stream tracking record,
+the pool, the array layer's ``launch``) is written once, in Cython (``.pyx`` with
+typed fields in ``.pxd``), and compiled; there is no pure-Python copy of it.
+``ignis._speedups`` (C) still serves the array layer until that moves to Cython
+too. For a source checkout: ``python3 setup.py build_ext --inplace``."""
 
 from Cython.Build import cythonize
 from setuptools import Extension, setup
@@ -12,10 +12,12 @@ from setuptools import Extension, setup
 # Modules compiled from .pyx (one extension each), by dotted name.
 CYTHON_MODULES = [
     "ignis.runtime.stream",
+    "ignis.runtime.kernel",
     "ignis.memory.block",
     "ignis.memory.resource",
     "ignis.memory.pool",
     "ignis.array.tracking",
+    "ignis.array.launch",
 ]
 
 DIRECTIVES = {
