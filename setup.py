@@ -15,6 +15,7 @@ CYTHON_MODULES = [
     "ignis.memory.block",
     "ignis.memory.resource",
     "ignis.memory.pool",
+    "ignis.memory.guard_base",
 ]
 
 DIRECTIVES = {
