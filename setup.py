@@ -1,6 +1,7 @@
 """Build hook for Ignis's compiled modules; everything else is in pyproject.toml.
 
-The hot path (streams, blocks, the cross-stream tracking record, the pool) is
+The hot path (streams, blocks, the cross-stream tracking record, the pool, the
+debug guard's allocate and free and its PyTorch allocator entry points) is
 written once, in Cython (``.pyx`` with typed fields in ``.pxd``), and compiled;
 there is no pure-Python copy of it. ``ignis._speedups`` (C) still serves the
 array layer until that moves to Cython too. For a source checkout:
@@ -16,6 +17,7 @@ CYTHON_MODULES = [
     "ignis.memory.resource",
     "ignis.memory.pool",
     "ignis.memory.guard_base",
+    "ignis.torch._guard_fast",
 ]
 
 DIRECTIVES = {

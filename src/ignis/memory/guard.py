@@ -588,12 +588,14 @@ class DebugGuardResource(GuardBase, ResourceAdaptor):
         return problems
 
     def _return(self, e: _Guarded) -> None:
-        """Hand the upstream block back and mark the inner block FREED. If the upstream
-        refuses, nothing changes here and its error propagates."""
+        """Hand the upstream block back and mark the inner block FREED (and drop its link to
+        the record: the pair would otherwise live on as a cycle, for the garbage collector).
+        If the upstream refuses, nothing changes here and its error propagates."""
         b = e.block
         if e.up.state is BlockState.LIVE:
             self.upstream.deallocate(e.up)
         b.transition(BlockState.FREED)
+        b._impl = None
         rec = _history.recorder
         if rec is not None:
             rec("free_completed", self, b.ptr, b.requested, b.alloc_stream, b)
