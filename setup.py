@@ -17,6 +17,7 @@ CYTHON_MODULES = [
     "ignis.memory.resource",
     "ignis.memory.pool",
     "ignis.memory.guard_base",
+    "ignis.safety.frames",
     "ignis.torch._guard_fast",
 ]
 
