@@ -1,7 +1,8 @@
 """Build hook for Ignis's compiled modules; everything else is in pyproject.toml.
 
 The hot path (streams, the kernel launch, blocks, the cross-stream tracking record,
-the pool, the array layer's ``launch``) is written once, in Cython (``.pyx`` with
+the pool, the array layer's ``launch``, the debug guard's allocate and free and
+its PyTorch allocator entry points) is written once, in Cython (``.pyx`` with
 typed fields in ``.pxd``), and compiled; there is no pure-Python copy of it.
 ``ignis._speedups`` (C) still serves the array layer until that moves to Cython
 too. For a source checkout: ``python3 setup.py build_ext --inplace``."""
@@ -18,6 +19,9 @@ CYTHON_MODULES = [
     "ignis.memory.pool",
     "ignis.array.tracking",
     "ignis.array.launch",
+    "ignis.memory.guard_base",
+    "ignis.safety.frames",
+    "ignis.torch._guard_fast",
 ]
 
 DIRECTIVES = {

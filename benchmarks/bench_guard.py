@@ -21,6 +21,16 @@ benchmarks/bench_guard.py [--json OUT] [--steps N] [--memcheck-steps N]``.
 For a breakdown: ``--child diag`` (the pair with stacks / the garbage collector
 off, the guard's own allocate + free, one Python-wrapped memset) and
 ``--child profile '{"capture_stacks": false}'`` (cProfile of the pair loop).
+
+Without a GPU (or PyTorch): ``--emulated`` times the guard's allocate + free on
+the emulated backend, µs per pair of 4 KiB and 1 MiB: through the C entry points
+PyTorch calls (here through ctypes, which adds its own call cost), through
+``_alloc`` / ``_free`` and through the guard's ``allocate`` / ``free_fast``, with
+and without allocation sites, and the cost of one site capture. Once with the
+emulator's device work (its memsets and check kernels run on its stream
+threads) and once with that work replaced by no-ops (``host``: the guard's own
+host work, what the GPU run pays on the CPU besides the driver calls). A guide
+for changes to the guard; the GPU numbers are the ones above.
 """
 
 from __future__ import annotations
@@ -60,7 +70,7 @@ def child_pair(guard: bool) -> dict:
             torch.cuda.synchronize()
         out[label] = statistics.median(reps)
     if guard:
-        out["checks"] = {k: v for k, v in _guard.memory_stats(0).items() if k.startswith("guard.")}
+        out["checks"] = _guard.guard_stats(0)
         out["problems"] = len(_guard.check(raise_=False)) + len(_guard.reports())
     return out
 
@@ -218,9 +228,10 @@ def child_diag() -> dict:
     gc.enable()
     g.capture_stacks = True
     s = _guard._stream(0, 0)
+    from ignis.safety.frames import capture_frames
     t0 = time.perf_counter()
     for _ in range(20000):
-        _guard._capture(6)
+        capture_frames(1, 6)
     res["capture_us"] = (time.perf_counter() - t0) / 20000 * 1e6
     t0 = time.perf_counter()
     for _ in range(20000):
@@ -235,6 +246,69 @@ def child_diag() -> dict:
     res["memset_py_us"] = (time.perf_counter() - t0) / 20000 * 1e6
     torch.cuda.synchronize()
     return res
+
+
+def child_emulated(host_only: bool) -> dict:
+    """The guard's allocate + free without PyTorch, on the emulated backend (see the module)."""
+    import ctypes
+
+    import ignis as ig
+    from ignis.safety.frames import capture_frames
+    from ignis.torch import _guard, _guard_fast
+
+    lib = ctypes.CDLL(_guard_fast.__file__)
+    c_alloc, c_free = lib.ignis_torch_alloc, lib.ignis_torch_free
+    c_alloc.restype, c_alloc.argtypes = ctypes.c_void_p, [ctypes.c_ssize_t, ctypes.c_int, ctypes.c_void_p]
+    c_free.restype, c_free.argtypes = None, [ctypes.c_void_p, ctypes.c_ssize_t, ctypes.c_int, ctypes.c_void_p]
+    dev = ig.Device(0)
+    stream = dev.create_stream()
+    h = stream.handle
+    out: dict = {"backend": dev.backend.name, "device_work": "no-ops" if host_only else "the emulator's"}
+
+    def c_pair(g, n: int) -> None:
+        p = c_alloc(n, 0, h)
+        c_free(p, n, 0, h)
+
+    def py_pair(g, n: int) -> None:
+        _guard._free(_guard._alloc(n, 0, h), n, 0, h)
+
+    def guard_pair(g, n: int) -> None:
+        g.free_fast(g.allocate(n, stream, "torch", ()))
+
+    for stacks in (True, False):
+        _guard._reset()
+        _guard._configure({"capture_stacks": stacks})
+        _guard_fast.torch_guard_bind(_guard._alloc, _guard._free)
+        g = _guard.guard_resource(0)
+        if host_only:  # the emulator's device work as no-ops (this process only)
+            b = g._backend
+            b.memset_d8_async = b.kernel_launch = b.event_record = lambda *a: None
+            b.event_query = lambda *a: True
+            b.host_view = lambda *a: None
+        for name, pair in (("entry_points_ctypes", c_pair), ("alloc_free", py_pair), ("allocate_free_fast", guard_pair)):
+            if name == "allocate_free_fast" and stacks:
+                continue  # it takes the site from its caller: the same with or without
+            for label, n in (("4KiB", 4096), ("1MiB", 1 << 20)):
+                for _ in range(2000):
+                    pair(g, n)
+                dev.synchronize()
+                reps = []
+                for _ in range(7):
+                    t0 = time.perf_counter()
+                    for _ in range(5000):
+                        pair(g, n)
+                    reps.append((time.perf_counter() - t0) / 5000 * 1e6)
+                    dev.synchronize()
+                out[f"{name}{'' if name == 'allocate_free_fast' else '_stacks' if stacks else '_no_stacks'}"
+                    f"_{label}_us"] = statistics.median(reps)
+        out["problems"] = len(g.check(raise_=False)) if not host_only else 0
+    t0 = time.perf_counter()
+    for _ in range(20000):
+        capture_frames(1, 6)
+    out["capture_us"] = (time.perf_counter() - t0) / 20000 * 1e6
+    _guard._reset()
+    stream.close()
+    return out
 
 
 # -- parent --------------------------------------------------------------------------------
@@ -266,10 +340,14 @@ def main() -> None:
     ap.add_argument("--child", nargs="+")
     ap.add_argument("--steps", type=int, default=200)
     ap.add_argument("--memcheck-steps", type=int, default=20)
+    ap.add_argument("--emulated", action="store_true",
+                    help="time the guard's allocate + free on the emulated backend (no GPU, no PyTorch)")
     a = ap.parse_args()
     if a.child:
         kind, rest = a.child[0], a.child[1:]
-        if kind == "pair":
+        if kind == "emulated":
+            res = child_emulated(rest[0] == "host")
+        elif kind == "pair":
             res = child_pair(rest[0] == "guard")
         elif kind == "diag":
             res = child_diag()
@@ -283,6 +361,15 @@ def main() -> None:
         return
 
     report: dict = {}
+    if a.emulated:
+        os.environ["IGNIS_BACKEND"] = "emulated"
+        report["emulated"] = {w: _child(["emulated", w]) for w in ("host", "device")}
+        print(json.dumps(report, indent=2))
+        if a.json:
+            with open(a.json, "w") as f:
+                json.dump(report, f, indent=2)
+        return
+
     import torch
     report["device"] = torch.cuda.get_device_name(0)
     report["torch"] = torch.__version__

@@ -1,8 +1,9 @@
 """The debug guard as PyTorch's allocator (ignis.torch._guard).
 
 CPU part (any backend; the emulated one in CI): the compiled entry points
-``ignis_torch_alloc`` / ``ignis_torch_free`` are driven directly through ctypes
-with stream handles of Ignis's own streams (the fake "PyTorch streams"), so
+``ignis_torch_alloc`` / ``ignis_torch_free`` (of ``ignis.torch._guard_fast``) are
+driven directly through ctypes with stream handles of Ignis's own streams (the
+fake "PyTorch streams"), so
 the allocator's bookkeeping, checks, reports, record_stream ordering and
 option checks run without torch's CUDA. GPU part (``@pytest.mark.gpu``): the
 zoo programs under tests/guard_zoo run under the guard in a subprocess.
@@ -11,11 +12,15 @@ zoo programs under tests/guard_zoo run under the guard in a subprocess.
 from __future__ import annotations
 
 import ctypes
+import gc
 import os
 import re
+import shutil
 import subprocess
 import sys
+import threading
 import time
+import weakref
 
 import pytest
 
@@ -23,8 +28,7 @@ import ignis as ig
 from helpers import read, sleep_on, write
 from ignis.telemetry._torch import guard_memory_stats
 from ignis.torch import _guard as tg
-
-_speedups = pytest.importorskip("ignis._speedups", reason="needs the compiled extension ignis._speedups")
+from ignis.torch import _guard_fast as _fast
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ZOO = os.path.join(HERE, "guard_zoo")
@@ -33,7 +37,7 @@ G, POISON, CANARY = 256, 0xA5, 0xFD
 
 
 # -- the C entry points, as PyTorch calls them -----------------------------------------
-_lib = ctypes.CDLL(_speedups.__file__)
+_lib = ctypes.CDLL(_fast.__file__)
 c_alloc = _lib.ignis_torch_alloc
 c_alloc.restype = ctypes.c_void_p
 c_alloc.argtypes = [ctypes.c_ssize_t, ctypes.c_int, ctypes.c_void_p]
@@ -60,7 +64,7 @@ def guard(request, streams):
     opts = getattr(request, "param", None) or {"batch": 4}
     tg._reset()
     tg._configure(opts)
-    _speedups.torch_guard_bind(tg._alloc, tg._free)
+    _fast.torch_guard_bind(tg._alloc, tg._free)
     g = tg.guard_resource(0)
     yield g
     tg._reset()
@@ -97,9 +101,9 @@ def test_default_stream_handle_and_unknown_frees(guard, dev):
 
 
 def test_unbound_entry_points_fail_cleanly(guard, streams):
-    _speedups.torch_guard_bind(None, None)
+    _fast.torch_guard_bind(None, None)
     assert c_alloc(256, 0, streams[0].handle) is None
-    _speedups.torch_guard_bind(tg._alloc, tg._free)
+    _fast.torch_guard_bind(tg._alloc, tg._free)
 
 
 def test_freed_blocks_are_poisoned_then_reused_without_memsets(guard, streams):
@@ -123,7 +127,7 @@ def test_freed_blocks_are_poisoned_then_reused_without_memsets(guard, streams):
 def test_many_blocks_batches_and_quarantine_bound(streams):
     tg._reset()
     tg._configure({"batch": 8, "quarantine_count": 5})
-    _speedups.torch_guard_bind(tg._alloc, tg._free)
+    _fast.torch_guard_bind(tg._alloc, tg._free)
     try:
         g = tg.guard_resource(0)
         s = streams[1]
@@ -301,9 +305,9 @@ def c_poison(guard, dev):
 
     fns = (MEMSET(memset), CTXDEV(ctx_device))
     addr = [ctypes.cast(f, ctypes.c_void_p).value for f in fns]
-    _speedups.torch_guard_poison(addr[0], addr[1], POISON, tg._s.blocks, tg._s.rs_ptrs)
+    _fast.torch_guard_poison(addr[0], addr[1], POISON, tg._s.blocks, tg._s.rs_ptrs)
     yield calls, current
-    _speedups.torch_guard_poison(0, 0, -1, None, None)
+    _fast.torch_guard_poison(0, 0, -1, None, None)
     del fns
 
 
@@ -418,6 +422,167 @@ def test_torch_memory_functions_answer_with_the_guard_statistics(guard, streams)
     assert "Quarantined" in torch.cuda.memory_summary(0)
     free(p, 5000, s)
     assert torch.cuda.memory_stats()["guard.live_bytes"] == 0
+
+
+# -- the compiled hot path (ignis/torch/_guard_fast.pyx) ------------------------------------
+def test_the_entry_points_are_exported_by_the_compiled_module():
+    # PyTorch's CUDAPluggableAllocator finds them by name in the dynamic symbols of that library
+    assert callable(_lib.ignis_torch_alloc) and callable(_lib.ignis_torch_free)
+    nm = shutil.which("nm")
+    if nm is not None:
+        out = subprocess.run([nm, "-D", "--defined-only", _fast.__file__], capture_output=True, text=True).stdout
+        kinds = {f[-1]: f[-2] for f in (line.split() for line in out.splitlines()) if len(f) >= 2}
+        assert kinds.get("ignis_torch_alloc") == "T" and kinds.get("ignis_torch_free") == "T", out
+    try:
+        from ignis import _speedups
+    except ImportError:
+        return
+    assert not hasattr(ctypes.CDLL(_speedups.__file__), "ignis_torch_alloc")  # one home: the guard's module
+
+
+def test_the_guards_hot_path_is_the_compiled_one():
+    for name in ("allocate", "free_fast", "_release_exits"):
+        assert name not in tg.DeferredGuardResource.__dict__ and name in _fast.GuardCore.__dict__
+    for name in ("_held", "_overflow", "_take_quarantine"):  # the quarantine's bookkeeping: one, compiled
+        assert not any(name in c.__dict__ for c in tg.DeferredGuardResource.__mro__
+                       if c.__module__ not in ("ignis.memory.guard_base",))
+    assert tg._alloc is _fast._alloc and tg._free is _fast._free and tg._s is _fast._s
+
+
+def test_the_compiled_free_keeps_double_free_detection(guard, streams):
+    s = streams[0]
+    b = guard.allocate(1000, s, "torch", ())
+    guard.free_fast(b)
+    assert b.state is ig.BlockState.QUARANTINED and guard.quarantined_count == 1
+    with pytest.raises(ig.DoubleFreeError):
+        guard.free_fast(b)
+    with pytest.raises(ig.DoubleFreeError):
+        guard.deallocate(b)
+    guard.flush()  # checked, then back in the pool
+    assert b.state is ig.BlockState.FREED
+    with pytest.raises(ig.DoubleFreeError):
+        guard.free_fast(b)
+    assert guard.bytes_outstanding == 0 and guard.quarantined_count == 0 and guard.quarantined_bytes == 0
+    assert tg.check(raise_=False) == []
+
+
+@pytest.mark.parametrize("guard", [{"batch": 4, "quarantine_count": 3}], indirect=True)
+def test_the_compiled_free_keeps_the_quarantine_bound_and_its_counts(guard, streams):
+    s = streams[0]
+    blocks = [guard.allocate(512 * (i + 1), s, "torch", ()) for i in range(8)]
+    for i, b in enumerate(blocks):
+        guard.free_fast(b)
+        held = list(guard._quarantine.values())
+        assert [e.block for e in held] == blocks[max(0, i - 2):i + 1]  # the oldest leave first
+        assert guard.quarantined_bytes == sum(e.block.requested + 2 * G for e in held)
+    assert guard.bytes_outstanding == 0
+    assert tg.check(raise_=False) == []  # every check queued and waited for
+    assert all(b.state is ig.BlockState.FREED for b in blocks[:5]) and not guard._held_exit
+    assert all(b.state is ig.BlockState.QUARANTINED for b in blocks[5:])
+
+
+@pytest.mark.parametrize("guard", [{"batch": 4, "quarantine_bytes": 2 * (4096 + 2 * G)}], indirect=True)
+def test_the_compiled_free_keeps_the_quarantine_byte_bound(guard, streams):
+    s = streams[0]
+    small = [guard.allocate(4096, s, "torch", ()) for _ in range(3)]
+    for b in small:
+        guard.free_fast(b)
+    assert guard.quarantined_count == 2 and guard.quarantined_bytes == 2 * (4096 + 2 * G)
+    big = guard.allocate(3 * 4096, s, "torch", ())
+    guard.free_fast(big)  # larger than the whole quarantine: it skips it rather than emptying it
+    assert guard.quarantined_count == 2 and [e.block for e in guard._quarantine.values()] == small[1:]
+    assert tg.check(raise_=False) == []
+    assert big.state is ig.BlockState.FREED and small[0].state is ig.BlockState.FREED
+
+
+def test_a_released_block_and_its_record_go_without_the_garbage_collector(guard, streams):
+    s = streams[0]
+    gc.disable()
+    try:
+        b = guard.allocate(256, s, "torch", ())
+        ref = weakref.ref(b)
+        guard.free_fast(b)
+        del b
+        guard.flush()  # checked and back in the pool: nothing refers to the block any more
+        assert ref() is None
+    finally:
+        gc.enable()
+
+
+def test_the_busy_flag_is_the_threads_own(guard, streams):
+    s = streams[0]
+    p = alloc(256, s)
+    seen = []
+
+    def inside_the_allocator_elsewhere() -> None:
+        seen.append(tg._s.tls.busy)
+        tg._s.tls.busy = True
+
+    t = threading.Thread(target=inside_the_allocator_elsewhere)
+    t.start()
+    t.join()
+    assert seen == [False] and tg._s.tls.busy is False
+    free(p, 256, s)  # this thread is not inside the allocator: freed at once
+    assert p not in tg._s.blocks and not tg._s.deferred
+
+
+def test_the_entry_points_call_other_bound_callables_with_plain_ints(guard, streams):
+    s = streams[0]
+    calls = []
+
+    def a(size, device, handle):
+        calls.append(("alloc", size, device, handle))
+        return tg._alloc(size, device, handle)
+
+    def f(ptr, size, device, handle, poisoned):
+        calls.append(("free", ptr, size, device, handle, poisoned))
+        tg._free(ptr, size, device, handle, poisoned)
+
+    before = _fast.torch_guard_bind(a, f)
+    try:
+        p = alloc(300, s)
+        free(p, 300, s)
+    finally:
+        after = _fast.torch_guard_bind(tg._alloc, tg._free)
+    assert calls == [("alloc", 300, 0, s.handle), ("free", p, 300, 0, s.handle, False)]
+    assert (after[0] - before[0], after[1] - before[1]) == (1, 1)
+    assert guard.bytes_outstanding == 0 and guard.quarantined_count == 1
+    with pytest.raises(TypeError, match="two callables"):
+        _fast.torch_guard_bind(1, 2)
+
+
+def test_a_failed_allocation_raises_in_the_caller_and_a_failed_free_is_unraisable(guard, streams, monkeypatch):
+    s = streams[0]
+
+    def no_room(size, device, handle):
+        raise MemoryError("no room")
+
+    def refused(*args):
+        raise RuntimeError("free refused")
+
+    _fast.torch_guard_bind(no_room, refused)
+    unraisable = []
+    monkeypatch.setattr(sys, "unraisablehook", unraisable.append)
+    try:
+        with pytest.raises(SystemError) as ei:  # what the framework's call raises: the error, as its cause
+            c_alloc(256, 0, s.handle)
+        assert isinstance(ei.value.__cause__, MemoryError) and str(ei.value.__cause__) == "no room"
+        c_free(0x4000 * 256, 256, 0, s.handle)  # a free has nobody to raise to
+    finally:
+        _fast.torch_guard_bind(tg._alloc, tg._free)
+    assert len(unraisable) == 1 and isinstance(unraisable[0].exc_value, RuntimeError)
+
+
+def test_an_allocation_nothing_can_serve_fails_with_the_pools_error(guard, streams, backend, capsys):
+    s = streams[0]
+    n = 12 << 20  # a pool segment of its own
+    op = "mem_alloc_async" if isinstance(guard.upstream.upstream, ig.AsyncResource) else "mem_alloc"
+    backend.inject_fault(op, 1, times=2)  # the pool's attempt and its own retry fail; the quarantine is empty
+    with pytest.raises(SystemError) as ei:
+        c_alloc(n, 0, s.handle)
+    assert isinstance(ei.value.__cause__, ig.OutOfMemoryError)
+    assert f"ignis guard: allocating {n} bytes on device 0 failed: OutOfMemoryError" in capsys.readouterr().err
+    assert guard.bytes_outstanding == 0 and not tg._s.blocks
 
 
 # -- options and installation --------------------------------------------------------------

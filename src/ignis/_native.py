@@ -1,6 +1,6 @@
 """``ignis._speedups``, the C extension that still serves the array layer (``ig.empty``,
-``NvArray.free`` / ``__del__``), DLPack's deleters and the guard's PyTorch allocator entry
-points, loaded once for every layer that binds it. None where it is not built, or with
+``NvArray.free`` / ``__del__``) and DLPack's deleters, loaded once for every layer that
+binds it. None where it is not built, or with
 ``IGNIS_PURE_PYTHON=1`` (the array layer then runs its Python code)."""
 
 from __future__ import annotations

@@ -1,7 +1,8 @@
-/* ignis._speedups: the common cases of ig.empty / NvArray.free / NvArray.__del__, the
- * DLPack deleters and the guard's PyTorch allocator entry points, in C. What is left of
- * the hand-written C path: the memory layer's hot path (streams, blocks, tracking, the
- * pool) is compiled Cython (the .pyx modules of ignis/memory), and these move there in turn.
+/* ignis._speedups: the common cases of ig.empty / NvArray.free / NvArray.__del__ and the
+ * DLPack deleters, in C. What is left of the hand-written C path: the memory layer's hot
+ * path (streams, blocks, tracking, the pool) and the guard's (its PyTorch allocator entry
+ * points among it) are compiled Cython (the .pyx modules of ignis/memory, and ignis/torch/_guard_fast.pyx),
+ * and these move there in turn.
  *
  * The Python implementations in ignis/array/nvarray.py are the reference and handle
  * everything; these functions handle only the hot case -- a plain owning array with
@@ -644,147 +645,6 @@ static PyObject *dlpack_setup(PyObject *self, PyObject *exports) {
                          PyLong_FromVoidPtr((void *)dl_capsule_destructor));
 }
 
-/* ---- The debug guard as PyTorch's CUDA allocator (ignis.torch._guard) ----------------------
- * torch.cuda.memory.CUDAPluggableAllocator loads ignis_torch_alloc / ignis_torch_free from this
- * library by name and calls them from C++ (any thread, GIL held or not):
- *     void *alloc(ssize_t size, int device, cudaStream_t stream)
- *     void free(void *ptr, ssize_t size, int device, cudaStream_t stream)
- * Each takes the GIL and calls the Python callable bound by torch_guard_bind(alloc, free) with
- * plain ints (size, device, stream handle) / (ptr, size, device, stream handle, poisoned); the
- * Python side (a DebugGuardResource over the pool) does the work; a free may first queue the
- * block's poison here (torch_guard_poison). An exception pending in the caller's thread
- * is kept aside and restored. A failed allocation returns NULL with its exception left pending, so
- * the PyTorch call that asked for the memory raises it (as SystemError, with the cause chained);
- * an exception in free is printed (PyErr_WriteUnraisable): a free has nobody to raise to. After
- * unbinding, and while the interpreter finalizes, allocations fail and frees are dropped (the
- * process is ending; the driver reclaims the memory). */
-#define IGNIS_EXPORT __attribute__((visibility("default")))
-static PyObject *TG_ALLOC, *TG_FREE;
-static unsigned long long TG_CALLS[2];
-
-IGNIS_EXPORT void *ignis_torch_alloc(ssize_t size, int device, void *stream);
-IGNIS_EXPORT void ignis_torch_free(void *ptr, ssize_t size, int device, void *stream);
-
-IGNIS_EXPORT void *ignis_torch_alloc(ssize_t size, int device, void *stream) {
-    if (size <= 0 || !Py_IsInitialized())
-        return NULL;
-    void *ptr = NULL;
-    PyGILState_STATE g = PyGILState_Ensure();
-    PyObject *fn = TG_ALLOC;
-    if (fn == NULL || finalizing()) {
-        PyGILState_Release(g);
-        return NULL;
-    }
-    PyObject *et, *ev, *tb;
-    PyErr_Fetch(&et, &ev, &tb);
-    Py_INCREF(fn);
-    TG_CALLS[0]++;
-    PyObject *a[3] = {PyLong_FromSsize_t(size), PyLong_FromLong(device), PyLong_FromVoidPtr(stream)};
-    PyObject *r = (a[0] && a[1] && a[2]) ? PyObject_Vectorcall(fn, a, 3, NULL) : NULL;
-    for (int i = 0; i < 3; i++)
-        Py_XDECREF(a[i]);
-    if (r != NULL) {
-        ptr = r == Py_None ? NULL : PyLong_AsVoidPtr(r);
-        Py_DECREF(r);
-    }
-    Py_DECREF(fn);
-    if (PyErr_Occurred()) {
-        ptr = NULL;
-        Py_XDECREF(et);  /* the allocation's error is the one to raise */
-        Py_XDECREF(ev);
-        Py_XDECREF(tb);
-    } else {
-        PyErr_Restore(et, ev, tb);
-    }
-    PyGILState_Release(g);
-    return ptr;
-}
-
-/* The poison a free writes, queued here before Python runs (the common case costs one driver
- * call and no Python wrapper): only for a block the guard handed out (a key of TG_BLOCKS), with
- * no record_stream streams to wait for first (not in TG_RS), on the device of the thread's
- * current context. Python is told whether it was queued. */
-typedef int (*memset8_fn)(unsigned long long dst, unsigned char value, size_t n, void *stream);
-typedef int (*ctx_device_fn)(int *device);
-static memset8_fn TG_MEMSET;
-static ctx_device_fn TG_CTX_DEVICE;
-static int TG_POISON = -1;
-static PyObject *TG_BLOCKS, *TG_RS;
-
-static int poison_here(void *ptr, ssize_t size, int device, void *stream, PyObject *key) {
-    if (TG_MEMSET == NULL || TG_POISON < 0 || TG_BLOCKS == NULL || key == NULL || size <= 0)
-        return 0;
-    if (PyDict_Contains(TG_BLOCKS, key) != 1 || (TG_RS != NULL && PySet_Contains(TG_RS, key) != 0)) {
-        PyErr_Clear();
-        return 0;
-    }
-    int cur = -1;
-    if (TG_CTX_DEVICE == NULL || TG_CTX_DEVICE(&cur) != 0 || cur != device)
-        return 0;
-    return TG_MEMSET((unsigned long long)(uintptr_t)ptr, (unsigned char)TG_POISON, (size_t)size, stream) == 0;
-}
-
-IGNIS_EXPORT void ignis_torch_free(void *ptr, ssize_t size, int device, void *stream) {
-    if (ptr == NULL || !Py_IsInitialized())
-        return;
-    PyGILState_STATE g = PyGILState_Ensure();
-    PyObject *fn = TG_FREE;
-    if (fn != NULL && !finalizing()) {
-        PyObject *et, *ev, *tb;
-        PyErr_Fetch(&et, &ev, &tb);
-        Py_INCREF(fn);
-        TG_CALLS[1]++;
-        PyObject *key = PyLong_FromVoidPtr(ptr);
-        int poisoned = poison_here(ptr, size, device, stream, key);
-        PyObject *a[5] = {key, PyLong_FromSsize_t(size), PyLong_FromLong(device), PyLong_FromVoidPtr(stream),
-                          PyBool_FromLong(poisoned)};
-        PyObject *r = (a[0] && a[1] && a[2] && a[3]) ? PyObject_Vectorcall(fn, a, 5, NULL) : NULL;
-        for (int i = 0; i < 5; i++)
-            Py_XDECREF(a[i]);
-        if (r == NULL)
-            PyErr_WriteUnraisable(fn);
-        Py_XDECREF(r);
-        Py_DECREF(fn);
-        PyErr_Restore(et, ev, tb);
-    }
-    PyGILState_Release(g);
-}
-
-/* torch_guard_poison(memset address, cuCtxGetDevice address, poison byte or -1, blocks dict, rs set):
- * let ignis_torch_free queue the poison itself (0 / -1 / None turn it off) */
-static PyObject *torch_guard_poison(PyObject *self, PyObject *args) {
-    unsigned long long ms, cd;
-    int poison;
-    PyObject *blocks, *rs;
-    if (!PyArg_ParseTuple(args, "KKiOO", &ms, &cd, &poison, &blocks, &rs))
-        return NULL;
-    if ((blocks != Py_None && !PyDict_Check(blocks)) || (rs != Py_None && !PyAnySet_Check(rs))) {
-        PyErr_SetString(PyExc_TypeError, "torch_guard_poison: expected a dict (or None) and a set (or None)");
-        return NULL;
-    }
-    TG_POISON = -1;  /* off while the rest changes */
-    TG_MEMSET = (memset8_fn)(uintptr_t)ms;
-    TG_CTX_DEVICE = (ctx_device_fn)(uintptr_t)cd;
-    Py_XSETREF(TG_BLOCKS, blocks == Py_None ? NULL : Py_NewRef(blocks));
-    Py_XSETREF(TG_RS, rs == Py_None ? NULL : Py_NewRef(rs));
-    TG_POISON = (ms && cd && TG_BLOCKS != NULL && poison >= 0 && poison <= 255) ? poison : -1;
-    Py_RETURN_NONE;
-}
-
-/* torch_guard_bind(alloc, free) -> (calls to alloc so far, calls to free so far); None, None unbinds */
-static PyObject *torch_guard_bind(PyObject *self, PyObject *args) {
-    PyObject *a, *f;
-    if (!PyArg_ParseTuple(args, "OO", &a, &f))
-        return NULL;
-    if ((a != Py_None && !PyCallable_Check(a)) || (f != Py_None && !PyCallable_Check(f))) {
-        PyErr_SetString(PyExc_TypeError, "torch_guard_bind: expected two callables (or None, None)");
-        return NULL;
-    }
-    Py_XSETREF(TG_ALLOC, a == Py_None ? NULL : Py_NewRef(a));
-    Py_XSETREF(TG_FREE, f == Py_None ? NULL : Py_NewRef(f));
-    return Py_BuildValue("(KK)", TG_CALLS[0], TG_CALLS[1]);
-}
-
 static PyMethodDef methods[] = {
     {"setup", setup, METH_VARARGS, "Bind the Python classes and objects the fast paths use."},
     {"array_setup", array_setup, METH_VARARGS, "Bind NvArray and the objects its fast paths use."},
@@ -793,11 +653,6 @@ static PyMethodDef methods[] = {
      "empty(shape, dtype=float32, *, device=None, stream=None, owner='compute', mr=None, tag=...)\n--\n\n"
      "Allocate an uninitialized array (the NvArray constructor; its common case runs in C).\n\n"
      "The arguments, what they default to and the errors are the NvArray constructor's: see NvArray."},
-    {"torch_guard_poison", torch_guard_poison, METH_VARARGS,
-     "Let ignis_torch_free queue a freed block's poison itself (cuMemsetD8Async), for the guard's blocks."},
-    {"torch_guard_bind", torch_guard_bind, METH_VARARGS,
-     "Bind the Python allocate / free that ignis_torch_alloc / ignis_torch_free (PyTorch's pluggable "
-     "allocator entry points) call; returns the call counts so far."},
     {"dlpack_setup", dlpack_setup, METH_O,
      "Bind the DLPack exports dict; returns the C deleter's and capsule destructor's addresses."},
     {NULL, NULL, 0, NULL},

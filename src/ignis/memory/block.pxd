@@ -14,3 +14,9 @@ cdef class DeviceBlock:
     cdef public object _rd
     cdef public object _impl
     cdef object __weakref__
+
+
+# A new LIVE DeviceBlock with a clean hazard record (what ``DeviceBlock(...)`` makes, without
+# the Python call), for the compiled allocators (memory/pool.pyx, torch/_guard_fast.pyx).
+cdef DeviceBlock new_block(object ptr, object alloc_stream, object nbytes, object requested, object tag,
+                           object generation, object impl)

@@ -14,6 +14,9 @@ from .types import TRANSITIONS, BlockId, BlockState
 
 __all__ = ["DeviceBlock"]
 
+cdef object _LIVE = BlockState.LIVE
+cdef object _ZERO = 0
+
 cdef class DeviceBlock:
     """One allocation, owned by the caller until handed back to the resource that made it.
 
@@ -94,4 +97,19 @@ cdef class DeviceBlock:
 
 
 
-_LIVE = BlockState.LIVE
+cdef DeviceBlock new_block(object ptr, object alloc_stream, object nbytes, object requested, object tag,
+                           object generation, object impl):
+    """A new LIVE block, as ``DeviceBlock.__init__`` makes it (see block.pxd)."""
+    cdef DeviceBlock block = DeviceBlock.__new__(DeviceBlock)
+    block.ptr = ptr
+    block.alloc_stream = alloc_stream
+    block.bytes = nbytes
+    block.requested = requested
+    block.tag = tag
+    block.generation = generation
+    block.state = _LIVE
+    block._ws = alloc_stream
+    block._we = _ZERO
+    block._rd = None
+    block._impl = impl
+    return block

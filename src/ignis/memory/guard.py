@@ -53,12 +53,16 @@ Rules:
   ``deallocate`` runs outside it. Lock order is always guard, then upstream.
 - A context rebuild makes every block's memory gone: nothing is checked, the
   upstream blocks are handed back and the inner blocks become FREED.
+- The fields read on every allocation and free, the record of one allocation
+  (``_Guarded``) and the quarantine's bookkeeping are compiled
+  (``guard_base.pyx``, typed in ``guard_base.pxd``): one implementation, which
+  the deferred guard's compiled hot path (``ignis.torch._guard_fast``) shares.
+  The lock is a ``ResourceLock`` (the compiled path takes it without a call).
 """
 
 from __future__ import annotations
 
 import sys
-import threading
 import traceback
 from collections import OrderedDict
 from typing import Any
@@ -70,7 +74,8 @@ from ..runtime import Device, Stream
 from . import history as _history
 from . import ordering as _ord
 from .adaptors import ResourceAdaptor
-from .resource import DeviceMemoryResource, check_request
+from .guard_base import GuardBase, _Guarded
+from .resource import DeviceMemoryResource, ResourceLock, check_request
 from .._types import Access
 from .types import UNTAGGED, BlockId, BlockState, _next_generation
 from .block import DeviceBlock
@@ -173,22 +178,7 @@ def _first(problems: list[IgnisError]) -> IgnisError:
     return err
 
 
-class _Guarded:
-    """The guard's record of one allocation: the user block, the upstream block
-    that holds it and its guards, and the allocation stack (frames, unformatted)."""
-
-    __slots__ = ("block", "up", "stack")
-
-    def __init__(self, block: DeviceBlock, up: DeviceBlock, stack: traceback.StackSummary | None) -> None:
-        self.block = block
-        self.up = up
-        self.stack = stack
-
-    def stack_text(self) -> str | None:
-        return "".join(self.stack.format()).rstrip() if self.stack else None
-
-
-class DebugGuardResource(ResourceAdaptor):
+class DebugGuardResource(GuardBase, ResourceAdaptor):
     """Canaries before and after every block, poison in fresh and freed blocks,
     and a quarantine before freed memory goes back to ``upstream``.
 
@@ -217,7 +207,7 @@ class DebugGuardResource(ResourceAdaptor):
         self.quarantine_bytes = _count("quarantine_bytes", quarantine_bytes)
         self.capture_stacks = bool(capture_stacks)
         self._tracks = upstream.supports_block_use_tracking
-        self._lock = threading.Lock()
+        self._lock = ResourceLock()
         self._live: dict[int, _Guarded] = {}
         self._quarantine: OrderedDict[int, _Guarded] = OrderedDict()
         self._live_bytes = 0
@@ -503,29 +493,6 @@ class DebugGuardResource(ResourceAdaptor):
     def _context_alive(self) -> bool:
         return self.device.state.generation == self._generation
 
-    def _held(self, e: _Guarded) -> int:
-        return e.block.requested + 2 * self.canary_bytes
-
-    def _overflow(self) -> int:
-        """How many of the oldest quarantined blocks must leave to meet the bounds. Lock held."""
-        n, held = len(self._quarantine), self._quarantined_bytes
-        out = 0
-        for e in self._quarantine.values():
-            if n - out <= self.quarantine_count and held <= self.quarantine_bytes:
-                break
-            held -= self._held(e)
-            out += 1
-        return out
-
-    def _take_quarantine(self, k: int) -> list[_Guarded]:
-        """Remove the ``k`` oldest quarantined blocks. Lock held."""
-        out = []
-        for _ in range(k):
-            _, e = self._quarantine.popitem(last=False)
-            self._quarantined_bytes -= self._held(e)
-            out.append(e)
-        return out
-
     def _stream_of(self, e: _Guarded) -> Stream:
         """The stream to read and poison a block on: its alloc stream, or where that
         was closed, the default stream after a device synchronization."""
@@ -621,12 +588,14 @@ class DebugGuardResource(ResourceAdaptor):
         return problems
 
     def _return(self, e: _Guarded) -> None:
-        """Hand the upstream block back and mark the inner block FREED. If the upstream
-        refuses, nothing changes here and its error propagates."""
+        """Hand the upstream block back and mark the inner block FREED (and drop its link to
+        the record: the pair would otherwise live on as a cycle, for the garbage collector).
+        If the upstream refuses, nothing changes here and its error propagates."""
         b = e.block
         if e.up.state is BlockState.LIVE:
             self.upstream.deallocate(e.up)
         b.transition(BlockState.FREED)
+        b._impl = None
         rec = _history.recorder
         if rec is not None:
             rec("free_completed", self, b.ptr, b.requested, b.alloc_stream, b)

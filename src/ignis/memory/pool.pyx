@@ -42,7 +42,7 @@ from . import ordering as _ord
 from .resource import DeviceMemoryResource, check_request
 from .resource cimport TrackedResource, EventPool, ResourceLock, lock_take, lock_give
 from .types import UNTAGGED, BlockState, _next_generation
-from .block cimport DeviceBlock
+from .block cimport DeviceBlock, new_block
 
 cdef extern from "Python.h":
     Py_ssize_t _as_ssize "PyLong_AsSsize_t"(object) noexcept
@@ -67,20 +67,8 @@ cdef Py_ssize_t _SIZE_LIMIT = (<Py_ssize_t>1) << 60
 
 cdef inline DeviceBlock _new_block(object ptr, Stream stream, object nbytes, object requested, object tag,
                                    object impl):
-    """A new LIVE DeviceBlock (what ``DeviceBlock(...)`` makes, without the call)."""
-    cdef DeviceBlock block = DeviceBlock.__new__(DeviceBlock)
-    block.ptr = ptr
-    block.alloc_stream = stream
-    block.bytes = nbytes
-    block.requested = requested
-    block.tag = tag
-    block.generation = next(_GENERATIONS)
-    block.state = _LIVE
-    block._ws = stream
-    block._we = _ZERO
-    block._rd = None
-    block._impl = impl
-    return block
+    """A new LIVE DeviceBlock with the next generation (block.pxd's ``new_block``)."""
+    return new_block(ptr, stream, nbytes, requested, tag, next(_GENERATIONS), impl)
 
 _ALIGN = 512
 _SMALL_MAX = 1 << 20

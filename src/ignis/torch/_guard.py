@@ -10,13 +10,18 @@ size, tag, allocation site (Python frames) and the bytes found.
 
 Design:
 - PyTorch: ``torch.cuda.memory.CUDAPluggableAllocator`` loads the C entry
-  points ``ignis_torch_alloc`` / ``ignis_torch_free`` of ``ignis._speedups``;
-  they take the GIL and call ``_alloc`` / ``_free`` here (a free of a guarded
+  points ``ignis_torch_alloc`` / ``ignis_torch_free`` of ``ignis.torch._guard_fast``;
+  they take the GIL and run ``_alloc`` / ``_free`` there (a free of a guarded
   block first queues its poison from C, through the driver's own
   ``cuMemsetD8Async``, unless ``record_stream`` waits must come first). CuPy:
   ``cupy.cuda.set_allocator`` with a Python function over the same two.
   A stream handle is adopted once (``Stream.from_handle``; 0 is the legacy
   default stream). Pointer -> block is one dict.
+- The hot path is compiled, once (``_guard_fast.pyx``, typed in ``.pxd``): the
+  entry points, ``_alloc`` / ``_free`` and the front end's state, the guard's
+  ``allocate`` / ``free_fast`` and the check batches (``_Checker``). This module
+  has the rest (options, installation, the guard's slow paths, checks and
+  reports), and the compiled code calls back into it for the rare cases.
 - Checks run on the device, in batches, never with a host synchronization
   on the allocation path. Free: the user bytes are poisoned at once (a
   memset on the allocation stream, after the waits that cross-stream
@@ -61,122 +66,24 @@ import atexit
 import ctypes
 import os
 import sys
-import threading
 import time
-from collections import deque
 from typing import Any, Callable
 
-import numpy as np
-
 from ..errors import IgnisError, OutOfBoundsError, UseAfterFreeError
-from ..memory import ordering as _ord
-from ..memory import history as _history
-from ..memory.guard import DebugGuardResource, _Guarded
+from ..memory.guard import DebugGuardResource
 from ..memory.pool import PoolResource
-from ..memory.resource import check_request
 from .._types import Access
-from ..memory.types import UNTAGGED, BlockState, _next_generation
+from ..memory import ordering as _ord
 from ..memory.block import DeviceBlock
 from ..runtime import Device, Stream
-from ..safety import frames as _frames
-from ..safety.frames import add_library_dir, capture_frames, format_frames, sites
+from ..safety.frames import add_library_dir, sites
+from . import _guard_fast as _fast
+from ._guard_fast import (_CAP, _NONE, EXIT, FREE, HELD, LIVE, GuardCore, _alloc, _Checker, _drain_deferred,
+                          _Entry, _free, _s)
 
 __all__ = ["DeferredGuardResource", "GuardError", "use_guard", "use_cupy_guard", "install_on_import", "check",
            "reports", "clear_reports", "summary", "finish", "is_installed", "guard_resource", "guards",
            "note_record_stream", "guard_stats", "DEFAULTS"]
-
-_NONE = 0xFFFFFFFFFFFFFFFF
-_RES_WORDS = 16          # per job: first[3], ~last[3], -count[3], samples 2 x 3, spare
-_JOB_WORDS = 3           # per job: upstream ptr, user bytes, flags
-_CHECK_USER, _REPAIR = 1, 2
-_CAP = 1024              # jobs per batch slot
-_MAX_SLOTS = 8
-_THREADS = 256
-
-# Job kinds: (flags, what the report says)
-FREE, EXIT, LIVE, HELD = "free", "exit", "live", "held"
-_FLAGS = {FREE: _REPAIR, EXIT: _CHECK_USER | _REPAIR, LIVE: 0, HELD: _CHECK_USER}
-_LEFT = "when its memory left the quarantine"
-_LIVE_STATE, _QUARANTINED, _FREED = BlockState.LIVE, BlockState.QUARANTINED, BlockState.FREED
-
-
-# -- cheap allocation sites --------------------------------------------------------------------------
-def _capture(limit: int, skip: int = 1) -> tuple:
-    """The caller's innermost ``limit`` user frames as (code, line) pairs (``safety.frames``)."""
-    return _frames.capture_frames(skip + 1, limit)
-
-
-_KERNEL = r"""
-typedef unsigned long long u64;
-#define NONE 0xFFFFFFFFFFFFFFFFull
-// One launch per phase over a batch of jobs (blockIdx.y = job). A job is a guarded
-// region at `base`: [canary G | user n | canary G]. Phase 0 compares every byte
-// (16 at a time where aligned) and folds the first / last damaged offset and the
-// count of damaged bytes of each zone into res (atomics; res starts all ones).
-// Phase 1 (one block per job) copies the first damaged bytes of each zone into res
-// and, for jobs that ask, rewrites the damaged zones (canary / poison).
-extern "C" __global__ void ignis_guard_check(const u64* __restrict__ jobs, u64* __restrict__ res, u64 G,
-                                             unsigned int canary, unsigned int poison, int phase) {
-    const u64 base = jobs[3 * blockIdx.y], n = jobs[3 * blockIdx.y + 1], flags = jobs[3 * blockIdx.y + 2];
-    u64* r = res + 16 * (u64)blockIdx.y;
-    unsigned char* p = (unsigned char*)base;
-    const u64 c0 = G / 16, c1 = (flags & 1) ? (n + 15) / 16 : 0, c2 = (G + 15) / 16;
-    if (phase == 0) {
-        const u64 total = c0 + c1 + c2, stride = (u64)gridDim.x * blockDim.x;
-        for (u64 k = (u64)blockIdx.x * blockDim.x + threadIdx.x; k < total; k += stride) {
-            int zone; u64 zstart, zlen, ck; unsigned int want;
-            if (k < c0) { zone = 0; zstart = 0; zlen = G; ck = k; want = canary; }
-            else if (k < c0 + c1) { zone = 1; zstart = G; zlen = n; ck = k - c0; want = poison; }
-            else { zone = 2; zstart = G + n; zlen = G; ck = k - c0 - c1; want = canary; }
-            const u64 off = ck * 16;
-            const int len = (int)(zlen - off < 16 ? zlen - off : 16);
-            const unsigned char* q = p + zstart + off;
-            if (len == 16 && (((u64)q) & 15) == 0) {
-                const unsigned int w = want * 0x01010101u;
-                const uint4 v = *(const uint4*)q;
-                if (v.x == w && v.y == w && v.z == w && v.w == w) continue;
-            }
-            int first = -1, last = -1, cnt = 0;
-            for (int i = 0; i < len; i++)
-                if (q[i] != (unsigned char)want) { if (first < 0) first = i; last = i; cnt++; }
-            if (cnt) {
-                atomicMin(&r[zone], off + (u64)first);
-                atomicMin(&r[3 + zone], ~(off + (u64)last));
-                atomicAdd(&r[6 + zone], (u64)(-(long long)cnt));
-            }
-        }
-        return;
-    }
-    __shared__ int damaged;
-    if (threadIdx.x == 0) damaged = (r[0] != NONE) || (r[1] != NONE) || (r[2] != NONE);
-    __syncthreads();
-    if (!damaged) return;
-    if (threadIdx.x < 3) {
-        const int zone = threadIdx.x;
-        const u64 first = r[zone];
-        if (first != NONE) {
-            const u64 zstart = zone == 0 ? 0 : (zone == 1 ? G : G + n), zlen = zone == 1 ? n : G;
-            const u64 m = zlen - first < 16 ? zlen - first : 16;
-            u64 lo = 0, hi = 0;
-            for (u64 i = 0; i < m; i++) {
-                const u64 b = p[zstart + first + i];
-                if (i < 8) lo |= b << (8 * i); else hi |= b << (8 * (i - 8));
-            }
-            r[9 + 2 * zone] = lo;
-            r[10 + 2 * zone] = hi;
-        }
-    }
-    __syncthreads();
-    if (!(flags & 2)) return;
-    for (int zone = 0; zone < 3; zone++) {
-        if (r[zone] == NONE) continue;
-        const u64 zstart = zone == 0 ? 0 : (zone == 1 ? G : G + n), zlen = zone == 1 ? n : G;
-        const unsigned char want = (unsigned char)(zone == 1 ? poison : canary);
-        for (u64 i = threadIdx.x; i < zlen; i += blockDim.x) p[zstart + i] = want;
-    }
-}
-"""
-
 
 class GuardError(IgnisError):
     """The guard cannot be installed as asked (too late, no extension, wrong backend, bad option)."""
@@ -236,247 +143,7 @@ def _validate_guard_args(o: dict[str, Any]) -> None:
 
 
 # -- the resource -----------------------------------------------------------------------------------
-class _Entry(_Guarded):
-    """The guard's record of one allocation, plus the streams ``record_stream`` named
-    and the sides already reported (a damaged guard is reported once)."""
-
-    __slots__ = ("rs", "reported")
-
-    def __init__(self, block: DeviceBlock, up: DeviceBlock, frames: tuple | None) -> None:
-        self.block = block
-        self.up = up
-        self.stack = frames
-        self.rs: set | None = None
-        self.reported: set | None = None
-
-    def stack_text(self) -> str | None:
-        if not self.stack:
-            return None
-        return format_frames(self.stack).rstrip()
-
-
-class _Slot:
-    """Buffers for one batch in flight: jobs and results, on the host and the device, and its event."""
-
-    __slots__ = ("jobs", "jobs_ptr", "jobs_dev", "res", "res_ptr", "res_dev", "event")
-
-
-class _Batch:
-    __slots__ = ("slot", "items", "stream")
-
-    def __init__(self, slot: _Slot, items: list, stream: Stream) -> None:
-        self.slot, self.items, self.stream = slot, items, stream
-
-
-class _Checker:
-    """Batches of guard checks for one guard: pending jobs per stream, batches in flight."""
-
-    def __init__(self, guard: "DeferredGuardResource") -> None:
-        self.g = guard
-        self.backend = guard._backend
-        self.device = guard.device
-        self.cuda = not self.backend.host_kernels  # compiled check kernels (else a host function over host views)
-        self.lock = threading.RLock()
-        self.pending: dict[Stream, list] = {}
-        self.inflight: deque[_Batch] = deque()
-        self.free_slots: list[_Slot] = []
-        self.all_slots: list[_Slot] = []
-        self.fn: Any = None
-        self.frees = 0
-        self.batches = 0
-        self.jobs = 0
-
-    # -- buffers -----------------------------------------------------------------
-    def _new_slot(self) -> _Slot:
-        s = _Slot()
-        b, dev = self.backend, self.device.ordinal
-        if self.cuda:
-            s.jobs_ptr = b.host_alloc(_CAP * _JOB_WORDS * 8)
-            s.res_ptr = b.host_alloc(_CAP * _RES_WORDS * 8)
-            s.jobs = np.ctypeslib.as_array((ctypes.c_uint64 * (_CAP * _JOB_WORDS)).from_address(s.jobs_ptr))
-            s.res = np.ctypeslib.as_array((ctypes.c_uint64 * (_CAP * _RES_WORDS)).from_address(s.res_ptr))
-            s.jobs_dev = b.mem_alloc(dev, _CAP * _JOB_WORDS * 8)
-            s.res_dev = b.mem_alloc(dev, _CAP * _RES_WORDS * 8)
-        else:
-            s.jobs = np.zeros(_CAP * _JOB_WORDS, np.uint64)
-            s.res = np.full(_CAP * _RES_WORDS, _NONE, np.uint64)
-            s.jobs_ptr = s.res_ptr = s.jobs_dev = s.res_dev = 0
-        s.event = b.event_create(dev)
-        self.all_slots.append(s)
-        return s
-
-    def _slot(self) -> _Slot:
-        if self.free_slots:
-            return self.free_slots.pop()
-        if self.inflight and self.backend.event_query(self.inflight[0].slot.event):
-            self._harvest(self.inflight.popleft())
-            return self.free_slots.pop()
-        if len(self.all_slots) < _MAX_SLOTS:
-            return self._new_slot()
-        b = self.inflight.popleft()
-        self.backend.event_synchronize(b.slot.event)
-        self._harvest(b)
-        return self.free_slots.pop()
-
-    def close(self) -> None:
-        """Give the buffers back (after the batches in flight finished)."""
-        with self.lock:
-            self.wait()
-            b, dev = self.backend, self.device.ordinal
-            for s in self.all_slots:
-                try:
-                    b.event_destroy(s.event)
-                    if self.cuda:
-                        b.mem_free(dev, s.jobs_dev)
-                        b.mem_free(dev, s.res_dev)
-                        b.host_free(s.jobs_ptr)
-                        b.host_free(s.res_ptr)
-                except Exception:
-                    pass
-            self.all_slots.clear()
-            self.free_slots.clear()
-
-    # -- jobs ----------------------------------------------------------------------
-    def add(self, stream: Stream, entry: _Entry, kind: str, when: str) -> None:
-        with self.lock:
-            lst = self.pending.get(stream)
-            if lst is None:
-                lst = self.pending[stream] = []
-            lst.append((entry, kind, when))
-            if len(lst) >= self.g.batch:
-                self.launch(stream)
-
-    def after_free(self) -> None:
-        self.frees += 1
-        if not self.frees & 15 and self.inflight:
-            self.poll()
-
-    def launch_all(self) -> None:
-        with self.lock:
-            for s in [s for s, lst in self.pending.items() if lst]:
-                self.launch(s)
-
-    def launch(self, stream: Stream) -> None:
-        """Queue the pending jobs of ``stream`` as one or more batches on it."""
-        with self.lock:
-            items = self.pending.pop(stream, None)
-            while items:
-                part, items = items[:_CAP], items[_CAP:]
-                self._launch(stream, part)
-
-    def _launch(self, stream: Stream, items: list) -> None:
-        g = self.g
-        slot = self._slot()
-        k = len(items)
-        G = g.canary_bytes
-        flat: list[int] = []
-        maxn = 0
-        for e, kind, _ in items:
-            n = e.block.requested
-            f = _FLAGS[kind]
-            flat += (e.up.ptr, n, f)
-            if f & _CHECK_USER and n > maxn:
-                maxn = n
-        slot.jobs[:3 * k] = flat
-        maxchunks = (maxn + 15) // 16
-        b = self.backend
-        try:
-            h = stream._check()
-            if self.cuda:
-                if self.fn is None:
-                    self.fn = b.kernel_compile(self.device.ordinal, _KERNEL, "ignis_guard_check")
-                b.memcpy_htod_async(slot.jobs_dev, slot.jobs_ptr, k * _JOB_WORDS * 8, h)
-                b.memset_d8_async(slot.res_dev, 0xFF, k * _RES_WORDS * 8, h)
-                gx = max(1, min(1024, (maxchunks + 2 * G // 16 + _THREADS - 1) // _THREADS))
-                args = (ctypes.c_uint64(slot.jobs_dev), ctypes.c_uint64(slot.res_dev), ctypes.c_uint64(G),
-                        ctypes.c_uint32(g.canary), ctypes.c_uint32(g.poison))
-                b.kernel_launch(self.fn, (gx, k, 1), (_THREADS, 1, 1), 0, h, (*args, ctypes.c_int32(0)))
-                b.kernel_launch(self.fn, (1, k, 1), (_THREADS, 1, 1), 0, h, (*args, ctypes.c_int32(1)))
-                b.memcpy_dtoh_async(slot.res_ptr, slot.res_dev, k * _RES_WORDS * 8, h)
-            else:
-                views = [(b.host_view(e.up.ptr, 2 * G + e.block.requested), e.block.requested, _FLAGS[kind])
-                         for e, kind, _ in items]
-                res = slot.res
-                canary, poison = g.canary, g.poison
-                b.kernel_launch(lambda: _host_check(views, res, G, canary, poison), (1, 1, 1), (1, 1, 1), 0, h, ())
-            b.event_record(slot.event, h)
-        except BaseException:
-            self.free_slots.append(slot)
-            # Blocks that were leaving the quarantine go back upstream unchecked, never lost.
-            for e, kind, _ in items:
-                if kind == EXIT:
-                    try:
-                        g._release_exit(e, formatted=False)
-                    except Exception:
-                        pass
-            raise
-        self.batches += 1
-        self.jobs += k
-        self.inflight.append(_Batch(slot, items, stream))
-        # The check is queued before any reuse (stream order; a reuse elsewhere waits on an
-        # event recorded after it): blocks leaving the quarantine can go back to the pool now.
-        exits = [e for e, kind, _ in items if kind == EXIT]
-        if exits:
-            g._release_exits(exits)
-
-    # -- results -------------------------------------------------------------------
-    def poll(self) -> None:
-        """Read every finished batch (no waiting)."""
-        with self.lock:
-            q = self.inflight
-            while q and self.backend.event_query(q[0].slot.event):
-                self._harvest(q.popleft())
-
-    def wait(self) -> None:
-        """Queue everything pending, wait for every batch and read it."""
-        with self.lock:
-            self.launch_all()
-            q = self.inflight
-            while q:
-                b = q.popleft()
-                self.backend.event_synchronize(b.slot.event)
-                self._harvest(b)
-
-    def _harvest(self, batch: _Batch) -> None:
-        slot = batch.slot
-        k = len(batch.items)
-        res = slot.res[:k * _RES_WORDS].reshape(k, _RES_WORDS)
-        try:
-            bad = np.flatnonzero((res[:, :3] != np.uint64(_NONE)).any(axis=1))
-            for i in bad.tolist():
-                e, kind, when = batch.items[i]
-                self.g._problems_from(e, kind, when, [int(x) for x in res[i]])
-        finally:
-            if not self.cuda:
-                res.fill(_NONE)
-            self.free_slots.append(slot)
-
-
-def _host_check(views: list, res: np.ndarray, G: int, canary: int, poison: int) -> None:
-    """The check kernel's two phases on the emulated backend (runs on the stream's worker)."""
-    for i, (v, n, flags) in enumerate(views):
-        r = res[i * _RES_WORDS:(i + 1) * _RES_WORDS]
-        zones = ((0, G, canary), (G, n, poison) if flags & _CHECK_USER else None, (G + n, G, canary))
-        for z, zone in enumerate(zones):
-            if zone is None or not zone[1]:
-                continue
-            start, length, want = zone
-            data = v[start:start + length]
-            bad = np.flatnonzero(data != want)
-            if not bad.size:
-                continue
-            first, last = int(bad[0]), int(bad[-1])
-            r[z] = first
-            r[3 + z] = ~np.uint64(last)
-            r[6 + z] = np.uint64(_NONE - int(bad.size))
-            sample = bytes(data[first:first + 16]) + bytes(16)
-            r[9 + 2 * z] = int.from_bytes(sample[:8], "little")
-            r[10 + 2 * z] = int.from_bytes(sample[8:16], "little")
-            if flags & _REPAIR:
-                data[:] = want
-
-
-class DeferredGuardResource(DebugGuardResource):
+class DeferredGuardResource(GuardCore, DebugGuardResource):
     """A ``DebugGuardResource`` whose checks run on the device in batches, for
     frameworks' allocators: ``allocate`` and ``deallocate`` never wait for the
     device. Problems go to ``on_problem(err)`` (default: kept in ``found``);
@@ -484,7 +151,11 @@ class DeferredGuardResource(DebugGuardResource):
     problems found since the previous ``check()`` / ``flush()``.
 
     Options beyond the guard's: ``batch`` (jobs per check batch on a stream),
-    ``stack_depth`` (user frames kept per allocation)."""
+    ``stack_depth`` (user frames kept per allocation).
+
+    ``allocate``, ``free_fast`` (a framework's free, its common case) and the return of
+    blocks whose checks are queued are compiled (``GuardCore``, ``_guard_fast.pyx``);
+    the methods here are the rest, and the slow cases those call back into."""
 
     def __init__(self, upstream: Any, *, batch: int = 64, stack_depth: int = 6, **guard_options: Any) -> None:
         super().__init__(upstream, **guard_options)
@@ -500,47 +171,9 @@ class DeferredGuardResource(DebugGuardResource):
         self._held_exit: dict[int, _Entry] = {}  # left the quarantine, check queued, not yet upstream
         self._rs_event = 0
         self._checker = _Checker(self)
+        self._state = self.device.state  # its generation moves when the context is rebuilt
         self.reused = 0
         self.formatted_fresh = 0
-
-    # -- allocate / deallocate ---------------------------------------------------------
-    def allocate(self, nbytes: int, stream: Stream | None = None, tag: str = UNTAGGED,
-                 frames: tuple | None = None) -> DeviceBlock:
-        """A LIVE block of ``nbytes`` poisoned bytes between two canary guards.
-        ``frames``: the allocation site, if the caller captured it already."""
-        if stream is None:
-            stream = self.device.default_stream
-        if type(nbytes) is not int or nbytes <= 0 or type(stream) is not Stream:
-            check_request(nbytes, stream)
-        if self._closed:
-            self._check_alive()
-        if frames is None and self.capture_stacks:
-            frames = capture_frames(2, self.stack_depth)
-        g = self.canary_bytes
-        try:
-            up = self.upstream.allocate(nbytes + 2 * g, stream, tag)
-        except MemoryError:
-            up = self._after_oom(nbytes + 2 * g, stream, tag)
-        fmt = self._formatted.pop(up.ptr, None) if self._formatted else None
-        impl = up._impl
-        if fmt is not None and fmt[0] is impl and fmt[1] == impl.size and fmt[2] == nbytes:
-            self.reused += 1
-        else:
-            self._format(up, nbytes)
-            self.formatted_fresh += 1
-        ptr = up.ptr + g
-        block = DeviceBlock(ptr, up.alloc_stream, nbytes, nbytes, tag, _next_generation())
-        block._ws = None  # its hazard record is the upstream block's (memory.resource)
-        block._impl = entry = _Entry(block, up, frames)
-        lock = self._lock
-        lock.acquire()
-        self._live[ptr] = entry
-        self._live_bytes += nbytes
-        lock.release()
-        rec = _history.recorder
-        if rec is not None:
-            rec("alloc", self, block.ptr, nbytes, block.alloc_stream, block)
-        return block
 
     def _after_oom(self, nbytes: int, stream: Stream, tag: str) -> DeviceBlock:
         """The upstream ran out: empty the quarantine (its checks queued, then waited
@@ -612,107 +245,12 @@ class DeferredGuardResource(DebugGuardResource):
             ck.add(self._stream_of(e), e, EXIT, "when its memory left the quarantine")
         ck.after_free()
 
-    def free_fast(self, block: DeviceBlock, poisoned: bool = False) -> None:
-        """``deallocate`` of a framework's tensor, its common case in few steps: no
-        record_stream streams, no tracked use, its stream open, the quarantine on.
-        ``poisoned``: the caller queued the poison already (the C entry point)."""
-        e = block._impl
-        up = e.up
-        s = up.alloc_stream
-        n = block.requested
-        held = n + 2 * self.canary_bytes
-        ptr = block.ptr
-        if (type(e) is not _Entry or e.rs is not None or s._closed or self._closed or held > self.quarantine_bytes
-                or not self.quarantine_count or self._generation != self.device.state.generation
-                or up._ws is not s or up._we or up._rd is not None or self._live.get(ptr) is not e):
-            self.deallocate(block, foreign=True)
-            return
-        evicted = None
-        with self._lock:
-            if self._live.pop(ptr, None) is not e:  # another thread freed it meanwhile
-                self._live[ptr] = e
-                raise self._double(block)
-            self._live_bytes -= n
-            q = self._quarantine
-            q[ptr] = e
-            self._quarantined_bytes += held
-            if len(q) > self.quarantine_count or self._quarantined_bytes > self.quarantine_bytes:
-                evicted = self._take_quarantine(self._overflow())
-                hx = self._held_exit
-                for x in evicted:
-                    hx[x.block.ptr] = x
-        block.state = _QUARANTINED
-        if not poisoned:
-            self._backend.memset_d8_async(ptr, self.poison, n, s.handle)
-        rec = _history.recorder
-        if rec is not None:
-            rec("free_requested", self, ptr, n, s, block)
-        ck = self._checker
-        batch = self.batch
-        with ck.lock:
-            pend = ck.pending
-            lst = pend.get(s)
-            if lst is None:
-                lst = pend[s] = []
-            lst.append((e, FREE, "on free"))
-            if evicted:
-                for x in evicted:
-                    xs = x.up.alloc_stream
-                    if xs._closed:
-                        xs = self._stream_of(x)
-                    l2 = pend.get(xs)
-                    if l2 is None:
-                        l2 = pend[xs] = []
-                    l2.append((x, EXIT, _LEFT))
-                    if xs is not s and len(l2) >= batch:
-                        ck.launch(xs)
-            if len(lst) >= batch:
-                ck.launch(s)
-            ck.frees += 1
-            if not ck.frees & 15 and ck.inflight:
-                ck.poll()
-
     def _double(self, block: DeviceBlock) -> Exception:
         try:
             self._check_dealloc(block, self._live)
         except Exception as exc:  # noqa: BLE001 - the error to raise
             return exc
         return RuntimeError(f"block {block.ptr:#x} could not be freed")
-
-    def _release_exits(self, entries: list) -> None:
-        """Blocks leaving the quarantine whose check (and repair) is queued: back to the
-        pool now, each marked as intact for a reuse of the same size."""
-        with self._lock:
-            hx = self._held_exit
-            for e in entries:
-                hx.pop(e.block.ptr, None)
-        dealloc = self.upstream.deallocate
-        fmt = self._formatted if self._reuse else None
-        if fmt is not None and len(fmt) > 1 << 16:
-            fmt.clear()
-        rec = _history.recorder
-        failure: BaseException | None = None
-        for e in entries:
-            up = e.up
-            b = e.block
-            try:
-                if up.state is _LIVE_STATE:
-                    dealloc(up)
-            except BaseException as exc:  # the upstream refused it: keep it (counted) for a later flush
-                with self._lock:
-                    self._quarantine[b.ptr] = e
-                    self._quarantined_bytes += self._held(e)
-                failure = failure or exc
-                continue
-            b.state = _FREED
-            if rec is not None:
-                rec("free_completed", self, b.ptr, b.requested, b.alloc_stream, b)
-            if fmt is not None:
-                impl = up._impl
-                if impl is not None:
-                    fmt[up.ptr] = (impl, impl.size, b.requested)
-        if failure is not None:
-            raise failure
 
     def _release_exit(self, e: _Entry, *, formatted: bool) -> None:
         """A block leaving the quarantine whose check is queued: back to the pool now."""
@@ -914,31 +452,6 @@ def _noun(tag: str) -> str:
 _LEGACY = 1  # CU_STREAM_LEGACY: what PyTorch's and CuPy's default stream handle 0 means
 
 
-class _State:
-    def __init__(self) -> None:
-        self.opts: dict[str, Any] | None = None
-        self.lock = threading.RLock()
-        self.guards: dict[int, DeferredGuardResource] = {}
-        self.streams: dict[tuple[int, int], Stream] = {}
-        self.blocks: dict[int, DeviceBlock] = {}
-        self.torch = False
-        self.cupy = False
-        self.lib: Any = None
-        self.problems: list[IgnisError] = []
-        self.groups: dict[tuple, IgnisError] = {}
-        self.tls = threading.local()
-        self.deferred: list[tuple] = []
-        self.last_live = 0.0
-        self.atexit = False
-        self.hooks: list = []
-        self.saved: dict[str, Any] = {}
-        self.rs_ptrs: set[int] = set()   # live blocks that record_stream named another stream for
-        self.tag = "torch"
-
-
-_s = _State()
-
-
 def _configure(opts: dict[str, Any]) -> dict[str, Any]:
     with _s.lock:
         if _s.opts is None:
@@ -1000,70 +513,6 @@ def _stream(device: int, handle: int, owner: Any = None) -> Stream:
         s = Stream.from_handle(handle, dev, owner=owner)
     _s.streams[key] = s
     return s
-
-
-# -- the allocator entry points (called by ignis_torch_alloc / ignis_torch_free and by CuPy's) -----
-def _alloc(size: int, device: int, handle: int, tag: str | None = None, owner: Any = None) -> int:
-    tls = _s.tls
-    tls.busy = True
-    try:
-        g = _s.guards.get(device)
-        if g is None:
-            g = guard_resource(device)
-        s = _s.streams.get((device, handle))
-        if s is None:
-            s = _stream(device, handle, owner)
-        blk = g.allocate(size, s, tag or _s.tag, _capture(g.stack_depth) if g.capture_stacks else ())
-        _s.blocks[blk.ptr] = blk
-        chk = _ord.checker
-        if chk is not None and hasattr(chk, "extent_allocated"):
-            chk.extent_allocated(blk.ptr, handle)  # the framework's own handle: its ops use the same
-        return blk.ptr
-    except BaseException as e:
-        # The framework sees only a failed allocation: say why here.
-        print(f"ignis guard: allocating {size} bytes on device {device} failed: {type(e).__name__}: {e}",
-              file=sys.stderr)
-        raise
-    finally:
-        tls.busy = False
-        if _s.deferred:
-            _drain_deferred()
-
-
-def _free(ptr: int, size: int, device: int, handle: int, poisoned: bool = False) -> None:
-    tls = _s.tls
-    if getattr(tls, "busy", False):  # a free from inside the allocator (the garbage collector): later
-        _s.deferred.append((ptr, size, device, handle, poisoned))
-        return
-    tls.busy = True
-    try:
-        blk = _s.blocks.pop(ptr, None)
-        if blk is None:
-            return  # not ours (allocated before the guard was installed)
-        if _s.rs_ptrs:
-            _s.rs_ptrs.discard(ptr)
-        g = _s.guards.get(device)
-        if g is None:  # its context was rebuilt and its guard dropped: nothing to check
-            return
-        chk = _ord.checker
-        if chk is not None and hasattr(chk, "extent_freed"):
-            chk.extent_freed(ptr)
-        g.free_fast(blk, poisoned)
-    finally:
-        tls.busy = False
-        if _s.deferred:
-            _drain_deferred()
-
-
-def _drain_deferred() -> None:
-    while _s.deferred:
-        try:
-            args = _s.deferred.pop(0)
-        except IndexError:
-            return
-        _free(*args)
-
-
 
 
 def _on_sync(*_args: Any) -> None:
@@ -1221,19 +670,6 @@ def note_record_stream(ptr: int, handle: int, device: int | None = None) -> bool
 
 
 # -- PyTorch ---------------------------------------------------------------------------------------
-def _speedups() -> Any:
-    try:
-        from .. import _speedups as mod
-    except ImportError as e:
-        raise GuardError("the guard as PyTorch's allocator needs Ignis's compiled extension ignis._speedups, which "
-                         "is not built here: install with a C compiler, or from a checkout run "
-                         "`python3 setup.py build_ext --inplace`") from e
-    if not hasattr(mod, "torch_guard_bind"):
-        raise GuardError("ignis._speedups is older than this Ignis (no torch_guard_bind): rebuild it "
-                         "(`python3 setup.py build_ext --inplace`)")
-    return mod
-
-
 def use_guard(**options: Any) -> None:
     """Install Ignis's debug guard as PyTorch's CUDA allocator (and nothing else).
 
@@ -1262,7 +698,7 @@ def use_guard(**options: Any) -> None:
         if not get_backend().cuda_driver:
             raise GuardError(f"the guard under PyTorch needs Ignis's cuda backend (the active backend is "
                              f"{get_backend().name}); unset IGNIS_BACKEND or set it to cuda")
-        mod = _speedups()
+        mod = _fast
         mod.torch_guard_bind(_alloc, _free)
         alloc = torch.cuda.memory.CUDAPluggableAllocator(mod.__file__, "ignis_torch_alloc", "ignis_torch_free")
         try:
@@ -1455,12 +891,8 @@ def _reset() -> None:
     _remove_finders()
     with _s.lock:
         if not _s.torch:
-            try:
-                from .. import _speedups as mod
-                mod.torch_guard_bind(None, None)
-                mod.torch_guard_poison(0, 0, -1, None, None)
-            except (ImportError, AttributeError):
-                pass
+            _fast.torch_guard_bind(None, None)
+            _fast.torch_guard_poison(0, 0, -1, None, None)
         for ordinal, g in list(_s.guards.items()):
             try:
                 g.close()
@@ -1510,3 +942,6 @@ def install_on_import(*, torch: bool = True, cupy: bool = True, **options: Any) 
     if wanted:
         sys.meta_path.insert(0, _AfterImport(wanted))
     return now
+
+
+_fast._setup(guard_resource, _stream)  # the compiled front end's slow paths
