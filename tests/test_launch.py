@@ -27,6 +27,7 @@ import pytest
 
 import ignis as ig
 from ignis.backends.emulated import EmulatedBackend
+from ignis.backends.faults import FaultInjectingBackend
 from ignis.errors import DriverError
 from ignis.runtime.kernel import SCALAR_CTYPES, driver_calls
 
@@ -152,6 +153,7 @@ class DirectStub(EmulatedBackend):
     ``kernel_launch`` (the backend's path) records its arguments and queues nothing."""
 
     name = "stub-cuda"
+    host_kernels = False  # launches compiled kernels, as the cuda backend does
 
     def __init__(self) -> None:
         super().__init__(devices=1, memory="64MiB")
@@ -177,7 +179,8 @@ class DirectStub(EmulatedBackend):
         return self.status
 
     def tracking_calls(self):
-        return {"streams": self.table, "events": {}, "current": self.cur, "faults": self._faults,
+        return {"streams": self.table, "events": {}, "current": self.cur, "off": (self._fast_off, self._trace),
+                "launch_off": (self._fast_off,),
                 "raw": (0, 0, ctypes.cast(self._raw, ctypes.c_void_p).value)}
 
     def stream_create(self, ordinal: int, priority: int = 0) -> int:
@@ -190,8 +193,6 @@ class DirectStub(EmulatedBackend):
         return _Fn(0xF00D0)
 
     def kernel_launch(self, function, grid, block, shared_mem, stream, params=()):
-        if self._faults:
-            self._fault("kernel_launch")
         self.via_backend.append((function, grid, block, shared_mem, stream, [bytes(p) for p in params]))
         if self.status:
             raise DriverError(self.status, "CUDA_ERROR_INVALID_VALUE", "cuLaunchKernel", "refused (stub)")
@@ -202,18 +203,20 @@ _STUB: list[DirectStub] = []  # one for the module (each backend keeps a stream 
 
 @pytest.fixture
 def stub():
-    """The process's backend is a ``DirectStub`` for the test, with nothing recorded yet."""
+    """The process's backend is a ``DirectStub`` for the test (inside the fault-injecting
+    wrapper, as every backend in the tests), with nothing recorded yet; yields the stub."""
     if not _STUB:
-        _STUB.append(DirectStub())
-    be = _STUB[0]
+        _STUB.append(FaultInjectingBackend(DirectStub()))
+    wrapper = _STUB[0]
+    be = wrapper.inner
     be.reset()
     prev = ig.get_backend()
-    ig.set_backend(be)
+    ig.set_backend(wrapper)
     try:
         yield be
     finally:
         ig.Device(0).synchronize()
-        be.clear_faults()
+        wrapper.clear_faults()
         ig.set_backend(prev)
 
 
@@ -269,7 +272,7 @@ def test_armed_fault_takes_the_backend_path(stub):
     k = _kernel("int64", name="faulty")
     x = ig.empty(8)
     before = _launches()
-    stub.inject_fault("kernel_launch")
+    ig.get_backend().inject_fault("kernel_launch")  # on the wrapper in use
     with pytest.raises(DriverError, match="injected fault"):
         ig.launch(k, 1, 1, x, 3)
     assert _launches() == before and stub.direct == []
@@ -281,13 +284,14 @@ def test_a_kernel_launch_on_the_instance_sees_every_launch(stub):
     k = _kernel("int64", name="listened")
     x = ig.empty(8)
     seen = []
-    stub.kernel_launch = lambda *a: seen.append(a)
+    be = ig.get_backend()  # the backend in use (the wrapper)
+    be.kernel_launch = lambda *a: seen.append(a)
     try:
         before = _launches()
         ig.launch(k, 1, 1, x, 3)
         ig.kernels.fill(x, 2.0)
     finally:
-        del stub.kernel_launch
+        del be.kernel_launch
     assert _launches() == before and stub.direct == [] and len(seen) == 2
     assert [bytes(p) for p in seen[0][5]] == [bytes(p) for p in k.marshal(x, 3)]
 

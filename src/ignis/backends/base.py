@@ -231,10 +231,12 @@ class Backend:
         tracking calls the methods on the instance, launches ``kernel_launch``); and under
         ``"off"`` the containers (changed in place, never replaced) that keep a direct path
         off while any of them is non-empty: the trace listeners (a direct call emits nothing)
-        and the fork marker (a wrapper adds its own, such as armed faults)."""
+        and the fork marker (a wrapper adds its own, such as armed faults); under
+        ``"launch_off"`` those that keep the direct launch off (launches are not traced)."""
         cls = type(self)
         return {"record": functools.partial(cls.event_record, self),
-                "wait": functools.partial(cls.stream_wait_event, self), "off": (self._fast_off, self._trace)}
+                "wait": functools.partial(cls.stream_wait_event, self), "off": (self._fast_off, self._trace),
+                "launch_off": (self._fast_off,)}  # launches are not traced: listeners do not turn it off
 
     def _unsupported(self, what: str, hint: str = "") -> UnsupportedError:
         return UnsupportedError(what, self.name, hint)

@@ -277,7 +277,8 @@ class CudaBackend(CudaVmm, Backend):
                 addrs.append(0)
         raw = tuple(addrs)
         return {"streams": self._streams, "events": self._events, "current": self._cur,
-                "record": cu.cuEventRecord, "wait": cu.cuStreamWaitEvent, "off": (self._fast_off, self._trace), "raw": raw}
+                "record": cu.cuEventRecord, "wait": cu.cuStreamWaitEvent, "off": (self._fast_off, self._trace),
+                "launch_off": (self._fast_off,), "raw": raw}
 
     # -- contexts ----------------------------------------------------------
     def _retain(self, ordinal: int) -> _Device:

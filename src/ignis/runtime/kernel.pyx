@@ -95,7 +95,7 @@ cdef class _Launcher:
     cdef object backend
     cdef dict streams
     cdef object cur
-    cdef tuple off  # trace listeners, armed faults, a fork marker: while any is non-empty, the backend's path
+    cdef tuple off  # armed faults, a fork marker: while any is non-empty, the backend's path
     cdef dict own  # the backend's instance dict: a ``kernel_launch`` there takes the backend's path
     cdef _launch_fn raw
 
@@ -129,7 +129,7 @@ cdef _Launcher _bind(object backend):
         if addr:
             q.streams = calls["streams"]
             q.cur = calls["current"]
-            q.off = tuple(calls.get("off") or ())
+            q.off = tuple(calls.get("launch_off") or ())  # launches are not traced: only faults, a fork
             q.own = own
             q.raw = <_launch_fn>addr
     _bound = q
