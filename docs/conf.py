@@ -20,8 +20,10 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
 
-# Document the source tree next to this file, whatever is installed.
-sys.path.insert(0, str(ROOT / "src"))
+# Document the source tree next to this file where it is built in place (its compiled
+# modules are there); else the installed ignis (a fresh clone installed with pip).
+if any((ROOT / "src" / "ignis" / "memory").glob("pool.*.so")) or any((ROOT / "src" / "ignis" / "memory").glob("pool.*.pyd")):
+    sys.path.insert(0, str(ROOT / "src"))
 sys.path.insert(0, str(HERE / "_ext"))
 # Importing ignis must not probe for a GPU, and must not switch checks on.
 os.environ["IGNIS_BACKEND"] = "emulated"

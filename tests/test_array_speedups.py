@@ -17,7 +17,7 @@ import numpy as np
 import pytest
 
 import ignis as ig
-from helpers import current_resource, python_calls
+from helpers import IMPORT_ROOT, current_resource, python_calls
 from ignis import dtypes as D
 from ignis.array import nvarray as _nv
 from ignis.memory import DeviceMemoryResource
@@ -346,8 +346,6 @@ a.free()
 print("ok")
 """
     env = dict(os.environ, IGNIS_BACKEND=ig.get_backend().name)
-    # the ignis this process imported (a source tree built in place, or the installed package)
-    here = os.path.dirname(os.path.dirname(os.path.abspath(ig.__file__)))
-    env["PYTHONPATH"] = here + os.pathsep + env.get("PYTHONPATH", "")
+    env["PYTHONPATH"] = IMPORT_ROOT + os.pathsep + env.get("PYTHONPATH", "")
     p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=120)
     assert p.returncode == 0 and "ok" in p.stdout, p.stderr[-2000:]

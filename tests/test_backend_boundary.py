@@ -24,9 +24,7 @@ from pathlib import Path
 
 import pytest
 
-import ignis
-
-SRC = Path(ignis.__file__).parent
+SRC = Path(__file__).resolve().parents[1] / "src" / "ignis"  # the source text (the .pyx files too)
 BACKEND_NAMES = {"cuda", "emulated"}
 BACKEND_CLASSES = {"EmulatedBackend", "CudaBackend", "EmulatedVmm", "CudaVmm"}
 BACKEND_MODULES = {"emulated", "cuda", "vmm_emulated", "vmm_cuda"}

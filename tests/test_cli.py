@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 
 import ignis as ig
+from helpers import IMPORT_ROOT
 from ignis.cli import main
 
 SRC = Path(__file__).resolve().parents[1] / "src"
@@ -20,7 +21,7 @@ SMALL_PROBE = ["--size-mib", "4", "--repeats", "2"]
 
 def run_module(*args: str) -> subprocess.CompletedProcess:
     env = dict(os.environ)
-    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(SRC), env.get("PYTHONPATH")) if p)
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (IMPORT_ROOT, env.get("PYTHONPATH")) if p)
     return subprocess.run([sys.executable, "-m", "ignis", *args], env=env, capture_output=True,
                           text=True, timeout=300)
 
@@ -198,7 +199,7 @@ def test_console_script_entry_point():
     module, func = target.split(":")
     assert getattr(importlib.import_module(module), func) is main
     env = dict(os.environ)
-    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(SRC), env.get("PYTHONPATH")) if p)
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (IMPORT_ROOT, env.get("PYTHONPATH")) if p)
     code = f"import sys; from {module} import {func}; sys.exit({func}())"
     p = subprocess.run([sys.executable, "-c", code, "run", "--help"], env=env, capture_output=True, text=True,
                        timeout=120)

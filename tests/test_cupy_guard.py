@@ -18,7 +18,7 @@ import pytest
 
 import ignis as ig
 import ignis.cupy
-from helpers import read, write
+from helpers import IMPORT_ROOT, read, write
 from ignis.torch import _guard as tg
 
 G, POISON = 256, 0xA5
@@ -95,7 +95,7 @@ def test_use_guard_needs_the_cuda_backend(monkeypatch, streams):
 
 def test_the_package_imports_neither_framework():
     code = "import sys, ignis.cupy, ignis.torch._guard; print('cupy' in sys.modules, 'torch' in sys.modules)"
-    env = dict(os.environ, PYTHONPATH=os.path.join(os.path.dirname(os.path.dirname(__file__)), "src"))
+    env = dict(os.environ, PYTHONPATH=IMPORT_ROOT)
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=120)
     assert r.returncode == 0, r.stderr
     assert r.stdout.split() == ["False", "False"]

@@ -20,12 +20,11 @@ from pathlib import Path
 
 import pytest
 
-import ignis as ig
+from helpers import IMPORT_ROOT
 
 ROOT = Path(__file__).resolve().parents[1]
 DOCS = ROOT / "docs"
 GUIDE = sorted((DOCS / "guide").glob("*.rst"))
-IMPORT_ROOT = str(Path(ig.__file__).resolve().parents[1])  # the ignis this test imports
 
 _BLOCK = re.compile(r"^\.\. code-block:: python\n((?:   :[^\n]*\n)*)\n((?:(?:   [^\n]*)?\n)+)", re.M)
 

@@ -15,6 +15,7 @@ from typing import Any, Callable
 import numpy as np
 import pytest
 
+from helpers import IMPORT_ROOT
 from ignis.backends.base import CU_STATUS, OPS
 from ignis.backends.emulated import ALIGNMENT, EmulatedBackend
 from ignis.backends.faults import FaultInjectingBackend
@@ -797,8 +798,7 @@ def test_interpreter_exit_with_busy_streams_does_not_hang():
         "print('ok')\n"
     )
     import os
-    src = os.path.join(os.path.dirname(__file__), os.pardir, "src")
-    env = {**os.environ, "PYTHONPATH": os.path.abspath(src)}
+    env = {**os.environ, "PYTHONPATH": IMPORT_ROOT}
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                          timeout=20, env=env)
     assert out.returncode == 0, out.stderr

@@ -12,6 +12,7 @@ import sys
 
 import pytest
 
+from helpers import IMPORT_ROOT
 from ignis.backends import get_backend
 
 SCRIPT = r"""
@@ -63,8 +64,7 @@ def _consumer() -> str:
 def test_exit_with_exported_tensors_still_held(pure):
     consumer = _consumer()
     env = dict(os.environ, IGNIS_PURE_PYTHON=pure, IGNIS_BACKEND=get_backend().name)
-    src = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "src")
-    env["PYTHONPATH"] = src + os.pathsep + env.get("PYTHONPATH", "")
+    env["PYTHONPATH"] = IMPORT_ROOT + os.pathsep + env.get("PYTHONPATH", "")
     p = subprocess.run([sys.executable, "-X", "faulthandler", "-c", SCRIPT, consumer], capture_output=True,
                        text=True, env=env, timeout=120)
     assert p.returncode == 0 and "ready" in p.stdout, (p.returncode, p.stderr[-3000:])

@@ -9,7 +9,7 @@ import textwrap
 
 import pytest
 
-SRC = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "src")
+from helpers import IMPORT_ROOT
 
 RACY = """
 import ignis as ig
@@ -54,7 +54,7 @@ print("script done")
 def run(tmp_path, body: str, *flags: str, env: dict | None = None) -> subprocess.CompletedProcess:
     script = tmp_path / "script.py"
     script.write_text(textwrap.dedent(body))
-    env = dict(os.environ, PYTHONPATH=SRC + os.pathsep + env_path(), **(env or {}))
+    env = dict(os.environ, PYTHONPATH=IMPORT_ROOT + os.pathsep + env_path(), **(env or {}))
     return subprocess.run([sys.executable, "-m", "ignis", "run", *flags, str(script), "--flag"],
                           capture_output=True, text=True, env=env, timeout=120)
 

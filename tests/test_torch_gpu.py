@@ -22,7 +22,7 @@ pytest.importorskip("torch", reason="PyTorch is not installed (the ignis[torch] 
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 ZOO = os.path.join(ROOT, "tests", "torch_zoo")
-SRC = os.path.join(ROOT, "src")
+from helpers import IMPORT_ROOT  # noqa: E402
 
 # program -> [(kind, a line of the earlier access's stack, a line of the later access's stack)]
 BUGS = {
@@ -38,7 +38,7 @@ CORRECT = sorted(f for f in os.listdir(ZOO) if f.startswith("ok_"))
 
 
 def run_zoo(program: str) -> subprocess.CompletedProcess:
-    env = dict(os.environ, PYTHONPATH=SRC + os.pathsep + os.environ.get("PYTHONPATH", ""), IGNIS_BACKEND="cuda")
+    env = dict(os.environ, PYTHONPATH=IMPORT_ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""), IGNIS_BACKEND="cuda")
     t = time.perf_counter()
     p = subprocess.run([sys.executable, "-m", "ignis", "run", "--sanitize", os.path.join(ZOO, program)],
                        capture_output=True, text=True, env=env, timeout=300, cwd=ZOO)

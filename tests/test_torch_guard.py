@@ -25,14 +25,13 @@ import weakref
 import pytest
 
 import ignis as ig
-from helpers import read, sleep_on, write
+from helpers import IMPORT_ROOT, read, sleep_on, write
 from ignis.telemetry._torch import guard_memory_stats
 from ignis.torch import _guard as tg
 from ignis.torch import _guard_fast as _fast
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ZOO = os.path.join(HERE, "guard_zoo")
-SRC = os.path.join(os.path.dirname(HERE), "src")
 G, POISON, CANARY = 256, 0xA5, 0xFD
 
 
@@ -635,7 +634,7 @@ def test_use_guard_too_late_is_a_clear_error(monkeypatch):
 
 def _wrapper(*args: str, script: str, env_extra: dict | None = None) -> subprocess.CompletedProcess:
     """``ignis run [flags] script`` in a child process (the unmodified program, as a user runs it)."""
-    env = dict(os.environ, PYTHONPATH=SRC + os.pathsep + os.environ.get("PYTHONPATH", ""), PYTHONUNBUFFERED="1")
+    env = dict(os.environ, PYTHONPATH=IMPORT_ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""), PYTHONUNBUFFERED="1")
     env.update(env_extra or {})
     return subprocess.run([sys.executable, "-m", "ignis", "run", *args, script],
                           capture_output=True, text=True, env=env, timeout=240)

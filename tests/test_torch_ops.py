@@ -23,7 +23,7 @@ from ignis.torch._frontend import TorchFrontEnd, _item, _pattern  # noqa: E402
 from ignis.torch._ops import classify  # noqa: E402
 
 A = torch.ops.aten
-SRC = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "src")
+from helpers import IMPORT_ROOT  # noqa: E402
 
 
 def spec(op):
@@ -273,7 +273,7 @@ def test_importing_ignis_torch_imports_nothing_and_costs_nothing():
             "import torch; from torch.utils._python_dispatch import _get_current_dispatch_mode;"
             "print(_get_current_dispatch_mode())")
     p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
-                       env=dict(os.environ, PYTHONPATH=SRC, IGNIS_BACKEND="emulated"))
+                       env=dict(os.environ, PYTHONPATH=IMPORT_ROOT, IGNIS_BACKEND="emulated"))
     assert p.returncode == 0, p.stderr
     assert p.stdout.split() == ["False", "False", "None"]
 

@@ -9,11 +9,17 @@ from __future__ import annotations
 import sys
 import time
 from contextlib import contextmanager
+from pathlib import Path
 
 import numpy as np
 
 import ignis as ig
 from ignis.memory import PinnedBuffer, PinnedHostResource
+
+# Where the ignis these tests import lives (the source tree built in place, or the installed
+# package): what a child process puts first on PYTHONPATH to import the same ignis. The
+# source tree of a fresh clone installed with pip has no compiled modules.
+IMPORT_ROOT = str(Path(ig.__file__).resolve().parents[1])
 
 _pools: dict[int, PinnedHostResource] = {}
 
