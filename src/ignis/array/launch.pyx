@@ -7,10 +7,8 @@ their arrays. Then ``prepare_block_use`` for each array (waits under ``auto``
 ordering, sanitizer checks on the declared ranges), the launch, and
 ``finish_block_use``.
 
-Compiled: the preflight, the clean-on-stream test and the tracked uses run
-here without Python frames; a use of a tracked block goes to its resource's
-``prepare_block_use`` / ``finish_block_use`` directly (the preflight made the
-checks ``NvArray._begin`` would repeat); the launch itself is ``Kernel``'s
+Compiled: the preflight runs here without Python frames, each tracked use is
+the array's own (``ignis/array/tracking.pyx``, called as C); the launch itself is ``Kernel``'s
 (``ignis.runtime.kernel``: the packed parameters, straight to the driver on
 the cuda backend's common case). The emulated backend runs ``host_impl``
 through its ``kernel_launch``, as before.
@@ -21,23 +19,20 @@ from __future__ import annotations
 from typing import Any, Callable, Sequence
 
 from ..errors import OutOfBoundsError, StreamMisuseError, UnsupportedError
-from ..memory import ordering as _ord
 from ..runtime import current as _rt_current
 from ..runtime.kernel import RawPtr
 from .nvarray import NvArray
 
-from ignis.memory.block cimport DeviceBlock
+from ignis.array.tracking cimport begin_use, end_use
 from ignis.runtime.kernel cimport Kernel
 from ignis.runtime.stream cimport Stream
 
 __all__ = ["launch"]
 
-# Read on every launch: the ordering module's hooks (``checker`` changes at any time), the
-# override count of ``with stream:`` / ``set_device`` (a list mutated in place), the classes.
-cdef dict _ORD = _ord.__dict__
+# Read on every launch: the override count of ``with stream:`` / ``set_device`` (a list
+# mutated in place), the array class.
 cdef list _OVERRIDES = _rt_current.overrides
 cdef object _NvArray = NvArray
-cdef object _DeviceBlock = DeviceBlock
 
 
 def _dim3(x: Any, what: str) -> tuple[int, int, int]:
@@ -133,12 +128,10 @@ def launch(kernel: Kernel, grid: Any, block: Any, *args: Any, stream: Stream | N
     """
     cdef Kernel k
     cdef Stream s
-    cdef DeviceBlock bl
     cdef tuple plan, ent
     cdef list ranges = None
     cdef list pending = None
     cdef Py_ssize_t i, j, nplan
-    cdef bint fast
     if not isinstance(kernel, Kernel):
         raise TypeError(f"launch expects an ignis.Kernel, got {type(kernel).__name__}")
     k = <Kernel>kernel
@@ -187,27 +180,16 @@ def launch(kernel: Kernel, grid: Any, block: Any, *args: Any, stream: Stream | N
     if s._closed or s._generation != state.generation or not state.accepting_ops:
         s._check()  # raises: a closed or stale stream's handle must not reach the driver
     backend = device.backend
-    # A use of a block that is clean on ``s`` (ignis.memory.resource, "Clean") needs no
-    # prepare / finish while the sanitizer is off: the common same-stream launch.
-    fast = _ORD["checker"] is None
+    # Each array's tracked use (ignis/array/tracking.pyx): a use clean on ``s`` costs
+    # nothing while the sanitizer is off, the common same-stream launch.
     try:
         for j in range(nplan):
             ent = <tuple>plan[j]
-            arr = args[ent[0]]
-            blk = arr._block
-            if type(blk) is _DeviceBlock:
-                bl = <DeviceBlock>blk
-                if fast and bl._ws is s and not bl._we and bl._rd is None:
-                    continue
-            acc = ent[1]
             if ranges is not None and ranges[j] is not None:
                 lo, nb = ranges[j]
             else:
-                lo, nb = 0, arr.nbytes
-            if blk is not None:  # a tracked block (the preflight refused any other), checked live there
-                arr._mr.prepare_block_use(blk, s, acc, None if fast else (arr._ptr - blk.ptr + lo, nb, k.name))
-            else:  # no block (foreign memory, an empty array): the array's own checks
-                arr._begin(s, acc, k.name, lo, nb)
+                lo, nb = 0, -1
+            begin_use(args[ent[0]], s, ent[1], k.name, lo, nb)
             if pending is None:
                 pending = []
             pending.append(ent)
@@ -218,15 +200,7 @@ def launch(kernel: Kernel, grid: Any, block: Any, *args: Any, stream: Stream | N
     finally:
         if pending is not None:
             for ent in pending:
-                arr = args[ent[0]]
-                blk = arr._block
-                if blk is None:
-                    continue  # nothing was begun on a block
-                if type(blk) is _DeviceBlock:
-                    bl = <DeviceBlock>blk
-                    if bl._ws is s and not bl._we and bl._rd is None:
-                        continue  # clean on this stream: nothing to record
-                arr._mr.finish_block_use(blk, s, ent[1])
+                end_use(args[ent[0]], s, ent[1])
 
 
 def _host_call(kernel: Kernel, backend: Any, args: Sequence[Any]) -> Callable[[], None]:
