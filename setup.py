@@ -18,6 +18,7 @@ CYTHON_MODULES = [
     "ignis.memory.pool",
     "ignis.memory.guard_base",
     "ignis.safety.frames",
+    "ignis.array.tracking",
     "ignis.torch._guard_fast",
 ]
 

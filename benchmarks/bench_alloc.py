@@ -156,8 +156,7 @@ class DriverCallCounter:
         from ignis.backends import Backend
         self._backend = backend
         self.counts = {name: 0 for name in dir(Backend)
-                       if not name.startswith("_") and name not in ("inject_fault", "clear_faults")
-                       and callable(getattr(Backend, name))}
+                       if not name.startswith("_") and callable(getattr(Backend, name))}
 
     def __enter__(self) -> "DriverCallCounter":
         counts = self.counts

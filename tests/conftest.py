@@ -4,6 +4,10 @@ The suite runs on whichever backend the process selects (``IGNIS_BACKEND``,
 default ``auto``: the emulated backend on a machine without a GPU). Tests
 that need a real GPU are marked ``@pytest.mark.gpu`` and are skipped, with
 the reason, elsewhere.
+
+The process's backend is wrapped in a ``FaultInjectingBackend`` before any
+test runs, so every test can make driver calls fail (the ``backend`` fixture's
+``inject_fault``); the wrapper forwards everything else to the backend chosen.
 """
 
 from __future__ import annotations
@@ -11,7 +15,10 @@ from __future__ import annotations
 import pytest
 
 import ignis as ig
-from ignis.backends import get_backend
+from ignis.backends import get_backend, set_backend
+from ignis.backends.faults import FaultInjectingBackend
+
+set_backend(FaultInjectingBackend(get_backend()))  # before any device exists: everything uses the wrapper
 
 
 def pytest_collection_modifyitems(config, items):
@@ -38,7 +45,7 @@ def _current_device_and_stream_restored():
 
 @pytest.fixture
 def backend():
-    """The active backend, with any injected faults cleared afterwards."""
+    """The active backend (the fault-injecting wrapper), with any injected faults cleared afterwards."""
     b = get_backend()
     yield b
     b.clear_faults()

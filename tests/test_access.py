@@ -93,6 +93,45 @@ def test_cross_stream_ordering_is_recorded_exactly_as_use_does(dev, streams):
         assert _state(via_access, streams) == _state(via_use, streams), (s, mode)
 
 
+class _CountingPool(ig.PoolResource):
+    """A pool subclass that overrides the tracking methods (as a user's resource may)."""
+
+    def __init__(self, *a, **kw):
+        super().__init__(*a, **kw)
+        self.calls = []
+
+    def prepare_block_use(self, block, stream, access, span=None):
+        self.calls.append(("prepare", stream.id))
+        super().prepare_block_use(block, stream, access, span)
+
+    def finish_block_use(self, block, stream, access):
+        self.calls.append(("finish", stream.id))
+        super().finish_block_use(block, stream, access)
+
+
+def test_use_calls_a_resources_own_tracking_methods(dev, streams):
+    # The compiled tracked use calls TrackedResource's bodies directly only where nothing
+    # overrides them: a subclass's methods, and methods set on the instance, are called.
+    s0, s1, _ = streams
+    mr = _CountingPool(ig.AsyncResource(dev))
+    a = ig.empty(256, "uint8", mr=mr, stream=s0)
+    with a.use(s1, "write"):
+        pass
+    assert mr.calls == [("prepare", s1.id), ("finish", s1.id)]
+    plain = ig.PoolResource(ig.AsyncResource(dev))
+    seen = []
+    real_prepare, real_finish = plain.prepare_block_use, plain.finish_block_use
+    plain.prepare_block_use = lambda *args: (seen.append("prepare"), real_prepare(*args))
+    plain.finish_block_use = lambda *args: (seen.append("finish"), real_finish(*args))
+    b = ig.empty(256, "uint8", mr=plain, stream=s0)
+    with b.use(s1, "read"):
+        pass
+    assert seen == ["prepare", "finish"]
+    dev.synchronize()
+    a.free()
+    b.free()
+
+
 def test_a_read_on_another_stream_waits_for_a_slow_write(dev, streams):
     s0, s1, s2 = streams
     x = ig.zeros(4096, "uint8", stream=s0)

@@ -578,7 +578,7 @@ def test_fault_injection_every_op(be, res):
         with pytest.raises(DriverError) as ei:
             call()
         assert (ei.value.name, ei.value.call, ei.value.detail) == ("CUDA_ERROR_UNKNOWN", OPS[op], "injected fault"), op
-        assert not be._faults
+        assert not be.armed_faults()
     be.stream_synchronize(s)  # nothing reached the driver
 
 

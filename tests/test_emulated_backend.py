@@ -17,6 +17,7 @@ import pytest
 
 from ignis.backends.base import CU_STATUS, OPS
 from ignis.backends.emulated import ALIGNMENT, EmulatedBackend
+from ignis.backends.faults import FaultInjectingBackend
 from ignis.errors import DriverError
 
 
@@ -24,9 +25,16 @@ from ignis.errors import DriverError
 def emu():
     b = EmulatedBackend(devices=2, memory="64MiB", jitter=False)
     yield b
-    b.clear_faults()
     for ordinal in range(b.device_count()):  # stops every worker thread
         b.rebuild_context(ordinal)
+
+
+@pytest.fixture
+def faulty(emu):
+    """``emu`` wrapped for fault injection (ignis.backends.faults)."""
+    b = FaultInjectingBackend(emu)
+    yield b
+    b.clear_faults()
 
 
 def raises_driver(name: str, call: str):
@@ -701,16 +709,16 @@ def _vmm_fault_calls(b: EmulatedBackend) -> dict[str, Callable[[], Any]]:
     return calls
 
 
-def test_fault_table_covers_every_op(emu):
-    assert set(_fault_calls(emu)) == set(OPS)
+def test_fault_table_covers_every_op(faulty):
+    assert set(_fault_calls(faulty)) == set(OPS)
 
 
 @pytest.mark.parametrize("op", sorted(OPS))
 @pytest.mark.parametrize("error", ["CUDA_ERROR_OUT_OF_MEMORY", "CUDA_ERROR_ILLEGAL_ADDRESS"])
-def test_every_injected_fault_surfaces_and_leaves_the_backend_usable(emu, op, error):
-    calls = _fault_calls(emu)
+def test_every_injected_fault_surfaces_and_leaves_the_backend_usable(emu, faulty, op, error):
+    calls = _fault_calls(faulty)
     free_before = emu.mem_get_info(0)[0]
-    emu.inject_fault(op, nth=2, error=error)
+    faulty.inject_fault(op, nth=2, error=error)
     calls[op]()  # the first call still works
     with raises_driver(error, OPS[op]) as info:
         calls[op]()
@@ -721,12 +729,12 @@ def test_every_injected_fault_surfaces_and_leaves_the_backend_usable(emu, op, er
         assert emu.mem_get_info(0)[0] >= free_before - 512
 
 
-def test_fault_times_repeats(emu):
-    emu.inject_fault("mem_alloc", times=3)
+def test_fault_times_repeats(faulty):
+    faulty.inject_fault("mem_alloc", times=3)
     for _ in range(3):
         with raises_driver("CUDA_ERROR_OUT_OF_MEMORY", "cuMemAlloc"):
-            emu.mem_alloc(0, 16)
-    assert emu.mem_alloc(0, 16)
+            faulty.mem_alloc(0, 16)
+    assert faulty.mem_alloc(0, 16)
 
 
 # -- threads --------------------------------------------------------------------

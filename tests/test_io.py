@@ -822,7 +822,7 @@ def test_failed_destroy_leaks_nothing(tmp_path, backend, direction, op):
     before = outstanding()
     failed = 0
     for nth in range(1, 9):
-        streams = set(getattr(backend, "_streams", ()))  # the emulator's live stream handles
+        streams = set(getattr(getattr(backend, "inner", backend), "_streams", ()))  # the emulator's live stream handles
         backend.inject_fault(op, nth=nth)
         try:
             if direction == "load":
@@ -836,7 +836,7 @@ def test_failed_destroy_leaks_nothing(tmp_path, backend, direction, op):
             failed += 1
         finally:
             backend.clear_faults()
-            for handle in set(getattr(backend, "_streams", ())) - streams:
+            for handle in set(getattr(getattr(backend, "inner", backend), "_streams", ())) - streams:
                 backend.stream_destroy(handle)  # the stream whose destroy was made to fail: retire its worker
         assert outstanding() == before, f"{op} failing at call {nth} leaked"
     assert failed >= 1
@@ -862,7 +862,7 @@ def test_a_driver_failure_anywhere_leaks_nothing(tmp_path, backend, direction):
     outcomes = Counter()
     for op in PIPELINE_OPS:
         for nth in (1, 2, 4, 7):
-            streams = set(getattr(backend, "_streams", ()))
+            streams = set(getattr(getattr(backend, "inner", backend), "_streams", ()))
             backend.inject_fault(op, nth=nth)
             try:
                 with warnings.catch_warnings():
@@ -878,7 +878,7 @@ def test_a_driver_failure_anywhere_leaks_nothing(tmp_path, backend, direction):
                 out = None
             finally:
                 backend.clear_faults()
-                for handle in set(getattr(backend, "_streams", ())) - streams:
+                for handle in set(getattr(getattr(backend, "inner", backend), "_streams", ())) - streams:
                     backend.stream_destroy(handle)
             if direction == "load" and out is not None:
                 assert_same(out, tensors)

@@ -406,8 +406,9 @@ def _state(backend: Any) -> dict[str, int]:
     out = {"fds": fd_count(), "imported": ImportedMemory.of(ig.Device(0)).bytes_outstanding}
     if backend.name == "emulated":
         out["device_free"] = backend.mem_get_info(0)[0]
-        out["vmm_handles"] = len(backend._vmm_handles)
-        out["reservations"] = len(backend._vmm_res)
+        raw = getattr(backend, "inner", backend)  # under the fault-injecting wrapper
+        out["vmm_handles"] = len(raw._vmm_handles)
+        out["reservations"] = len(raw._vmm_res)
     return out
 
 

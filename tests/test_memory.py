@@ -4,9 +4,11 @@ from __future__ import annotations
 
 from contextlib import closing
 import csv
+import ctypes
 import io
 import threading
 import time
+import types
 
 import numpy as np
 import pytest
@@ -940,3 +942,169 @@ def test_same_stream_tracked_uses_make_no_direct_driver_call(dev):
     assert driver_calls() == before
     pool.deallocate(blk)
     pool.close()
+
+
+# -- the direct driver path of compiled tracking: when it must stay off ----------------
+# On cuda, tracking queues its event records and stream waits straight to the driver
+# (ignis.memory.resource.driver_calls counts them) without calling the backend's methods.
+# That is only right while those methods have nothing to add: no fault of the
+# fault-injecting wrapper is armed (the armed call must fail), and no trace listener is
+# subscribed (the sanitizer, or any listener, must hear every record and wait). The
+# emulator offers no direct path, so these tests give it one, as the cuda backend does:
+# handle tables, a current-context record and two C entry points (ctypes callbacks that
+# do what the emulator's own methods do, and count).
+
+_RECORD_FN = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.c_void_p, ctypes.c_void_p)
+_WAIT_FN = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_uint)
+
+
+class _DirectEmulated(ignis.backends.emulated.EmulatedBackend):
+    """An emulated backend whose ``tracking_calls`` offers the direct driver path."""
+
+    def __init__(self) -> None:
+        super().__init__(devices=1, memory="64MiB", jitter=False)
+        self.ctx_dev = types.SimpleNamespace(ctx=object())  # the "device" whose context is current
+        self.current = types.SimpleNamespace(ctx=self.ctx_dev.ctx)
+        self.direct = {"event_record": 0, "stream_wait_event": 0}
+        self.stream_table: dict[int, tuple] = {}
+        self.event_table: dict[int, tuple] = {}
+        base = ignis.backends.emulated.EmulatedBackend
+
+        def record(event: int | None, stream: int | None) -> int:
+            try:
+                base.event_record(self, event or 0, stream or 0)
+            except Exception:  # noqa: BLE001 - a refused call: tracking makes it again through the method
+                return 1
+            self.direct["event_record"] += 1
+            return 0
+
+        def wait(stream: int | None, event: int | None, flags: int) -> int:
+            try:
+                base.stream_wait_event(self, stream or 0, event or 0)
+            except Exception:  # noqa: BLE001
+                return 1
+            self.direct["stream_wait_event"] += 1
+            return 0
+
+        self._raw = (_RECORD_FN(record), _WAIT_FN(wait))  # kept alive with the backend
+
+    def stream_create(self, ordinal: int, priority: int = 0) -> int:
+        h = super().stream_create(ordinal, priority)
+        self.stream_table[h] = (self.ctx_dev, None)
+        return h
+
+    def event_create(self, ordinal: int, timing: bool = False) -> int:
+        h = super().event_create(ordinal, timing)
+        self.event_table[h] = (self.ctx_dev, None)
+        return h
+
+    def tracking_calls(self) -> dict:
+        calls = super().tracking_calls()
+        calls.update(streams=self.stream_table, events=self.event_table, current=self.current,
+                     raw=tuple(ctypes.cast(f, ctypes.c_void_p).value for f in self._raw))
+        return calls
+
+
+class _Heard(ig.backends.trace.TraceListener):
+    def __init__(self) -> None:
+        self.heard = {"event_record": 0, "stream_wait_event": 0}
+
+    def on_event_record(self, event: int, stream: int) -> None:
+        self.heard["event_record"] += 1
+
+    def on_stream_wait_event(self, stream: int, event: int) -> None:
+        self.heard["stream_wait_event"] += 1
+
+
+@pytest.fixture
+def direct():
+    """The process's backend, for the test: a fault-injecting wrapper over ``_DirectEmulated``;
+    yields ``(wrapper, inner, pool, s1, s2)``."""
+    from ignis.backends.faults import FaultInjectingBackend
+    inner = _DirectEmulated()
+    wrapper = FaultInjectingBackend(inner)
+    prev = ig.get_backend()
+    ig.set_backend(wrapper)
+    try:
+        d = ig.Device(0)
+        pool = ig.PoolResource(ig.DirectResource(d))
+        s1, s2 = d.create_stream(), d.create_stream()
+        yield wrapper, inner, pool, s1, s2
+        wrapper.clear_faults()
+        d.synchronize()
+        pool.close()
+        s1.close(), s2.close()
+    finally:
+        ig.set_backend(prev)
+        inner.rebuild_context(0)  # stops its worker threads
+
+
+def _cross_stream_uses(pool, s1, s2) -> None:
+    """A block written on s1, read on s2, written on s1 again: records and waits either way."""
+    blk = pool.allocate(4096, s1)
+    for s, acc in ((s1, W), (s2, R), (s1, W)):
+        pool.prepare_block_use(blk, s, acc)
+        pool.finish_block_use(blk, s, acc)
+    pool.deallocate(blk)
+
+
+def _delta(after: dict, before: dict) -> dict:
+    return {k: after[k] - before[k] for k in before}
+
+
+def test_the_direct_driver_path_runs_with_nothing_to_observe(direct):
+    from ignis.memory.resource import driver_calls
+    wrapper, inner, pool, s1, s2 = direct
+    assert ig.memory.ordering.checker is None
+    before, direct_before = driver_calls(), dict(inner.direct)
+    _cross_stream_uses(pool, s1, s2)
+    made = _delta(driver_calls(), before)
+    assert made["event_record"] >= 1 and made["stream_wait_event"] >= 1
+    assert _delta(inner.direct, direct_before) == made  # each one reached the (stand-in) driver
+
+
+def test_an_armed_fault_keeps_the_direct_driver_path_off(direct):
+    """An armed fault of the wrapper, due or not, sends every record and wait through the
+    wrapper's methods: the armed call fails as the driver would, the others still work."""
+    from ignis.errors import DriverError
+    from ignis.memory.resource import driver_calls
+    wrapper, inner, pool, s1, s2 = direct
+    before, direct_before = driver_calls(), dict(inner.direct)
+    wrapper.inject_fault("mem_free", nth=1000)  # armed, never due here
+    _cross_stream_uses(pool, s1, s2)
+    assert driver_calls() == before and inner.direct == direct_before
+    wrapper.clear_faults()
+    blk = pool.allocate(4096, s1)
+    pool.prepare_block_use(blk, s1, W)
+    pool.finish_block_use(blk, s1, W)
+    wrapper.inject_fault("stream_wait_event", error="CUDA_ERROR_LAUNCH_FAILED")
+    with pytest.raises(DriverError, match="injected fault") as ei:
+        pool.prepare_block_use(blk, s2, R)
+    assert ei.value.name == "CUDA_ERROR_LAUNCH_FAILED" and ei.value.call == "cuStreamWaitEvent"
+    assert driver_calls() == before and inner.direct == direct_before
+    assert not wrapper.armed_faults()
+    pool.prepare_block_use(blk, s2, R)  # disarmed: the direct path again
+    pool.finish_block_use(blk, s2, R)
+    assert driver_calls()["stream_wait_event"] > before["stream_wait_event"]
+    pool.deallocate(blk)
+
+
+def test_a_trace_listener_keeps_the_direct_driver_path_off_and_hears_every_call(direct):
+    from ignis.backends import trace
+    from ignis.memory.resource import driver_calls
+    wrapper, inner, pool, s1, s2 = direct
+    before = driver_calls()
+    _cross_stream_uses(pool, s1, s2)
+    unobserved = _delta(driver_calls(), before)
+    listener = _Heard()
+    trace.subscribe(listener, wrapper)  # through the wrapper: the inner backend's list
+    try:
+        before, direct_before = driver_calls(), dict(inner.direct)
+        _cross_stream_uses(pool, s1, s2)
+        assert driver_calls() == before and inner.direct == direct_before
+        assert listener.heard == unobserved  # every record and wait the direct path would have made
+    finally:
+        trace.unsubscribe(listener, wrapper)
+    before = driver_calls()
+    _cross_stream_uses(pool, s1, s2)
+    assert _delta(driver_calls(), before) == unobserved

@@ -343,13 +343,34 @@ def test_correct_programs_under_jitter(manual):
         ig.set_backend(prev)
 
 
-def test_sanitizer_off_costs_no_wrappers(dev):
+TRACED = ("event_record", "stream_wait_event", "stream_synchronize", "event_synchronize", "device_synchronize",
+          "stream_query", "event_query", "stream_destroy", "event_destroy")
+
+
+def test_sanitizer_observes_through_the_trace_registry_and_patches_nothing(dev, streams, manual):
+    from ignis.backends import trace
     ig.sanitizer.disable()
-    assert "event_record" not in vars(dev.backend)
-    assert ig.memory.ordering.checker is None
+    b = dev.backend
+    funcs = {name: getattr(b, name).__func__ for name in TRACED}
+    cls = type(b)
+    assert not any(name in vars(b) for name in TRACED)
+    assert ig.memory.ordering.checker is None and ig.sanitizer.sanitizer not in trace.listeners(b)
     with ig.sanitizer.enabled():
-        assert "event_record" in vars(dev.backend) and ig.sanitizer.is_enabled()
-    assert "event_record" not in vars(dev.backend) and not ig.sanitizer.is_enabled()
+        assert ig.sanitizer.is_enabled() and ig.sanitizer.sanitizer in trace.listeners(b)
+        assert type(b) is cls and {name: getattr(b, name).__func__ for name in TRACED} == funcs
+        assert not any(name in vars(b) for name in TRACED)
+        # The observation is real: the event record and the stream wait reach the sanitizer
+        # (through the backend's trace), so the ordered write passes and the unordered one fails.
+        s1, s2, s3 = streams
+        x, _ = two(dev, s1, s2)
+        K.fill(x, 1.0, stream=s1)
+        s2.wait(s1.record())
+        K.fill(x, 2.0, stream=s2)
+        with pytest.raises(ig.RaceError):
+            K.fill(x, 3.0, stream=s3)
+        dev.synchronize()
+    assert not ig.sanitizer.is_enabled() and ig.sanitizer.sanitizer not in trace.listeners(b)
+    assert {name: getattr(b, name).__func__ for name in TRACED} == funcs
     gc.collect()
 
 

@@ -132,13 +132,10 @@ def _native_callbacks() -> tuple[Any, Any]:
 _delete, _capsule_destructor = _native_callbacks()
 
 
-def _is_emulated(a: "NvArray") -> bool:
-    return a.device.backend.name == "emulated"
-
-
 def device_of(a: "NvArray") -> tuple[int, int]:
-    """``(device_type, device_id)``: CUDA for the cuda backend, CPU for the emulator."""
-    return (KDL_CPU, 0) if _is_emulated(a) else (KDL_CUDA, a.device.ordinal)
+    """``(device_type, device_id)``: CPU where the backend's device memory is host memory
+    (the emulator), else the CUDA device."""
+    return (KDL_CPU, 0) if a.device.backend.host_memory else (KDL_CUDA, a.device.ordinal)
 
 
 def _consumer_stream(a: "NvArray", stream: Any) -> Stream | None:
@@ -178,7 +175,8 @@ def export(a: "NvArray", *, stream: Any = None, max_version: Any = None, dl_devi
                                f"this array lives on {(dev_type, dev_id)}")
     if dev_type == KDL_CPU:
         if stream not in (None, -1):
-            raise ValueError("the emulated backend exports CPU tensors; DLPack requires stream=None for them")
+            raise ValueError(f"the {a.device.backend.name} backend exports CPU tensors; DLPack requires "
+                             "stream=None for them")
         # A CPU consumer reads at once: make the bytes current first.
         s = a.stream
         with a.access(s, acc, by=None, op="DLPack export"):
@@ -231,8 +229,8 @@ def cuda_array_interface(a: "NvArray") -> dict[str, Any]:
     alive for as long as they use its memory, so none of them can see it reused. A raw
     pointer taken from the interface and kept without the object is outside this rule:
     keep the array alive, or use DLPack, whose exports are counted."""
-    if _is_emulated(a):
-        raise AttributeError("__cuda_array_interface__ is CUDA-only; the emulated backend exports "
+    if not a.device.backend.cuda_driver:
+        raise AttributeError(f"__cuda_array_interface__ is CUDA-only; the {a.device.backend.name} backend exports "
                              "through __dlpack__ (a CPU tensor) instead")
     a._check_live("export through __cuda_array_interface__")
     readonly = a.readonly

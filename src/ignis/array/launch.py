@@ -163,7 +163,7 @@ def launch(kernel: Kernel, grid: Any, block: Any, *args: Any, stream: Stream | N
                 if pending is None:
                     pending = []
                 pending.append((arr, acc))
-        if backend.name == "emulated":
+        if backend.host_kernels:
             backend.kernel_launch(_host_call(kernel, backend, args), g, b, shared_mem, s.handle, ())
         else:
             last = kernel._last
@@ -178,7 +178,7 @@ def launch(kernel: Kernel, grid: Any, block: Any, *args: Any, stream: Stream | N
 
 def _host_call(kernel: Kernel, backend: Any, args: Sequence[Any]) -> Callable[[], None]:
     if kernel.host_impl is None:
-        raise UnsupportedError(f"kernel {kernel.name!r} without host_impl", "emulated",
+        raise UnsupportedError(f"kernel {kernel.name!r} without host_impl", backend.name,
                                "give the Kernel a host_impl= to run it without a GPU")
     conv: list[Any] = []
     for (what, spec, _), arg in zip(kernel.specs, args):

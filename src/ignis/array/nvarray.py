@@ -29,8 +29,7 @@ import sys
 import threading
 import time
 import weakref
-from contextlib import contextmanager
-from typing import TYPE_CHECKING, Any, Iterator
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -38,14 +37,14 @@ from .. import backends
 from .. import dtypes as _dt
 from ..dtypes import DType
 from ..errors import (DoubleFreeError, MemoryContractViolation, OutOfBoundsError, ReadOnlyError,
-                       StreamMisuseError, UseAfterFreeError)
+                       UseAfterFreeError)
 from .._types import Access
 from ..memory import DeviceMemoryResource, current, get_current_resource
-from ..memory import ordering as _ord
 from ..memory.types import UNTAGGED
 from ..memory.block import DeviceBlock
 from ..runtime import Device, Stream
 from ..runtime import current as _rt_current
+from . import tracking as _tracking
 from ..safety.contract import DEFAULT_OWNER, contract, validate_owner
 from . import hostcopy
 
@@ -622,67 +621,8 @@ class NvArray:
         root and to every view of them raises ``make_error(array, what)``; freeing stays allowed."""
         self._root()._gate = _Poisoned(make_error)
 
-    def _begin(self, stream: Stream, access: Access, op: str = "use", off: int = 0, n: int = -1) -> None:
-        """Checks and waits before queuing work that touches bytes ``[off, off + n)``
-        of this array (``n < 0``: all of them)."""
-        if self._freed or self._base is not None or self._gate is not None:
-            self._check_live("use", access, op)
-        chk = _ord.checker
-        block = self._block
-        if self._tracks:  # prepare_block_use refuses a closed or stale stream itself
-            if chk is None:
-                if block._ws is stream and not block._we and block._rd is None and not stream._closed \
-                        and stream._generation == stream.device.state.generation:
-                    return  # clean on this stream: nothing to wait for (ignis.memory.resource, "Clean")
-                self._mr.prepare_block_use(block, stream, access)
-            else:
-                self._mr.prepare_block_use(block, stream, access,
-                                           (self._ptr - block.ptr + off, self.nbytes if n < 0 else n, op))
-            return
-        if stream._closed or stream._generation != stream.device.state.generation:
-            stream._check()  # a closed or stale stream's handle must not reach the driver
-        if block is not None and stream is not block.alloc_stream:
-            raise StreamMisuseError(
-                f"NvArray#{self.id} lives in a {type(self._mr).__name__}, which cannot track cross-stream "
-                f"uses, so it can only be used on its own stream #{block.alloc_stream.id} "
-                f"(asked: stream #{stream.id}); allocate it from a PoolResource or AsyncResource")
-        if chk is not None and block is not None:
-            chk.access(block, stream, access, (self._ptr - block.ptr + off, self.nbytes if n < 0 else n, op))
-
-    def _end(self, stream: Stream, access: Access) -> None:
-        if self._tracks:
-            b = self._block
-            if b._ws is stream and not b._we and b._rd is None:
-                return  # clean on this stream: nothing to record
-            self._mr.finish_block_use(b, stream, access)
-
-    @contextmanager
-    def use(self, stream: Stream | None = None, access: "Access | str" = Access.READ_WRITE) -> Iterator[int]:
-        """Use the raw pointer in foreign work (PyTorch, CuPy, Triton, custom CUDA)
-        queued on ``stream`` inside the ``with`` block: the waits it needs are
-        queued before, and the use is recorded after. The block gives the device address.
-        For a byte range, or for a layer that holds the array meanwhile, see ``access``.
-
-        Args:
-            stream: the ``Stream`` the foreign work is queued on; None: the array's own.
-            access: what the work does to the bytes: an ``Access`` or ``"read"`` /
-                ``"write"`` / ``"read_write"`` (default READ_WRITE).
-
-        Raises:
-            UseAfterFreeError: the array (or its base) was freed.
-            ReadOnlyError: ``access`` writes to read-only memory.
-            StreamMisuseError: the array's resource cannot track cross-stream uses and
-                ``stream`` is not the block's own.
-            ClosedError: the stream was closed.
-            StaleHandleError: the stream predates a context rebuild.
-        """
-        s = self.stream if stream is None else stream
-        acc = Access.parse(access)
-        self._begin(s, acc, "use()")
-        try:
-            yield self._ptr
-        finally:
-            self._end(s, acc)
+    # ``_begin`` / ``_end`` (a tracked use's checks and waits, and its record) and ``use``
+    # are compiled: ignis/array/tracking.pyx, bound below the class.
 
     def access(self, stream: Stream | None = None, mode: "Access | str" = "read", *, by: str | None = DEFAULT_OWNER,
                op: str = "access()", offset: int = 0, nbytes: int | None = None,
@@ -1405,6 +1345,12 @@ class NvArray:
     def __cuda_array_interface__(self) -> dict[str, Any]:
         from . import dlpack_export
         return dlpack_export.cuda_array_interface(self)
+
+
+# -- the compiled tracked use (ignis/array/tracking.pyx) ---------------------------------
+NvArray._begin = _tracking._begin
+NvArray._end = _tracking._end
+NvArray.use = _tracking.use
 
 
 # -- the optional C fast path --------------------------------------------------------

@@ -11,31 +11,32 @@ Rules every backend follows:
   driver's status name and number, or ``UnsupportedError`` naming the backend.
   Nothing is masked and nothing returns a silent success.
 - Asynchronous operations only enqueue; they never wait for the device.
-- ``inject_fault(op, nth)`` makes the nth future call of ``op`` fail with
-  the error the real driver gives, so every error path is testable. The
-  check costs one attribute test when no fault is armed.
+- Backends carry no fault checks: ``FaultInjectingBackend`` (``ignis.backends.faults``)
+  wraps any backend and makes chosen calls fail with the error the real driver
+  gives, so every error path is testable.
+- Observers subscribe to the trace registry (``ignis.backends.trace``): the
+  ordering operations (event record, stream wait, synchronizes, successful
+  queries, destroys) call their listeners; unobserved, each pays one list test.
 - Fork: a child made by ``fork()`` after the parent used a backend inherits
   none of its device state. ``mark_forked`` (run in the child by the at-fork
-  handler of ``ignis.backends``) arms a permanent entry in the fault table,
-  so every operation of the inherited backend raises ``ForkedProcessError``
-  before it touches a lock or the driver, at no cost in the parent.
+  handler of ``ignis.backends``) turns the inherited backend into its forked
+  stand-in (the instance's class becomes a generated subclass whose every
+  operation of ``OPS``, and every host-memory method, raises
+  ``ForkedProcessError`` before it touches a lock or the driver), at no cost
+  in the parent.
 """
 
 from __future__ import annotations
 
 import functools
 import os
-import threading
 import weakref
 from dataclasses import dataclass, field
 from typing import Any, Callable, Sequence
 
 from ..errors import DriverError, ForkedProcessError, UnsupportedError
 
-__all__ = ["Backend", "DeviceProperties", "CU_STATUS", "OPS", "driver_error", "FORKED"]
-
-# The fault-table key that marks a backend inherited through fork() (never an op name).
-FORKED = "<forked>"
+__all__ = ["Backend", "DeviceProperties", "CU_STATUS", "OPS", "driver_error", "REFUSED_AFTER_FORK"]
 
 # CUresult values for the statuses Ignis raises or injects (cuda.h).
 CU_STATUS: dict[str, int] = {
@@ -57,7 +58,7 @@ CU_STATUS: dict[str, int] = {
 }
 
 # Backend operation name -> the driver entry point it stands for. Fault
-# injection and DriverError.call use these names on every backend.
+# injection (FaultInjectingBackend) and DriverError.call use these names on every backend.
 OPS: dict[str, str] = {
     "init_device": "cuDevicePrimaryCtxRetain",
     "rebuild_context": "cuDevicePrimaryCtxReset",
@@ -158,16 +159,36 @@ class Backend:
     ``UnsupportedError`` (not on this backend) and, in a child forked after the
     parent used the backend, ``ForkedProcessError``; the methods do not repeat it.
 
+    Every difference between backends is a method or a capability of this
+    protocol, so the layers above never branch on a backend's name: they ask
+    a capability (below), or call a method that raises ``UnsupportedError``
+    where the backend cannot do it (``host_view`` on cuda, ``kernel_compile``
+    on the emulator).
+
     Attributes:
-        name: the backend's name (``"cuda"``, ``"emulated"``).
+        name: the backend's name (``"cuda"``, ``"emulated"``), for messages and reports.
+        host_memory: device memory is host memory: ``host_view``, ``host_address``,
+            ``allocation_view``, ``adopt_host_memory`` and ``release_host_memory`` work (else
+            they raise ``UnsupportedError``), and DLPack consumers see it as CPU memory.
+        host_kernels: ``kernel_launch`` runs a Python callable (a ``Kernel``'s ``host_impl``
+            over NumPy views of the memory) instead of compiled CUDA C (``kernel_compile``).
+        cuda_driver: the operations are the NVIDIA CUDA driver's: pointers, streams and
+            contexts are shared with the other CUDA libraries of the process (PyTorch, CuPy,
+            NCCL can use them), the legacy default stream (handle 0) exists, and rebuilding
+            a context resets one that other code may be using.
+        gpu_timings: event timings and measured rates describe a GPU (the emulator's are
+            host times and say nothing about one).
     """
 
     name: str = "abstract"
+    host_memory: bool = False
+    host_kernels: bool = False
+    cuda_driver: bool = False
+    gpu_timings: bool = False
 
     def __init__(self) -> None:
-        # op -> [calls_until_failure, status name, remaining failures]
-        self._faults: dict[str, list] = {}
-        self._fault_lock = threading.Lock()
+        self._trace: list = []        # trace listeners (ignis.backends.trace); changed in place
+        self._fast_off: dict[str, Any] = {}  # why a direct driver path must stay off ("forked"); changed in place
         self._used = False            # set once a device was initialized (fork safety)
         self._forked_from: int | None = None  # the parent's pid in a forked child
         _instances.add(self)
@@ -179,12 +200,15 @@ class Backend:
         return self._used
 
     def mark_forked(self, parent_pid: int) -> None:
-        """In a forked child: make every later operation raise ``ForkedProcessError``.
-        The fault table is mutated in place (the compiled tracking path holds it too), and the
-        lock a parent thread may have held at the fork is replaced."""
-        self._fault_lock = threading.Lock()
-        self._forked_from = parent_pid
-        self._faults[FORKED] = [0, "CUDA_ERROR_NOT_INITIALIZED", 0]
+        """In a forked child: make every later operation (``REFUSED_AFTER_FORK``) raise
+        ``ForkedProcessError``. The instance's class becomes its forked stand-in (a
+        generated subclass whose operations only raise), and the memory layer's direct driver
+        path, which calls no method, is turned off through ``_fast_off`` (it holds that dict)."""
+        if self._forked_from is None:
+            self._forked_from = parent_pid
+        self._fast_off["forked"] = parent_pid
+        if not getattr(type(self), "_forked_stand_in", False):
+            self.__class__ = _forked_class(type(self))
 
     def forked_error(self, what: str) -> ForkedProcessError:
         """The ``ForkedProcessError`` to raise for ``what`` in a forked child (returned, not raised).
@@ -203,55 +227,13 @@ class Backend:
         """What the memory layer's compiled tracking (ignis/memory/resource.pyx) may call
         to queue the event records and stream waits of cross-stream tracking directly.
         Here nothing direct: the backend's own ``event_record`` / ``stream_wait_event``
-        (for reference; tracking calls the methods on the instance), and the fault table."""
+        (for reference; tracking calls the methods on the instance); and under ``"off"``
+        the containers (changed in place, never replaced) that keep a direct path off
+        while any of them is non-empty: the trace listeners (a direct call emits nothing)
+        and the fork marker (a wrapper adds its own, such as armed faults)."""
         cls = type(self)
         return {"record": functools.partial(cls.event_record, self),
-                "wait": functools.partial(cls.stream_wait_event, self), "faults": self._faults}
-
-    # -- fault injection ---------------------------------------------------
-    def inject_fault(self, op: str, nth: int = 1, error: str = "CUDA_ERROR_OUT_OF_MEMORY",
-                     times: int = 1) -> None:
-        """Make the ``nth`` next call of ``op`` (and ``times - 1`` calls after it) fail.
-
-        ``op`` is a key of ``OPS`` ("mem_alloc", "memcpy_htod_async", ...);
-        ``error`` is a CUDA status name.
-        """
-        if op not in OPS:
-            raise ValueError(f"unknown backend operation {op!r}; valid: {', '.join(sorted(OPS))}")
-        if error not in CU_STATUS:
-            raise ValueError(f"unknown driver status {error!r}; valid: {', '.join(CU_STATUS)}")
-        if nth < 1 or times < 1:
-            raise ValueError(f"nth and times must be >= 1, got nth={nth}, times={times}")
-        with self._fault_lock:
-            self._faults[op] = [nth, error, times]
-
-    def clear_faults(self) -> None:
-        """Disarm every injected fault."""
-        with self._fault_lock:
-            forked = self._faults.get(FORKED)
-            self._faults.clear()
-            if forked is not None:
-                self._faults[FORKED] = forked
-
-    def _fault(self, op: str) -> None:
-        """Raise the injected error if ``op`` is armed and its turn has come.
-        Callers test ``if self._faults:`` first so the unarmed cost is nil."""
-        if self._forked_from is not None:
-            raise self.forked_error(f"call {OPS.get(op, op)} ({op})")
-        with self._fault_lock:
-            entry = self._faults.get(op)
-            if entry is None:
-                return
-            entry[0] -= 1
-            if entry[0] > 0:
-                return
-            status = entry[1]
-            entry[2] -= 1
-            if entry[2] <= 0:
-                del self._faults[op]
-            else:
-                entry[0] = 1
-        raise driver_error(status, OPS[op], "injected fault")
+                "wait": functools.partial(cls.stream_wait_event, self), "off": (self._fast_off, self._trace)}
 
     def _unsupported(self, what: str, hint: str = "") -> UnsupportedError:
         return UnsupportedError(what, self.name, hint)
@@ -429,6 +411,33 @@ class Backend:
         """Give ``ordinal`` read-write access to a mapped range."""
         raise self._unsupported("vmm_set_access")
 
+    # -- host memory (backends whose device memory is host memory: ``host_memory``) --
+    def host_view(self, ptr: int, nbytes: int) -> Any:
+        """A writable uint8 NumPy view of ``nbytes`` bytes of device memory at ``ptr``
+        (host kernels and debug guards use it); the range must lie in one live allocation."""
+        raise self._unsupported("host_view", "device memory is not host memory on this backend")
+
+    def host_address(self, ptr: int) -> int:
+        """The host address backing device pointer ``ptr`` (interior pointers too)."""
+        raise self._unsupported("host_address", "device memory is not host memory on this backend")
+
+    def allocation_view(self, ptr: int) -> tuple[Any, int]:
+        """The whole allocation holding ``ptr`` as a uint8 NumPy array, and ``ptr``'s offset
+        in it (a host kernel's raw pointers are bounded by their allocation, as on a GPU)."""
+        raise self._unsupported("allocation_view", "device memory is not host memory on this backend")
+
+    def adopt_host_memory(self, ordinal: int, host: int, nbytes: int) -> tuple[int, bool]:
+        """Make ``nbytes`` bytes of existing host memory at ``host`` addressable as device memory
+        of ``ordinal`` (foreign CPU arrays adopted zero-copy through DLPack). Returns
+        ``(device_ptr, adopted)``; ``adopted`` is False when the memory already was device
+        memory of this backend (nothing to release). The caller keeps the host memory alive
+        and, when ``adopted``, calls ``release_host_memory`` once done."""
+        raise self._unsupported("adopt_host_memory", "device memory is not host memory on this backend")
+
+    def release_host_memory(self, ordinal: int, ptr: int) -> None:
+        """Forget memory adopted with ``adopt_host_memory`` (``ptr`` is the device pointer it returned)."""
+        raise self._unsupported("release_host_memory", "device memory is not host memory on this backend")
+
     # -- kernels -----------------------------------------------------------------
     def kernel_compile(self, ordinal: int, source: str, name: str, options: tuple = ()) -> Any:
         """Compile CUDA C ``source`` for the device and return a launchable handle for
@@ -440,3 +449,32 @@ class Backend:
         """Queue ``function`` on ``stream``. ``params`` are ctypes values, one per kernel
         parameter (the emulator takes a Python callable as ``function`` and no params)."""
         raise self._unsupported("kernel_launch")
+
+
+# -- fork: the stand-in an inherited backend becomes (Backend.mark_forked) -----------------
+# What a backend inherited through fork() refuses: every operation of OPS and the host-memory methods.
+REFUSED_AFTER_FORK: tuple[str, ...] = (*OPS, "host_view", "host_address", "allocation_view", "adopt_host_memory",
+                                       "release_host_memory")
+_forked_classes: dict[type, type] = {}
+
+
+def _refuse(name: str) -> Callable[..., Any]:
+    what = f"call {OPS[name]} ({name})" if name in OPS else f"use {name}"
+
+    def refused(self: Backend, *args: Any, **kwargs: Any) -> Any:
+        raise self.forked_error(what)
+
+    refused.__name__ = name
+    refused.__doc__ = "Raises ``ForkedProcessError``: this backend was inherited through fork()."
+    return refused
+
+
+def _forked_class(cls: type) -> type:
+    """``cls``'s forked stand-in: a subclass whose ``REFUSED_AFTER_FORK`` methods only raise."""
+    forked = _forked_classes.get(cls)
+    if forked is None:
+        ns: dict[str, Any] = {name: _refuse(name) for name in REFUSED_AFTER_FORK}
+        ns.update(__module__=cls.__module__, _forked_stand_in=True,
+                  __doc__=f"A {cls.__name__} inherited through fork(): its operations raise ForkedProcessError.")
+        forked = _forked_classes.setdefault(cls, type(f"Forked{cls.__name__}", (cls,), ns))
+    return forked

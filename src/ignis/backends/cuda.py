@@ -25,8 +25,9 @@ Design and rules:
   device), once, as ``DriverError`` CUDA_ERROR_LAUNCH_FAILED naming that
   synchronize call, with the exception in the detail and as ``__cause__``.
   (The driver itself never fails a host function; the stream goes on.)
-- Fault injection: each operation of ``OPS`` starts with
-  ``if self._faults: self._fault(op)``.
+- No fault checks here: ``FaultInjectingBackend`` (``ignis.backends.faults``)
+  wraps this backend to make calls fail. The ordering operations tell the
+  trace registry's listeners (``ignis.backends.trace``) behind one list test.
 - Thread-safe: binding calls release the GIL; the tables are changed under
   the GIL (single dict operations) or ``self._lock``.
 - Fork: the driver was initialized (``cuInit``) when this backend was made,
@@ -49,6 +50,7 @@ import numpy as np
 
 from ..errors import DriverError
 from .base import CU_STATUS, Backend, DeviceProperties, driver_error
+from .trace import emit
 from .vmm_cuda import CudaVmm
 
 try:
@@ -197,6 +199,8 @@ class CudaBackend(CudaVmm, Backend):
     """
 
     name = "cuda"
+    cuda_driver = True   # pointers, streams and contexts are the driver's, shared with PyTorch, CuPy, NCCL
+    gpu_timings = True
 
     def __init__(self) -> None:
         super().__init__()
@@ -256,8 +260,9 @@ class CudaBackend(CudaVmm, Backend):
         (handle -> (device, binding object)), the thread's current-context record, the
         binding functions for event record and stream wait, and the driver's own entry
         points for them (the handles are the driver's pointers; 0 where not found).
-        The fast path uses them only for handles in these tables whose context is
-        current on the calling thread, and only while no fault is armed."""
+        The direct path uses them only for handles in these tables whose context is
+        current on the calling thread, and only while every container of ``"off"`` is
+        empty (see ``Backend.tracking_calls``)."""
         try:  # the same library the bindings loaded
             lib = ctypes.CDLL("libcuda.so.1")
             raw = (ctypes.cast(lib.cuEventRecord, ctypes.c_void_p).value or 0,
@@ -265,7 +270,7 @@ class CudaBackend(CudaVmm, Backend):
         except (OSError, AttributeError):
             raw = (0, 0)
         return {"streams": self._streams, "events": self._events, "current": self._cur,
-                "record": cu.cuEventRecord, "wait": cu.cuStreamWaitEvent, "faults": self._faults, "raw": raw}
+                "record": cu.cuEventRecord, "wait": cu.cuStreamWaitEvent, "off": (self._fast_off, self._trace), "raw": raw}
 
     # -- contexts ----------------------------------------------------------
     def _retain(self, ordinal: int) -> _Device:
@@ -331,16 +336,12 @@ class CudaBackend(CudaVmm, Backend):
         self._make_current(dev)
 
     def init_device(self, ordinal: int) -> None:
-        if self._faults:
-            self._fault("init_device")
         self._enter(ordinal)
 
     def rebuild_context(self, ordinal: int) -> None:
         """Reset the primary context (cuDevicePrimaryCtxReset) and retain it
         again. Every pointer, stream, event and pending host function of the
         device is gone afterwards; so are unsurfaced host-function errors."""
-        if self._faults:
-            self._fault("rebuild_context")
         with self._lock:
             dev = self._devs.get(ordinal) or self._retain(ordinal)
             _check(cu.cuDevicePrimaryCtxReset(dev.handle), "cuDevicePrimaryCtxReset")
@@ -361,8 +362,6 @@ class CudaBackend(CudaVmm, Backend):
     def device_synchronize(self, ordinal: int) -> None:
         """cuCtxSynchronize on the device, then raise the first host-function
         exception not yet surfaced on any of its streams."""
-        if self._faults:
-            self._fault("device_synchronize")
         dev = self._enter(ordinal)
         _check(cu.cuCtxSynchronize(), "cuCtxSynchronize")
         if self._host_errors or self._orphan_errors:
@@ -371,6 +370,8 @@ class CudaBackend(CudaVmm, Backend):
                 for handle in [h for h, (d, _) in list(self._streams.items()) if d is dev]:
                     errors.extend(self._host_errors.pop(handle, ()))
             self._raise_host_errors(errors, "cuCtxSynchronize")
+        if self._trace:
+            emit(self._trace, "on_device_synchronize", ordinal)
 
     # -- devices -----------------------------------------------------------
     def device_count(self) -> int:
@@ -438,14 +439,10 @@ class CudaBackend(CudaVmm, Backend):
 
     # -- memory ------------------------------------------------------------
     def mem_alloc(self, ordinal: int, nbytes: int) -> int:
-        if self._faults:
-            self._fault("mem_alloc")
         self._enter(ordinal)
         return int(_check(self._cuMemAlloc(nbytes), "cuMemAlloc")[1])
 
     def mem_free(self, ordinal: int, ptr: int) -> None:
-        if self._faults:
-            self._fault("mem_free")
         self._enter(ordinal)
         _check(self._cuMemFree(ptr), "cuMemFree")
 
@@ -463,29 +460,21 @@ class CudaBackend(CudaVmm, Backend):
     def mem_alloc_async(self, ordinal: int, nbytes: int, stream: int) -> int:
         """From the device's current memory pool (the default pool unless
         foreign code replaced it with cuDeviceSetMemPool), ordered on ``stream``."""
-        if self._faults:
-            self._fault("mem_alloc_async")
         dev = self._enter(ordinal)
         s = self._stream_on(dev, stream, "cuMemAllocAsync")
         return int(_check(self._cuMemAllocAsync(nbytes, s), "cuMemAllocAsync")[1])
 
     def mem_free_async(self, ordinal: int, ptr: int, stream: int) -> None:
-        if self._faults:
-            self._fault("mem_free_async")
         dev = self._enter(ordinal)
         s = self._stream_on(dev, stream, "cuMemFreeAsync")
         _check(self._cuMemFreeAsync(ptr, s), "cuMemFreeAsync")
 
     def mem_get_info(self, ordinal: int) -> tuple[int, int]:
-        if self._faults:
-            self._fault("mem_get_info")
         self._enter(ordinal)
         _, free, total = _check(cu.cuMemGetInfo(), "cuMemGetInfo")
         return int(free), int(total)
 
     def mem_pool_trim(self, ordinal: int, keep_bytes: int = 0) -> None:
-        if self._faults:
-            self._fault("mem_pool_trim")
         dev = self._enter(ordinal)
         pool = dev.pool
         if pool is None:
@@ -497,8 +486,6 @@ class CudaBackend(CudaVmm, Backend):
         (cuMemHostRegister, portable to every context). The memory itself belongs
         to the process, so it stays valid even if a context reset drops the
         registration (copies then fall back to the driver's staged path)."""
-        if self._faults:
-            self._fault("host_alloc")
         if type(nbytes) is not int or nbytes <= 0:
             raise driver_error("CUDA_ERROR_INVALID_VALUE", "cuMemHostAlloc", f"cannot pin {nbytes!r} bytes")
         self._enter_any()
@@ -511,8 +498,6 @@ class CudaBackend(CudaVmm, Backend):
         return ptr
 
     def host_free(self, ptr: int) -> None:
-        if self._faults:
-            self._fault("host_free")
         with self._lock:
             raw = self._host.pop(ptr, None)
         if raw is None:
@@ -530,33 +515,23 @@ class CudaBackend(CudaVmm, Backend):
         del raw
 
     def memcpy_htod_async(self, dst: int, src_host: int, nbytes: int, stream: int) -> None:
-        if self._faults:
-            self._fault("memcpy_htod_async")
         s = self._enter_stream(stream)
         _check(self._cuMemcpyHtoDAsync(dst, src_host, nbytes, s), "cuMemcpyHtoDAsync")
 
     def memcpy_dtoh_async(self, dst_host: int, src: int, nbytes: int, stream: int) -> None:
-        if self._faults:
-            self._fault("memcpy_dtoh_async")
         s = self._enter_stream(stream)
         _check(self._cuMemcpyDtoHAsync(dst_host, src, nbytes, s), "cuMemcpyDtoHAsync")
 
     def memcpy_dtod_async(self, dst: int, src: int, nbytes: int, stream: int) -> None:
-        if self._faults:
-            self._fault("memcpy_dtod_async")
         s = self._enter_stream(stream)
         _check(self._cuMemcpyDtoDAsync(dst, src, nbytes, s), "cuMemcpyDtoDAsync")
 
     def memset_d8_async(self, ptr: int, value: int, nbytes: int, stream: int) -> None:
-        if self._faults:
-            self._fault("memset_d8_async")
         s = self._enter_stream(stream)
         _check(self._cuMemsetD8Async(ptr, value, nbytes, s), "cuMemsetD8Async")
 
     # -- streams -----------------------------------------------------------
     def stream_create(self, ordinal: int, priority: int = 0) -> int:
-        if self._faults:
-            self._fault("stream_create")
         dev = self._enter(ordinal)
         obj = _check(cu.cuStreamCreateWithPriority(self._non_blocking, priority), "cuStreamCreateWithPriority")[1]
         handle = int(obj)
@@ -566,8 +541,6 @@ class CudaBackend(CudaVmm, Backend):
     def stream_destroy(self, stream: int) -> None:
         """Destroy ``stream`` (queued work still completes). Host-function
         exceptions not yet surfaced move to the device's next device_synchronize."""
-        if self._faults:
-            self._fault("stream_destroy")
         if stream not in self._streams:
             # Not made here, or its context was reset: the driver may crash on a dead handle.
             raise driver_error("CUDA_ERROR_INVALID_HANDLE", "cuStreamDestroy",
@@ -579,10 +552,10 @@ class CudaBackend(CudaVmm, Backend):
             errors = self._host_errors.pop(stream, None)
             if errors and rec is not None:
                 self._orphan_errors.setdefault(rec[0].ordinal, []).extend(errors)
+        if self._trace:
+            emit(self._trace, "on_stream_destroyed", stream)
 
     def stream_wait_event(self, stream: int, event: int) -> None:
-        if self._faults:
-            self._fault("stream_wait_event")
         srec = self._streams.get(stream)
         erec = self._events.get(event)
         if srec is not None and erec is not None and self._cur.ctx is srec[0].ctx:  # the hot path, inlined
@@ -591,31 +564,32 @@ class CudaBackend(CudaVmm, Backend):
             res = self._cuStreamWaitEvent(self._enter_stream(stream), event if erec is None else erec[1], 0)
         if res[0]:
             raise _error(res[0], "cuStreamWaitEvent")
+        if self._trace:
+            emit(self._trace, "on_stream_wait_event", stream, event)
 
     def stream_query(self, stream: int) -> bool:
-        if self._faults:
-            self._fault("stream_query")
-        return _ready(self._cuStreamQuery(self._enter_stream(stream)), "cuStreamQuery")
+        done = _ready(self._cuStreamQuery(self._enter_stream(stream)), "cuStreamQuery")
+        if done and self._trace:
+            emit(self._trace, "on_stream_synchronize", stream)
+        return done
 
     def stream_synchronize(self, stream: int) -> None:
         """Wait for ``stream``; then raise the first exception a host function
         of this stream raised since the last synchronize, as DriverError
         CUDA_ERROR_LAUNCH_FAILED (call "cuStreamSynchronize")."""
-        if self._faults:
-            self._fault("stream_synchronize")
         _check(self._cuStreamSynchronize(self._enter_stream(stream)), "cuStreamSynchronize")
         if self._host_errors:
             with self._lock:
                 errors = self._host_errors.pop(stream, None)
             if errors:
                 self._raise_host_errors(errors, "cuStreamSynchronize")
+        if self._trace:
+            emit(self._trace, "on_stream_synchronize", stream)
 
     def launch_host_func(self, stream: int, fn: Callable[[], None]) -> None:
         """Run ``fn()`` on the driver's host thread when ``stream`` gets here.
         ``fn`` must not call the backend (the driver forbids CUDA calls there);
         its exceptions surface at the next synchronize (see stream_synchronize)."""
-        if self._faults:
-            self._fault("launch_host_func")
         if not callable(fn):
             raise driver_error("CUDA_ERROR_INVALID_VALUE", "cuLaunchHostFunc", f"{fn!r} is not callable")
         s = self._enter_stream(stream)
@@ -655,8 +629,6 @@ class CudaBackend(CudaVmm, Backend):
 
     # -- events ------------------------------------------------------------
     def event_create(self, ordinal: int, timing: bool = False) -> int:
-        if self._faults:
-            self._fault("event_create")
         dev = self._enter(ordinal)
         obj = _check(cu.cuEventCreate(0 if timing else self._no_timing), "cuEventCreate")[1]
         handle = int(obj)
@@ -664,17 +636,17 @@ class CudaBackend(CudaVmm, Backend):
         return handle
 
     def event_destroy(self, event: int) -> None:
-        if self._faults:
-            self._fault("event_destroy")
         if event not in self._events:
             raise driver_error("CUDA_ERROR_INVALID_HANDLE", "cuEventDestroy",
                                f"event {event:#x} was not created by this backend or its context was reset")
         _check(cu.cuEventDestroy(self._enter_event(event)), "cuEventDestroy")
         self._events.pop(event, None)
+        if self._trace:
+            emit(self._trace, "on_event_destroyed", event)
 
     def event_record(self, event: int, stream: int) -> None:
-        if self._faults:
-            self._fault("event_record")
+        if self._trace:
+            emit(self._trace, "on_event_record", event, stream)
         srec = self._streams.get(stream)
         erec = self._events.get(event)
         if srec is not None and erec is not None and self._cur.ctx is srec[0].ctx:  # the hot path, inlined
@@ -685,19 +657,18 @@ class CudaBackend(CudaVmm, Backend):
             raise _error(res[0], "cuEventRecord")
 
     def event_query(self, event: int) -> bool:
-        if self._faults:
-            self._fault("event_query")
-        return _ready(self._cuEventQuery(self._enter_event(event)), "cuEventQuery")
+        done = _ready(self._cuEventQuery(self._enter_event(event)), "cuEventQuery")
+        if done and self._trace:
+            emit(self._trace, "on_event_synchronize", event)
+        return done
 
     def event_synchronize(self, event: int) -> None:
-        if self._faults:
-            self._fault("event_synchronize")
         _check(self._cuEventSynchronize(self._enter_event(event)), "cuEventSynchronize")
+        if self._trace:
+            emit(self._trace, "on_event_synchronize", event)
 
     def event_elapsed_ms(self, start: int, end: int) -> float:
         """Milliseconds between two completed records of timing events."""
-        if self._faults:
-            self._fault("event_elapsed_ms")
         a = self._enter_event(start)
         rec = self._events.get(end)
         return float(_check(cu.cuEventElapsedTime(a, end if rec is None else rec[1]), "cuEventElapsedTime")[1])
@@ -706,8 +677,6 @@ class CudaBackend(CudaVmm, Backend):
     def kernel_compile(self, ordinal: int, source: str, name: str, options: tuple = ()) -> Any:
         """NVRTC-compile ``source`` to a cubin for this device's architecture, load it,
         and return the CUfunction ``name``. Compile errors carry NVRTC's log."""
-        if self._faults:
-            self._fault("kernel_compile")
         from cuda.bindings import nvrtc
 
         def nv(res: tuple, call: str, prog: Any = None) -> tuple:
@@ -749,8 +718,6 @@ class CudaBackend(CudaVmm, Backend):
     def kernel_launch(self, function: Any, grid: tuple, block: tuple, shared_mem: int, stream: int,
                       params: Any = ()) -> None:
         """cuLaunchKernel with ``params`` (ctypes values, one per kernel parameter)."""
-        if self._faults:
-            self._fault("kernel_launch")
         s = self._enter_stream(stream)
         n = len(params)
         ptrs = (ctypes.c_void_p * max(n, 1))(*[ctypes.addressof(p) for p in params])

@@ -62,6 +62,7 @@ from typing import Any, Callable
 import numpy as np
 
 from .base import OPS, Backend, DeviceProperties, driver_error
+from .trace import emit
 from ..units import parse_bytes
 from .vmm_emulated import EmulatedVmm
 
@@ -387,6 +388,8 @@ class EmulatedBackend(EmulatedVmm, Backend):
     """
 
     name = "emulated"
+    host_memory = True    # device memory is NumPy host memory: host views, DLPack as CPU memory
+    host_kernels = True   # a kernel is a Python callable over NumPy views (a Kernel's host_impl)
 
     def __init__(self, devices: int | None = None, memory: int | str | None = None,
                  jitter: tuple[int, float] | int | bool | None = None) -> None:
@@ -476,13 +479,11 @@ class EmulatedBackend(EmulatedVmm, Backend):
         if error is not None:
             raise driver_error("CUDA_ERROR_LAUNCH_FAILED", call, error)
 
-    # -- emulator-only helpers -------------------------------------------------
+    # -- host memory (the protocol's host_memory methods) ---------------------------
     def host_view(self, ptr: int, nbytes: int) -> np.ndarray:
         """A writable uint8 NumPy view of ``nbytes`` of device memory at ``ptr``
         (kernels and debug guards use it). Raises ``DriverError``
         CUDA_ERROR_INVALID_VALUE unless the range lies in one live allocation."""
-        if self._forked_from is not None:
-            self._check_fork("use host_view")
         self._check_size(nbytes, "host_view")
         if nbytes == 0:
             return np.empty(0, dtype=np.uint8)
@@ -492,20 +493,16 @@ class EmulatedBackend(EmulatedVmm, Backend):
 
     def host_address(self, ptr: int) -> int:
         """The host address backing device pointer ``ptr`` (interior pointers too)."""
-        if self._forked_from is not None:
-            self._check_fork("use host_address")
         alloc = self._find(ptr, 0, "host_address")
         return alloc.host + (ptr - alloc.base)
 
     def adopt_host_memory(self, ordinal: int, host: int, nbytes: int) -> tuple[int, bool]:
-        """Emulator only: make ``nbytes`` of existing host memory at ``host`` addressable
+        """Make ``nbytes`` of existing host memory at ``host`` addressable
         as device memory of ``ordinal`` (so foreign CPU arrays can be adopted zero-copy
         through DLPack). Memory that already backs an emulated allocation maps back to
         its device address. Counted as used until ``release_host_memory``; the caller
         keeps the host memory alive. Returns ``(device_ptr, adopted)``: ``adopted`` is
         False when the memory already was emulated device memory (nothing to release)."""
-        if self._forked_from is not None:
-            self._check_fork("use adopt_host_memory")
         dev = self._device(ordinal, "adopt_host_memory")
         self._check_size(nbytes, "adopt_host_memory")
         with dev.lock:
@@ -524,22 +521,16 @@ class EmulatedBackend(EmulatedVmm, Backend):
 
     def release_host_memory(self, ordinal: int, ptr: int) -> None:
         """Forget memory adopted with ``adopt_host_memory``."""
-        if self._forked_from is not None:
-            self._check_fork("use release_host_memory")
         self._device(ordinal, "release_host_memory").free(ptr, "release_host_memory")
 
     def allocation_view(self, ptr: int) -> tuple[np.ndarray, int]:
-        """Emulator only: the whole allocation holding ``ptr`` as uint8, and ``ptr``'s
+        """The whole allocation holding ``ptr`` as uint8, and ``ptr``'s
         offset in it (kernels' raw pointers are bounded by their allocation, as on a GPU)."""
-        if self._forked_from is not None:
-            self._check_fork("use allocation_view")
         alloc = self._find(ptr, 0, "allocation_view")
         return alloc.buf, ptr - alloc.base
 
     # -- kernels -------------------------------------------------------------------
     def kernel_compile(self, ordinal: int, source: str, name: str, options: tuple = ()) -> Any:
-        if self._faults:
-            self._fault("kernel_compile")
         raise self._unsupported(f"compiling CUDA source (kernel {name!r})",
                                 "the emulator runs a Kernel's host_impl instead")
 
@@ -548,8 +539,6 @@ class EmulatedBackend(EmulatedVmm, Backend):
         """Queue ``function`` (a Python callable: a Kernel's host_impl bound to its
         arguments) on the stream. An exception in it fails the stream like a faulting
         kernel (a sticky CUDA_ERROR_LAUNCH_FAILED)."""
-        if self._faults:
-            self._fault("kernel_launch")
         call = OPS["kernel_launch"]
         if not callable(function):
             raise driver_error("CUDA_ERROR_INVALID_HANDLE", call, f"{function!r} is not a host kernel")
@@ -573,8 +562,6 @@ class EmulatedBackend(EmulatedVmm, Backend):
         return {"emulator": "1", "numpy": np.__version__}
 
     def init_device(self, ordinal: int) -> None:
-        if self._faults:
-            self._fault("init_device")
         self._device(ordinal, OPS["init_device"])
         self._used = True
 
@@ -586,8 +573,6 @@ class EmulatedBackend(EmulatedVmm, Backend):
         invalidate its streams and events (queued work is dropped; an item
         already running finishes) and clear its sticky error. Pinned host
         memory is process-wide and survives."""
-        if self._faults:
-            self._fault("rebuild_context")
         dev = self._device(ordinal, OPS["rebuild_context"])
         # Lock order everywhere: stream lock, then device lock, then self._lock.
         with dev.lock:
@@ -607,8 +592,6 @@ class EmulatedBackend(EmulatedVmm, Backend):
         """Wait for all work queued on the device's streams (destroyed ones still
         draining included). Raises CUDA_ERROR_LAUNCH_FAILED if any stream of the
         device has failed since the last context rebuild."""
-        if self._faults:
-            self._fault("device_synchronize")
         dev = self._device(ordinal, OPS["device_synchronize"])
         with dev.lock:
             streams = list(dev.streams)
@@ -616,24 +599,20 @@ class EmulatedBackend(EmulatedVmm, Backend):
         for s, ticket in targets:
             s.wait_for(ticket)
         self._raise_sticky(dev.error, OPS["device_synchronize"])
+        if self._trace:
+            emit(self._trace, "on_device_synchronize", ordinal)
 
     # -- memory ------------------------------------------------------------------
     def mem_alloc(self, ordinal: int, nbytes: int) -> int:
-        if self._faults:
-            self._fault("mem_alloc")
         call = OPS["mem_alloc"]
         return self._device(ordinal, call).allocate(nbytes, call)
 
     def mem_free(self, ordinal: int, ptr: int) -> None:
-        if self._faults:
-            self._fault("mem_free")
         call = OPS["mem_free"]
         self._device(ordinal, call).free(ptr, call)
 
     def mem_alloc_async(self, ordinal: int, nbytes: int, stream: int) -> int:
         """The address is reserved at once; the emulator has no pool to order."""
-        if self._faults:
-            self._fault("mem_alloc_async")
         call = OPS["mem_alloc_async"]
         dev = self._device(ordinal, call)
         self._same_device(self._stream(stream, call), dev, call)
@@ -642,8 +621,6 @@ class EmulatedBackend(EmulatedVmm, Backend):
     def mem_free_async(self, ordinal: int, ptr: int, stream: int) -> None:
         """The bytes stay counted, and the address unusable, until ``stream``
         reaches the free; no work may be queued on ``ptr`` after this call."""
-        if self._faults:
-            self._fault("mem_free_async")
         call = OPS["mem_free_async"]
         dev = self._device(ordinal, call)
         s = self._stream(stream, call)
@@ -661,21 +638,15 @@ class EmulatedBackend(EmulatedVmm, Backend):
                                f"not device {dev.ordinal}")
 
     def mem_get_info(self, ordinal: int) -> tuple[int, int]:
-        if self._faults:
-            self._fault("mem_get_info")
         dev = self._device(ordinal, OPS["mem_get_info"])
         with dev.lock:
             return dev.total - dev.live, dev.total
 
     def mem_pool_trim(self, ordinal: int, keep_bytes: int = 0) -> None:
         """No-op: the emulator caches nothing."""
-        if self._faults:
-            self._fault("mem_pool_trim")
         self._device(ordinal, OPS["mem_pool_trim"])
 
     def host_alloc(self, nbytes: int) -> int:
-        if self._faults:
-            self._fault("host_alloc")
         call = OPS["host_alloc"]
         if type(nbytes) is not int or nbytes <= 0:
             raise driver_error("CUDA_ERROR_INVALID_VALUE", call, f"cannot allocate {nbytes!r} bytes")
@@ -691,8 +662,6 @@ class EmulatedBackend(EmulatedVmm, Backend):
         return addr + skip
 
     def host_free(self, ptr: int) -> None:
-        if self._faults:
-            self._fault("host_free")
         with self._lock:
             buf = self._pinned.pop(ptr, None)
         if buf is None:
@@ -701,8 +670,6 @@ class EmulatedBackend(EmulatedVmm, Backend):
 
     # -- copies (ranges checked now, bytes moved when the stream gets there) -------
     def memcpy_htod_async(self, dst: int, src_host: int, nbytes: int, stream: int) -> None:
-        if self._faults:
-            self._fault("memcpy_htod_async")
         call = OPS["memcpy_htod_async"]
         s = self._stream(stream, call)
         self._check_size(nbytes, call)
@@ -714,8 +681,6 @@ class EmulatedBackend(EmulatedVmm, Backend):
                   alloc.buf)
 
     def memcpy_dtoh_async(self, dst_host: int, src: int, nbytes: int, stream: int) -> None:
-        if self._faults:
-            self._fault("memcpy_dtoh_async")
         call = OPS["memcpy_dtoh_async"]
         s = self._stream(stream, call)
         self._check_size(nbytes, call)
@@ -727,8 +692,6 @@ class EmulatedBackend(EmulatedVmm, Backend):
                   alloc.buf)
 
     def memcpy_dtod_async(self, dst: int, src: int, nbytes: int, stream: int) -> None:
-        if self._faults:
-            self._fault("memcpy_dtod_async")
         call = OPS["memcpy_dtod_async"]
         s = self._stream(stream, call)
         self._check_size(nbytes, call)
@@ -740,8 +703,6 @@ class EmulatedBackend(EmulatedVmm, Backend):
                   (d.host + (dst - d.base), a.host + (src - a.base), nbytes), (d.buf, a.buf))
 
     def memset_d8_async(self, ptr: int, value: int, nbytes: int, stream: int) -> None:
-        if self._faults:
-            self._fault("memset_d8_async")
         call = OPS["memset_d8_async"]
         s = self._stream(stream, call)
         self._check_size(nbytes, call)
@@ -761,8 +722,6 @@ class EmulatedBackend(EmulatedVmm, Backend):
     # -- streams -----------------------------------------------------------------
     def stream_create(self, ordinal: int, priority: int = 0) -> int:
         """A new stream with its own worker thread; ``priority`` is accepted and ignored."""
-        if self._faults:
-            self._fault("stream_create")
         dev = self._device(ordinal, OPS["stream_create"])
         self._used = True  # a worker thread exists from now on: a forked child cannot use this backend
         handle = next(self._stream_ids)
@@ -775,57 +734,56 @@ class EmulatedBackend(EmulatedVmm, Backend):
 
     def stream_destroy(self, stream: int) -> None:
         """The handle is invalid at once; queued work still runs, then the worker exits."""
-        if self._faults:
-            self._fault("stream_destroy")
         with self._lock:
             s = self._streams.pop(stream, None)
         if s is None:
             raise driver_error("CUDA_ERROR_INVALID_HANDLE", OPS["stream_destroy"],
                                f"stream {stream!r} was destroyed or never created")
         s.close()
+        if self._trace:
+            emit(self._trace, "on_stream_destroyed", stream)
 
     def stream_wait_event(self, stream: int, event: int) -> None:
-        if self._faults:
-            self._fault("stream_wait_event")
         call = OPS["stream_wait_event"]
         s = self._stream(stream, call)
         rec = self._event(event, call).latest
-        if rec is None or rec.stream is s:
-            return  # nothing to wait for (never recorded, or FIFO order)
-        src = rec.stream
-        if rec.done() and not (src.failed_at and src.failed_at <= rec.ticket):
-            return  # already reached, and the work before it succeeded
-        self._put(s, call, _wait_item, (src, rec.ticket), rec)
+        # Nothing to queue when never recorded, in FIFO order (the same stream), or already
+        # reached with the work before it succeeded.
+        if rec is not None and rec.stream is not s:
+            src = rec.stream
+            if not rec.done() or (src.failed_at and src.failed_at <= rec.ticket):
+                self._put(s, call, _wait_item, (src, rec.ticket), rec)
+        if self._trace:
+            emit(self._trace, "on_stream_wait_event", stream, event)
 
     def stream_query(self, stream: int) -> bool:
         """True when nothing is queued or running. A failed stream raises its
         sticky CUDA_ERROR_LAUNCH_FAILED, as cuStreamQuery does."""
-        if self._faults:
-            self._fault("stream_query")
         call = OPS["stream_query"]
         s = self._stream(stream, call)
         self._raise_sticky(s.error, call)
-        return s.drained()
+        done = s.drained()
+        if done and self._trace:
+            emit(self._trace, "on_stream_synchronize", stream)
+        return done
 
     def stream_synchronize(self, stream: int) -> None:
         """Wait for everything queued before this call. Raises
         CUDA_ERROR_LAUNCH_FAILED (with the exception text) if an item of this
         stream raised; the error stays until ``rebuild_context``."""
-        if self._faults:
-            self._fault("stream_synchronize")
         call = OPS["stream_synchronize"]
         s = self._stream(stream, call)
         if not s.wait_for(s.submitted()):
             raise driver_error("CUDA_ERROR_INVALID_HANDLE", call,
                                f"stream {stream} was lost to a context rebuild while waiting")
         self._raise_sticky(s.error, call)
+        if self._trace:
+            emit(self._trace, "on_stream_synchronize", stream)
 
     def launch_host_func(self, stream: int, fn: Callable[[], None]) -> None:
         """Run ``fn()`` on the stream's worker thread. If it raises, the stream's
         error becomes sticky (see ``stream_synchronize``). ``fn`` must not call
         the backend (as in CUDA); a synchronize from it would deadlock."""
-        if self._faults:
-            self._fault("launch_host_func")
         call = OPS["launch_host_func"]
         if not callable(fn):
             raise driver_error("CUDA_ERROR_INVALID_VALUE", call, f"{fn!r} is not callable")
@@ -833,8 +791,6 @@ class EmulatedBackend(EmulatedVmm, Backend):
 
     # -- events ------------------------------------------------------------------
     def event_create(self, ordinal: int, timing: bool = False) -> int:
-        if self._faults:
-            self._fault("event_create")
         dev = self._device(ordinal, OPS["event_create"])
         handle = next(self._event_ids)
         with dev.lock, self._lock:
@@ -843,17 +799,17 @@ class EmulatedBackend(EmulatedVmm, Backend):
 
     def event_destroy(self, event: int) -> None:
         """The handle is invalid at once; pending records still complete."""
-        if self._faults:
-            self._fault("event_destroy")
         with self._lock:
             e = self._events.pop(event, None)
         if e is None:
             raise driver_error("CUDA_ERROR_INVALID_HANDLE", OPS["event_destroy"],
                                f"event {event!r} was destroyed or never created")
+        if self._trace:
+            emit(self._trace, "on_event_destroyed", event)
 
     def event_record(self, event: int, stream: int) -> None:
-        if self._faults:
-            self._fault("event_record")
+        if self._trace:
+            emit(self._trace, "on_event_record", event, stream)
         call = OPS["event_record"]
         e = self._event(event, call)
         s = self._stream(stream, call)
@@ -868,38 +824,34 @@ class EmulatedBackend(EmulatedVmm, Backend):
     def event_query(self, event: int) -> bool:
         """True when the latest record is reached (or the event never recorded).
         Raises the recording stream's sticky error once reached."""
-        if self._faults:
-            self._fault("event_query")
         call = OPS["event_query"]
         rec = self._event(event, call).latest
-        if rec is None:
-            return True
-        if not rec.done():
-            return False
-        self._raise_sticky(rec.stream.error, call)
+        if rec is not None:
+            if not rec.done():
+                return False
+            self._raise_sticky(rec.stream.error, call)
+        if self._trace:
+            emit(self._trace, "on_event_synchronize", event)
         return True
 
     def event_synchronize(self, event: int) -> None:
         """Wait for the latest record as of this call; raises the recording
         stream's sticky CUDA_ERROR_LAUNCH_FAILED if it failed."""
-        if self._faults:
-            self._fault("event_synchronize")
         call = OPS["event_synchronize"]
         rec = self._event(event, call).latest
-        if rec is None:
-            return
-        if not rec.stream.wait_for(rec.ticket):
-            raise driver_error("CUDA_ERROR_INVALID_HANDLE", call,
-                               f"event {event} was lost to a context rebuild while waiting")
-        self._raise_sticky(rec.stream.error, call)
+        if rec is not None:
+            if not rec.stream.wait_for(rec.ticket):
+                raise driver_error("CUDA_ERROR_INVALID_HANDLE", call,
+                                   f"event {event} was lost to a context rebuild while waiting")
+            self._raise_sticky(rec.stream.error, call)
+        if self._trace:
+            emit(self._trace, "on_event_synchronize", event)
 
     def event_elapsed_ms(self, start: int, end: int) -> float:
         """Host milliseconds between the two records being reached by their
         workers: meaningless as GPU timings. Both events need timing enabled
         (else CUDA_ERROR_INVALID_HANDLE), a record (else CUDA_ERROR_INVALID_HANDLE,
         as the driver) and a completed one (else CUDA_ERROR_NOT_READY)."""
-        if self._faults:
-            self._fault("event_elapsed_ms")
         call = OPS["event_elapsed_ms"]
         recs = []
         for handle in (start, end):

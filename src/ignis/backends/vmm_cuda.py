@@ -12,7 +12,7 @@ Design and rules:
   ``cuMemUnmap`` / ``cuMemAddressFree`` / ``cuMemRelease`` undo it. Handles,
   pointers and fds are plain ints at the protocol boundary.
 - Every status goes through ``cuda._check`` (DriverError naming the cu* call);
-  nothing is masked. Each operation starts with its fault-injection hook.
+  nothing is masked. (Faults are injected by wrapping the backend: ``ignis.backends.faults``.)
 - Calls that name a device make its primary context current; the others
   need only some context (``_enter_any``).
 - ``cuda.py`` imports this module before it defines its helpers, so they are
@@ -57,8 +57,6 @@ class CudaVmm:
     def vmm_granularity(self, ordinal: int, recommended: bool = False) -> int:
         """``cuMemGetAllocationGranularity`` for exportable memory on ``ordinal``: the minimum granularity in
         bytes, or the recommended one if ``recommended``."""
-        if self._faults:
-            self._fault("vmm_granularity")
         c = _drv()
         self._enter(ordinal)
         flags = c.cu.CUmemAllocationGranularity_flags
@@ -71,24 +69,18 @@ class CudaVmm:
     def vmm_create(self, ordinal: int, nbytes: int) -> int:
         """``cuMemCreate``: ``nbytes`` (a multiple of the granularity) of physical memory on ``ordinal``,
         exportable as a POSIX fd. Returns the allocation handle."""
-        if self._faults:
-            self._fault("vmm_create")
         c = _drv()
         self._enter(ordinal)
         return int(c._check(c.cu.cuMemCreate(nbytes, self._vmm_prop(ordinal), 0), "cuMemCreate")[1])
 
     def vmm_release(self, handle: int) -> None:
         """``cuMemRelease`` the allocation ``handle``; the memory goes once no mapping uses it."""
-        if self._faults:
-            self._fault("vmm_release")
         c = _drv()
         self._enter_any()
         c._check(c.cu.cuMemRelease(handle), "cuMemRelease")
 
     def vmm_export_fd(self, handle: int) -> int:
         """``cuMemExportToShareableHandle``: a new POSIX file descriptor for ``handle`` (the caller closes it)."""
-        if self._faults:
-            self._fault("vmm_export_fd")
         c = _drv()
         self._enter_any()
         kind = c.cu.CUmemAllocationHandleType.CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR
@@ -98,8 +90,6 @@ class CudaVmm:
     def vmm_import_fd(self, fd: int) -> int:
         """``cuMemImportFromShareableHandle``: an allocation handle for the memory behind ``fd`` (which stays
         the caller's). A value that is not a non-negative int is ``CUDA_ERROR_INVALID_VALUE``."""
-        if self._faults:
-            self._fault("vmm_import_fd")
         c = _drv()
         if type(fd) is not int or fd < 0:
             raise driver_error("CUDA_ERROR_INVALID_VALUE", "cuMemImportFromShareableHandle",
@@ -112,40 +102,30 @@ class CudaVmm:
     def vmm_reserve(self, ordinal: int, nbytes: int, alignment: int = 0) -> int:
         """``cuMemAddressReserve``: a device virtual address range of ``nbytes`` (aligned to ``alignment``,
         0 for the default); returns its start."""
-        if self._faults:
-            self._fault("vmm_reserve")
         c = _drv()
         self._enter(ordinal)
         return int(c._check(c.cu.cuMemAddressReserve(nbytes, alignment, 0, 0), "cuMemAddressReserve")[1])
 
     def vmm_free_address(self, ptr: int, nbytes: int) -> None:
         """``cuMemAddressFree`` a range from ``vmm_reserve``."""
-        if self._faults:
-            self._fault("vmm_free_address")
         c = _drv()
         self._enter_any()
         c._check(c.cu.cuMemAddressFree(ptr, nbytes), "cuMemAddressFree")
 
     def vmm_map(self, ptr: int, nbytes: int, handle: int, offset: int = 0) -> None:
         """``cuMemMap``: back ``nbytes`` at the reserved ``ptr`` with ``handle``'s memory from ``offset``."""
-        if self._faults:
-            self._fault("vmm_map")
         c = _drv()
         self._enter_any()
         c._check(c.cu.cuMemMap(ptr, nbytes, offset, handle, 0), "cuMemMap")
 
     def vmm_unmap(self, ptr: int, nbytes: int) -> None:
         """``cuMemUnmap`` a mapped range. Does not wait for queued work: synchronize first."""
-        if self._faults:
-            self._fault("vmm_unmap")
         c = _drv()
         self._enter_any()
         c._check(c.cu.cuMemUnmap(ptr, nbytes), "cuMemUnmap")
 
     def vmm_set_access(self, ordinal: int, ptr: int, nbytes: int) -> None:
         """``cuMemSetAccess``: give device ``ordinal`` read-write access to a mapped range."""
-        if self._faults:
-            self._fault("vmm_set_access")
         c = _drv()
         self._enter(ordinal)
         cu = c.cu

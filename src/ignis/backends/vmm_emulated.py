@@ -186,16 +186,12 @@ class EmulatedVmm:
     # -- the protocol ----------------------------------------------------------------------
     def vmm_granularity(self, ordinal: int, recommended: bool = False) -> int:
         """2 MiB, minimum and recommended (as on current NVIDIA GPUs)."""
-        if self._faults:
-            self._fault("vmm_granularity")
         self._device(ordinal, OPS["vmm_granularity"])
         return GRANULARITY
 
     def vmm_create(self, ordinal: int, nbytes: int) -> int:
         """``nbytes`` (a multiple of the granularity) of physical memory on ``ordinal``: a sealed memfd,
         counted against the device's memory. Returns the allocation handle (never reused)."""
-        if self._faults:
-            self._fault("vmm_create")
         call = OPS["vmm_create"]
         dev = self._device(ordinal, call)
         self._vmm_check_size(nbytes, call)
@@ -227,8 +223,6 @@ class EmulatedVmm:
 
     def vmm_release(self, handle: int) -> None:
         """The memory goes once its mappings are unmapped too."""
-        if self._faults:
-            self._fault("vmm_release")
         with self._vmm_lock:
             phys = self._vmm_handle(handle, OPS["vmm_release"])
             del self._vmm_handles[handle]
@@ -237,8 +231,6 @@ class EmulatedVmm:
 
     def vmm_export_fd(self, handle: int) -> int:
         """A new file descriptor (a dup of the memfd) for ``handle`` (the caller closes it)."""
-        if self._faults:
-            self._fault("vmm_export_fd")
         call = OPS["vmm_export_fd"]
         with self._vmm_lock:
             phys = self._vmm_handle(handle, call)
@@ -251,8 +243,6 @@ class EmulatedVmm:
     def vmm_import_fd(self, fd: int) -> int:
         """Import a memfd exported by ``vmm_export_fd`` (this process or another);
         ``fd`` stays the caller's. Anything else is CUDA_ERROR_INVALID_VALUE."""
-        if self._faults:
-            self._fault("vmm_import_fd")
         call = OPS["vmm_import_fd"]
         if type(fd) is not int or fd < 0:
             raise driver_error("CUDA_ERROR_INVALID_VALUE", call, f"{fd!r} is not a file descriptor")
@@ -282,8 +272,6 @@ class EmulatedVmm:
 
     def vmm_reserve(self, ordinal: int, nbytes: int, alignment: int = 0) -> int:
         """A granule-aligned range of device addresses (a multiple of the granularity)."""
-        if self._faults:
-            self._fault("vmm_reserve")
         call = OPS["vmm_reserve"]
         dev = self._device(ordinal, call)
         self._vmm_check_size(nbytes, call)
@@ -304,8 +292,6 @@ class EmulatedVmm:
     def vmm_free_address(self, ptr: int, nbytes: int) -> None:
         """Free a reservation from ``vmm_reserve`` (the same ``ptr`` and ``nbytes``); it must have no
         mappings left (else ``CUDA_ERROR_INVALID_VALUE``)."""
-        if self._faults:
-            self._fault("vmm_free_address")
         call = OPS["vmm_free_address"]
         with self._vmm_lock:
             rec = self._vmm_res.get(ptr) if type(ptr) is int else None
@@ -327,8 +313,6 @@ class EmulatedVmm:
         """Map ``nbytes`` of ``handle``'s memory from ``offset`` at ``ptr`` inside a reservation
         (sizes and offsets granule-aligned, no overlap with another mapping; else
         ``CUDA_ERROR_INVALID_VALUE``). The mapping has no access until ``vmm_set_access``."""
-        if self._faults:
-            self._fault("vmm_map")
         call = OPS["vmm_map"]
         self._vmm_check_size(nbytes, call)
         if type(offset) is not int or offset < 0 or offset % GRANULARITY:
@@ -359,8 +343,6 @@ class EmulatedVmm:
 
     def vmm_unmap(self, ptr: int, nbytes: int) -> None:
         """Unmap whole mappings; queued work that already holds them still completes."""
-        if self._faults:
-            self._fault("vmm_unmap")
         call = OPS["vmm_unmap"]
         with self._vmm_lock:
             rec = self._vmm_range(ptr, nbytes, call)
@@ -370,8 +352,6 @@ class EmulatedVmm:
     def vmm_set_access(self, ordinal: int, ptr: int, nbytes: int) -> None:
         """Make the mappings in ``[ptr, ptr + nbytes)`` usable (each becomes an emulated allocation that
         copies, memsets and kernels can reach)."""
-        if self._faults:
-            self._fault("vmm_set_access")
         call = OPS["vmm_set_access"]
         from .emulated import _Alloc  # emulated.py imports this module first
 

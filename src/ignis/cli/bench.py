@@ -292,7 +292,7 @@ def run_benchmarks(out_dir: str = "bench-results", *, quick: bool = True, only: 
               "or pass --bench-dir", file=out)
         return 2
     dev = Device(0)
-    emulated = dev.backend.name == "emulated"
+    emulated = not dev.backend.gpu_timings  # the numbers say nothing about a GPU
     quick = quick or emulated
     files = sorted(f for f in os.listdir(d) if f.startswith("bench_") and f.endswith(".py"))
     plan: list[tuple[str, str, list[str], bool]] = []   # name, file, args, reads json
@@ -304,7 +304,7 @@ def run_benchmarks(out_dir: str = "bench-results", *, quick: bool = True, only: 
             continue
         if k is not None:
             miss = _missing(k.needs)
-            if k.gpus and (dev.backend.name != "cuda" or device_count() < k.gpus):
+            if k.gpus and (not dev.backend.cuda_driver or device_count() < k.gpus):
                 runs[name] = {"status": f"skipped: needs {k.gpus} CUDA GPUs"}
                 continue
             if miss:

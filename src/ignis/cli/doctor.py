@@ -107,7 +107,7 @@ def probe_bandwidth(ordinal: int, nbytes: int, repeats: int) -> dict[str, Any]:
         end.close()
         stream.close()
     report: dict[str, Any] = {"device": ordinal, "bytes": nbytes, "repeats": repeats, "results": results}
-    if backend.name == "emulated":
+    if not backend.gpu_timings:
         report["note"] = EMULATED_NOTE
     return report
 
@@ -169,7 +169,7 @@ def _print_doctor(report: dict[str, Any], out: TextIO) -> None:
     say(f"ignis {v['ignis']} doctor")
     say(f"backend: {report['backend'] or 'none'}")
     from .. import backends
-    if report["backend"] == "emulated" and backends.auto_fallback:
+    if backends.auto_fallback:
         say(f"  (IGNIS_BACKEND=auto took the emulator: {backends.auto_fallback})")
     say(f"devices: {report['device_count']}")
     for d in report["devices"]:

@@ -111,7 +111,7 @@ def run(args: argparse.Namespace, out: TextIO | None = None, err: TextIO | None 
         out.write(f"  {'dtype':<14}{'tensors':>8}{'bytes':>16}\n")
         for name, (count, nbytes) in sorted(by_dtype.items(), key=lambda kv: -kv[1][1]):
             out.write(f"  {name:<14}{count:>8}{_fmt(nbytes):>16}\n")
-    if dev.backend.name == "emulated":
+    if not dev.backend.gpu_timings:
         out.write("note: emulated backend: the rate is a host memcpy speed and says nothing about a GPU\n")
     del arrays
     return 0

@@ -137,7 +137,7 @@ def format_replay(r: dict[str, Any]) -> str:
                      f"{sk['unknown_actions']} line(s) with other actions")
     if extra:
         lines.append("  notes           " + "; ".join(extra))
-    if r["backend"] == "emulated":
+    if not r["gpu_timings"]:
         lines.append("  (emulated backend: the time measures the emulator, not a GPU; memory numbers hold)")
     return "\n".join(lines)
 

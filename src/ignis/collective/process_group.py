@@ -9,6 +9,9 @@ Rules:
 - ``backend``: ``"nccl"`` on the cuda backend, ``"emulated"`` (loopback TCP
   between processes, see ``loopback``) on the emulated one; ``None`` picks
   the one that fits. Asking for the other one raises ``UnsupportedError``.
+  Which fits is a capability of the Ignis backend: NCCL needs the CUDA driver
+  (``Backend.cuda_driver``), the loopback transport moves bytes through host
+  views of device memory (``Backend.host_memory``).
 - The first group made is the default one (``get_communicator()``); it is
   closed at interpreter exit if the program did not close it.
 """
@@ -112,17 +115,17 @@ def _mpi_env() -> tuple[GroupEnv, Any] | None:
 
 
 def _pick_backend(backend: str | None) -> str:
-    ig = get_backend().name
+    ig = get_backend()
     if backend is None:
-        return "nccl" if ig == "cuda" else "emulated"
+        return "nccl" if ig.cuda_driver else "emulated"
     name = str(backend).strip().lower()
     if name not in BACKENDS:
         raise ValueError(f"unknown collective backend {backend!r}; use one of {', '.join(BACKENDS)} (or None)")
-    if name == "nccl" and ig != "cuda":
-        raise UnsupportedError("NCCL collectives", ig, "use backend='emulated' (loopback TCP between processes), "
+    if name == "nccl" and not ig.cuda_driver:
+        raise UnsupportedError("NCCL collectives", ig.name, "use backend='emulated' (loopback TCP between processes), "
                                "or IGNIS_BACKEND=cuda on a machine with GPUs")
-    if name == "emulated" and ig != "emulated":
-        raise UnsupportedError("the loopback collective transport", ig, "use backend='nccl'")
+    if name != "nccl" and not ig.host_memory:
+        raise UnsupportedError("the loopback collective transport", ig.name, "use backend='nccl'")
     return name
 
 
@@ -179,15 +182,7 @@ def init_process_group(backend: str | None = None, timeout: Any = DEFAULT_TIMEOU
         if rdzv is None:
             rdzv = Rendezvous(env.master_addr, env.master_port, env.rank, env.world_size, t)
         stream = dev.create_stream()
-        engine: Any
-        if name == "emulated":
-            engine = LoopbackEngine(env.rank, env.world_size, dev, health, t)
-            table = rdzv.exchange(engine.listen(rdzv.local_ip))
-            rdzv.watch(health.peer_died)
-            engine.connect(table)
-        else:
-            from .nccl import load_bindings
-            engine = _nccl_engine(load_bindings(), env, dev, health, t, rdzv, stream)
+        engine = _ENGINES[name](env, dev, health, t, rdzv, stream)
         comm = Communicator(engine, rank=env.rank, world_size=env.world_size, device=dev, stream=stream,
                             timeout=t, health=health, rendezvous=rdzv)
     except BaseException:
@@ -203,6 +198,21 @@ def init_process_group(backend: str | None = None, timeout: Any = DEFAULT_TIMEOU
             atexit.register(_close_at_exit)
             _atexit_registered = True
     return comm
+
+
+def _loopback_engine(env: GroupEnv, dev: Device, health: Health, t: float, rdzv: Any, stream: Any) -> Any:
+    """The loopback (TCP) engine: the ``"emulated"`` transport."""
+    engine = LoopbackEngine(env.rank, env.world_size, dev, health, t)
+    table = rdzv.exchange(engine.listen(rdzv.local_ip))
+    rdzv.watch(health.peer_died)
+    engine.connect(table)
+    return engine
+
+
+def _nccl_from_bindings(env: GroupEnv, dev: Device, health: Health, t: float, rdzv: Any, stream: Any) -> Any:
+    """The NCCL engine over the NCCL bindings found (the ``"nccl"`` transport)."""
+    from .nccl import load_bindings
+    return _nccl_engine(load_bindings(), env, dev, health, t, rdzv, stream)
 
 
 def _nccl_engine(api: Any, env: GroupEnv, dev: Device, health: Health, t: float, rdzv: Any,
@@ -236,6 +246,10 @@ def _check_distinct_devices(table: list[dict[str, Any]], env: GroupEnv) -> None:
                                   "needs one GPU per rank: set LOCAL_RANK (ignis launch does) or device=",
                                   op="init_process_group", this_rank=env.rank, kind="init")
         seen[key] = r
+
+
+# collective transport (BACKENDS) -> the function that makes its engine
+_ENGINES = {"emulated": _loopback_engine, "nccl": _nccl_from_bindings}
 
 
 def get_communicator() -> Communicator:

@@ -85,10 +85,10 @@ def from_dlpack(x: Any, *, stream: Stream | None = None, owner: str = "compute")
     dev_type, dev_id = int(dev_type), int(dev_id)
     from ..backends import get_backend
     backend = get_backend()
-    if backend.name == "emulated":
+    if backend.host_memory:  # device memory is host memory: adopt CPU tensors
         if dev_type not in (KDL_CPU, KDL_CUDA_HOST):
-            raise UnsupportedError(f"importing DLPack device type {dev_type}", "emulated",
-                                   "the emulator adopts CPU tensors only")
+            raise UnsupportedError(f"importing DLPack device type {dev_type}", backend.name,
+                                   "this backend adopts CPU tensors only")
         device = current_device()
         kwargs: dict[str, Any] = {}
     else:
@@ -104,7 +104,7 @@ def from_dlpack(x: Any, *, stream: Stream | None = None, owner: str = "compute")
             capsule = x.__dlpack__(**kwargs)
         except TypeError:
             capsule = x.__dlpack__()
-            if backend.name != "emulated":
+            if not backend.host_memory:
                 device.synchronize()
     readonly = False
     if _PyCapsule_IsValid(capsule, _VERSIONED):
@@ -135,7 +135,7 @@ def from_dlpack(x: Any, *, stream: Stream | None = None, owner: str = "compute")
     for d in shape:
         nbytes *= d
     data = (t.data or 0) + t.byte_offset
-    if backend.name == "emulated" and nbytes:
+    if backend.host_memory and nbytes:
         ptr, adopted = backend.adopt_host_memory(device.ordinal, data, nbytes)
         if adopted:
             keep = _EmuAdopted(keep, backend, device.ordinal, ptr)

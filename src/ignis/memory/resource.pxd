@@ -62,3 +62,5 @@ cdef class TrackedResource(DeviceMemoryResource):
     cdef object _wait_c(self, Stream stream, Stream other, object event)
     cdef int _order_release_c(self, DeviceBlock b) except -1
     cdef int _finish_locked(self, DeviceBlock b, object stream, object access) except -1
+    cdef int _prepare_c(self, object block, Stream s, object access, object span) except -1
+    cdef int _finish_c(self, object block, object stream, object access) except -1

@@ -135,7 +135,9 @@ def check_request(nbytes: Any, stream: Any) -> None:
 # backend (``backend.tracking_calls()`` gives its handle tables and the driver's own
 # cuEventRecord / cuStreamWaitEvent), a call for handles in those tables whose context
 # is current on this thread goes straight to the driver with the GIL released, while
-# no fault is armed and no recorder or sanitizer hook is installed; everything else,
+# every container of ``tracking_calls()["off"]`` is empty (no trace listener is
+# subscribed, no fault of a FaultInjectingBackend is armed, the backend was not
+# inherited through fork()) and no recorder or sanitizer hook is installed; everything else,
 # and any call the driver refuses there (it is then made again, to raise the backend's
 # error), goes through the backend's methods.
 
@@ -152,7 +154,7 @@ cdef class _DriverQueue:
     cdef dict streams
     cdef dict events
     cdef object cur
-    cdef object faults
+    cdef tuple off
     cdef _event_record_fn raw_record
     cdef _stream_wait_fn raw_wait
 
@@ -164,9 +166,11 @@ cdef class _DriverQueue:
         cdef int r
         cdef _event_record_fn rec = self.raw_record
         cdef _stream_wait_fn wt = self.raw_wait
-        if rec == NULL or wt == NULL or self.faults or _HIST["recorder"] is not None \
-                or _ORD["checker"] is not None:
+        if rec == NULL or wt == NULL or _HIST["recorder"] is not None or _ORD["checker"] is not None:
             return -1
+        for c in self.off:  # trace listeners, armed faults, a fork marker: each one's methods must run
+            if c:
+                return -1
         sr = self.streams.get(h)
         er = self.events.get(ev)
         if type(sr) is not tuple or type(er) is not tuple or len(<tuple>sr) != 2 or len(<tuple>er) != 2:
@@ -222,7 +226,7 @@ cdef _DriverQueue _bind(object backend):
             q.streams = calls["streams"]
             q.events = calls["events"]
             q.cur = calls["current"]
-            q.faults = calls.get("faults")
+            q.off = tuple(calls.get("off") or ())
             q.raw_record = <_event_record_fn>raw_record
             q.raw_wait = <_stream_wait_fn>raw_wait
     _bound = q
@@ -788,7 +792,10 @@ cdef class TrackedResource(DeviceMemoryResource):
             OutOfBoundsError: the sanitizer is on in ``raise`` mode and ``span`` leaves the block.
             DriverError: an event record or wait failed.
         """
-        cdef Stream s = _as_stream(stream)
+        self._prepare_c(block, _as_stream(stream), access, span)
+
+    cdef int _prepare_c(self, object block, Stream s, object access, object span) except -1:
+        """``prepare_block_use`` after its argument conversion (compiled callers call it directly)."""
         cdef DeviceBlock b
         cdef dict rd
         cdef ResourceLock lk = self._lock
@@ -814,7 +821,8 @@ cdef class TrackedResource(DeviceMemoryResource):
             lock_give(lk)
         checker = _ORD["checker"]
         if checker is not None:
-            checker.access(b, stream, access, span)
+            checker.access(b, s, access, span)
+        return 0
 
     def finish_block_use(self, block: "DeviceBlock | BlockId", stream: Stream, access: Access) -> None:
         """Record the use just enqueued on ``stream``. Call after enqueuing the work.
@@ -828,6 +836,10 @@ cdef class TrackedResource(DeviceMemoryResource):
             UseAfterFreeError: the block is not live here.
             DriverError: the event record failed.
         """
+        self._finish_c(block, stream, access)
+
+    cdef int _finish_c(self, object block, object stream, object access) except -1:
+        """``finish_block_use`` (compiled callers call it directly)."""
         cdef DeviceBlock b
         cdef ResourceLock lk = self._lock
         lock_take(lk)
@@ -838,6 +850,7 @@ cdef class TrackedResource(DeviceMemoryResource):
             self._finish_locked(b, stream, access)
         finally:
             lock_give(lk)
+        return 0
 
     cdef int _finish_locked(self, DeviceBlock b, object stream, object access) except -1:
         cdef dict rd

@@ -12,9 +12,11 @@ Design:
   driver's stream handle, so Ignis's work and a front end's (PyTorch) on one
   CUstream share one clock.
 - The clocks are fed by trace handlers (``on_event_record``, ``on_stream_wait_event``,
-  ``on_*_synchronize``). Enabling the sanitizer wraps Ignis's backend so its
-  event, wait and synchronize operations call them; front ends call them from
-  their own library's trace callbacks. Disabled, nothing is wrapped.
+  ``on_*_synchronize``). Enabling the sanitizer subscribes it to the backend's
+  trace registry (``ignis.backends.trace``), so the backend's event, wait,
+  synchronize, query and destroy operations call them; front ends call them
+  from their own library's trace callbacks. Nothing is patched: disabled, the
+  backend has no listener and each of those operations pays one test.
 - Access records: byte range (optionally strided: a period and a chunk, so
   column halves of a matrix do not overlap), kind (read / write / free),
   stream and epoch, operation, generation and Python frames. A new access is
@@ -275,7 +277,7 @@ class Sanitizer:
                 del self._live[base]
             self.pinned.discard(base)
 
-    # -- trace handlers: the backend wrappers and the front ends call these --------
+    # -- trace handlers: the backend's trace registry and the front ends call these --
     def on_event_record(self, event: int, stream: int) -> None:
         """``event`` was recorded on ``stream``: it snapshots the stream's clock."""
         with self._lock:
@@ -304,8 +306,9 @@ class Sanitizer:
         with self._lock:
             self._host_join(self._events.get(event, {}))
 
-    def on_device_synchronize(self) -> None:
-        """The host waited for every stream."""
+    def on_device_synchronize(self, ordinal: int | None = None) -> None:
+        """The host waited for every stream (of device ``ordinal``; all are joined, which
+        only ever orders more)."""
         with self._lock:
             for vc in list(self._clock.values()):
                 self._host_join(vc)
@@ -328,59 +331,20 @@ class Sanitizer:
         with self._lock:
             self._events.pop(event, None)
 
-    # -- backend instrumentation ----------------------------------------------
+    # -- backend observation (the trace registry of ignis.backends.trace) -------
     def _install(self, backend: Any) -> None:
-        cls = type(backend)
-        san = self
-
-        def event_record(event: int, stream: int) -> None:
-            san.on_event_record(event, stream)
-            cls.event_record(backend, event, stream)
-
-        def stream_wait_event(stream: int, event: int) -> None:
-            cls.stream_wait_event(backend, stream, event)
-            san.on_stream_wait_event(stream, event)
-
-        def stream_synchronize(stream: int) -> None:
-            cls.stream_synchronize(backend, stream)
-            san.on_stream_synchronize(stream)
-
-        def event_synchronize(event: int) -> None:
-            cls.event_synchronize(backend, event)
-            san.on_event_synchronize(event)
-
-        def device_synchronize(ordinal: int) -> None:
-            cls.device_synchronize(backend, ordinal)
-            san.on_device_synchronize()
-
-        def stream_query(stream: int) -> bool:
-            done = cls.stream_query(backend, stream)
-            if done:
-                san.on_stream_synchronize(stream)
-            return done
-
-        def event_query(event: int) -> bool:
-            done = cls.event_query(backend, event)
-            if done:
-                san.on_event_synchronize(event)
-            return done
-
-        def stream_destroy(stream: int) -> None:
-            cls.stream_destroy(backend, stream)
-            san.on_stream_destroyed(stream)
-
-        for fn in (event_record, stream_wait_event, stream_synchronize, event_synchronize, device_synchronize,
-                   stream_query, event_query, stream_destroy):
-            setattr(backend, fn.__name__, fn)
+        """Subscribe to ``backend``'s trace: its event, wait, synchronize, query and destroy
+        operations call the handlers above. Nothing of the backend is replaced."""
+        from ..backends import trace
+        trace.subscribe(self, backend)
         self._backend = backend
 
     def _uninstall(self) -> None:
         b = self._backend
         if b is None:
             return
-        for name in ("event_record", "stream_wait_event", "stream_synchronize", "event_synchronize",
-                     "device_synchronize", "stream_query", "event_query", "stream_destroy"):
-            b.__dict__.pop(name, None)
+        from ..backends import trace
+        trace.unsubscribe(self, b)
         self._backend = None
 
     # -- checks of Ignis blocks (called by the memory layer through ordering.checker) --

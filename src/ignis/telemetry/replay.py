@@ -232,7 +232,7 @@ def replay(path: "str | os.PathLike[str]", resource: "str | DeviceMemoryResource
     threads = {e.thread for e in events if e.thread}
     return {
         "path": os.fspath(path), "resource": roles(base).describe(), "budget_bytes": limit,
-        "device": dev.ordinal, "backend": dev.backend.name,
+        "device": dev.ordinal, "backend": dev.backend.name, "gpu_timings": dev.backend.gpu_timings,
         "events": len(events), "allocations": n_alloc, "frees": n_free,
         "time_s": elapsed, "us_per_event": elapsed / len(events) * 1e6 if events else 0.0,
         "peak_reserved_bytes": peak_reserved, "live_at_peak_bytes": live_at_peak,

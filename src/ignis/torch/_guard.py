@@ -508,7 +508,7 @@ def _stream(device: int, handle: int, owner: Any = None) -> Stream:
         return s
     dev = Device(device)
     if handle == 0:
-        s = Stream.from_handle(_LEGACY, dev) if dev.backend.name == "cuda" else dev.default_stream
+        s = Stream.from_handle(_LEGACY, dev) if dev.backend.cuda_driver else dev.default_stream
     else:
         s = Stream.from_handle(handle, dev, owner=owner)
     _s.streams[key] = s
@@ -695,7 +695,7 @@ def use_guard(**options: Any) -> None:
         if opts["patch_memory_stats"]:
             _memory_views()  # refused here, before anything is swapped
         from ..backends import get_backend
-        if get_backend().name != "cuda":
+        if not get_backend().cuda_driver:
             raise GuardError(f"the guard under PyTorch needs Ignis's cuda backend (the active backend is "
                              f"{get_backend().name}); unset IGNIS_BACKEND or set it to cuda")
         mod = _fast
@@ -822,7 +822,7 @@ def use_cupy_guard(**options: Any) -> None:
         if _s.cupy:
             return
         from ..backends import get_backend
-        if get_backend().name != "cuda":
+        if not get_backend().cuda_driver:
             raise GuardError(f"the guard under CuPy needs Ignis's cuda backend (the active backend is "
                              f"{get_backend().name})")
         cupy.cuda.set_allocator(_cupy_allocator(cupy))

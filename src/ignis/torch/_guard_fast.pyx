@@ -249,7 +249,7 @@ cdef class _Checker:
         self.g = guard
         self.backend = guard._backend
         self.device = guard.device
-        self.cuda = self.backend.name == "cuda"
+        self.cuda = not self.backend.host_kernels  # compiled check kernels (else a host function over host views)
         self.lock = threading.RLock()
         self.pending = {}
         self.inflight = deque()
