@@ -1,11 +1,11 @@
 """Build hook for Ignis's compiled modules; everything else is in pyproject.toml.
 
-The hot path (streams, blocks, the cross-stream tracking record, the pool, the
-debug guard's allocate and free and its PyTorch allocator entry points) is
-written once, in Cython (``.pyx`` with typed fields in ``.pxd``), and compiled;
-there is no pure-Python copy of it. ``ignis._speedups`` (C) still serves the
-array layer until that moves to Cython too. For a source checkout:
-``python3 setup.py build_ext --inplace``."""
+The hot path (streams, the kernel launch, blocks, the cross-stream tracking record,
+the pool, the array layer's ``launch``, the debug guard's allocate and free and
+its PyTorch allocator entry points) is written once, in Cython (``.pyx`` with
+typed fields in ``.pxd``), and compiled; there is no pure-Python copy of it.
+``ignis._speedups`` (C) still serves the array layer until that moves to Cython
+too. For a source checkout: ``python3 setup.py build_ext --inplace``."""
 
 from Cython.Build import cythonize
 from setuptools import Extension, setup
@@ -13,12 +13,14 @@ from setuptools import Extension, setup
 # Modules compiled from .pyx (one extension each), by dotted name.
 CYTHON_MODULES = [
     "ignis.runtime.stream",
+    "ignis.runtime.kernel",
     "ignis.memory.block",
     "ignis.memory.resource",
     "ignis.memory.pool",
+    "ignis.array.tracking",
+    "ignis.array.launch",
     "ignis.memory.guard_base",
     "ignis.safety.frames",
-    "ignis.array.tracking",
     "ignis.torch._guard_fast",
 ]
 

@@ -1,8 +1,10 @@
 """Cost of a tracked kernel launch, with the sanitizer off and on, against PyTorch's
 CUDA sanitizer off and on, in the same run on the same card.
 
-- bare: the built-in fill kernel queued straight through the backend (no tracking);
-- ignis tracked: ``ig.kernels.fill`` (preflight, prepare/finish, the launch);
+- bare: the built-in fill kernel queued through the backend's ``kernel_launch`` (no
+  tracking; on a GPU, cuda-bindings' Python ``cuLaunchKernel``);
+- ignis tracked: ``ig.kernels.fill`` (preflight, prepare/finish, the launch: on a GPU the
+  compiled launch calls the driver's own cuLaunchKernel; ``direct_launches`` counts them);
 - ignis sanitizer: the same with ``ig.sanitizer`` enabled (vector clocks, ranges, frames);
 - torch: ``x.fill_(1.0)`` without and with ``torch.cuda._sanitizer`` (CSAN), the latter
   in a child process because CSAN cannot be turned off once on.
@@ -107,9 +109,15 @@ def main() -> int:
         for _ in range(n):
             ig.kernels.fill(x, 1.0)
 
+    from ignis.runtime.kernel import driver_calls
+    direct0 = driver_calls()["kernel_launch"]
     times = per_launch({"bare_us": (bare, contextlib.nullcontext), "tracked_us": (tracked, contextlib.nullcontext),
                         "sanitized_us": (tracked, ig.sanitizer.enabled)}, dev)
     res.update(times)
+    # the tracked launches that went straight to the driver's cuLaunchKernel (the compiled
+    # launch's direct path; the bare variant goes through the backend's method)
+    res["direct_launches"] = driver_calls()["kernel_launch"] - direct0
+    res["tracked_launches"] = 2 * (64 + REPEATS * N)
     res["launches_per_repeat"], res["repeats"] = N, REPEATS
     try:
         import torch  # noqa: F401
@@ -132,6 +140,7 @@ def main() -> int:
           f"(+{res['tracked_us'] - res['bare_us']:.2f} over bare)")
     print(f"  ignis tracked launch, sanitizer on  {res['sanitized_us']:8.2f} µs   "
           f"(+{res['sanitized_us'] - res['bare_us']:.2f} over bare)")
+    print(f"  tracked launches straight to the driver: {res['direct_launches']} of {res['tracked_launches']}")
     if have_torch:
         on, off = res.get("torch_csan_on_us"), res.get("torch_csan_off_us")
         print(f"  torch fill_, CSAN off               {off if off is None else f'{off:8.2f}'} µs")

@@ -346,7 +346,8 @@ a.free()
 print("ok")
 """
     env = dict(os.environ, IGNIS_BACKEND=ig.get_backend().name)
-    src = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "src")
-    env["PYTHONPATH"] = src + os.pathsep + env.get("PYTHONPATH", "")
+    # the ignis this process imported (a source tree built in place, or the installed package)
+    here = os.path.dirname(os.path.dirname(os.path.abspath(ig.__file__)))
+    env["PYTHONPATH"] = here + os.pathsep + env.get("PYTHONPATH", "")
     p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=120)
     assert p.returncode == 0 and "ok" in p.stdout, p.stderr[-2000:]

@@ -1,8 +1,8 @@
 /* ignis._speedups: the common cases of ig.empty / NvArray.free / NvArray.__del__ and the
  * DLPack deleters, in C. What is left of the hand-written C path: the memory layer's hot
  * path (streams, blocks, tracking, the pool) and the guard's (its PyTorch allocator entry
- * points among it) are compiled Cython (the .pyx modules of ignis/memory, and
- * ignis/torch/_guard_fast.pyx), and these move there in turn.
+ * points among it) are compiled Cython (the .pyx modules of ignis/memory, and ignis/torch/_guard_fast.pyx),
+ * and these move there in turn.
  *
  * The Python implementations in ignis/array/nvarray.py are the reference and handle
  * everything; these functions handle only the hot case -- a plain owning array with

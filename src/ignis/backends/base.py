@@ -225,15 +225,18 @@ class Backend:
 
     def tracking_calls(self) -> dict[str, Any]:
         """What the memory layer's compiled tracking (ignis/memory/resource.pyx) may call
-        to queue the event records and stream waits of cross-stream tracking directly.
-        Here nothing direct: the backend's own ``event_record`` / ``stream_wait_event``
-        (for reference; tracking calls the methods on the instance); and under ``"off"``
-        the containers (changed in place, never replaced) that keep a direct path off
-        while any of them is non-empty: the trace listeners (a direct call emits nothing)
-        and the fork marker (a wrapper adds its own, such as armed faults)."""
+        to queue the event records and stream waits of cross-stream tracking directly, and
+        the compiled kernel launch (ignis/runtime/kernel.pyx) its launches. Here nothing
+        direct: the backend's own ``event_record`` / ``stream_wait_event`` (for reference;
+        tracking calls the methods on the instance, launches ``kernel_launch``); and under
+        ``"off"`` the containers (changed in place, never replaced) that keep a direct path
+        off while any of them is non-empty: the trace listeners (a direct call emits nothing)
+        and the fork marker (a wrapper adds its own, such as armed faults); under
+        ``"launch_off"`` those that keep the direct launch off (launches are not traced)."""
         cls = type(self)
         return {"record": functools.partial(cls.event_record, self),
-                "wait": functools.partial(cls.stream_wait_event, self), "off": (self._fast_off, self._trace)}
+                "wait": functools.partial(cls.stream_wait_event, self), "off": (self._fast_off, self._trace),
+                "launch_off": (self._fast_off,)}  # launches are not traced: listeners do not turn it off
 
     def _unsupported(self, what: str, hint: str = "") -> UnsupportedError:
         return UnsupportedError(what, self.name, hint)

@@ -256,21 +256,29 @@ class CudaBackend(CudaVmm, Backend):
         return True
 
     def tracking_calls(self) -> dict[str, Any]:
-        """For the memory layer's compiled tracking (ignis/memory/resource.pyx): this backend's handle tables
+        """For the compiled hot paths: the memory layer's tracking (ignis/memory/resource.pyx)
+        and the kernel launch (ignis/runtime/kernel.pyx). This backend's handle tables
         (handle -> (device, binding object)), the thread's current-context record, the
-        binding functions for event record and stream wait, and the driver's own entry
-        points for them (the handles are the driver's pointers; 0 where not found).
-        The direct path uses them only for handles in these tables whose context is
-        current on the calling thread, and only while every container of ``"off"`` is
-        empty (see ``Backend.tracking_calls``)."""
+        binding functions for event record and stream wait, and in ``raw`` the driver's
+        own entry points (cuEventRecord, cuStreamWaitEvent, cuLaunchKernel; the handles
+        are the driver's pointers; 0 where not found). The direct paths use them only for
+        handles in these tables whose context is current on the calling thread, and only
+        while every container of ``"off"`` is empty (see ``Backend.tracking_calls``); the
+        launch also only while no ``kernel_launch`` replaces this class's on the instance."""
+        addrs: list[int] = []
         try:  # the same library the bindings loaded
             lib = ctypes.CDLL("libcuda.so.1")
-            raw = (ctypes.cast(lib.cuEventRecord, ctypes.c_void_p).value or 0,
-                   ctypes.cast(lib.cuStreamWaitEvent, ctypes.c_void_p).value or 0)
-        except (OSError, AttributeError):
-            raw = (0, 0)
+        except OSError:
+            lib = None
+        for name in ("cuEventRecord", "cuStreamWaitEvent", "cuLaunchKernel"):
+            try:
+                addrs.append(ctypes.cast(getattr(lib, name), ctypes.c_void_p).value or 0)
+            except AttributeError:  # not exported (or no library): that call goes through the bindings
+                addrs.append(0)
+        raw = tuple(addrs)
         return {"streams": self._streams, "events": self._events, "current": self._cur,
-                "record": cu.cuEventRecord, "wait": cu.cuStreamWaitEvent, "off": (self._fast_off, self._trace), "raw": raw}
+                "record": cu.cuEventRecord, "wait": cu.cuStreamWaitEvent, "off": (self._fast_off, self._trace),
+                "launch_off": (self._fast_off,), "raw": raw}
 
     # -- contexts ----------------------------------------------------------
     def _retain(self, ordinal: int) -> _Device:

@@ -137,6 +137,7 @@ class FaultInjectingBackend(Backend):
         ``"off"``: the direct driver path stays off while a fault is armed."""
         calls = dict(self.inner.tracking_calls())
         calls["off"] = (*calls["off"], self._faults, self._fast_off)
+        calls["launch_off"] = (*calls.get("launch_off", ()), self._faults, self._fast_off)
         return calls
 
     def device_count(self) -> int:

@@ -6,6 +6,14 @@ track cross-stream use (seeds/004's preflight), declared byte ranges inside
 their arrays. Then ``prepare_block_use`` for each array (waits under ``auto``
 ordering, sanitizer checks on the declared ranges), the launch, and
 ``finish_block_use``.
+
+Compiled: the preflight, the clean-on-stream test and the tracked uses run
+here without Python frames; a use of a tracked block goes to its resource's
+``prepare_block_use`` / ``finish_block_use`` directly (the preflight made the
+checks ``NvArray._begin`` would repeat); the launch itself is ``Kernel``'s
+(``ignis.runtime.kernel``: the packed parameters, straight to the driver on
+the cuda backend's common case). The emulated backend runs ``host_impl``
+through its ``kernel_launch``, as before.
 """
 
 from __future__ import annotations
@@ -14,12 +22,22 @@ from typing import Any, Callable, Sequence
 
 from ..errors import OutOfBoundsError, StreamMisuseError, UnsupportedError
 from ..memory import ordering as _ord
-from ..runtime import Stream
 from ..runtime import current as _rt_current
-from ..runtime.kernel import Kernel, RawPtr
+from ..runtime.kernel import RawPtr
 from .nvarray import NvArray
 
+from ignis.memory.block cimport DeviceBlock
+from ignis.runtime.kernel cimport Kernel
+from ignis.runtime.stream cimport Stream
+
 __all__ = ["launch"]
+
+# Read on every launch: the ordering module's hooks (``checker`` changes at any time), the
+# override count of ``with stream:`` / ``set_device`` (a list mutated in place), the classes.
+cdef dict _ORD = _ord.__dict__
+cdef list _OVERRIDES = _rt_current.overrides
+cdef object _NvArray = NvArray
+cdef object _DeviceBlock = DeviceBlock
 
 
 def _dim3(x: Any, what: str) -> tuple[int, int, int]:
@@ -86,7 +104,9 @@ def launch(kernel: Kernel, grid: Any, block: Any, *args: Any, stream: Stream | N
 
     Raises:
         TypeError: ``kernel`` is not a Kernel, the argument count differs from the
-            declarations, or an array argument is not an ``NvArray``.
+            declarations, an array argument is not an ``NvArray``, ``stream`` is not a
+            ``Stream``, or (when the kernel is queued) a scalar its C type does not take
+            (ctypes' message, see ``Kernel.pack``).
         ValueError: a bad ``grid`` or ``block``; arrays on different devices; a
             ``stream`` on another device than the arrays.
         UseAfterFreeError: an array argument (or its base) was freed.
@@ -111,69 +131,102 @@ def launch(kernel: Kernel, grid: Any, block: Any, *args: Any, stream: Stream | N
         s = ig.Device(0).create_stream()
         ig.launch(k, 4, 256, b, a, 1024, stream=s)   # on s: waits for a's fill on its own stream
     """
-    if type(kernel) is not Kernel and not isinstance(kernel, Kernel):
+    cdef Kernel k
+    cdef Stream s
+    cdef DeviceBlock bl
+    cdef tuple plan, ent
+    cdef list ranges = None
+    cdef list pending = None
+    cdef Py_ssize_t i, j, nplan
+    cdef bint fast
+    if not isinstance(kernel, Kernel):
         raise TypeError(f"launch expects an ignis.Kernel, got {type(kernel).__name__}")
-    if len(args) != kernel.nargs:
-        raise TypeError(f"kernel {kernel.name} declares {len(kernel.specs)} argument(s), got {len(args)}")
+    k = <Kernel>kernel
+    if len(args) != k.nargs:
+        raise TypeError(f"kernel {k.name} declares {len(k.specs)} argument(s), got {len(args)}")
     g = (grid, 1, 1) if type(grid) is int and grid > 0 else _dim3(grid, "grid")
     b = (block, 1, 1) if type(block) is int and block > 0 else _dim3(block, "block")
-    uses: list[tuple[NvArray, Any, int, int]] = []
+    plan = k.plan
+    nplan = len(plan)
     device = None
-    for i, acc, rng in kernel.plan:
+    for j in range(nplan):
+        ent = <tuple>plan[j]
+        i = ent[0]
         arg = args[i]
-        if type(arg) is not NvArray or arg._freed or (arg._block is not None and not arg._tracks) \
+        if type(arg) is not _NvArray or arg._freed or (arg._block is not None and not arg._tracks) \
                 or (device is not None and arg.device is not device):
-            raise _preflight_error(kernel, i, arg, acc, device)
+            raise _preflight_error(k, i, arg, ent[1], device)
         if arg._base is not None or arg._gate is not None:
-            arg._check_live(f"pass to kernel {kernel.name}", acc)
+            arg._check_live(f"pass to kernel {k.name}", ent[1])
         device = arg.device
+        rng = ent[2]
         if rng is None:
-            uses.append((arg, acc, 0, arg.nbytes))
             continue
         lo, hi = rng(*args)
         if lo < 0 or hi > arg.nbytes or hi < lo:
             raise OutOfBoundsError(
-                f"kernel {kernel.name} argument {i} declares bytes [{lo}, {hi}) of NvArray#{arg.id}, which "
+                f"kernel {k.name} argument {i} declares bytes [{lo}, {hi}) of NvArray#{arg.id}, which "
                 f"has {arg.nbytes} bytes", ptr=arg.device_ptr, generation=arg.generation, tag=arg.tag,
                 side="before" if lo < 0 else "after", offset=lo if lo < 0 else hi)
-        uses.append((arg, acc, lo, hi - lo))
+        if ranges is None:
+            ranges = [None] * nplan
+        ranges[j] = (lo, hi - lo)
     if device is None:
         device = _rt_current.current_device()
-    if stream is not None:
-        s = stream
-    else:  # this thread's ``with stream:`` on the device, else the first array's stream
-        s = _rt_current.stream_override(device) if _rt_current.overrides[0] else None
-        if s is None:
-            s = uses[0][0].stream if uses else device.default_stream
+    if stream is None:  # this thread's ``with stream:`` on the device, else the first array's stream
+        stream = _rt_current.stream_override(device) if _OVERRIDES[0] else None
+        if stream is None:
+            stream = args[(<tuple>plan[0])[0]].stream if nplan else device.default_stream
+    if not isinstance(stream, Stream):
+        raise TypeError(f"stream must be an ignis.Stream (device.create_stream(), device.default_stream), "
+                        f"got {type(stream).__name__}")
+    s = <Stream>stream
     if s.device is not device:
-        raise ValueError(f"kernel {kernel.name}: stream is on device {s.device.ordinal}, arrays on {device.ordinal}")
+        raise ValueError(f"kernel {k.name}: stream is on device {s.device.ordinal}, arrays on {device.ordinal}")
     state = device.state
     if s._closed or s._generation != state.generation or not state.accepting_ops:
         s._check()  # raises: a closed or stale stream's handle must not reach the driver
     backend = device.backend
     # A use of a block that is clean on ``s`` (ignis.memory.resource, "Clean") needs no
     # prepare / finish while the sanitizer is off: the common same-stream launch.
-    fast = _ord.checker is None
-    pending: list | None = None  # uses begun that must be finished
+    fast = _ORD["checker"] is None
     try:
-        for arr, acc, lo, nb in uses:
-            bl = arr._block
-            if bl is None or not (fast and bl._ws is s and not bl._we and bl._rd is None):
-                arr._begin(s, acc, kernel.name, lo, nb)
-                if pending is None:
-                    pending = []
-                pending.append((arr, acc))
+        for j in range(nplan):
+            ent = <tuple>plan[j]
+            arr = args[ent[0]]
+            blk = arr._block
+            if type(blk) is _DeviceBlock:
+                bl = <DeviceBlock>blk
+                if fast and bl._ws is s and not bl._we and bl._rd is None:
+                    continue
+            acc = ent[1]
+            if ranges is not None and ranges[j] is not None:
+                lo, nb = ranges[j]
+            else:
+                lo, nb = 0, arr.nbytes
+            if blk is not None:  # a tracked block (the preflight refused any other), checked live there
+                arr._mr.prepare_block_use(blk, s, acc, None if fast else (arr._ptr - blk.ptr + lo, nb, k.name))
+            else:  # no block (foreign memory, an empty array): the array's own checks
+                arr._begin(s, acc, k.name, lo, nb)
+            if pending is None:
+                pending = []
+            pending.append(ent)
         if backend.host_kernels:
-            backend.kernel_launch(_host_call(kernel, backend, args), g, b, shared_mem, s.handle, ())
+            backend.kernel_launch(_host_call(k, backend, args), g, b, shared_mem, s.handle, ())
         else:
-            last = kernel._last
-            fn = last[2] if last is not None and last[0] is device and last[1] == state.generation \
-                else kernel._function(device)
-            backend.kernel_launch(fn, g, b, shared_mem, s.handle, kernel.marshal(*args))
+            k._queue(device, s, g, b, shared_mem, args)
     finally:
         if pending is not None:
-            for arr, acc in pending:
-                arr._end(s, acc)
+            for ent in pending:
+                arr = args[ent[0]]
+                blk = arr._block
+                if blk is None:
+                    continue  # nothing was begun on a block
+                if type(blk) is _DeviceBlock:
+                    bl = <DeviceBlock>blk
+                    if bl._ws is s and not bl._we and bl._rd is None:
+                        continue  # clean on this stream: nothing to record
+                arr._mr.finish_block_use(blk, s, ent[1])
 
 
 def _host_call(kernel: Kernel, backend: Any, args: Sequence[Any]) -> Callable[[], None]:
