@@ -19,7 +19,9 @@ Each configuration runs in its own process (PyTorch's allocator can be chosen
 only before CUDA starts). Run: ``PYTHONPATH=src IGNIS_BACKEND=cuda python3
 benchmarks/bench_guard.py [--json OUT] [--steps N] [--memcheck-steps N]``.
 For a breakdown: ``--child diag`` (the pair with stacks / the garbage collector
-off, the guard's own allocate + free, one Python-wrapped memset) and
+off, the guard's own allocate + free, one Python-wrapped memset; the pair at 1 MiB,
+short runs of 200 pairs that never wait for the device, and the device's time for
+one 1 MiB poison memset: is the 1 MiB pair the CPU's cost or the device's?) and
 ``--child profile '{"capture_stacks": false}'`` (cProfile of the pair loop).
 
 Without a GPU (or PyTorch): ``--emulated`` times the guard's allocate + free on
@@ -204,20 +206,25 @@ def child_diag() -> dict:
     from ignis.torch import _guard
     _guard.use_guard()
 
-    def pairs(n: int = 5000, reps: int = 5) -> float:
+    def pairs(n: int = 5000, reps: int = 5, numel: int = 1024) -> float:
         out = []
         for _ in range(reps):
             t0 = time.perf_counter()
             for _ in range(n):
-                t = torch.empty(1024, device="cuda")
+                t = torch.empty(numel, device="cuda")
                 del t
             out.append((time.perf_counter() - t0) / n * 1e6)
             torch.cuda.synchronize()
         return statistics.median(out)
 
     pairs(3000, 1)
+    pairs(3000, 1, 1 << 18)
     g = _guard.guard_resource(0)
-    res = {"default": pairs()}
+    res = {"default": pairs(), "default_1MiB": pairs(numel=1 << 18)}
+    # 200 pairs queue less device work than the launch queue holds: the CPU's own cost per
+    # pair, never waiting for the device. A long run far above it waits for the device.
+    res["short_4KiB"] = pairs(200, 25)
+    res["short_1MiB"] = pairs(200, 25, 1 << 18)
     gc.disable()
     res["gc_off"] = pairs()
     gc.enable()
@@ -245,6 +252,17 @@ def child_diag() -> dict:
         be.memset_d8_async(b.ptr, 0xA5, 4096, s.handle)
     res["memset_py_us"] = (time.perf_counter() - t0) / 20000 * 1e6
     torch.cuda.synchronize()
+    # The device's time for the poison of a 1 MiB tensor (cuMemsetD8Async of 1 MiB).
+    x = torch.empty(1 << 18, device="cuda")
+    ev0, ev1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    torch.cuda.synchronize()
+    ev0.record()
+    for _ in range(1000):
+        be.memset_d8_async(x.data_ptr(), 0xA5, 1 << 20, s.handle)
+    ev1.record()
+    torch.cuda.synchronize()
+    res["memset_1MiB_gpu_us"] = ev0.elapsed_time(ev1) / 1000 * 1e3
+    del x
     return res
 
 

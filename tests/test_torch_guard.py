@@ -494,6 +494,17 @@ def test_the_compiled_free_keeps_the_quarantine_byte_bound(guard, streams):
     assert big.state is ig.BlockState.FREED and small[0].state is ig.BlockState.FREED
 
 
+@pytest.mark.parametrize("guard", [{"batch": 4, "quarantine_count": 1 << 70, "quarantine_bytes": 1 << 80}],
+                         indirect=True)
+def test_quarantine_bounds_beyond_any_size_hold_every_block(guard, streams):
+    s = streams[0]
+    blocks = [guard.allocate(4096, s, "torch", ()) for _ in range(5)]
+    for b in blocks:
+        guard.free_fast(b)
+    assert guard.quarantined_count == 5 and all(b.state is ig.BlockState.QUARANTINED for b in blocks)
+    assert guard.flush(raise_=False) == [] and guard.quarantined_count == 0
+
+
 def test_a_released_block_and_its_record_go_without_the_garbage_collector(guard, streams):
     s = streams[0]
     gc.disable()

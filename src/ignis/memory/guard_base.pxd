@@ -6,6 +6,19 @@ from ignis.memory.block cimport DeviceBlock
 from ignis.memory.resource cimport DeviceMemoryResource, ResourceLock
 
 
+cdef extern from "Python.h":
+    const Py_ssize_t PY_SSIZE_T_MAX
+
+
+# A quarantine bound (a non-negative int, however large) as a C size: one beyond every
+# size counts as the largest, so the comparisons stay those of the Python ints.
+cdef inline Py_ssize_t as_bound(object v) except? -1:
+    try:
+        return v
+    except OverflowError:
+        return PY_SSIZE_T_MAX
+
+
 cdef class _Guarded:
     cdef public DeviceBlock block
     cdef public DeviceBlock up

@@ -56,8 +56,9 @@ cdef class GuardBase(DeviceMemoryResource):
 
     cdef Py_ssize_t _overflow_c(self) except -1:
         cdef Py_ssize_t n = len(self._quarantine), held = self._quarantined_bytes, out = 0
+        cdef Py_ssize_t max_count = as_bound(self.quarantine_count), max_bytes = as_bound(self.quarantine_bytes)
         for e in self._quarantine.values():
-            if n - out <= self.quarantine_count and held <= self.quarantine_bytes:
+            if n - out <= max_count and held <= max_bytes:
                 break
             held -= self._held_c(<_Guarded?>e)
             out += 1

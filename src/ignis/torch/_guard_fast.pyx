@@ -52,7 +52,7 @@ from libc.stdint cimport uintptr_t
 from ..memory import history as _history
 from ..memory import ordering as _ord
 from ..memory.block cimport DeviceBlock, new_block
-from ..memory.guard_base cimport GuardBase, _Guarded
+from ..memory.guard_base cimport GuardBase, _Guarded, as_bound
 from ..memory.resource cimport ResourceLock, lock_take, lock_give
 from ..memory.resource import check_request
 from ..memory.types import UNTAGGED, BlockState, _next_generation
@@ -576,7 +576,7 @@ cdef class GuardCore(GuardBase):
         cdef _Entry e
         cdef DeviceBlock up
         cdef Stream s
-        cdef Py_ssize_t n, held
+        cdef Py_ssize_t n, held, max_count, max_bytes
         cdef list evicted = None
         cdef ResourceLock lk
         cdef _Guarded x
@@ -591,8 +591,10 @@ cdef class GuardCore(GuardBase):
         held = n + 2 * self.canary_bytes
         ptr = block.ptr
         gen = self._state.generation
+        max_count = as_bound(self.quarantine_count)
+        max_bytes = as_bound(self.quarantine_bytes)
         if (type(st) is not Stream or e.rs is not None or (<Stream>st)._closed or self._closed
-                or held > self.quarantine_bytes or not self.quarantine_count
+                or held > max_bytes or max_count == 0
                 or (gen is not self._generation and gen != self._generation)
                 or up._ws is not st or up._we or up._rd is not None or self._live.get(ptr) is not e):
             self.deallocate(block, foreign=True)
@@ -610,7 +612,7 @@ cdef class GuardCore(GuardBase):
             q = self._quarantine
             q[ptr] = e
             self._quarantined_bytes += held
-            if len(q) > self.quarantine_count or self._quarantined_bytes > self.quarantine_bytes:
+            if len(q) > max_count or self._quarantined_bytes > max_bytes:
                 evicted = self._take_quarantine_c(self._overflow_c())
                 hx = self._held_exit
                 for x in evicted:
