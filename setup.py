@@ -2,10 +2,10 @@
 
 The hot path (streams, the kernel launch, blocks, the cross-stream tracking record,
 the pool, the array layer's ``launch``, the debug guard's allocate and free and
-its PyTorch allocator entry points) is written once, in Cython (``.pyx`` with
+its PyTorch allocator entry points, NvArray) is written once, in Cython (``.pyx`` with
 typed fields in ``.pxd``), and compiled; there is no pure-Python copy of it.
-``ignis._speedups`` (C) still serves the array layer until that moves to Cython
-too. For a source checkout: ``python3 setup.py build_ext --inplace``."""
+The array type (``NvArray``: its creation, free and tracked use) is compiled the same
+way. For a source checkout: ``python3 setup.py build_ext --inplace``."""
 
 from Cython.Build import cythonize
 from setuptools import Extension, setup
@@ -17,7 +17,7 @@ CYTHON_MODULES = [
     "ignis.memory.block",
     "ignis.memory.resource",
     "ignis.memory.pool",
-    "ignis.array.tracking",
+    "ignis.array.nvarray",
     "ignis.array.launch",
     "ignis.memory.guard_base",
     "ignis.safety.frames",
@@ -34,6 +34,5 @@ DIRECTIVES = {
 }
 
 extensions = [Extension(name, ["src/" + name.replace(".", "/") + ".pyx"]) for name in CYTHON_MODULES]
-extensions.append(Extension("ignis._speedups", ["src/ignis/_speedups.c"]))
 
 setup(ext_modules=cythonize(extensions, compiler_directives=DIRECTIVES, include_path=["src"], build_dir="build/cython", quiet=True))

@@ -13,9 +13,8 @@ mkdir -p "$out_dir"
 echo "== devices"
 nvidia-smi -L || echo "nvidia-smi -L failed (status $?)"
 
-echo "== build the C fast path in place (ignis._speedups; without it the Python path runs)"
+echo "== build the compiled hot path in place (Cython; without it import ignis fails)"
 python3 setup.py -q build_ext --inplace 2>&1 | grep -v -i "beta\|warnings.warn" || true
-export IGNIS_REQUIRE_SPEEDUPS=1
 
 echo "== versions"
 python3 - <<'PY'

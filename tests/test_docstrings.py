@@ -61,7 +61,7 @@ def _member_kind(value: Any) -> str | None:
     if isinstance(value, staticmethod):
         return "staticmethod"
     if inspect.isfunction(value) or inspect.isbuiltin(value) or inspect.ismethoddescriptor(value):
-        return "method"  # a method, or one the C fast path put in its place (NvArray.free)
+        return "method"
     return None
 
 
@@ -166,11 +166,12 @@ def test_top_level_names_document_their_arguments() -> None:
                            "Args: section:\n  " + "\n  ".join(offenders))
 
 
-def test_c_free_has_the_python_docstring() -> None:
-    """``NvArray.free`` is replaced at import by a C function (``ignis._speedups``) whose
-    docstring is written in C: it must say what the Python ``free`` it stands for says."""
-    from ignis.array import nvarray
-    if not nvarray.FAST:
-        pytest.skip("ignis._speedups is not in use (not built, or IGNIS_PURE_PYTHON=1)")
-    assert inspect.getdoc(nvarray.NvArray.free) == inspect.getdoc(nvarray.NvArray._free_py), \
-        "the docstring of free in ignis/_speedups.c (free_def) differs from NvArray.free's in nvarray.py"
+def test_ig_empty_documents_the_constructor() -> None:
+    """``ig.empty`` is the compiled constructor's entry (``nvarray.empty``): its signature is
+    the constructor's, and its docstring sends the reader there."""
+    import ignis as ig
+    assert list(inspect.signature(ig.empty).parameters) == ["shape", "dtype", "device", "stream", "owner", "mr",
+                                                          "tag"]
+    for p in ("shape", "dtype", "device", "stream", "owner", "mr", "tag"):  # the constructor documents them
+        assert re.search(rf"^\s+{p}:", ig.NvArray.__init__.__doc__, re.M), p
+    assert "NvArray" in (ig.empty.__doc__ or "")

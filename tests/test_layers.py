@@ -42,9 +42,6 @@ LAYERS: dict[str, int] = {
     # foundation: imports nothing above itself
     "ignis.errors": FOUNDATION, "ignis.dtypes": FOUNDATION, "ignis.units": FOUNDATION,
     "ignis._types": FOUNDATION, "ignis._version": FOUNDATION,
-    # the compiled hot path: it imports no Python module (checked below); each layer binds
-    # it to its own classes (memory.pool, array.nvarray, torch._guard), so it sits under all
-    "ignis._speedups": FOUNDATION, "ignis._native": FOUNDATION,  # _native: loads _speedups once
     "ignis.backends": 0,
     "ignis.runtime": 1,
     "ignis.memory": 2,
@@ -290,12 +287,6 @@ def test_no_module_level_import_cycle(graph):
     assert not found, "module-level import cycles:\n" + "\n".join(lines)
 
 
-def test_the_compiled_hot_path_imports_no_python_module():
-    # what lets LAYERS put ignis._speedups under every layer: it is handed what it uses
-    text = (PACKAGE / "_speedups.c").read_text()
-    assert "PyImport_" not in text
-
-
 # -- the reader itself -------------------------------------------------------------------------
 def test_the_reader_counts_lazy_imports_and_skips_type_checking():
     source = ("from typing import TYPE_CHECKING\n"
@@ -308,12 +299,12 @@ def test_the_reader_counts_lazy_imports_and_skips_type_checking():
               "def f():\n"
               "    from ..telemetry.stats import memory_stats\n"  # lazy: counted, not module-level
               "class C:\n"
-              "    from .. import _speedups\n")
+              "    from .. import _version\n")
     known = {"ignis", "ignis.memory", "ignis.runtime", "ignis.runtime.kernel", "ignis.runtime.stream",
-             "ignis.array", "ignis.units", "ignis.telemetry", "ignis.telemetry.stats", "ignis._speedups"}
+             "ignis.array", "ignis.units", "ignis.telemetry", "ignis.telemetry.stats", "ignis._version"}
     got = {(i.target, i.line, i.top_level) for i in imports_of("ignis.runtime.kernel", source, False, known)}
     assert got == {("ignis.memory", 2, True), ("ignis.runtime.stream", 3, True), ("ignis.units", 7, True),
-                   ("ignis.telemetry.stats", 9, False), ("ignis._speedups", 11, True)}
+                   ("ignis.telemetry.stats", 9, False), ("ignis._version", 11, True)}
     g = {"ignis.runtime.kernel": [Import(t, ln, top) for t, ln, top in got]}
     assert upward(g) == {("ignis.runtime.kernel", "ignis.memory"): [2],
                          ("ignis.runtime.kernel", "ignis.telemetry.stats"): [9]}

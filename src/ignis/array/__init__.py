@@ -11,16 +11,10 @@ import numpy as np
 
 from .. import dtypes as _dt
 from .launch import launch
-from .nvarray import NvArray, _empty_c
+from .nvarray import NvArray, empty
 
 __all__ = ["NvArray", "launch", "empty", "zeros", "ones", "full", "empty_like", "zeros_like", "ones_like",
            "full_like", "from_numpy", "synchronize"]
-
-
-# ``empty(shape, dtype, *, device, stream, owner, mr, tag)``: an uninitialized array from
-# ``mr`` (default: the device's current resource). The constructor itself, or, where
-# ignis._speedups is built, a C function that runs its common case and calls it otherwise.
-empty = NvArray if _empty_c is None else _empty_c
 
 
 def zeros(shape: Any, dtype: Any = _dt.float32, **kw: Any) -> NvArray:

@@ -13,8 +13,7 @@ at the emulator's host address, so NumPy imports it zero-copy.
 
 The DLPack structures and capsule names defined here are the ABI that the import
 side (``ignis.interop.dlpack``: ``from_dlpack``) reads too. The deleter and the
-capsule destructor are C functions of ``ignis._speedups`` where it is built
-(``dlpack_setup``, given this module's ``_exports``), ctypes callbacks otherwise.
+capsule destructor are C functions of the compiled array module (``nvarray.pyx``).
 """
 
 from __future__ import annotations
@@ -26,7 +25,7 @@ from typing import TYPE_CHECKING, Any
 from ..errors import UnsupportedError
 from ..memory import Access
 from ..runtime import Stream
-from .nvarray import _CAI, _Export
+from .nvarray import _CAI, _Export, _dlpack_callbacks
 
 if TYPE_CHECKING:
     from .nvarray import NvArray
@@ -80,53 +79,18 @@ _PyCapsule_New = _api("PyCapsule_New", ctypes.py_object, ctypes.c_void_p, ctypes
 _PyCapsule_GetPointer = _api("PyCapsule_GetPointer", ctypes.c_void_p, ctypes.py_object, ctypes.c_char_p)
 _PyCapsule_IsValid = _api("PyCapsule_IsValid", ctypes.c_int, ctypes.py_object, ctypes.c_char_p)
 _PyCapsule_SetName = _api("PyCapsule_SetName", ctypes.c_int, ctypes.py_object, ctypes.c_char_p)
-# The capsule destructor gets a borrowed pointer to a capsule being destroyed:
-# these variants take it as a raw address (never touching its refcount).
-_RawIsValid = _api("PyCapsule_IsValid", ctypes.c_int, ctypes.c_void_p, ctypes.c_char_p)
-_RawGetPointer = _api("PyCapsule_GetPointer", ctypes.c_void_p, ctypes.c_void_p, ctypes.c_char_p)
-_CAPSULE_DESTRUCTOR = ctypes.CFUNCTYPE(None, ctypes.c_void_p)
-
 # Exported tensors not yet deleted: struct address -> (struct, shape array, array).
 # Single dict operations, atomic under the GIL: the deleter may run on any thread.
 _exports: dict[int, tuple[Any, Any, Any]] = {}
 
 
-def _immortal(obj: Any) -> Any:
-    """Keep ``obj`` for the life of the process (one reference that is never given back)."""
-    ctypes.pythonapi.Py_IncRef(ctypes.py_object(obj))
-    return obj
-
-
 # The deleter and capsule destructor are function pointers that foreign code calls
-# whenever it drops what it imported -- also during the interpreter's final garbage
-# collection, after this module's globals are cleared. Where ignis._speedups is built
-# they are C functions; otherwise ctypes callbacks that are never freed, that reach
-# nothing through this module's globals, and that do nothing once the interpreter is
-# finalizing (the process is ending; its memory goes with it).
-def _delete_impl(addr: int, _pop: Any = _exports.pop, _finalizing: Any = sys.is_finalizing) -> None:
-    if not _finalizing():
-        _pop(addr, None)
-
-
-def _capsule_destructor_impl(capsule: int, _valid: Any = _RawIsValid, _get: Any = _RawGetPointer,
-                             _pop: Any = _exports.pop, _finalizing: Any = sys.is_finalizing,
-                             _names: tuple = (_LEGACY, _VERSIONED)) -> None:
-    # A capsule nobody consumed (its name unchanged) must run the producer's deleter.
-    if _finalizing():
-        return
-    for name in _names:
-        if _valid(capsule, name):
-            _pop(_get(capsule, name), None)
-            return
-
-
+# whenever it drops what it imported -- on any thread, also during the interpreter's
+# final garbage collection, after this module's globals are cleared: C functions of
+# the compiled array module (ignis/array/nvarray.pyx), bound to ``_exports``.
 def _native_callbacks() -> tuple[Any, Any]:
-    from .._native import speedups as sp
-    if sp is not None:
-        deleter, destructor = sp.dlpack_setup(_exports)
-        return _DELETER(deleter), ctypes.c_void_p(destructor)
-    callback = _immortal(_CAPSULE_DESTRUCTOR(_capsule_destructor_impl))
-    return _immortal(_DELETER(_delete_impl)), ctypes.cast(callback, ctypes.c_void_p)
+    deleter, destructor = _dlpack_callbacks(_exports)
+    return _DELETER(deleter), ctypes.c_void_p(destructor)
 
 
 _delete, _capsule_destructor = _native_callbacks()

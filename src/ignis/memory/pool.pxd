@@ -43,3 +43,5 @@ cdef class PoolResource(TrackedResource):
     cdef public dict _final
 
     cdef int _split_if_worth(self, _Block b, object size, bint small) except -1
+    cdef DeviceBlock _allocate_c(self, object nbytes, object stream_, object tag)
+    cdef int _deallocate_c(self, object block_) except -1

@@ -234,6 +234,10 @@ cdef class PoolResource(TrackedResource):
 
     # -- hot path ------------------------------------------------------------
     def allocate(self, nbytes: int, stream_: Stream | None = None, tag: str = UNTAGGED) -> DeviceBlock:
+        return self._allocate_c(nbytes, stream_, tag)
+
+    cdef DeviceBlock _allocate_c(self, object nbytes, object stream_, object tag):
+        """``allocate`` (the array layer calls it directly for a plain PoolResource)."""
         cdef Stream stream
         cdef _FreeList fl
         cdef _SizeClass cls
@@ -322,6 +326,10 @@ cdef class PoolResource(TrackedResource):
         return block
 
     def deallocate(self, block_: DeviceBlock) -> None:
+        self._deallocate_c(block_)
+
+    cdef int _deallocate_c(self, object block_) except -1:
+        """``deallocate`` (the array layer calls it directly for a plain PoolResource)."""
         cdef DeviceBlock block
         cdef _FreeList fl
         cdef _Block b
@@ -343,7 +351,7 @@ cdef class PoolResource(TrackedResource):
             g = self._state.generation
             if g is not self._generation and g != self._generation:
                 block.state = _FREED
-                return
+                return 0
             stream = block.alloc_stream
             if block._rd is not None or block._ws is not stream:
                 try:
@@ -382,6 +390,7 @@ cdef class PoolResource(TrackedResource):
         checker = _ORD["checker"]
         if checker is not None:
             checker.free(block)  # after the release ordering was queued
+        return 0
 
     # -- slow paths (lock held) ---------------------------------------------------
     def _slow_take(self, size: int, small: bool, stream: Stream) -> _Block:

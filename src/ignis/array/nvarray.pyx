@@ -42,11 +42,34 @@ from .._types import Access
 from ..memory import DeviceMemoryResource, current, get_current_resource
 from ..memory.types import UNTAGGED
 from ..memory.block import DeviceBlock
+from ..memory import ordering as _ord
+from ..errors import StreamMisuseError
 from ..runtime import Device, Stream
 from ..runtime import current as _rt_current
-from . import tracking as _tracking
 from ..safety.contract import DEFAULT_OWNER, contract, validate_owner
 from . import hostcopy
+
+from cpython.object cimport PyObject
+from posix.time cimport clock_gettime, timespec, CLOCK_REALTIME_COARSE
+from ..memory.resource cimport ResourceLock, lock_take, lock_give
+from ..memory.pool cimport PoolResource
+from ..memory.resource import ResourceLock
+from ..memory.block cimport DeviceBlock as _Block
+from ..memory.resource cimport TrackedResource
+from ..runtime.stream cimport Stream as _Stream
+
+cdef extern from "Python.h":
+    PyObject **_PyObject_GetDictPtr(object)
+
+cdef extern from *:
+    """
+    #if PY_VERSION_HEX >= 0x030D0000
+    #define ignis_finalizing() Py_IsFinalizing()
+    #else
+    #define ignis_finalizing() _Py_IsFinalizing()
+    #endif
+    """
+    int ignis_finalizing() nogil  # sys.is_finalizing()
 
 if TYPE_CHECKING:
     from ..memory import PinnedBuffer
@@ -54,13 +77,33 @@ if TYPE_CHECKING:
 
 __all__ = ["NvArray"]
 
-_ids = itertools.count()
-_next_id = _ids.__next__
-_now = time.time
+
+cdef unsigned long long _id_next = 0
+
+
+cdef inline object _new_id():
+    """A process-unique array id (the GIL serializes the counter)."""
+    global _id_next
+    v = _id_next
+    _id_next += 1
+    return v
+
+
+cdef inline double _now() noexcept:
+    """``time.time()`` to the clock's coarse tick (a few milliseconds at most), without the
+    call: the coarse clock costs a few nanoseconds where the precise one can cost 50 (a
+    virtual machine's clock), on every array's creation."""
+    cdef timespec ts
+    if clock_gettime(CLOCK_REALTIME_COARSE, &ts) != 0:
+        return 0.0
+    return <double>ts.tv_sec + <double>ts.tv_nsec * 1e-9
+
 _NAMES = {n: _dt.dtype(n) for n in _dt.names()}  # dtype name -> DType, the constructor's fast path
 # Per-array locks are striped: arrays are many and short-lived; a lock is only
 # held for a few attribute updates and never while another array's is held.
-_LOCKS = tuple(threading.Lock() for _ in range(64))
+# ResourceLock: a plain lock (``with``, acquire, release, locked) that the compiled free
+# takes without a Python call.
+_LOCKS = tuple(ResourceLock() for _ in range(64))
 _READ, _WRITE, _RW = Access.READ, Access.WRITE, Access.READ_WRITE
 
 
@@ -219,6 +262,46 @@ def _defaults() -> tuple[Device, Stream, DeviceMemoryResource, bool]:
 
 _rt_current.on_first_override(lambda: _fast.__setitem__(0, None))
 
+cdef object _DEFERRED = _deferred
+cdef dict _NAMES_C = _NAMES
+cdef list _OVERRIDES = _rt_current.overrides
+cdef list _FAST = _fast
+cdef dict _BACKENDS = backends.__dict__
+cdef dict _CURRENT = current.__dict__
+
+
+cdef inline tuple _defaults_cached():
+    """``_defaults()``'s cache while it holds (the backend, the device's generation, the
+    resource epoch and the stream are those it was made with), else None."""
+    f = _FAST[0]
+    if f is None:
+        return None
+    t = <tuple>f
+    st = t[2]
+    if t[0] is not _BACKENDS["_backend"] or t[5] != _CURRENT["epoch"] or t[1].state.generation != t[4]:
+        return None
+    if (<_Stream>st)._closed if type(st) is _Stream else st._closed:
+        return None
+    return <tuple>t[6]
+
+
+cdef inline bint _pool_direct(object mr, str name) except -1:
+    """``mr`` is a plain PoolResource whose ``name`` (allocate / deallocate) is its own:
+    the compiled callers may call its compiled body directly."""
+    if type(mr) is not PoolResource:
+        return False
+    cdef PyObject **dp = _PyObject_GetDictPtr(mr)  # a test or a wrapper may set the method on the instance
+    return dp == NULL or dp[0] == NULL or name not in <dict>dp[0]
+
+
+cdef inline int _deallocate(object mr, object block) except -1:
+    """``mr.deallocate(block)``, the pool's compiled body where it is a plain PoolResource."""
+    if _pool_direct(mr, "deallocate"):
+        (<PoolResource>mr)._deallocate_c(block)
+    else:
+        mr.deallocate(block)
+    return 0
+
 
 def _parse_mode(mode: Any) -> Access:
     if type(mode) is Access:
@@ -329,7 +412,7 @@ class _TrackedAccess:
                 _release_held(held, self.by)
 
 
-class NvArray:
+cdef class NvArray:
     """A device tensor with an owner, a stream, a ref count and a generation-checked identity.
 
     Arrays are C-contiguous. Make them with ``ig.empty`` (this constructor),
@@ -350,20 +433,13 @@ class NvArray:
         stream: the array's own ``Stream`` (the allocation's, for a new array).
         owner: the owner name (``"compute"`` unless a layer acquired it).
         ref_count: references taken with ``incref()`` and not yet dropped.
-        created_at: ``time.time()`` at creation.
+        created_at: ``time.time()`` at creation, to the system clock's coarse tick (a few
+            milliseconds at most).
         numel: the number of elements.
         nbytes: the size in bytes.
     """
 
-    __slots__ = ("id", "shape", "dtype", "device", "stream", "owner", "ref_count", "created_at", "numel",
-                 "nbytes", "_ptr", "_block", "_mr", "_tracks", "_freed", "_base", "_views", "_pinned",
-                 "_keepalive", "_gate", "_exports", "__dict__", "__weakref__")
-    _base: "NvArray | None"  # the parent of a view
-    _views: "list | None"  # weak references to this array's views, once it has any
-    _pinned: "PinnedBuffer | None"  # the host staging buffer of pin()
-    _keepalive: Any  # the producer of adopted foreign memory
-    _gate: "_Gate | None"  # what every access must pass first: read-only memory, or a failed write
-    _exports: "list | None"  # live exports: weak references to DLPack export tokens, and _CAI
+    # The fields are declared in nvarray.pxd (typed, readable and writable from Python).
 
     @property
     def _lock(self) -> threading.Lock:
@@ -395,30 +471,33 @@ class NvArray:
             ClosedError: the stream or the resource was closed.
             StaleHandleError: the stream or the resource predates a context rebuild.
         """
+        self._allocate(shape, dtype, device, stream, owner, mr, tag)
+
+    cdef int _allocate(self, shape, dtype, device, stream, owner, mr, tag) except -1:
+        """The constructor's work (``ig.empty`` calls it on a new object directly)."""
+        cdef tuple f
         self._freed = True  # until memory is in hand, so __del__ does nothing
-        if _deferred:
+        if _DEFERRED:
             drain_deferred()
         if type(shape) is int and shape >= 0:
+            numel = shape
             shape = (shape,)
-            numel = shape[0]
         else:
             shape = _shape(shape)
             numel = _numel(shape)
         if type(dtype) is DType:
             dt = dtype
         else:
-            dt = _NAMES.get(dtype) if type(dtype) is str else None
+            dt = _NAMES_C.get(dtype) if type(dtype) is str else None
             if dt is None:
                 dt = _dt.dtype(dtype)
-        if owner != DEFAULT_OWNER:
+        if owner is not DEFAULT_OWNER and owner != DEFAULT_OWNER:
             validate_owner(owner)
-        if stream is None and mr is None and (device is None or device == 0) and not _rt_current.overrides[0]:
-            f = _fast[0]  # _defaults()'s cache, checked inline (the hot path)
-            if f is not None and f[0] is backends._backend and f[1].state.generation == f[4] \
-                    and f[5] == current.epoch and not f[2]._closed:
-                dev, stream, mr, tracks = f[6]
-            else:
-                dev, stream, mr, tracks = _defaults()
+        if stream is None and mr is None and (device is None or device == 0) and not _OVERRIDES[0]:
+            f = _defaults_cached()
+            if f is None:
+                f = _defaults()
+            dev, stream, mr, tracks = f
         else:
             if stream is not None:
                 if type(stream) is not Stream:
@@ -433,7 +512,7 @@ class NvArray:
                 mr = get_current_resource(dev)
             tracks = mr.supports_block_use_tracking
         nbytes = numel * dt.itemsize
-        self.id = _next_id()
+        self.id = _new_id()
         self.shape = shape
         self.dtype = dt
         self.device = dev
@@ -446,8 +525,12 @@ class NvArray:
         self._mr = mr
         self._base = self._views = self._pinned = self._keepalive = self._gate = self._exports = None
         if nbytes:
-            block = mr.allocate(nbytes, stream, tag)
-            self._ptr = block.ptr
+            if _pool_direct(mr, "allocate"):
+                block = (<PoolResource>mr)._allocate_c(nbytes, stream, tag)
+                self._ptr = (<_Block>block).ptr
+            else:
+                block = mr.allocate(nbytes, stream, tag)
+                self._ptr = block.ptr
             self._block = block
             self._tracks = tracks
         else:
@@ -457,14 +540,15 @@ class NvArray:
         self._freed = False
         if contract.track_all:
             contract.track(self)
+        return 0
 
     @classmethod
     def _wrap(cls, shape: tuple[int, ...], dt: DType, device: Device, stream: Stream, ptr: int,
               block: DeviceBlock | None, mr: DeviceMemoryResource | None, owner: str,
               base: "NvArray | None" = None, keepalive: Any = None) -> "NvArray":
         """An array over memory it does not allocate (a view or foreign memory)."""
-        a = object.__new__(cls)
-        a.id = _next_id()
+        cdef NvArray a = NvArray.__new__(cls)
+        a.id = _new_id()
         a.shape = shape
         a.dtype = dt
         a.device = device
@@ -621,8 +705,44 @@ class NvArray:
         root and to every view of them raises ``make_error(array, what)``; freeing stays allowed."""
         self._root()._gate = _Poisoned(make_error)
 
-    # ``_begin`` / ``_end`` (a tracked use's checks and waits, and its record) and ``use``
-    # are compiled: ignis/array/tracking.pyx, bound below the class.
+    def _begin(self, stream, access, op="use", off=0, n=-1):
+        """Checks and waits before queuing work that touches bytes ``[off, off + n)``
+        of this array (``n < 0``: all of them) on ``stream``: the array is live, the waits
+        its ``access`` needs after other streams' uses are queued there (under ``auto``
+        ordering), and the sanitizer, if on, checks the bytes."""
+        begin_use(self, stream, access, op, off, n)
+
+    def _end(self, stream, access):
+        """Record the use just queued on ``stream`` (after ``_begin``)."""
+        end_use(self, stream, access)
+
+    def use(self, stream=None, access=_RW):
+        """Use the raw pointer in foreign work (PyTorch, CuPy, Triton, custom CUDA)
+        queued on ``stream`` inside the ``with`` block: the waits it needs are
+        queued before, and the use is recorded after. The block gives the device address.
+        For a byte range, or for a layer that holds the array meanwhile, see ``access``.
+
+        Args:
+            stream: the ``Stream`` the foreign work is queued on; None: the array's own.
+            access: what the work does to the bytes: an ``Access`` or ``"read"`` /
+                ``"write"`` / ``"read_write"`` (default READ_WRITE).
+
+        Returns:
+            A ``with`` block that gives the array's device address.
+
+        Raises:
+            UseAfterFreeError: the array (or its base) was freed.
+            ReadOnlyError: ``access`` writes to read-only memory.
+            StreamMisuseError: the array's resource cannot track cross-stream uses and
+                ``stream`` is not the block's own.
+            ClosedError: the stream was closed.
+            StaleHandleError: the stream predates a context rebuild.
+        """
+        cdef TrackedUse u = TrackedUse.__new__(TrackedUse)
+        u.array = self
+        u.stream = self.stream if stream is None else stream
+        u.access = access if type(access) is Access else Access.parse(access)
+        return u
 
     def access(self, stream: Stream | None = None, mode: "Access | str" = "read", *, by: str | None = DEFAULT_OWNER,
                op: str = "access()", offset: int = 0, nbytes: int | None = None,
@@ -870,20 +990,25 @@ class NvArray:
             MemoryContractViolation: one of the refusals above; the array is untouched.
             DriverError: the resource refused the memory (the array stays live).
         """
-        if _deferred:
+        cdef bint refused
+        if _DEFERRED:
             drain_deferred()
-        lock = _LOCKS[self.id & 63]
-        lock.acquire()
-        if self._freed or self.ref_count > 0 or self.owner != by or self._views or self._exports:
-            lock.release()
+        cdef ResourceLock lk = <ResourceLock>_LOCKS[(<Py_ssize_t>self.id) & 63]
+        lock_take(lk)
+        try:
+            refused = self._freed is not False or self.ref_count > 0 or \
+                (self.owner is not by and self.owner != by) or self._views or self._exports
+            if not refused:
+                self._freed = True
+        finally:
+            lock_give(lk)
+        if refused:
             self._free_checked(by)  # the full checks: raises, or frees an array with dead views
             return
-        self._freed = True
-        lock.release()
         if self._pinned is None and self._keepalive is None:  # the common case
             if self._base is None and self._block is not None:
                 try:
-                    self._mr.deallocate(self._block)
+                    _deallocate(self._mr, self._block)
                 except BaseException:
                     self._freed = False  # the resource kept the block: it can be freed again
                     raise
@@ -923,7 +1048,7 @@ class NvArray:
         lock = _LOCKS[self.id & 63]
         lock.acquire()
         try:
-            if self._freed:
+            if self._freed is not False:
                 raise DoubleFreeError(f"NvArray#{self.id} was already freed", array_id=self.id,
                                       generation=self.generation, ptr=self._ptr)
             if self.ref_count > 0:
@@ -980,7 +1105,7 @@ class NvArray:
                 self._keepalive = None
 
     def __del__(self) -> None:
-        if self._freed or sys.is_finalizing():
+        if self._freed is not False or ignis_finalizing():
             return
         self._freed = True
         pinned = self._pinned
@@ -991,6 +1116,12 @@ class NvArray:
             # The cyclic collector may run while this thread holds a resource's
             # lock: hand the memory back later, from a safe place.
             _deferred.append((self._mr, block, pinned))
+            return
+        if pinned is None:
+            try:
+                _deallocate(self._mr, block)
+            except Exception:
+                pass  # as _release: a failed return at collection is not raised
             return
         _release(self._mr, block, pinned)
 
@@ -1347,39 +1478,178 @@ class NvArray:
         return dlpack_export.cuda_array_interface(self)
 
 
-# -- the compiled tracked use (ignis/array/tracking.pyx) ---------------------------------
-NvArray._begin = _tracking._begin
-NvArray._end = _tracking._end
-NvArray.use = _tracking.use
+# -- the tracked use of an array: NvArray._begin / _end / use, TrackedAccess, launch -----
+# (``begin_use`` / ``end_use`` are declared in nvarray.pxd for the compiled callers.)
+
+cdef dict _ORD = _ord.__dict__  # ``checker`` (the sanitizer's hook) changes at any time
+cdef dict _PLAIN = {}  # resource type -> it keeps TrackedResource's prepare / finish_block_use
 
 
-# -- the optional C fast path --------------------------------------------------------
-def _bind_speedups() -> Any:
-    """Bind ``ignis._speedups`` to NvArray: ``ig.empty``'s common case, ``free`` and
-    ``__del__`` run in C, and fall back to the Python code above for everything else.
-    ``ig.empty``'s C path does what ``NvArray.__init__`` does without calling it, and reads
-    the id counter and the clock itself: patching ``__init__``, ``_next_id`` or ``_now``
-    reaches ``NvArray(...)`` and the keyword forms of ``ig.empty`` only.
-    Returns the module's ``array_empty``, or None (not built, or ``IGNIS_PURE_PYTHON=1``)."""
-    from .._native import speedups as sp
-    from ..memory import current as _current
-    from ..runtime.device import DeviceState
-    if sp is None:
-        return None
+cdef inline bint _direct(object mr) except -1:
+    """``mr``'s prepare / finish_block_use are TrackedResource's own (no subclass or instance
+    overrides them): the compiled callers may call their compiled bodies directly."""
+    cls = type(mr)
+    plain = _PLAIN.get(cls)
+    if plain is None:
+        plain = _PLAIN[cls] = issubclass(cls, TrackedResource) \
+            and cls.prepare_block_use is TrackedResource.prepare_block_use \
+            and cls.finish_block_use is TrackedResource.finish_block_use
+    if not plain:
+        return False
+    cdef PyObject **dp = _PyObject_GetDictPtr(mr)  # an adaptor sets its upstream's methods on itself
+    if dp == NULL or dp[0] == NULL:
+        return True
+    d = <dict>dp[0]
+    return "prepare_block_use" not in d and "finish_block_use" not in d
+
+
+cdef inline bint _clean_on(object block, object stream) except -1:
+    """``block`` is clean on ``stream`` (ignis.memory.resource, "Clean"): its last write was
+    there, nothing was recorded after it and no reader is pending; a use needs no wait or record."""
+    cdef _Block b
+    if type(block) is _Block:
+        b = <_Block>block
+        return b._ws is stream and not b._we and b._rd is None
+    return block._ws is stream and not block._we and block._rd is None
+
+
+cdef inline bint _stream_ok(object stream) except -1:
+    """``stream`` is open and of the device's current generation (its handle may reach the driver)."""
+    cdef _Stream s
+    if type(stream) is _Stream:
+        s = <_Stream>stream
+        return not s._closed and s._generation == s.device.state.generation
+    return not stream._closed and stream._generation == stream.device.state.generation
+
+
+cdef int begin_use(NvArray arr, object stream, object access, object op, Py_ssize_t off,
+                   Py_ssize_t n) except -1:
+    if arr._freed is not False or arr._base is not None or arr._gate is not None:
+        arr._check_live("use", access, op)
+    chk = _ORD["checker"]
+    block = arr._block
+    if arr._tracks:  # prepare_block_use refuses a closed or stale stream itself
+        if chk is None:
+            if _clean_on(block, stream) and _stream_ok(stream):
+                return 0
+            mr = arr._mr
+            if type(stream) is _Stream and _direct(mr):
+                (<TrackedResource>mr)._prepare_c(block, <_Stream>stream, access, None)
+            else:
+                mr.prepare_block_use(block, stream, access)
+        else:
+            arr._mr.prepare_block_use(block, stream, access,
+                                      (arr._ptr - block.ptr + off, arr.nbytes if n < 0 else n, op))
+        return 0
+    if not _stream_ok(stream):
+        stream._check()  # a closed or stale stream's handle must not reach the driver
+    if block is not None and stream is not block.alloc_stream:
+        raise StreamMisuseError(
+            f"NvArray#{arr.id} lives in a {type(arr._mr).__name__}, which cannot track cross-stream "
+            f"uses, so it can only be used on its own stream #{block.alloc_stream.id} "
+            f"(asked: stream #{stream.id}); allocate it from a PoolResource or AsyncResource")
+    if chk is not None and block is not None:
+        chk.access(block, stream, access, (arr._ptr - block.ptr + off, arr.nbytes if n < 0 else n, op))
+    return 0
+
+
+cdef int end_use(NvArray arr, object stream, object access) except -1:
+    if arr._tracks:
+        b = arr._block
+        if _clean_on(b, stream):
+            return 0  # clean on this stream: nothing to record
+        mr = arr._mr
+        if _direct(mr):
+            (<TrackedResource>mr)._finish_c(b, stream, access)
+        else:
+            mr.finish_block_use(b, stream, access)
+    return 0
+
+
+cdef class TrackedUse:
+    """The ``with`` block of ``NvArray.use``: the use begun on entry (its waits queued,
+    the sanitizer's check), recorded on exit, also when the block raised."""
+
+    cdef readonly NvArray array
+    cdef readonly object stream
+    cdef readonly object access
+
+    def __enter__(self):
+        a = self.array
+        begin_use(a, self.stream, self.access, "use()", 0, -1)
+        return a._ptr
+
+    def __exit__(self, *exc):
+        end_use(self.array, self.stream, self.access)
+
+    def __repr__(self):
+        return f"<use of NvArray#{self.array.id} ({self.access.name.lower()}) on stream #{self.stream.id}>"
+
+
+def empty(shape: Any, dtype: Any = _dt.float32, *, device: "Device | int | None" = None,
+          stream: Stream | None = None, owner: str = DEFAULT_OWNER,
+          mr: DeviceMemoryResource | None = None, tag: str = UNTAGGED) -> NvArray:
+    """Allocate an uninitialized array: the ``NvArray`` constructor (see it for the
+    arguments and errors), without the call through the class."""
+    cdef NvArray a = NvArray.__new__(NvArray)
+    a._allocate(shape, dtype, device, stream, owner, mr, tag)
+    return a
+
+
+# -- DLPack: the deleter and capsule destructor of exported tensors ----------------------
+# A consumer (NumPy, PyTorch, CuPy) calls the deleter whenever it drops a tensor it
+# imported, and Python calls the capsule destructor when an unconsumed capsule dies;
+# either can happen on any thread and in the interpreter's final garbage collection,
+# after ignis's modules were cleared. They are C functions of this (always loaded)
+# extension: they drop the export's entry from dlpack_export's ``_exports`` and do
+# nothing once the interpreter is finalizing.
+
+from cpython.pycapsule cimport PyCapsule_IsValid, PyCapsule_GetPointer
+from cpython.exc cimport PyErr_Fetch, PyErr_Restore
+
+cdef extern from "Python.h":
+    int Py_IsInitialized() nogil
+
+cdef dict _DL_EXPORTS = None  # struct address -> what keeps the exported tensor alive
+
+
+cdef void _dl_forget(void *addr) noexcept:
+    cdef PyObject *et = NULL
+    cdef PyObject *ev = NULL
+    cdef PyObject *tb = NULL
+    PyErr_Fetch(&et, &ev, &tb)
     try:
-        sp.setup(DeviceState, threading.Lock())
-        free_c, del_c = sp.array_setup(NvArray, _fast, backends, _current, _LOCKS, _deferred, _in_gc, contract,
-                                       _NAMES, _ids, _dt.float32, DEFAULT_OWNER, UNTAGGED, NvArray.free,
-                                       NvArray.__del__)
-    except Exception as e:  # a layout this build does not know: run in Python, and say so
-        import warnings
-        warnings.warn(f"ignis._speedups could not bind NvArray ({type(e).__name__}: {e}); arrays run in Python",
-                      RuntimeWarning, stacklevel=2)
-        return None
-    NvArray._free_py, NvArray._del_py = NvArray.free, NvArray.__del__  # the reference the C code falls back to
-    NvArray.free, NvArray.__del__ = free_c, del_c
-    return sp.array_empty
+        _DL_EXPORTS.pop(<size_t>addr, None)  # what it releases may run Python code: the entry goes first
+    except BaseException:
+        pass
+    PyErr_Restore(et, ev, tb)
 
 
-_empty_c = _bind_speedups()
-FAST = _empty_c is not None
+cdef void _dl_deleter(void *managed) noexcept nogil:
+    if managed == NULL or not Py_IsInitialized():
+        return
+    with gil:  # the consumer may call it from any thread, holding the GIL or not
+        if not ignis_finalizing() and _DL_EXPORTS is not None:
+            _dl_forget(managed)
+
+
+cdef void _dl_capsule_destructor(object capsule) noexcept:
+    if ignis_finalizing() or _DL_EXPORTS is None:
+        return
+    cdef void *p
+    for name in (b"dltensor", b"dltensor_versioned"):
+        if PyCapsule_IsValid(capsule, <char *>name):  # unconsumed: a consumer renames it
+            p = PyCapsule_GetPointer(capsule, <char *>name)
+            if p != NULL:
+                _dl_forget(p)
+            return
+
+
+def _dlpack_callbacks(exports: dict) -> tuple:
+    """Bind dlpack_export's exports dict; returns (the deleter's address, the capsule
+    destructor's address)."""
+    global _DL_EXPORTS
+    if type(exports) is not dict:
+        raise TypeError("_dlpack_callbacks: expected the exports dict")
+    _DL_EXPORTS = exports
+    return <size_t>&_dl_deleter, <size_t>&_dl_capsule_destructor

@@ -1,0 +1,29 @@
+# NvArray's fields, typed for the compiled callers (launch.pyx, the tracked use), and
+# readable and writable from Python under the same names (the layers above read the
+# private ones: the block, the resource, the pointer).
+
+cdef class NvArray:
+    cdef public object id, shape, dtype, device, stream, owner, ref_count, created_at, numel, nbytes
+    cdef public object _ptr          # the device address of byte 0
+    cdef public object _block        # the DeviceBlock the bytes live in (a view: its root's), or None
+    cdef public object _mr           # the resource the block came from (None for foreign memory)
+    cdef public object _tracks       # the resource tracks cross-stream uses of the block
+    cdef public object _freed        # True once freed (or while the constructor has no memory yet)
+    cdef public object _base         # the parent of a view
+    cdef public object _views        # weak references to this array's views, once it has any
+    cdef public object _pinned       # the host staging buffer of pin()
+    cdef public object _keepalive    # the producer of adopted foreign memory
+    cdef public object _gate         # what every access must pass first: read-only memory, or a failed write
+    cdef public object _exports      # live exports: weak references to DLPack export tokens, and _CAI
+    cdef dict __dict__
+    cdef object __weakref__
+
+    cdef int _allocate(self, shape, dtype, device, stream, owner, mr, tag) except -1
+
+
+# The tracked use of an array, for the compiled callers (array/launch.pyx): begin_use
+# checks the array and queues the waits (the sanitizer checks bytes [off, off + n), n < 0:
+# all); end_use records the use. A use clean on its stream costs neither.
+cdef int begin_use(NvArray arr, object stream, object access, object op, Py_ssize_t off,
+                   Py_ssize_t n) except -1
+cdef int end_use(NvArray arr, object stream, object access) except -1
