@@ -909,6 +909,34 @@ def test_resource_lock_behaves_like_threading_lock(dev):
     assert not lock.locked()
 
 
+def test_resource_lock_wait_runs_signal_handlers_and_takes_a_release_from_another_thread(dev):
+    import signal
+    from ignis.memory.resource import ResourceLock
+    lock = ResourceLock()
+    lock.acquire()
+
+    class Alarm(Exception):
+        pass
+
+    def handler(signum, frame):
+        raise Alarm
+
+    old = signal.signal(signal.SIGALRM, handler)
+    try:
+        signal.setitimer(signal.ITIMER_REAL, 0.1)
+        with pytest.raises(Alarm):
+            lock.acquire()  # blocks: the handler runs and its exception ends the wait
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, old)
+    assert lock.locked()
+    t = threading.Timer(0.05, lock.release)  # a release from another thread lets the waiter in
+    t.start()
+    assert lock.acquire(timeout=5) is True
+    t.join()
+    lock.release()
+
+
 def test_resource_lock_held_elsewhere_makes_the_pool_wait(dev):
     pool = ig.PoolResource(ig.DirectResource(dev))
     s = dev.default_stream

@@ -2,7 +2,7 @@
 # the compiled pool and tracking. Resources keep an instance dict too, so subclasses
 # and adaptors can add attributes freely.
 
-from cpython.pythread cimport PyThread_type_lock, PyThread_acquire_lock, PyThread_release_lock, NOWAIT_LOCK, WAIT_LOCK
+from posix.time cimport timespec
 from ignis.memory.block cimport DeviceBlock
 from ignis.runtime.stream cimport Stream
 
@@ -10,9 +10,23 @@ from ignis.runtime.stream cimport Stream
 cdef extern from "pythread.h":
     ctypedef long long PY_TIMEOUT_T
 
+cdef extern from "<semaphore.h>" nogil:
+    ctypedef struct sem_t:
+        pass
+    int sem_init(sem_t *, int, unsigned int)
+    int sem_destroy(sem_t *)
+    int sem_trywait(sem_t *)
+    int sem_wait(sem_t *)
+    int sem_timedwait(sem_t *, const timespec *)
+    int sem_post(sem_t *)
 
+
+# A binary semaphore of its own (sem_post may come from any thread, as threading.Lock's
+# release): an uncontended take is one atomic operation, without the clock read that
+# PyThread_acquire_lock makes even when it does not wait.
 cdef class ResourceLock:
-    cdef PyThread_type_lock _h
+    cdef sem_t _sem
+    cdef bint _ready
     cdef bint _held
 
     cdef bint _acquire(self, PY_TIMEOUT_T us) except -1
@@ -21,15 +35,16 @@ cdef class ResourceLock:
 # The compiled callers' acquire and release (no Python call): an uncontended acquire
 # is one atomic operation; a contended one waits with the GIL released.
 cdef inline void lock_take(ResourceLock lk) noexcept:
-    if not PyThread_acquire_lock(lk._h, NOWAIT_LOCK):
+    if sem_trywait(&lk._sem) != 0:
         with nogil:
-            PyThread_acquire_lock(lk._h, WAIT_LOCK)
+            while sem_wait(&lk._sem) != 0:
+                pass  # interrupted by a signal: the compiled callers hold it briefly, wait on
     lk._held = True
 
 
 cdef inline void lock_give(ResourceLock lk) noexcept:
     lk._held = False
-    PyThread_release_lock(lk._h)
+    sem_post(&lk._sem)
 
 
 cdef class EventPool:

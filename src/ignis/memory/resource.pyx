@@ -44,9 +44,9 @@ import threading
 import weakref
 from typing import TYPE_CHECKING, Any
 
-from cpython.pythread cimport (PyThread_allocate_lock, PyThread_free_lock, PY_LOCK_ACQUIRED, PY_LOCK_INTR,
-                               PY_LOCK_FAILURE, PyLockStatus)
 from cpython.exc cimport PyErr_CheckSignals
+from libc.errno cimport errno, EINTR
+from posix.time cimport clock_gettime, timespec, CLOCK_REALTIME
 from libc.stdint cimport uintptr_t
 
 from ..errors import (ClosedError, DoubleFreeError, DriverError, OutOfMemoryError, StaleHandleError, StreamMisuseError,
@@ -64,7 +64,6 @@ cdef extern from "Python.h":
 
 cdef extern from "pythread.h":
     PY_TIMEOUT_T PY_TIMEOUT_MAX
-    PyLockStatus PyThread_acquire_lock_timed(PyThread_type_lock, PY_TIMEOUT_T microseconds, int intr_flag) nogil
 
 # The modules whose hooks the hot paths read on every call (``recorder``, ``checker``,
 # ``any_manual`` can change at any time): their dicts, read directly.
@@ -268,17 +267,15 @@ cdef class ResourceLock:
     """
 
     def __cinit__(self) -> None:
-        self._h = PyThread_allocate_lock()
-        if self._h == NULL:
-            raise MemoryError("cannot allocate a lock")
-        self._held = False
+        self._ready = self._held = False
+        if sem_init(&self._sem, 0, 1) != 0:
+            raise OSError(errno, "cannot make a lock (sem_init): this platform has no unnamed POSIX semaphores")
+        self._ready = True
 
     def __dealloc__(self) -> None:
-        if self._h != NULL:
-            if self._held:
-                PyThread_release_lock(self._h)
-            PyThread_free_lock(self._h)
-            self._h = NULL
+        if self._ready:
+            sem_destroy(&self._sem)
+            self._ready = False
 
     def acquire(self, blocking: bool = True, timeout: float = -1) -> bool:
         """Take the lock, waiting (with the GIL released) while another thread holds it.
@@ -311,15 +308,24 @@ cdef class ResourceLock:
     cdef bint _acquire(self, PY_TIMEOUT_T us) except -1:
         """Take the lock, waiting up to ``us`` microseconds (-1: no limit) with the GIL
         released; a signal's handler runs meanwhile (its exception propagates)."""
-        cdef PyLockStatus r = PyThread_acquire_lock_timed(self._h, 0, 0)
-        if r != PY_LOCK_ACQUIRED and us != 0:
+        cdef int r = sem_trywait(&self._sem), err = 0
+        cdef timespec deadline
+        if r != 0 and us != 0:
+            if us > 0:
+                clock_gettime(CLOCK_REALTIME, &deadline)  # sem_timedwait's clock
+                deadline.tv_sec += us // 1000000
+                deadline.tv_nsec += (us % 1000000) * 1000
+                if deadline.tv_nsec >= 1000000000:
+                    deadline.tv_sec += 1
+                    deadline.tv_nsec -= 1000000000
             while True:
                 with nogil:
-                    r = PyThread_acquire_lock_timed(self._h, us, 1)
-                if r != PY_LOCK_INTR:
+                    r = sem_wait(&self._sem) if us < 0 else sem_timedwait(&self._sem, &deadline)
+                    err = errno
+                if r == 0 or err != EINTR:
                     break
-                PyErr_CheckSignals()
-        if r == PY_LOCK_ACQUIRED:
+                PyErr_CheckSignals()  # a signal's handler runs; its exception propagates
+        if r == 0:
             self._held = True
             return True
         return False
