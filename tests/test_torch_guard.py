@@ -283,13 +283,14 @@ def test_without_record_stream_the_late_use_is_a_write_after_free(guard, streams
 
 
 MEMSET = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.c_ulonglong, ctypes.c_ubyte, ctypes.c_size_t, ctypes.c_void_p)
+MEMSET32 = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.c_ulonglong, ctypes.c_uint, ctypes.c_size_t, ctypes.c_void_p)
 CTXDEV = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.POINTER(ctypes.c_int))
 
 
-@pytest.fixture
-def c_poison(guard, dev):
-    """The C free's own poison, bound to stand-ins for cuMemsetD8Async / cuCtxGetDevice that
-    queue the memset through the active backend and record each call."""
+def _bind_c_poison(dev, *, words: bool, fail32: list | None = None):
+    """Stand-ins for cuMemsetD8Async / cuCtxGetDevice (and, with ``words``, cuMemsetD32Async)
+    that queue the memsets through the active backend and record each call; bound as the C
+    free's own poison. ``fail32``: a one-element list, true while the 32-bit memset fails."""
     calls: list[tuple] = []
     current = [0]
 
@@ -298,16 +299,60 @@ def c_poison(guard, dev):
         dev.backend.memset_d8_async(ptr, value, n, stream or dev.default_stream.handle)
         return 0
 
+    def memset32(ptr, value, n, stream):
+        calls.append(("d32", ptr, value, n, stream or 0))
+        if fail32 and fail32[0]:
+            return 1  # CUDA_ERROR_INVALID_VALUE
+        dev.backend.memset_d32_async(ptr, value, n, stream or dev.default_stream.handle)
+        return 0
+
     def ctx_device(out):
         out[0] = current[0]
         return 0
 
-    fns = (MEMSET(memset), CTXDEV(ctx_device))
+    fns = (MEMSET(memset), CTXDEV(ctx_device), MEMSET32(memset32))
     addr = [ctypes.cast(f, ctypes.c_void_p).value for f in fns]
-    _fast.torch_guard_poison(addr[0], addr[1], POISON, tg._s.blocks, tg._s.rs_ptrs)
+    _fast.torch_guard_poison(addr[0], addr[1], POISON, tg._s.blocks, tg._s.rs_ptrs, addr[2] if words else 0)
+    return calls, current, fns
+
+
+@pytest.fixture
+def c_poison(guard, dev):
+    """The C free's own poison with byte-wise memsets only (no cuMemsetD32Async)."""
+    calls, current, fns = _bind_c_poison(dev, words=False)
     yield calls, current
     _fast.torch_guard_poison(0, 0, -1, None, None)
     del fns
+
+
+def test_the_c_free_poisons_aligned_words_word_wide(guard, streams, dev):
+    fail32 = [False]
+    calls, _, fns = _bind_c_poison(dev, words=True, fail32=fail32)
+    try:
+        s, h = streams[0], streams[0].handle
+        word = POISON * 0x01010101
+        for n in (4096, 4099, (1 << 17) + 3):  # whole words; a small odd size; a large odd size
+            p = alloc(n, s)
+            write(p, b"\x11" * n, s)
+            del calls[:]
+            free(p, n, s)
+            assert read(p, n, s) == bytes([POISON]) * n, n
+            if n == 4096:
+                assert calls == [("d32", p, word, 1024, h)]
+            elif n == 4099:
+                assert calls == [(p, POISON, 4099, h)]  # below the split: one byte-wise memset
+            else:
+                assert calls == [("d32", p, word, n >> 2, h), (p + (n & ~3), POISON, 3, h)]
+        assert tg.check(raise_=False) == []
+        fail32[0] = True  # the driver refuses the 32-bit memset: the Python free poisons the block
+        p = alloc(4096, s)
+        write(p, b"\x11" * 4096, s)
+        free(p, 4096, s)
+        assert read(p, 4096, s) == bytes([POISON]) * 4096
+        assert tg.check(raise_=False) == []
+    finally:
+        _fast.torch_guard_poison(0, 0, -1, None, None)
+        del fns
 
 
 def test_the_c_free_queues_the_poison_itself(guard, streams, c_poison):

@@ -13,7 +13,8 @@ Design:
   points ``ignis_torch_alloc`` / ``ignis_torch_free`` of ``ignis.torch._guard_fast``;
   they take the GIL and run ``_alloc`` / ``_free`` there (a free of a guarded
   block first queues its poison from C, through the driver's own
-  ``cuMemsetD8Async``, unless ``record_stream`` waits must come first). CuPy:
+  ``cuMemsetD32Async`` / ``cuMemsetD8Async``, unless ``record_stream`` waits must
+  come first). CuPy:
   ``cupy.cuda.set_allocator`` with a Python function over the same two.
   A stream handle is adopted once (``Stream.from_handle``; 0 is the legacy
   default stream). Pointer -> block is one dict.
@@ -71,6 +72,7 @@ from typing import Any, Callable
 
 from ..errors import IgnisError, OutOfBoundsError, UseAfterFreeError
 from ..memory.guard import DebugGuardResource
+from ..memory.guard_base import fill_bytes
 from ..memory.pool import PoolResource
 from .._types import Access
 from ..memory import ordering as _ord
@@ -222,7 +224,7 @@ class DeferredGuardResource(GuardCore, DebugGuardResource):
             tracked = self._tracks and (up._ws is not up.alloc_stream or up._we or up._rd is not None)
             if tracked and not closed and _ord.policy(stream) == _ord.AUTO:
                 self.upstream.prepare_block_use(up, stream, Access.READ_WRITE)
-            self._backend.memset_d8_async(block.ptr, self.poison, block.requested, h)
+            fill_bytes(self._backend, block.ptr, self.poison, block.requested, h)
             if closed:
                 self._backend.stream_synchronize(h)
             if tracked:
@@ -720,15 +722,20 @@ def use_guard(**options: Any) -> None:
 
 
 def _bind_poison(mod: Any, opts: dict[str, Any]) -> None:
-    """Let the C free queue the poison itself (the driver's cuMemsetD8Async, no Python
-    wrapper): the common case of a free then costs one driver call."""
+    """Let the C free queue the poison itself (the driver's cuMemsetD32Async over the aligned
+    words, cuMemsetD8Async for an unaligned head or tail; no Python wrapper): the common case
+    of a free then costs one driver call."""
     try:
         lib = ctypes.CDLL("libcuda.so.1")
         ms = ctypes.cast(lib.cuMemsetD8Async, ctypes.c_void_p).value or 0
         cd = ctypes.cast(lib.cuCtxGetDevice, ctypes.c_void_p).value or 0
     except (OSError, AttributeError):
         return
-    mod.torch_guard_poison(ms, cd, opts["poison"], _s.blocks, _s.rs_ptrs)
+    try:
+        ms32 = ctypes.cast(lib.cuMemsetD32Async, ctypes.c_void_p).value or 0
+    except AttributeError:  # not exported: byte-wise memsets only
+        ms32 = 0
+    mod.torch_guard_poison(ms, cd, opts["poison"], _s.blocks, _s.rs_ptrs, ms32)
 
 
 def _at_exit() -> None:
