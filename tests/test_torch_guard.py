@@ -123,6 +123,61 @@ def test_freed_blocks_are_poisoned_then_reused_without_memsets(guard, streams):
     free(q2, 4000, s)
 
 
+def test_a_checked_block_of_another_size_is_formatted_in_part(guard, streams):
+    # 4096, 4000, 3999, 4090 user bytes all take one 4608-byte pool block (512-byte rounding):
+    # after the first, each allocation writes only what differs, and must hold exactly the
+    # fresh layout (a stale canary, or poison in the after-guard, would be a false report).
+    s = streams[0]
+    p0 = alloc(4096, s)
+    free(p0, 4096, s)
+    guard.flush()  # checked, repaired, back in the pool
+    fresh, resized = guard.formatted_fresh, guard.resized
+    for n in (4000, 3999, 4090, 4096, 4096):  # the last: the same size again, no memset
+        p = alloc(n, s)
+        assert p == p0, "the pool should hand back the same block"
+        assert _raw(guard, p, n, s) == bytes([CANARY]) * G + bytes([POISON]) * n + bytes([CANARY]) * G, n
+        write(p, b"\x11" * n, s)
+        free(p, n, s)
+        guard.flush()
+    assert guard.formatted_fresh == fresh and guard.resized == resized + 4 and guard.reused >= 1
+    # What the guard finds is unchanged on a block formatted in part (3600 and 3900 bytes
+    # take the 4608-byte block too; smaller ones split it, which formats them whole).
+    p = alloc(3600, s)
+    assert p == p0 and guard.resized == resized + 5
+    write(p + 3600, b"\x09", s)  # one byte past the end: where the poison of 4096 was
+    free(p, 3600, s)
+    (e,) = tg.check(raise_=False)
+    assert isinstance(e, ig.OutOfBoundsError) and e.side == "after" and e.offset == 3600
+    guard.flush()
+    p = alloc(3900, s)  # larger again: from the repaired 3600-byte layout
+    assert p == p0 and guard.resized == resized + 6
+    assert _raw(guard, p, 3900, s) == bytes([CANARY]) * G + bytes([POISON]) * 3900 + bytes([CANARY]) * G
+    free(p, 3900, s)
+    write(p + 3899, b"\x2a", s)  # after the free, in the poison that grew
+    (e,) = guard.flush(raise_=False)
+    assert isinstance(e, ig.UseAfterFreeError) and e.offset == 3899
+
+
+def test_a_failing_partial_format_leaks_nothing(guard, streams, backend):
+    s = streams[0]
+    p = alloc(4096, s)
+    free(p, 4096, s)
+    guard.flush()
+    guard.upstream.reap_pending()
+    start = guard.upstream.bytes_outstanding
+    backend.inject_fault("memset_d32_async", nth=1, error="CUDA_ERROR_INVALID_VALUE")
+    with pytest.raises(ig.DriverError):
+        guard.allocate(4000, s)  # the same pool block: its new after-guard fails
+    assert "memset_d32_async" not in backend.armed_faults()
+    guard.upstream.reap_pending()
+    assert guard.bytes_outstanding == 0 and guard.upstream.bytes_outstanding == start
+    fresh = guard.formatted_fresh
+    q = alloc(4000, s)  # formatted whole now: the failed attempt left no record of a checked layout
+    assert q == p and guard.formatted_fresh == fresh + 1
+    assert _raw(guard, q, 4000, s) == bytes([CANARY]) * G + bytes([POISON]) * 4000 + bytes([CANARY]) * G
+    free(q, 4000, s)
+
+
 def test_many_blocks_batches_and_quarantine_bound(streams):
     tg._reset()
     tg._configure({"batch": 8, "quarantine_count": 5})

@@ -522,8 +522,9 @@ cdef class GuardCore(GuardBase):
     """The compiled part of ``DeferredGuardResource`` (``ignis.torch._guard``): its typed
     state and its ``allocate``, ``free_fast`` and ``_release_exits``. Not a resource on
     its own; the guard's other methods are Python, and these call back into them for
-    the rare cases (``_format`` of a fresh block, ``_after_oom``, ``deallocate`` of a
-    free that is not the common case, ``_double``, ``_stream_of``)."""
+    the rare cases (``_format`` of a fresh block, ``_reformat`` of a checked block of
+    another size, ``_after_oom``, ``deallocate`` of a free that is not the common case,
+    ``_double``, ``_stream_of``)."""
 
     # Fields: see _guard_fast.pxd.
 
@@ -553,9 +554,12 @@ cdef class GuardCore(GuardBase):
             up = self._after_oom(total, stream, tag)
         fmt = self._formatted.pop(up.ptr, None) if self._formatted else None
         impl = up._impl
-        if fmt is not None and (<tuple>fmt)[0] is impl and (<tuple>fmt)[1] == impl.size \
-                and (<tuple>fmt)[2] == nbytes:
-            self.reused += 1
+        if fmt is not None and (<tuple>fmt)[0] is impl and (<tuple>fmt)[1] == impl.size:
+            if (<tuple>fmt)[2] == nbytes:
+                self.reused += 1
+            else:  # a checked block of another size: only the bytes that differ are written
+                self._reformat(up, (<tuple>fmt)[2], nbytes)
+                self.resized += 1
         else:
             self._format(up, nbytes)
             self.formatted_fresh += 1
