@@ -517,9 +517,9 @@ def test_fill_bytes_splits_unaligned_regions(dev, streams):
 
 def test_uniform_compares_words_and_finds_any_byte():
     from ignis.memory.guard import _uniform
-    raw = np.full(4096 + 16, POISON, np.uint8)
-    for start in range(8):  # every alignment of the head
-        for n in (0, 1, 7, 63, 64, 65, 1000, 4096):
+    raw = np.full(70001 + 16, POISON, np.uint8)
+    for start in range(8):  # every alignment of the start
+        for n in (0, 1, 7, 64, 1000, 1 << 14, (1 << 14) + 5, 70001):  # byte-wise below 16 KiB, words above
             data = raw[start:start + n]
             assert _uniform(data, POISON)
             for i in {0, n // 2, n - 1} if n else ():
