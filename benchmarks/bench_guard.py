@@ -21,7 +21,8 @@ benchmarks/bench_guard.py [--json OUT] [--steps N] [--memcheck-steps N]``.
 For a breakdown: ``--child diag`` (the pair with stacks / the garbage collector
 off, the guard's own allocate + free, one Python-wrapped memset; the pair at 1 MiB,
 short runs of 200 pairs that never wait for the device, and the device's time for
-one 1 MiB poison memset: is the 1 MiB pair the CPU's cost or the device's?) and
+one 1 MiB poison memset, byte-wise and word-wise: is the 1 MiB pair the CPU's cost
+or the device's?) and
 ``--child profile '{"capture_stacks": false}'`` (cProfile of the pair loop).
 
 Without a GPU (or PyTorch): ``--emulated`` times the guard's allocate + free on
@@ -262,6 +263,14 @@ def child_diag() -> dict:
     ev1.record()
     torch.cuda.synchronize()
     res["memset_1MiB_gpu_us"] = ev0.elapsed_time(ev1) / 1000 * 1e3
+    # The same poison as the guard queues it now: the byte replicated into words (cuMemsetD32Async).
+    torch.cuda.synchronize()
+    ev0.record()
+    for _ in range(1000):
+        be.memset_d32_async(x.data_ptr(), 0xA5A5A5A5, 1 << 18, s.handle)
+    ev1.record()
+    torch.cuda.synchronize()
+    res["memset32_1MiB_gpu_us"] = ev0.elapsed_time(ev1) / 1000 * 1e3
     del x
     return res
 
@@ -300,7 +309,7 @@ def child_emulated(host_only: bool) -> dict:
         g = _guard.guard_resource(0)
         if host_only:  # the emulator's device work as no-ops (this process only)
             b = g._backend
-            b.memset_d8_async = b.kernel_launch = b.event_record = lambda *a: None
+            b.memset_d8_async = b.memset_d32_async = b.kernel_launch = b.event_record = lambda *a: None
             b.event_query = lambda *a: True
             b.host_view = lambda *a: None
         for name, pair in (("entry_points_ctypes", c_pair), ("alloc_free", py_pair), ("allocate_free_fast", guard_pair)):

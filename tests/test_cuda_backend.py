@@ -236,6 +236,25 @@ def test_dtod_and_memset_with_offsets(be, res):
     assert np.array_equal(out, want)
 
 
+def test_memset_d32_fills_words_and_refuses_unaligned_pointers(be, res):
+    n = 1 << 20
+    s = res.stream()
+    p = res.alloc(n)
+    be.memset_d8_async(p, 0x11, n, s)
+    be.memset_d32_async(p + 64, 0xA5A5A5A5, 1000, s)
+    be.memset_d32_async(p + 8192, 0x04030201, 3, s)
+    out = np.empty(n, np.uint8)
+    be.memcpy_dtoh_async(out.ctypes.data, p, n, s)
+    be.stream_synchronize(s)
+    want = np.full(n, 0x11, np.uint8)
+    want[64:4064] = 0xA5
+    want[8192:8204] = [1, 2, 3, 4] * 3
+    assert np.array_equal(out, want)
+    with pytest.raises(DriverError) as ei:
+        be.memset_d32_async(p + 2, 0, 4, s)
+    assert ei.value.call == "cuMemsetD32Async"
+
+
 def test_bad_free_is_driver_error(be):
     with pytest.raises(DriverError) as ei:
         be.mem_free(0, 0x10)
@@ -545,6 +564,7 @@ def test_fault_injection_every_op(be, res):
         "memcpy_dtoh_async": lambda: be.memcpy_dtoh_async(h, p, 16, s),
         "memcpy_dtod_async": lambda: be.memcpy_dtod_async(p, p + 2048, 16, s),
         "memset_d8_async": lambda: be.memset_d8_async(p, 0, 16, s),
+        "memset_d32_async": lambda: be.memset_d32_async(p, 0, 4, s),
         "stream_create": lambda: be.stream_create(0),
         "stream_destroy": lambda: be.stream_destroy(s2),
         "stream_wait_event": lambda: be.stream_wait_event(s, e),

@@ -184,6 +184,45 @@ def test_copies_and_memset_round_trip_at_interior_offsets(emu):
     assert emu.host_view(a, 0).size == 0
 
 
+def test_memset_d32_fills_words_in_stream_order(emu):
+    s = emu.stream_create(0)
+    n = 4096
+    p = emu.mem_alloc(0, n)
+    emu.memset_d8_async(p, 0x11, n, s)
+    go = gate(emu, s)
+    emu.memset_d32_async(p + 64, 0xA5A5A5A5, 100, s)  # a replicated byte: as memset_d8 of 400 bytes
+    emu.memset_d32_async(p + 1024, 0x04030201, 3, s)  # any word, little-endian as on a GPU
+    emu.memset_d32_async(p + 2048, 0, 0, s)  # nothing to do, nothing queued
+    time.sleep(0.02)
+    assert (emu.host_view(p, n) == 0x11).all(), "the fill ran before the stream got there"
+    go.set()
+    out = download(emu, p, n, s)
+    assert (out[:64] == 0x11).all() and (out[64:464] == 0xA5).all() and (out[464:1024] == 0x11).all()
+    assert list(out[1024:1036]) == [1, 2, 3, 4] * 3 and (out[1036:] == 0x11).all()
+
+
+def test_memset_d32_refuses_what_the_driver_refuses(emu):
+    s = emu.stream_create(0)
+    p = emu.mem_alloc(0, 1000)
+    call = OPS["memset_d32_async"]
+    with raises_driver("CUDA_ERROR_INVALID_VALUE", call) as info:
+        emu.memset_d32_async(p + 2, 0, 4, s)  # not 4-byte aligned
+    assert "4-byte aligned" in info.value.detail
+    with raises_driver("CUDA_ERROR_INVALID_VALUE", call) as info:
+        emu.memset_d32_async(p + 996, 0, 2, s)  # the second word runs past the end
+    assert "past the end" in info.value.detail
+    for value in (-1, 1 << 32, 1.0):
+        with raises_driver("CUDA_ERROR_INVALID_VALUE", call):
+            emu.memset_d32_async(p, value, 1, s)
+    with raises_driver("CUDA_ERROR_INVALID_VALUE", call):
+        emu.memset_d32_async(p, 0, -1, s)
+    with raises_driver("CUDA_ERROR_INVALID_VALUE", call):
+        emu.memset_d32_async(0x1234, 0, 1, s)  # not a device pointer
+    with raises_driver("CUDA_ERROR_INVALID_HANDLE", call):
+        emu.memset_d32_async(p, 0, 1, 987654)
+    assert emu.stream_query(s)  # the failures queued nothing
+
+
 def test_copies_between_devices_and_pinned_memory(emu):
     s = emu.stream_create(1)
     pinned = emu.host_alloc(256)
@@ -378,6 +417,7 @@ def test_destroyed_and_unknown_handles(emu):
         ("memcpy_dtoh_async", lambda: emu.memcpy_dtoh_async(host(buf), p, 8, s)),
         ("memcpy_dtod_async", lambda: emu.memcpy_dtod_async(p, p + 8, 8, s)),
         ("memset_d8_async", lambda: emu.memset_d8_async(p, 0, 8, s)),
+        ("memset_d32_async", lambda: emu.memset_d32_async(p, 0, 2, s)),
         ("mem_alloc_async", lambda: emu.mem_alloc_async(0, 8, s)),
         ("mem_free_async", lambda: emu.mem_free_async(0, p, s)),
         ("stream_query", lambda: emu.stream_query(0)),
@@ -630,6 +670,7 @@ def _fault_calls(b: EmulatedBackend) -> dict[str, Callable[[], Any]]:
         "memcpy_dtoh_async": lambda: b.memcpy_dtoh_async(h, p, 64, s),
         "memcpy_dtod_async": lambda: b.memcpy_dtod_async(p + 512, p, 64, s),
         "memset_d8_async": lambda: b.memset_d8_async(p, 1, 64, s),
+        "memset_d32_async": lambda: b.memset_d32_async(p, 0x01010101, 16, s),
         "stream_create": lambda: b.stream_destroy(b.stream_create(0)),
         "stream_destroy": lambda: b.stream_destroy(b.stream_create(0)),
         "stream_wait_event": lambda: b.stream_wait_event(s, ev),

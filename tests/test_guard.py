@@ -461,13 +461,71 @@ def test_free_waits_for_a_late_read_elsewhere(guard, streams):
 
 # -- nothing leaks ---------------------------------------------------------------------
 
-def test_failing_memset_on_allocate_leaks_nothing(guard, streams, backend):
+@pytest.mark.parametrize("op,nbytes,nth", [
+    ("memset_d32_async", 1000, 1),    # the first canary (aligned words)
+    ("memset_d32_async", 1000, 3),    # the poison, after both canaries were queued
+    ("memset_d8_async", 1001, 1),     # the after-guard of an odd size (unaligned, byte-wise)
+    ("memset_d8_async", 1 << 17 | 3, 2),  # the unaligned tail of a large poison, its words queued
+])
+def test_failing_memset_on_allocate_leaks_nothing(guard, streams, backend, op, nbytes, nth):
     start = upstream_bytes(guard)
-    backend.inject_fault("memset_d8_async", nth=1, error="CUDA_ERROR_INVALID_VALUE")
+    backend.inject_fault(op, nth=nth, error="CUDA_ERROR_INVALID_VALUE")
     with pytest.raises(ig.DriverError):
-        guard.allocate(1000, streams[0])
+        guard.allocate(nbytes, streams[0])
+    assert op not in backend.armed_faults()
     backend.clear_faults()
     assert guard.bytes_outstanding == 0 and upstream_bytes(guard) == start
+
+
+@pytest.mark.parametrize("nbytes", [4096, 4099, (1 << 17) + 2])
+def test_poison_and_canaries_are_exact_for_any_size(guard, streams, nbytes):
+    # Word-wide fills where aligned, byte-wise heads and tails: the same bytes as a byte memset.
+    s = streams[0]
+    b = guard.allocate(nbytes, s)
+    raw = read(b.ptr - G, nbytes + 2 * G, s)
+    assert raw == bytes([CANARY]) * G + bytes([POISON]) * nbytes + bytes([CANARY]) * G
+    write(b.ptr, b"\x01" * nbytes, s)
+    guard.deallocate(b)
+    assert read(b.ptr, nbytes, s) == bytes([POISON]) * nbytes
+    guard.flush()
+
+
+def test_fill_bytes_splits_unaligned_regions(dev, streams):
+    from ignis.memory.guard_base import fill_bytes
+    s = streams[0]
+    calls = []
+
+    class Spy:
+        def memset_d8_async(self, *a):
+            calls.append(("d8", *a))
+
+        def memset_d32_async(self, *a):
+            calls.append(("d32", *a))
+
+    base = 0x10000
+    fill_bytes(Spy(), base, 0xA5, 4096, s.handle)
+    fill_bytes(Spy(), base + 1, 0xA5, 100, s.handle)       # small, unaligned: one byte memset
+    fill_bytes(Spy(), base + 1, 0xA5, 1 << 17, s.handle)   # large: head, words, tail
+    fill_bytes(Spy(), base, 0xA5, 0, s.handle)
+    h = s.handle
+    assert calls == [("d32", base, 0xA5A5A5A5, 1024, h), ("d8", base + 1, 0xA5, 100, h),
+                     ("d8", base + 1, 0xA5, 3, h), ("d32", base + 4, 0xA5A5A5A5, (1 << 15) - 1, h),
+                     ("d8", base + 4 + 4 * ((1 << 15) - 1), 0xA5, 1, h)]
+    with pytest.raises(ValueError, match="byte value"):
+        fill_bytes(Spy(), base, 256, 4, h)
+
+
+def test_uniform_compares_words_and_finds_any_byte():
+    from ignis.memory.guard import _uniform
+    raw = np.full(70001 + 16, POISON, np.uint8)
+    for start in range(8):  # every alignment of the start
+        for n in (0, 1, 7, 64, 1000, 1 << 14, (1 << 14) + 5, 70001):  # byte-wise below 16 KiB, words above
+            data = raw[start:start + n]
+            assert _uniform(data, POISON)
+            for i in {0, n // 2, n - 1} if n else ():
+                data[i] ^= 1
+                assert not _uniform(data, POISON), (start, n, i)
+                data[i] ^= 1
 
 
 def test_failing_check_on_free_leaks_nothing(guard, streams, backend):

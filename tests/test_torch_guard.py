@@ -124,6 +124,61 @@ def test_freed_blocks_are_poisoned_then_reused_without_memsets(guard, streams):
     free(q2, 4000, s)
 
 
+def test_a_checked_block_of_another_size_is_formatted_in_part(guard, streams):
+    # 4096, 4000, 3999, 4090 user bytes all take one 4608-byte pool block (512-byte rounding):
+    # after the first, each allocation writes only what differs, and must hold exactly the
+    # fresh layout (a stale canary, or poison in the after-guard, would be a false report).
+    s = streams[0]
+    p0 = alloc(4096, s)
+    free(p0, 4096, s)
+    guard.flush()  # checked, repaired, back in the pool
+    fresh, resized = guard.formatted_fresh, guard.resized
+    for n in (4000, 3999, 4090, 4096, 4096):  # the last: the same size again, no memset
+        p = alloc(n, s)
+        assert p == p0, "the pool should hand back the same block"
+        assert _raw(guard, p, n, s) == bytes([CANARY]) * G + bytes([POISON]) * n + bytes([CANARY]) * G, n
+        write(p, b"\x11" * n, s)
+        free(p, n, s)
+        guard.flush()
+    assert guard.formatted_fresh == fresh and guard.resized == resized + 4 and guard.reused >= 1
+    # What the guard finds is unchanged on a block formatted in part (3600 and 3900 bytes
+    # take the 4608-byte block too; smaller ones split it, which formats them whole).
+    p = alloc(3600, s)
+    assert p == p0 and guard.resized == resized + 5
+    write(p + 3600, b"\x09", s)  # one byte past the end: where the poison of 4096 was
+    free(p, 3600, s)
+    (e,) = tg.check(raise_=False)
+    assert isinstance(e, ig.OutOfBoundsError) and e.side == "after" and e.offset == 3600
+    guard.flush()
+    p = alloc(3900, s)  # larger again: from the repaired 3600-byte layout
+    assert p == p0 and guard.resized == resized + 6
+    assert _raw(guard, p, 3900, s) == bytes([CANARY]) * G + bytes([POISON]) * 3900 + bytes([CANARY]) * G
+    free(p, 3900, s)
+    write(p + 3899, b"\x2a", s)  # after the free, in the poison that grew
+    (e,) = guard.flush(raise_=False)
+    assert isinstance(e, ig.UseAfterFreeError) and e.offset == 3899
+
+
+def test_a_failing_partial_format_leaks_nothing(guard, streams, backend):
+    s = streams[0]
+    p = alloc(4096, s)
+    free(p, 4096, s)
+    guard.flush()
+    guard.upstream.reap_pending()
+    start = guard.upstream.bytes_outstanding
+    backend.inject_fault("memset_d32_async", nth=1, error="CUDA_ERROR_INVALID_VALUE")
+    with pytest.raises(ig.DriverError):
+        guard.allocate(4000, s)  # the same pool block: its new after-guard fails
+    assert "memset_d32_async" not in backend.armed_faults()
+    guard.upstream.reap_pending()
+    assert guard.bytes_outstanding == 0 and guard.upstream.bytes_outstanding == start
+    fresh = guard.formatted_fresh
+    q = alloc(4000, s)  # formatted whole now: the failed attempt left no record of a checked layout
+    assert q == p and guard.formatted_fresh == fresh + 1
+    assert _raw(guard, q, 4000, s) == bytes([CANARY]) * G + bytes([POISON]) * 4000 + bytes([CANARY]) * G
+    free(q, 4000, s)
+
+
 def test_many_blocks_batches_and_quarantine_bound(streams):
     tg._reset()
     tg._configure({"batch": 8, "quarantine_count": 5})
@@ -284,13 +339,14 @@ def test_without_record_stream_the_late_use_is_a_write_after_free(guard, streams
 
 
 MEMSET = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.c_ulonglong, ctypes.c_ubyte, ctypes.c_size_t, ctypes.c_void_p)
+MEMSET32 = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.c_ulonglong, ctypes.c_uint, ctypes.c_size_t, ctypes.c_void_p)
 CTXDEV = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.POINTER(ctypes.c_int))
 
 
-@pytest.fixture
-def c_poison(guard, dev):
-    """The C free's own poison, bound to stand-ins for cuMemsetD8Async / cuCtxGetDevice that
-    queue the memset through the active backend and record each call."""
+def _bind_c_poison(dev, *, words: bool, fail32: list | None = None):
+    """Stand-ins for cuMemsetD8Async / cuCtxGetDevice (and, with ``words``, cuMemsetD32Async)
+    that queue the memsets through the active backend and record each call; bound as the C
+    free's own poison. ``fail32``: a one-element list, true while the 32-bit memset fails."""
     calls: list[tuple] = []
     current = [0]
 
@@ -299,16 +355,60 @@ def c_poison(guard, dev):
         dev.backend.memset_d8_async(ptr, value, n, stream or dev.default_stream.handle)
         return 0
 
+    def memset32(ptr, value, n, stream):
+        calls.append(("d32", ptr, value, n, stream or 0))
+        if fail32 and fail32[0]:
+            return 1  # CUDA_ERROR_INVALID_VALUE
+        dev.backend.memset_d32_async(ptr, value, n, stream or dev.default_stream.handle)
+        return 0
+
     def ctx_device(out):
         out[0] = current[0]
         return 0
 
-    fns = (MEMSET(memset), CTXDEV(ctx_device))
+    fns = (MEMSET(memset), CTXDEV(ctx_device), MEMSET32(memset32))
     addr = [ctypes.cast(f, ctypes.c_void_p).value for f in fns]
-    _fast.torch_guard_poison(addr[0], addr[1], POISON, tg._s.blocks, tg._s.rs_ptrs)
+    _fast.torch_guard_poison(addr[0], addr[1], POISON, tg._s.blocks, tg._s.rs_ptrs, addr[2] if words else 0)
+    return calls, current, fns
+
+
+@pytest.fixture
+def c_poison(guard, dev):
+    """The C free's own poison with byte-wise memsets only (no cuMemsetD32Async)."""
+    calls, current, fns = _bind_c_poison(dev, words=False)
     yield calls, current
     _fast.torch_guard_poison(0, 0, -1, None, None)
     del fns
+
+
+def test_the_c_free_poisons_aligned_words_word_wide(guard, streams, dev):
+    fail32 = [False]
+    calls, _, fns = _bind_c_poison(dev, words=True, fail32=fail32)
+    try:
+        s, h = streams[0], streams[0].handle
+        word = POISON * 0x01010101
+        for n in (4096, 4099, (1 << 17) + 3):  # whole words; a small odd size; a large odd size
+            p = alloc(n, s)
+            write(p, b"\x11" * n, s)
+            del calls[:]
+            free(p, n, s)
+            assert read(p, n, s) == bytes([POISON]) * n, n
+            if n == 4096:
+                assert calls == [("d32", p, word, 1024, h)]
+            elif n == 4099:
+                assert calls == [(p, POISON, 4099, h)]  # below the split: one byte-wise memset
+            else:
+                assert calls == [("d32", p, word, n >> 2, h), (p + (n & ~3), POISON, 3, h)]
+        assert tg.check(raise_=False) == []
+        fail32[0] = True  # the driver refuses the 32-bit memset: the Python free poisons the block
+        p = alloc(4096, s)
+        write(p, b"\x11" * 4096, s)
+        free(p, 4096, s)
+        assert read(p, 4096, s) == bytes([POISON]) * 4096
+        assert tg.check(raise_=False) == []
+    finally:
+        _fast.torch_guard_poison(0, 0, -1, None, None)
+        del fns
 
 
 def test_the_c_free_queues_the_poison_itself(guard, streams, c_poison):

@@ -242,6 +242,7 @@ class CudaBackend(CudaVmm, Backend):
         self._cuMemcpyDtoHAsync = cu.cuMemcpyDtoHAsync
         self._cuMemcpyDtoDAsync = cu.cuMemcpyDtoDAsync
         self._cuMemsetD8Async = cu.cuMemsetD8Async
+        self._cuMemsetD32Async = cu.cuMemsetD32Async
         self._cuStreamWaitEvent = cu.cuStreamWaitEvent
         self._cuStreamQuery = cu.cuStreamQuery
         self._cuStreamSynchronize = cu.cuStreamSynchronize
@@ -537,6 +538,10 @@ class CudaBackend(CudaVmm, Backend):
     def memset_d8_async(self, ptr: int, value: int, nbytes: int, stream: int) -> None:
         s = self._enter_stream(stream)
         _check(self._cuMemsetD8Async(ptr, value, nbytes, s), "cuMemsetD8Async")
+
+    def memset_d32_async(self, ptr: int, value: int, count: int, stream: int) -> None:
+        s = self._enter_stream(stream)
+        _check(self._cuMemsetD32Async(ptr, value, count, s), "cuMemsetD32Async")
 
     # -- streams -----------------------------------------------------------
     def stream_create(self, ordinal: int, priority: int = 0) -> int:

@@ -714,6 +714,32 @@ class EmulatedBackend(EmulatedVmm, Backend):
         self._put(s, call, ctypes.memset, (alloc.host + (ptr - alloc.base), value, nbytes),
                   alloc.buf)
 
+    def memset_d32_async(self, ptr: int, value: int, count: int, stream: int) -> None:
+        """Fill ``count`` words on the stream's worker, as the driver does: ``ptr`` must be
+        4-byte aligned (else CUDA_ERROR_INVALID_VALUE, as cuMemsetD32Async). A word whose
+        four bytes are equal (a replicated byte, the common case) is a ``ctypes.memset``,
+        any other a NumPy fill over the words (little-endian, as on a GPU)."""
+        call = OPS["memset_d32_async"]
+        s = self._stream(stream, call)
+        if type(count) is not int or count < 0:
+            raise driver_error("CUDA_ERROR_INVALID_VALUE", call, f"word count {count!r} is not valid")
+        if type(value) is not int or not 0 <= value <= 0xFFFFFFFF:
+            raise driver_error("CUDA_ERROR_INVALID_VALUE", call, f"32-bit value {value!r} is not in 0..2**32-1")
+        if type(ptr) is int and ptr & 3:
+            raise driver_error("CUDA_ERROR_INVALID_VALUE", call,
+                               f"device pointer {ptr:#x} is not 4-byte aligned; a 32-bit memset needs an "
+                               "aligned destination (fill an unaligned head or tail with memset_d8_async)")
+        if count == 0:
+            return
+        nbytes = 4 * count
+        alloc = self._owner(ptr, call).find(ptr, nbytes, call)
+        off = ptr - alloc.base
+        if value == (value & 0xFF) * 0x01010101:
+            self._put(s, call, ctypes.memset, (alloc.host + off, value & 0xFF, nbytes), alloc.buf)
+        else:
+            words = alloc.buf[off:off + nbytes].view("<u4")
+            self._put(s, call, words.fill, (value,), alloc.buf)
+
     @staticmethod
     def _check_host(addr: int, call: str) -> None:
         if type(addr) is not int or addr <= 0:

@@ -19,6 +19,16 @@ cdef inline Py_ssize_t as_bound(object v) except? -1:
         return PY_SSIZE_T_MAX
 
 
+# Fill nbytes of device memory at ptr with the byte value on a stream (guard_base.pyx):
+# word-wide (memset_d32_async) where aligned, byte-wise heads and tails. Below FILL_SPLIT
+# bytes an unaligned region is one byte-wise memset (the C free's poison splits the same way).
+cdef enum:
+    FILL_SPLIT = 64 << 10
+
+cdef int fill_bytes_c(object backend, unsigned long long ptr, unsigned int value, Py_ssize_t nbytes,
+                      object handle) except -1
+
+
 cdef class _Guarded:
     cdef public DeviceBlock block
     cdef public DeviceBlock up

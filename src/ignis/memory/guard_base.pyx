@@ -8,6 +8,12 @@ base of ``DebugGuardResource`` (which adds everything else, in Python) and, thro
 ``ignis.torch._guard_fast.GuardCore``, of the deferred guard whose allocate and free
 are compiled: both guards run this one implementation, and the compiled hot path
 calls it without a Python call. ``_Guarded`` is the guard's record of one allocation.
+
+``fill_bytes`` (``fill_bytes_c`` for compiled callers) is how every guard queues its
+canaries and poison: a byte replicated into a 32-bit word (``memset_d32_async``) over the
+4-byte aligned words of the region, ``memset_d8_async`` for an unaligned head or tail. A GPU
+fills a large region faster with word stores than byte stores, and both guards fill whole
+tensors on every allocation or free. The bytes written are the same either way.
 """
 
 from __future__ import annotations
@@ -15,7 +21,56 @@ from __future__ import annotations
 from .resource cimport DeviceMemoryResource
 from .block cimport DeviceBlock
 
-__all__ = ["GuardBase"]
+__all__ = ["GuardBase", "fill_bytes"]
+
+# FILL_SPLIT (guard_base.pxd): below it an unaligned region is one byte-wise memset, as an
+# extra driver call costs more host time than word-wide stores save on the device.
+
+
+cdef int fill_bytes_c(object backend, unsigned long long ptr, unsigned int value, Py_ssize_t nbytes,
+                      object handle) except -1:
+    """Queue on ``handle`` the fill of ``nbytes`` bytes at ``ptr`` with the byte ``value``
+    (see the module): one ``memset_d32_async`` for an aligned region of whole words (the
+    common case), one ``memset_d8_async`` for a small unaligned one, else byte-wise head,
+    word-wide middle, byte-wise tail. A failing call raises its ``DriverError``."""
+    cdef Py_ssize_t head, words, tail
+    cdef unsigned int word = (value & 0xFF) * 0x01010101u
+    if nbytes <= 0:
+        return 0
+    head = <Py_ssize_t>((4 - (ptr & 3)) & 3)
+    if head == 0 and (nbytes & 3) == 0:
+        backend.memset_d32_async(ptr, word, nbytes >> 2, handle)
+        return 0
+    if nbytes < FILL_SPLIT:
+        backend.memset_d8_async(ptr, value, nbytes, handle)
+        return 0
+    words = (nbytes - head) >> 2
+    tail = nbytes - head - 4 * words
+    if head:
+        backend.memset_d8_async(ptr, value, head, handle)
+    backend.memset_d32_async(ptr + <unsigned long long>head, word, words, handle)
+    if tail:
+        backend.memset_d8_async(ptr + <unsigned long long>(head + 4 * words), value, tail, handle)
+    return 0
+
+
+def fill_bytes(backend: object, ptr: int, value: int, nbytes: int, handle: int) -> None:
+    """Queue on stream ``handle`` of ``backend`` the fill of ``nbytes`` bytes of device memory
+    at ``ptr`` with the byte ``value`` (0..255): 32-bit memsets of the byte replicated into a
+    word where the memory is 4-byte aligned, 8-bit memsets for an unaligned head or tail
+    (a small unaligned region is one 8-bit memset). Raises the backend's ``DriverError``;
+    memsets already queued stay queued (the caller owns the memory and handles the failure).
+
+    Args:
+        backend: the device's ``Backend``.
+        ptr: the first device byte.
+        value: the byte value, 0..255.
+        nbytes: how many bytes (0 or less: nothing).
+        handle: the stream's handle.
+    """
+    if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= 0xFF:
+        raise ValueError(f"fill_bytes: value must be a byte value 0..255, got {value!r}")
+    fill_bytes_c(backend, ptr, value, nbytes, handle)
 
 
 cdef class _Guarded:

@@ -13,7 +13,8 @@ Design:
   points ``ignis_torch_alloc`` / ``ignis_torch_free`` of ``ignis.torch._guard_fast``;
   they take the GIL and run ``_alloc`` / ``_free`` there (a free of a guarded
   block first queues its poison from C, through the driver's own
-  ``cuMemsetD8Async``, unless ``record_stream`` waits must come first). CuPy:
+  ``cuMemsetD32Async`` / ``cuMemsetD8Async``, unless ``record_stream`` waits must
+  come first). CuPy:
   ``cupy.cuda.set_allocator`` with a Python function over the same two.
   A stream handle is adopted once (``Stream.from_handle``; 0 is the legacy
   default stream). Pointer -> block is one dict.
@@ -33,7 +34,10 @@ Design:
   copy of the results into pinned memory behind an event; results are read
   when the event has completed (polled on frees, at synchronize points, by
   ``check()``). Because a block leaves the check repaired, a reuse of the
-  same pool block for the same size needs no memset at all.
+  same pool block for the same size needs no memset at all, and for another
+  size only the bytes that differ (the new after-guard, and where it grew, the
+  new poison). Memsets fill words (the poison byte replicated into 32 bits)
+  where the memory is aligned.
 - Synchronize points (PyTorch's GPU trace: device / stream / event
   synchronize) queue the pending batches, read finished ones, and at most
   every ``sync_check_interval`` seconds check the guards of every live block.
@@ -71,6 +75,7 @@ from typing import Any, Callable
 
 from ..errors import IgnisError, OutOfBoundsError, UseAfterFreeError
 from ..memory.guard import DebugGuardResource
+from ..memory.guard_base import fill_bytes
 from ..memory.pool import PoolResource
 from .._types import Access
 from ..memory import ordering as _ord
@@ -165,15 +170,17 @@ class DeferredGuardResource(GuardCore, DebugGuardResource):
         self.found: list[IgnisError] = []
         self._unreturned: list[IgnisError] = []
         # pool block address -> (pool block, its size, user bytes) of blocks whose guards and
-        # poison a check left intact: allocating the same again needs no memset.
+        # poison a check left intact: allocating the same again needs no memset, another
+        # size only the bytes that differ (_reformat).
         self._reuse = isinstance(upstream, PoolResource)
         self._formatted: dict[int, tuple] = {}
         self._held_exit: dict[int, _Entry] = {}  # left the quarantine, check queued, not yet upstream
         self._rs_event = 0
         self._checker = _Checker(self)
         self._state = self.device.state  # its generation moves when the context is rebuilt
-        self.reused = 0
-        self.formatted_fresh = 0
+        self.reused = 0           # allocations of a checked block of the same size: no memset
+        self.resized = 0          # of a checked block of another size: the bytes that differ
+        self.formatted_fresh = 0  # of a block formatted whole
 
     def _after_oom(self, nbytes: int, stream: Stream, tag: str) -> DeviceBlock:
         """The upstream ran out: empty the quarantine (its checks queued, then waited
@@ -222,7 +229,7 @@ class DeferredGuardResource(GuardCore, DebugGuardResource):
             tracked = self._tracks and (up._ws is not up.alloc_stream or up._we or up._rd is not None)
             if tracked and not closed and _ord.policy(stream) == _ord.AUTO:
                 self.upstream.prepare_block_use(up, stream, Access.READ_WRITE)
-            self._backend.memset_d8_async(block.ptr, self.poison, block.requested, h)
+            fill_bytes(self._backend, block.ptr, self.poison, block.requested, h)
             if closed:
                 self._backend.stream_synchronize(h)
             if tracked:
@@ -268,6 +275,28 @@ class DeferredGuardResource(GuardCore, DebugGuardResource):
             if len(self._formatted) > 1 << 16:
                 self._formatted.clear()
             self._formatted[up.ptr] = (up._impl, up._impl.size, e.block.requested)
+
+    def _reformat(self, up: DeviceBlock, old: int, nbytes: int) -> None:
+        """Format for ``nbytes`` user bytes a pool block that a check left intact for ``old``
+        user bytes (canary ``[0, G)``, poison ``[G, G + old)``, canary ``[G + old, 2G + old)``,
+        checked and repaired in stream order before the block went back to the pool): only
+        the bytes that differ are written. Smaller: the poison ``[G + nbytes, G + old)`` that
+        the new after-guard covers becomes canary. Larger: poison from ``G + old`` (over the
+        old after-guard) to ``G + nbytes``, then the new after-guard. The block then holds
+        exactly what ``_format`` writes. If a memset fails, the block goes back upstream and
+        the error propagates."""
+        g = self.canary_bytes
+        try:
+            handle = up.alloc_stream._check()
+            b = self._backend
+            if nbytes < old:
+                fill_bytes(b, up.ptr + g + nbytes, self.canary, min(g, old - nbytes), handle)
+            else:
+                fill_bytes(b, up.ptr + g + old, self.poison, nbytes - old, handle)
+                fill_bytes(b, up.ptr + g + nbytes, self.canary, g, handle)
+        except BaseException:
+            self.upstream.deallocate(up)
+            raise
 
     def note_record_stream(self, block: DeviceBlock, stream: Stream) -> None:
         """Work on ``stream`` uses the live ``block`` (``Tensor.record_stream``): its free
@@ -592,7 +621,7 @@ def summary() -> str:
 
 
 def _count_allocs() -> int:
-    return sum(g.reused + g.formatted_fresh for g in _s.guards.values())
+    return sum(g.reused + g.resized + g.formatted_fresh for g in _s.guards.values())
 
 
 def check(*, raise_: bool = True) -> list[IgnisError]:
@@ -650,7 +679,7 @@ def guard_stats(device: "Device | int" = 0) -> dict[str, int] | None:
         return None
     return {"guard.live_bytes": g.bytes_outstanding, "guard.quarantined_bytes": g.quarantined_bytes,
             "guard.checks": g._checker.jobs, "guard.batches": g._checker.batches,
-            "guard.allocs_reusing_checked_blocks": g.reused}
+            "guard.allocs_reusing_checked_blocks": g.reused, "guard.allocs_resizing_checked_blocks": g.resized}
 
 
 def note_record_stream(ptr: int, handle: int, device: int | None = None) -> bool:
@@ -720,15 +749,20 @@ def use_guard(**options: Any) -> None:
 
 
 def _bind_poison(mod: Any, opts: dict[str, Any]) -> None:
-    """Let the C free queue the poison itself (the driver's cuMemsetD8Async, no Python
-    wrapper): the common case of a free then costs one driver call."""
+    """Let the C free queue the poison itself (the driver's cuMemsetD32Async over the aligned
+    words, cuMemsetD8Async for an unaligned head or tail; no Python wrapper): the common case
+    of a free then costs one driver call."""
     try:
         lib = ctypes.CDLL("libcuda.so.1")
         ms = ctypes.cast(lib.cuMemsetD8Async, ctypes.c_void_p).value or 0
         cd = ctypes.cast(lib.cuCtxGetDevice, ctypes.c_void_p).value or 0
     except (OSError, AttributeError):
         return
-    mod.torch_guard_poison(ms, cd, opts["poison"], _s.blocks, _s.rs_ptrs)
+    try:
+        ms32 = ctypes.cast(lib.cuMemsetD32Async, ctypes.c_void_p).value or 0
+    except AttributeError:  # not exported: byte-wise memsets only
+        ms32 = 0
+    mod.torch_guard_poison(ms, cd, opts["poison"], _s.blocks, _s.rs_ptrs, ms32)
 
 
 def _at_exit() -> None:

@@ -58,6 +58,7 @@ cdef class GuardCore(GuardBase):
     cdef public _Checker _checker
     cdef public Py_ssize_t reused
     cdef public Py_ssize_t formatted_fresh
+    cdef public Py_ssize_t resized
     cdef public bint _reuse
 
     cdef DeviceBlock _allocate(self, object nbytes, object stream, object tag, object frames)

@@ -17,7 +17,8 @@ What is here (``ignis.torch._guard`` has the rest and the design):
   Unbound, and while the interpreter finalizes, allocations fail and frees are
   dropped (the process is ending; the driver reclaims the memory). A free may
   first queue the block's poison itself (``torch_guard_poison``: the driver's
-  ``cuMemsetD8Async``, no Python wrapper), for a block the guard handed out with
+  ``cuMemsetD32Async`` over the aligned words, ``cuMemsetD8Async`` for an unaligned
+  head or tail, no Python wrapper), for a block the guard handed out with
   no ``record_stream`` streams to wait for, on the device of the thread's
   current context; the free is told whether it did.
 - ``_alloc`` / ``_free`` (also CuPy's allocator's): the front end's state
@@ -51,8 +52,9 @@ from libc.stdint cimport uintptr_t
 
 from ..memory import history as _history
 from ..memory import ordering as _ord
+from ..memory.guard import _uniform
 from ..memory.block cimport DeviceBlock, new_block
-from ..memory.guard_base cimport GuardBase, _Guarded, as_bound
+from ..memory.guard_base cimport FILL_SPLIT, GuardBase, _Guarded, as_bound, fill_bytes_c
 from ..memory.resource cimport ResourceLock, lock_take, lock_give
 from ..memory.resource import check_request
 from ..memory.types import UNTAGGED, BlockState, _next_generation
@@ -123,10 +125,12 @@ typedef unsigned long long u64;
 #define NONE 0xFFFFFFFFFFFFFFFFull
 // One launch per phase over a batch of jobs (blockIdx.y = job). A job is a guarded
 // region at `base`: [canary G | user n | canary G]. Phase 0 compares every byte
-// (16 at a time where aligned) and folds the first / last damaged offset and the
-// count of damaged bytes of each zone into res (atomics; res starts all ones).
-// Phase 1 (one block per job) copies the first damaged bytes of each zone into res
-// and, for jobs that ask, rewrites the damaged zones (canary / poison).
+// (16 at a time: one 16-byte load where 16-byte aligned, four 4-byte loads where
+// 4-byte aligned, bytes only in a chunk that holds damage or is unaligned) and folds
+// the first / last damaged offset and the count of damaged bytes of each zone into
+// res (atomics; res starts all ones). Phase 1 (one block per job) copies the first
+// damaged bytes of each zone into res and, for jobs that ask, rewrites the damaged
+// zones (canary / poison; words where aligned).
 extern "C" __global__ void ignis_guard_check(const u64* __restrict__ jobs, u64* __restrict__ res, u64 G,
                                              unsigned int canary, unsigned int poison, int phase) {
     const u64 base = jobs[3 * blockIdx.y], n = jobs[3 * blockIdx.y + 1], flags = jobs[3 * blockIdx.y + 2];
@@ -143,10 +147,15 @@ extern "C" __global__ void ignis_guard_check(const u64* __restrict__ jobs, u64* 
             const u64 off = ck * 16;
             const int len = (int)(zlen - off < 16 ? zlen - off : 16);
             const unsigned char* q = p + zstart + off;
-            if (len == 16 && (((u64)q) & 15) == 0) {
+            if (len == 16) {
                 const unsigned int w = want * 0x01010101u;
-                const uint4 v = *(const uint4*)q;
-                if (v.x == w && v.y == w && v.z == w && v.w == w) continue;
+                if ((((u64)q) & 15) == 0) {
+                    const uint4 v = *(const uint4*)q;
+                    if (v.x == w && v.y == w && v.z == w && v.w == w) continue;
+                } else if ((((u64)q) & 3) == 0) {
+                    const unsigned int* u = (const unsigned int*)q;
+                    if (u[0] == w && u[1] == w && u[2] == w && u[3] == w) continue;
+                }
             }
             int first = -1, last = -1, cnt = 0;
             for (int i = 0; i < len; i++)
@@ -184,7 +193,14 @@ extern "C" __global__ void ignis_guard_check(const u64* __restrict__ jobs, u64* 
         if (r[zone] == NONE) continue;
         const u64 zstart = zone == 0 ? 0 : (zone == 1 ? G : G + n), zlen = zone == 1 ? n : G;
         const unsigned char want = (unsigned char)(zone == 1 ? poison : canary);
-        for (u64 i = threadIdx.x; i < zlen; i += blockDim.x) p[zstart + i] = want;
+        unsigned char* z = p + zstart;
+        const u64 lead = (4 - (((u64)z) & 3)) & 3, head = lead < zlen ? lead : zlen;
+        const u64 words = (zlen - head) / 4;
+        unsigned int* zw = (unsigned int*)(z + head);
+        const unsigned int w = want * 0x01010101u;
+        for (u64 i = threadIdx.x; i < head; i += blockDim.x) z[i] = want;
+        for (u64 i = threadIdx.x; i < words; i += blockDim.x) zw[i] = w;
+        for (u64 i = head + 4 * words + threadIdx.x; i < zlen; i += blockDim.x) z[i] = want;
     }
 }
 """
@@ -404,7 +420,7 @@ cdef class _Checker:
                 if self.fn is None:
                     self.fn = b.kernel_compile(self.device.ordinal, _KERNEL, "ignis_guard_check")
                 b.memcpy_htod_async(slot.jobs_dev, slot.jobs_ptr, k * C_JOB_WORDS * 8, h)
-                b.memset_d8_async(slot.res_dev, 0xFF, k * C_RES_WORDS * 8, h)
+                fill_bytes_c(b, slot.res_dev, 0xFF, k * C_RES_WORDS * 8, h)
                 gx = max(1, min(1024, (maxchunks + 2 * G // 16 + C_THREADS - 1) // C_THREADS))
                 args = (ctypes.c_uint64(slot.jobs_dev), ctypes.c_uint64(slot.res_dev), ctypes.c_uint64(G),
                         ctypes.c_uint32(g.canary), ctypes.c_uint32(g.poison))
@@ -485,6 +501,8 @@ def _host_check(views: list, res: np.ndarray, G: int, canary: int, poison: int) 
                 continue
             start, length, want = zone
             data = v[start:start + length]
+            if _uniform(data, want):  # the common case, compared word-wide
+                continue
             bad = np.flatnonzero(data != want)
             if not bad.size:
                 continue
@@ -504,8 +522,9 @@ cdef class GuardCore(GuardBase):
     """The compiled part of ``DeferredGuardResource`` (``ignis.torch._guard``): its typed
     state and its ``allocate``, ``free_fast`` and ``_release_exits``. Not a resource on
     its own; the guard's other methods are Python, and these call back into them for
-    the rare cases (``_format`` of a fresh block, ``_after_oom``, ``deallocate`` of a
-    free that is not the common case, ``_double``, ``_stream_of``)."""
+    the rare cases (``_format`` of a fresh block, ``_reformat`` of a checked block of
+    another size, ``_after_oom``, ``deallocate`` of a free that is not the common case,
+    ``_double``, ``_stream_of``)."""
 
     # Fields: see _guard_fast.pxd.
 
@@ -535,9 +554,12 @@ cdef class GuardCore(GuardBase):
             up = self._after_oom(total, stream, tag)
         fmt = self._formatted.pop(up.ptr, None) if self._formatted else None
         impl = up._impl
-        if fmt is not None and (<tuple>fmt)[0] is impl and (<tuple>fmt)[1] == impl.size \
-                and (<tuple>fmt)[2] == nbytes:
-            self.reused += 1
+        if fmt is not None and (<tuple>fmt)[0] is impl and (<tuple>fmt)[1] == impl.size:
+            if (<tuple>fmt)[2] == nbytes:
+                self.reused += 1
+            else:  # a checked block of another size: only the bytes that differ are written
+                self._reformat(up, (<tuple>fmt)[2], nbytes)
+                self.resized += 1
         else:
             self._format(up, nbytes)
             self.formatted_fresh += 1
@@ -621,7 +643,7 @@ cdef class GuardCore(GuardBase):
             lock_give(lk)
         block.state = _QUARANTINED
         if not poisoned:
-            self._backend.memset_d8_async(ptr, self.poison, n, s.handle)
+            fill_bytes_c(self._backend, ptr, self.poison, n, s.handle)
         rec = _HIST["recorder"]
         if rec is not None:
             rec("free_requested", self, ptr, block.requested, s, block)
@@ -832,8 +854,10 @@ cdef unsigned long long _n_alloc = 0
 cdef unsigned long long _n_free = 0
 
 ctypedef int (*_memset8_fn)(unsigned long long dst, unsigned char value, size_t n, void *stream) noexcept nogil
+ctypedef int (*_memset32_fn)(unsigned long long dst, unsigned int value, size_t n, void *stream) noexcept nogil
 ctypedef int (*_ctx_device_fn)(int *device) noexcept nogil
 cdef _memset8_fn _tg_memset = NULL
+cdef _memset32_fn _tg_memset32 = NULL
 cdef _ctx_device_fn _tg_ctx_device = NULL
 cdef int _tg_poison = -1
 cdef dict _tg_blocks = None
@@ -854,20 +878,25 @@ def torch_guard_bind(alloc: object, free: object) -> tuple:
     return (_n_alloc, _n_free)
 
 
-def torch_guard_poison(memset: int, ctx_device: int, poison: int, blocks: dict | None, rs: set | None) -> None:
-    """Let ``ignis_torch_free`` queue a freed block's poison itself: ``memset`` and
-    ``ctx_device`` are the addresses of the driver's ``cuMemsetD8Async`` and
-    ``cuCtxGetDevice`` (or stand-ins with their signatures), ``poison`` the byte value,
-    ``blocks`` the guard's pointer -> block map (only its keys are poisoned) and ``rs``
-    the pointers whose free must wait for ``record_stream`` streams first (never
-    poisoned here). ``0, 0, -1, None, None`` turns it off."""
-    global _tg_memset, _tg_ctx_device, _tg_poison, _tg_blocks, _tg_rs
-    cdef unsigned long long ms = memset, cd = ctx_device
+def torch_guard_poison(memset: int, ctx_device: int, poison: int, blocks: dict | None, rs: set | None,
+                       memset32: int = 0) -> None:
+    """Let ``ignis_torch_free`` queue a freed block's poison itself: ``memset``,
+    ``ctx_device`` and ``memset32`` are the addresses of the driver's ``cuMemsetD8Async``,
+    ``cuCtxGetDevice`` and ``cuMemsetD32Async`` (or stand-ins with their signatures;
+    ``memset32`` 0: byte-wise memsets only), ``poison`` the byte value, ``blocks`` the
+    guard's pointer -> block map (only its keys are poisoned) and ``rs`` the pointers whose
+    free must wait for ``record_stream`` streams first (never poisoned here). With
+    ``memset32`` the poison is the byte replicated into a word over the 4-byte aligned words
+    and byte-wise over an unaligned head or tail, as ``guard_base.fill_bytes`` splits it.
+    ``0, 0, -1, None, None`` turns it off."""
+    global _tg_memset, _tg_memset32, _tg_ctx_device, _tg_poison, _tg_blocks, _tg_rs
+    cdef unsigned long long ms = memset, cd = ctx_device, ms32 = memset32
     cdef int p = poison
     if (blocks is not None and not isinstance(blocks, dict)) or (rs is not None and not isinstance(rs, (set, frozenset))):
         raise TypeError("torch_guard_poison: expected a dict (or None) and a set (or None)")
     _tg_poison = -1  # off while the rest changes
     _tg_memset = <_memset8_fn><uintptr_t>ms
+    _tg_memset32 = <_memset32_fn><uintptr_t>ms32
     _tg_ctx_device = <_ctx_device_fn><uintptr_t>cd
     _tg_blocks = blocks
     _tg_rs = rs
@@ -877,6 +906,10 @@ def torch_guard_poison(memset: int, ctx_device: int, poison: int, blocks: dict |
 cdef bint _poison_here(void *ptr, Py_ssize_t size, int device, void *stream, object key) noexcept:
     """Queue the poison of a freed guarded block (see the module); True if it was queued."""
     cdef int cur = -1
+    cdef unsigned long long p
+    cdef unsigned char v
+    cdef unsigned int word
+    cdef size_t n, head, words, tail
     if _tg_memset == NULL or _tg_poison < 0 or _tg_blocks is None or size <= 0:
         return False
     try:
@@ -886,7 +919,25 @@ cdef bint _poison_here(void *ptr, Py_ssize_t size, int device, void *stream, obj
         return False
     if _tg_ctx_device == NULL or _tg_ctx_device(&cur) != 0 or cur != device:
         return False
-    return _tg_memset(<unsigned long long><uintptr_t>ptr, <unsigned char>_tg_poison, <size_t>size, stream) == 0
+    p = <unsigned long long><uintptr_t>ptr
+    v = <unsigned char>_tg_poison
+    word = v * 0x01010101u
+    n = <size_t>size
+    if _tg_memset32 != NULL:
+        # Word-wide where aligned (see guard_base.fill_bytes). A part that fails leaves the
+        # whole poison to the Python free (it fills the block again).
+        head = (4 - (p & 3)) & 3
+        if head == 0 and (n & 3) == 0:
+            return _tg_memset32(p, word, n >> 2, stream) == 0
+        if n >= FILL_SPLIT:
+            words = (n - head) >> 2
+            tail = n - head - 4 * words
+            if head and _tg_memset(p, v, head, stream) != 0:
+                return False
+            if _tg_memset32(p + head, word, words, stream) != 0:
+                return False
+            return not tail or _tg_memset(p + head + 4 * words, v, tail, stream) == 0
+    return _tg_memset(p, v, n, stream) == 0
 
 
 cdef public void *ignis_torch_alloc(Py_ssize_t size, int device, void *stream) noexcept nogil:
