@@ -17,17 +17,19 @@ Design and rules:
   an explicit ``free()`` cancels that. Nothing is freed while the interpreter
   is shutting down.
 - Owner transitions, ref counts and free are guarded by a per-array lock.
+
+Compiled (Cython): ``NvArray`` is an extension type whose fields are declared in
+``nvarray.pxd``; its creation (``ig.empty``, the constructor), ``free``, collection
+and tracked use (``use``, ``access``, and ``begin_use`` / ``end_use`` for
+``launch.pyx``) are this one implementation.
 """
 
 from __future__ import annotations
 
 import gc
-import itertools
 import operator
 from collections import deque
 import sys
-import threading
-import time
 import weakref
 from typing import TYPE_CHECKING, Any
 
@@ -442,7 +444,7 @@ cdef class NvArray:
     # The fields are declared in nvarray.pxd (typed, readable and writable from Python).
 
     @property
-    def _lock(self) -> threading.Lock:
+    def _lock(self) -> ResourceLock:
         return _LOCKS[self.id & 63]
 
     def __init__(self, shape: Any, dtype: Any = _dt.float32, *, device: "Device | int | None" = None,
