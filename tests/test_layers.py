@@ -88,7 +88,9 @@ def module_names() -> dict[str, Path]:
         if parts[-1] == "__init__":
             parts.pop()
         out[".".join(parts)] = path
-    for ext in ("*.pyx", "*.c"):  # compiled modules: ignis/memory/pool.pyx -> ignis.memory.pool
+    # compiled modules: ignis/memory/pool.pyx -> ignis.memory.pool; a .pxd alone declares
+    # inline functions that its cimporters compile in (ignis/runtime/ctxcache.pxd)
+    for ext in ("*.pyx", "*.c", "*.pxd"):
         for path in sorted(PACKAGE.rglob(ext)):
             out.setdefault(".".join(path.relative_to(SRC).with_suffix("").parts), path)
     return out
@@ -188,6 +190,8 @@ def graph() -> dict[str, list[Import]]:
             if pxd.exists():
                 extra = cython_imports(pxd.read_text())
                 source = source + "\n" + extra
+        elif p.suffix == ".pxd":  # declarations alone
+            source = cython_imports(p.read_text())
         else:
             continue
         out[m] = [i for i in imports_of(m, source, p.name == "__init__.py", known) if i.target != m]

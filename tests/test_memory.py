@@ -993,6 +993,7 @@ class _DirectEmulated(ignis.backends.emulated.EmulatedBackend):
         super().__init__(devices=1, memory="64MiB", jitter=False)
         self.ctx_dev = types.SimpleNamespace(ctx=object())  # the "device" whose context is current
         self.current = types.SimpleNamespace(ctx=self.ctx_dev.ctx)
+        self.ctx_epoch = [0]  # bumped, as the cuda backend's, whenever ``current.ctx`` changes
         self.direct = {"event_record": 0, "stream_wait_event": 0}
         self.stream_table: dict[int, tuple] = {}
         self.event_table: dict[int, tuple] = {}
@@ -1029,7 +1030,7 @@ class _DirectEmulated(ignis.backends.emulated.EmulatedBackend):
     def tracking_calls(self) -> dict:
         calls = super().tracking_calls()
         calls.update(streams=self.stream_table, events=self.event_table, current=self.current,
-                     raw=tuple(ctypes.cast(f, ctypes.c_void_p).value for f in self._raw))
+                     ctx_epoch=self.ctx_epoch, raw=tuple(ctypes.cast(f, ctypes.c_void_p).value for f in self._raw))
         return calls
 
 
@@ -1089,6 +1090,40 @@ def test_the_direct_driver_path_runs_with_nothing_to_observe(direct):
     made = _delta(driver_calls(), before)
     assert made["event_record"] >= 1 and made["stream_wait_event"] >= 1
     assert _delta(inner.direct, direct_before) == made  # each one reached the (stand-in) driver
+
+
+def test_the_direct_driver_path_follows_the_threads_current_context(direct):
+    """The direct path answers "is this device's context current here" from a cache of the
+    last (thread, epoch, device) that passed; a change of the current context (which bumps
+    the epoch) or another thread asks again, and the calls then go through the methods."""
+    from ignis.memory.resource import driver_calls
+    wrapper, inner, pool, s1, s2 = direct
+    _cross_stream_uses(pool, s1, s2)  # warms the cache
+    before = driver_calls()
+    inner.current.ctx = object()  # another context made current on this thread
+    inner.ctx_epoch[0] += 1
+    _cross_stream_uses(pool, s1, s2)
+    assert driver_calls() == before  # not current: the backend's methods made every call
+    inner.current.ctx = inner.ctx_dev.ctx
+    inner.ctx_epoch[0] += 1
+    _cross_stream_uses(pool, s1, s2)
+    assert driver_calls()["event_record"] > before["event_record"]
+    seen: list = []
+
+    def other_thread() -> None:
+        # A thread with no context current (the record reads None, as a fresh thread's
+        # threading.local would) and the epoch unmoved: the cache, keyed by thread, misses.
+        inner.current.ctx = None
+        b = driver_calls()
+        _cross_stream_uses(pool, s1, s2)
+        seen.append(driver_calls() == b)
+        inner.current.ctx = inner.ctx_dev.ctx
+
+    _cross_stream_uses(pool, s1, s2)  # the cache holds this thread
+    t = threading.Thread(target=other_thread)
+    t.start()
+    t.join()
+    assert seen == [True]
 
 
 def test_an_armed_fault_keeps_the_direct_driver_path_off(direct):

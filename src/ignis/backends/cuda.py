@@ -216,6 +216,7 @@ class CudaBackend(CudaVmm, Backend):
         _check(res, "cuInit")
         self._lock = threading.RLock()
         self._cur = _Current()
+        self._ctx_epoch = [0]  # bumped whenever a context is made current or rebuilt (tracking_calls)
         self._devs: dict[int, _Device] = {}
         self._count: int | None = None
         self._props: dict[int, DeviceProperties] = {}
@@ -259,7 +260,8 @@ class CudaBackend(CudaVmm, Backend):
     def tracking_calls(self) -> dict[str, Any]:
         """For the compiled hot paths: the memory layer's tracking (ignis/memory/resource.pyx)
         and the kernel launch (ignis/runtime/kernel.pyx). This backend's handle tables
-        (handle -> (device, binding object)), the thread's current-context record, the
+        (handle -> (device, binding object)), the thread's current-context record and the
+        epoch it bumps whenever it changes (``ctx_epoch``, a one-item list), the
         binding functions for event record and stream wait, and in ``raw`` the driver's
         own entry points (cuEventRecord, cuStreamWaitEvent, cuLaunchKernel; the handles
         are the driver's pointers; 0 where not found). The direct paths use them only for
@@ -278,6 +280,7 @@ class CudaBackend(CudaVmm, Backend):
                 addrs.append(0)
         raw = tuple(addrs)
         return {"streams": self._streams, "events": self._events, "current": self._cur,
+                "ctx_epoch": self._ctx_epoch,
                 "record": cu.cuEventRecord, "wait": cu.cuStreamWaitEvent, "off": (self._fast_off, self._trace),
                 "launch_off": (self._fast_off,), "raw": raw}
 
@@ -295,6 +298,7 @@ class CudaBackend(CudaVmm, Backend):
         ctx = dev.ctx
         _check(self._cuCtxSetCurrent(ctx), "cuCtxSetCurrent")
         self._cur.ctx = ctx
+        self._ctx_epoch[0] += 1
 
     def _enter(self, ordinal: int) -> _Device:
         """The device, with its primary context current on this thread."""
@@ -366,6 +370,7 @@ class CudaBackend(CudaVmm, Backend):
             # Reset does not release our reference; the retain re-activates the
             # context. The new object makes every thread's cached context stale.
             dev.ctx = _check(cu.cuDevicePrimaryCtxRetain(dev.handle), "cuDevicePrimaryCtxRetain")[1]
+            self._ctx_epoch[0] += 1
         self._make_current(dev)
 
     def device_synchronize(self, ordinal: int) -> None:

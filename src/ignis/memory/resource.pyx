@@ -53,6 +53,7 @@ from ..errors import (ClosedError, DoubleFreeError, DriverError, OutOfMemoryErro
                       UseAfterFreeError)
 from ..runtime import Device, current_device
 from ..runtime.stream cimport Stream
+from ..runtime.ctxcache cimport CtxCache, ctx_is_current
 from . import history as _history
 from . import ordering as _ord
 from .._types import Access
@@ -153,6 +154,8 @@ cdef class _DriverQueue:
     cdef dict streams
     cdef dict events
     cdef object cur
+    cdef object epoch
+    cdef CtxCache seen
     cdef tuple off
     cdef _event_record_fn raw_record
     cdef _stream_wait_fn raw_wait
@@ -178,8 +181,7 @@ cdef class _DriverQueue:
         if dev is not (<tuple>er)[0]:
             return -1
         try:
-            ctx = getattr(self.cur, "ctx", None)
-            if ctx is None or ctx is not getattr(dev, "ctx", None):
+            if not ctx_is_current(&self.seen, self.cur, self.epoch, dev):
                 return -1  # not current on this thread: the backend's method makes it current
             if type(ev) is not int or type(h) is not int:
                 return -1
@@ -225,6 +227,7 @@ cdef _DriverQueue _bind(object backend):
             q.streams = calls["streams"]
             q.events = calls["events"]
             q.cur = calls["current"]
+            q.epoch = calls.get("ctx_epoch")
             q.off = tuple(calls.get("off") or ())
             q.raw_record = <_event_record_fn>raw_record
             q.raw_wait = <_stream_wait_fn>raw_wait

@@ -47,6 +47,7 @@ from .. import dtypes as _dt
 from .._types import Access
 from ..errors import UnsupportedError
 from .stream cimport Stream
+from .ctxcache cimport CtxCache, ctx_is_current
 
 if TYPE_CHECKING:
     from .device import Device
@@ -95,6 +96,8 @@ cdef class _Launcher:
     cdef object backend
     cdef dict streams
     cdef object cur
+    cdef object epoch
+    cdef CtxCache seen
     cdef tuple off  # armed faults, a fork marker: while any is non-empty, the backend's path
     cdef dict own  # the backend's instance dict: a ``kernel_launch`` there takes the backend's path
     cdef _launch_fn raw
@@ -129,6 +132,7 @@ cdef _Launcher _bind(object backend):
         if addr:
             q.streams = calls["streams"]
             q.cur = calls["current"]
+            q.epoch = calls.get("ctx_epoch")
             q.off = tuple(calls.get("launch_off") or ())  # launches are not traced: only faults, a fork
             q.own = own
             q.raw = <_launch_fn>addr
@@ -510,8 +514,7 @@ cdef class Kernel:
                     and _dim(grid[0], d) and _dim(grid[1], d + 1) and _dim(grid[2], d + 2) \
                     and _dim(block[0], d + 3) and _dim(block[1], d + 4) and _dim(block[2], d + 5) \
                     and _dim(shared_mem, d + 6):
-                ctx = getattr(q.cur, "ctx", None)
-                if ctx is not None and ctx is getattr((<tuple>sr)[0], "ctx", None):
+                if ctx_is_current(&q.seen, q.cur, q.epoch, (<tuple>sr)[0]):
                     if n > _SMALL:
                         slots = <uint64_t *>PyMem_Malloc(n * sizeof(uint64_t))
                         params = <void **>PyMem_Malloc(n * sizeof(void *))

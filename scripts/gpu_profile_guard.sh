@@ -1,0 +1,59 @@
+#!/usr/bin/env bash
+# Is the guard's torch.empty + free pair bound by the CPU or by the device work it queues?
+#   bash scripts/gpu_profile_guard.sh
+# For 4 KiB and 1 MiB: µs per pair in a long run, then with a fixed CPU spin added to each
+# pair (a CPU-bound pair grows by the spin; a device-bound one hides it), and the device's
+# own time per pair (events around the run, the CPU kept ahead of it by queuing all first).
+set -uo pipefail
+export PYTHONPATH=src IGNIS_BACKEND=cuda PYTHONUNBUFFERED=1
+python3 setup.py -q build_ext --inplace > /dev/null 2>&1 || { echo "build failed"; exit 1; }
+python3 - <<'PY'
+import time, torch
+from ignis.torch import _guard
+_guard.use_guard()
+
+def spin(us):
+    end = time.perf_counter() + us * 1e-6
+    while time.perf_counter() < end:
+        pass
+
+def run(n, pairs, extra):
+    torch.cuda.synchronize()
+    t0 = time.perf_counter()
+    for _ in range(pairs):
+        t = torch.empty(n, device="cuda"); del t
+        if extra:
+            spin(extra)
+    t1 = time.perf_counter()
+    torch.cuda.synchronize()
+    return (t1 - t0) / pairs * 1e6, (time.perf_counter() - t0) / pairs * 1e6
+
+for n in (1024, 1 << 18):
+    run(n, 3000, 0)
+    for extra in (0, 4, 8):
+        loop, total = run(n, 20000, extra)
+        print(f"{n * 4:>8} B  spin {extra} us: {loop:.2f} us per pair (loop), {total:.2f} with the final synchronize")
+    s = torch.cuda.Stream()
+    ev0, ev1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+print(_guard.guard_stats(0))
+PY
+
+# The device's time per operation kind for the 1 MiB pair (nsys, where the machine has it).
+nsys_bin="$(command -v nsys || ls /usr/local/cuda/bin/nsys 2>/dev/null || true)"
+if [ -n "$nsys_bin" ]; then
+    cat > /tmp/guard_1m.py <<'PY'
+import torch
+from ignis.torch import _guard
+_guard.use_guard()
+for _ in range(3000):
+    t = torch.empty(1 << 18, device="cuda"); del t
+torch.cuda.synchronize()
+for _ in range(5000):
+    t = torch.empty(1 << 18, device="cuda"); del t
+torch.cuda.synchronize()
+PY
+    "$nsys_bin" profile -q -t cuda -o /tmp/guard1m --force-overwrite true python3 /tmp/guard_1m.py > /dev/null 2>&1
+    "$nsys_bin" stats -q -r cuda_gpu_kern_sum,cuda_gpu_mem_time_sum,cuda_api_sum /tmp/guard1m.nsys-rep 2>&1 | cut -c1-180 | head -60
+else
+    echo "no nsys on this machine"
+fi
