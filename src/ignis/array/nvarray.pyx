@@ -91,6 +91,22 @@ cdef inline object _new_id():
     return v
 
 
+cdef inline int _identify(NvArray a, shape, dt, device, stream, owner, numel, nbytes, mr) except -1:
+    """A new array's identity and description (the constructor's and ``_wrap``'s)."""
+    a.id = _new_id()
+    a.shape = shape
+    a.dtype = dt
+    a.device = device
+    a.stream = stream
+    a.owner = owner
+    a.ref_count = 0
+    a.created_at = _now()
+    a.numel = numel
+    a.nbytes = nbytes
+    a._mr = mr
+    return 0
+
+
 cdef inline double _now() noexcept:
     """``time.time()`` to the clock's coarse tick (a few milliseconds at most), without the
     call: the coarse clock costs a few nanoseconds where the precise one can cost 50 (a
@@ -514,17 +530,7 @@ cdef class NvArray:
                 mr = get_current_resource(dev)
             tracks = mr.supports_block_use_tracking
         nbytes = numel * dt.itemsize
-        self.id = _new_id()
-        self.shape = shape
-        self.dtype = dt
-        self.device = dev
-        self.stream = stream
-        self.owner = owner
-        self.ref_count = 0
-        self.created_at = _now()
-        self.numel = numel
-        self.nbytes = nbytes
-        self._mr = mr
+        _identify(self, shape, dt, dev, stream, owner, numel, nbytes, mr)
         self._base = self._views = self._pinned = self._keepalive = self._gate = self._exports = None
         if nbytes:
             if _pool_direct(mr, "allocate"):
@@ -550,19 +556,10 @@ cdef class NvArray:
               base: "NvArray | None" = None, keepalive: Any = None) -> "NvArray":
         """An array over memory it does not allocate (a view or foreign memory)."""
         cdef NvArray a = NvArray.__new__(cls)
-        a.id = _new_id()
-        a.shape = shape
-        a.dtype = dt
-        a.device = device
-        a.stream = stream
-        a.owner = owner
-        a.ref_count = 0
-        a.created_at = _now()
-        a.numel = _numel(shape)
-        a.nbytes = a.numel * dt.itemsize
+        numel = _numel(shape)
+        _identify(a, shape, dt, device, stream, owner, numel, numel * dt.itemsize, mr)
         a._ptr = ptr
         a._block = block
-        a._mr = mr
         a._tracks = bool(mr is not None and block is not None and mr.supports_block_use_tracking)
         a._base = base
         a._views = a._pinned = a._gate = a._exports = None
