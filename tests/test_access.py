@@ -23,8 +23,8 @@ def _state(x: ig.NvArray, streams: list) -> tuple:
     """What the memory layer recorded about x's block: (last writer, readers), as stream indices."""
     blk = x._block
     idx = {id(s): i for i, s in enumerate(streams)}
-    ws = None if blk._ws is None else idx.get(id(blk._ws), "other")
-    rd = None if blk._rd is None else sorted(idx.get(id(s), "other") for s in blk._rd)
+    ws = None if blk._write_stream is None else idx.get(id(blk._write_stream), "other")
+    rd = None if blk._readers is None else sorted(idx.get(id(s), "other") for s in blk._readers)
     return ws, rd
 
 

@@ -1508,8 +1508,8 @@ cdef inline bint _clean_on(object block, object stream) except -1:
     cdef _Block b
     if type(block) is _Block:
         b = <_Block>block
-        return b._ws is stream and not b._we and b._rd is None
-    return block._ws is stream and not block._we and block._rd is None
+        return b._write_stream is stream and not b._write_event and b._readers is None
+    return block._write_stream is stream and not block._write_event and block._readers is None
 
 
 cdef inline bint _stream_ok(object stream) except -1:

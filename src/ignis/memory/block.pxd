@@ -1,5 +1,6 @@
 # Typed fields of DeviceBlock (block.pyx), for the compiled pool and tracking.
-# _write_stream / _write_event / _readers are the cross-stream hazard record.
+# _write_stream / _write_event / _readers are the cross-stream hazard record: the stream of
+# the last write, the event recorded after it (0: none needed), the readers since (stream -> event).
 
 cdef class DeviceBlock:
     cdef public object ptr
@@ -9,9 +10,9 @@ cdef class DeviceBlock:
     cdef public object tag
     cdef public object generation
     cdef public object state
-    cdef public object _ws
-    cdef public object _we
-    cdef public object _rd
+    cdef public object _write_stream
+    cdef public object _write_event
+    cdef public object _readers
     cdef public object _impl
     cdef object __weakref__
 

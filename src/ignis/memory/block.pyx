@@ -22,7 +22,7 @@ cdef class DeviceBlock:
 
     ``bytes`` may exceed the request (rounding); ``requested`` is what was asked.
     ``align`` is the guaranteed alignment (256 bytes, as cudaMalloc gives).
-    The ``_w*`` / ``_rd`` slots hold the cross-stream hazard record (see
+    The ``_write_stream`` / ``_write_event`` / ``_readers`` fields hold the cross-stream hazard record (see
     ``ignis.memory.resource``); ``_impl`` belongs to the resource that made it.
 
     Blocks are made by resources (``allocate``), not by users.
@@ -62,9 +62,9 @@ cdef class DeviceBlock:
         # Hazard record: last writer stream, its event (0 = not recorded yet),
         # readers {stream: event or 0}. A new block counts as written by its
         # alloc stream, so a first use elsewhere waits for the allocation.
-        self._ws = alloc_stream
-        self._we = 0
-        self._rd = None
+        self._write_stream = alloc_stream
+        self._write_event = 0
+        self._readers = None
         self._impl = impl
 
     @property
@@ -108,8 +108,8 @@ cdef DeviceBlock new_block(object ptr, object alloc_stream, object nbytes, objec
     block.tag = tag
     block.generation = generation
     block.state = _LIVE
-    block._ws = alloc_stream
-    block._we = _ZERO
-    block._rd = None
+    block._write_stream = alloc_stream
+    block._write_event = _ZERO
+    block._readers = None
     block._impl = impl
     return block

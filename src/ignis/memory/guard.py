@@ -247,7 +247,7 @@ class DebugGuardResource(GuardBase, ResourceAdaptor):
         up = self._upstream_allocate(nbytes + 2 * g, stream, tag)
         self._format(up, nbytes)
         block = DeviceBlock(up.ptr + g, up.alloc_stream, nbytes, nbytes, tag, _next_generation())
-        block._ws = None  # its hazard record is the upstream block's: never "clean" (memory.resource)
+        block._write_stream = None  # its hazard record is the upstream block's: never "clean" (memory.resource)
         entry = _Guarded(block, up, stack)
         block._impl = entry
         with self._lock:

@@ -353,7 +353,7 @@ cdef class PoolResource(TrackedResource):
                 block.state = _FREED
                 return 0
             stream = block.alloc_stream
-            if block._rd is not None or block._ws is not stream:
+            if block._readers is not None or block._write_stream is not stream:
                 try:
                     self._order_release_c(block)
                 except BaseException:
@@ -363,10 +363,10 @@ cdef class PoolResource(TrackedResource):
                     self._live_bytes += size
                     raise
             else:
-                if block._we:
-                    self._events._free.append(block._we)
-                    block._we = _ZERO
-                block._ws = None
+                if block._write_event:
+                    self._events._free.append(block._write_event)
+                    block._write_event = _ZERO
+                block._write_stream = None
             b.stream = stream
             fl = self._free.get(stream)
             if fl is None:

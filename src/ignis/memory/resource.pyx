@@ -29,7 +29,7 @@ Hazard record, kept on each block (``TrackedResource``):
 - If a lazily-ordered alloc stream was closed meanwhile, ordering falls back
   to a device synchronization (correct, slow, and only on that misuse).
 - Clean: a block whose last writer is stream S with no event recorded
-  (``_ws is S and not _we``) and no readers (``_rd is None``) is clean on S.
+  (``_write_stream is S and not _write_event``) and no readers (``_readers is None``) is clean on S.
   Then a use on S (read or write) needs no wait and changes nothing: whoever
   must wait for S later records its event at S's tail, after that use. Hot
   paths with the sanitizer off (``ordering.checker is None``) may test that
@@ -816,13 +816,13 @@ cdef class TrackedResource(DeviceMemoryResource):
             b = self._live.get((<DeviceBlock>block).ptr if type(block) is DeviceBlock else block.ptr)
             if b is not block and (b is None or b.generation != block.generation):
                 b = self._resolve(block)  # raises UseAfterFreeError
-            ws = b._ws
-            if (ws is not s and ws is not None) or (b._rd and _writes(access)):
+            ws = b._write_stream
+            if (ws is not s and ws is not None) or (b._readers and _writes(access)):
                 if _auto_order(s):
                     if ws is not None and ws is not s:
-                        b._we = self._wait_c(s, <Stream>ws, b._we)
-                    if b._rd and _writes(access):
-                        rd = b._rd
+                        b._write_event = self._wait_c(s, <Stream>ws, b._write_event)
+                    if b._readers and _writes(access):
+                        rd = b._readers
                         for o, ev in rd.items():
                             if o is not s:
                                 rd[o] = self._wait_c(s, <Stream>o, ev)
@@ -865,15 +865,15 @@ cdef class TrackedResource(DeviceMemoryResource):
         cdef dict rd
         cdef list free
         if stream is b.alloc_stream:
-            if b._ws is stream and not b._we and b._rd is None:
+            if b._write_stream is stream and not b._write_event and b._readers is None:
                 return 0  # clean on this stream: nothing to record (see "Clean" above)
             if _writes(access):
                 ev = _ZERO
             else:
-                if b._rd is None:
-                    b._rd = {stream: _ZERO}
+                if b._readers is None:
+                    b._readers = {stream: _ZERO}
                     return 0
-                rd = b._rd
+                rd = b._readers
                 old = rd.get(stream)
                 if old:
                     self._events._free.append(old)
@@ -883,20 +883,20 @@ cdef class TrackedResource(DeviceMemoryResource):
             ev = self._record_c(_as_stream(stream))
         free = self._events._free
         if _writes(access):
-            if b._we:
-                free.append(b._we)
-            if b._rd:
-                for old in (<dict>b._rd).values():
+            if b._write_event:
+                free.append(b._write_event)
+            if b._readers:
+                for old in (<dict>b._readers).values():
                     if old:
                         free.append(old)
-            b._rd = None
-            b._ws = stream
-            b._we = ev
+            b._readers = None
+            b._write_stream = stream
+            b._write_event = ev
         else:
-            if b._rd is None:
-                b._rd = {stream: ev}
+            if b._readers is None:
+                b._readers = {stream: ev}
             else:
-                rd = b._rd
+                rd = b._readers
                 old = rd.get(stream)
                 if old:
                     free.append(old)
@@ -931,31 +931,31 @@ cdef class TrackedResource(DeviceMemoryResource):
         cdef Stream a = b.alloc_stream
         cdef dict rd
         cdef list free
-        ws = b._ws
+        ws = b._write_stream
         order = _auto_order(a)
-        if order and a._closed and ((ws is not None and ws is not a) or b._rd):
+        if order and a._closed and ((ws is not None and ws is not a) or b._readers):
             # The alloc stream is gone, so nothing can be queued on it: wait for
             # every use on the host instead (a rare path).
             self._backend.device_synchronize(self.device.ordinal)
             order = False
         if order:
             if ws is not None and ws is not a:
-                b._we = self._wait_c(a, <Stream>ws, b._we)
-            if b._rd:
-                rd = b._rd
+                b._write_event = self._wait_c(a, <Stream>ws, b._write_event)
+            if b._readers:
+                rd = b._readers
                 for o, ev in rd.items():
                     if o is not a:
                         rd[o] = self._wait_c(a, <Stream>o, ev)
         free = self._events._free
-        if b._we:
-            free.append(b._we)
-        if b._rd:
-            for ev in (<dict>b._rd).values():
+        if b._write_event:
+            free.append(b._write_event)
+        if b._readers:
+            for ev in (<dict>b._readers).values():
                 if ev:
                     free.append(ev)
-        b._ws = None
-        b._we = _ZERO
-        b._rd = None
+        b._write_stream = None
+        b._write_event = _ZERO
+        b._readers = None
         return 0
 
     @staticmethod
@@ -963,9 +963,9 @@ cdef class TrackedResource(DeviceMemoryResource):
         """A block whose release was ordered (``_order_release`` returned) but whose free
         then failed: its alloc stream already waits for every earlier use, so it counts as
         last written there (no event yet), which orders any later use after all of them."""
-        if b._ws is None and b._rd is None:
-            b._ws = b.alloc_stream
-            b._we = 0
+        if b._write_stream is None and b._readers is None:
+            b._write_stream = b.alloc_stream
+            b._write_event = 0
 
 
 if hasattr(os, "register_at_fork"):

@@ -173,7 +173,7 @@ def release_streams(resource: TrackedResource, b: DeviceBlock) -> "list[Stream]"
     a = b.alloc_stream
     streams = [a]
     if _ord.any_manual and _ord.policy(a) != _ord.AUTO:
-        for s in (b._ws, *(b._rd or ())):
+        for s in (b._write_stream, *(b._readers or ())):
             if s is not None and s not in streams:
                 streams.append(s)
     resource._order_release(b)

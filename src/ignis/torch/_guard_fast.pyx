@@ -566,7 +566,7 @@ cdef class GuardCore(GuardBase):
         n = nbytes
         ptr = up.ptr + g
         block = new_block(ptr, up.alloc_stream, nbytes, nbytes, tag, next(_GENERATIONS), None)
-        block._ws = None  # its hazard record is the upstream block's (memory.resource)
+        block._write_stream = None  # its hazard record is the upstream block's (memory.resource)
         entry = _Entry.__new__(_Entry)
         entry.block = block
         entry.up = up
@@ -618,7 +618,8 @@ cdef class GuardCore(GuardBase):
         if (type(st) is not Stream or e.rs is not None or (<Stream>st)._closed or self._closed
                 or held > max_bytes or max_count == 0
                 or (gen is not self._generation and gen != self._generation)
-                or up._ws is not st or up._we or up._rd is not None or self._live.get(ptr) is not e):
+                or up._write_stream is not st or up._write_event or up._readers is not None
+                or self._live.get(ptr) is not e):
             self.deallocate(block, foreign=True)
             return 0
         s = <Stream>st
