@@ -88,3 +88,35 @@ for nbytes in (4096, 1 << 20):
         print(f"{nbytes:>8} B  {name:11s}: CPU {cpu:6.2f} us per call, device {gpu:6.2f} us per fill")
     x.free()
 PY
+
+# The 1 MiB poison as one 2D memset (cuMemsetD2D32Async: rows of words) against the 1D one,
+# both called through ctypes (the same call cost): does the driver's CPU cost follow the
+# bytes or the number of operations it splits a large 1D memset into?
+python3 - <<'PY'
+import ctypes, time, ignis as ig
+dev = ig.Device(0)
+s = dev.default_stream
+lib = ctypes.CDLL("libcuda.so.1")
+d32 = lib.cuMemsetD32Async
+d32.argtypes = [ctypes.c_uint64, ctypes.c_uint, ctypes.c_size_t, ctypes.c_void_p]
+d2d32 = lib.cuMemsetD2D32Async
+d2d32.argtypes = [ctypes.c_uint64, ctypes.c_size_t, ctypes.c_uint, ctypes.c_size_t, ctypes.c_size_t, ctypes.c_void_p]
+for nbytes in (4096, 1 << 18, 1 << 20, 4 << 20):
+    x = ig.empty(nbytes // 4, "uint32")
+    p, h = x.device_ptr, s.handle
+    shapes = [("1d", lambda: d32(p, 0xA5A5A5A5, nbytes // 4, h))]
+    for pitch in (4096, 65536):
+        if nbytes >= pitch:
+            shapes.append((f"2d pitch {pitch}", lambda pitch=pitch: d2d32(p, pitch, 0xA5A5A5A5, pitch // 4, nbytes // pitch, h)))
+    for name, op in shapes:
+        for _ in range(200):
+            assert op() == 0
+        dev.synchronize()
+        t0 = time.perf_counter()
+        for _ in range(1000):
+            op()
+        cpu = (time.perf_counter() - t0) / 1000 * 1e6
+        dev.synchronize()
+        print(f"{nbytes:>8} B  {name:14s}: CPU {cpu:6.2f} us per call")
+    x.free()
+PY
