@@ -260,7 +260,8 @@ class _ReturnWhenCollected:
 def _defaults() -> tuple[Device, Stream, DeviceMemoryResource, bool]:
     """The current device, its current stream, current resource and whether that tracks.
     While no thread has a current device or stream of its own (device 0 and its default
-    stream), cached until any of them changes; the C fast path reads the same cache."""
+    stream), cached until any of them changes; the constructor reads the same cache
+    (``_defaults_cached``)."""
     if _rt_current.overrides[0]:
         dev = _rt_current.current_device()
         mr = get_current_resource(dev)
