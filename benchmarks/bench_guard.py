@@ -253,24 +253,24 @@ def child_diag() -> dict:
         be.memset_d8_async(b.ptr, 0xA5, 4096, s.handle)
     res["memset_py_us"] = (time.perf_counter() - t0) / 20000 * 1e6
     torch.cuda.synchronize()
-    # The device's time for the poison of a 1 MiB tensor (cuMemsetD8Async of 1 MiB).
     x = torch.empty(1 << 18, device="cuda")
     ev0, ev1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+
+    def device_us(op) -> float:  # the device's µs per call of ``op``, 1000 in a row
+        torch.cuda.synchronize()
+        ev0.record()
+        for _ in range(1000):
+            op()
+        ev1.record()
+        torch.cuda.synchronize()
+        return ev0.elapsed_time(ev1) / 1000 * 1e3
+
+    # The poison of a 1 MiB tensor byte-wise (cuMemsetD8Async), and as the guard queues it
+    # now: the byte replicated into words (cuMemsetD32Async).
+    xp = x.data_ptr()
+    res["memset_1MiB_gpu_us"] = device_us(lambda: be.memset_d8_async(xp, 0xA5, 1 << 20, s.handle))
+    res["memset32_1MiB_gpu_us"] = device_us(lambda: be.memset_d32_async(xp, 0xA5A5A5A5, 1 << 18, s.handle))
     torch.cuda.synchronize()
-    ev0.record()
-    for _ in range(1000):
-        be.memset_d8_async(x.data_ptr(), 0xA5, 1 << 20, s.handle)
-    ev1.record()
-    torch.cuda.synchronize()
-    res["memset_1MiB_gpu_us"] = ev0.elapsed_time(ev1) / 1000 * 1e3
-    # The same poison as the guard queues it now: the byte replicated into words (cuMemsetD32Async).
-    torch.cuda.synchronize()
-    ev0.record()
-    for _ in range(1000):
-        be.memset_d32_async(x.data_ptr(), 0xA5A5A5A5, 1 << 18, s.handle)
-    ev1.record()
-    torch.cuda.synchronize()
-    res["memset32_1MiB_gpu_us"] = ev0.elapsed_time(ev1) / 1000 * 1e3
     del x
     return res
 

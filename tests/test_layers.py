@@ -42,6 +42,7 @@ LAYERS: dict[str, int] = {
     # foundation: imports nothing above itself
     "ignis.errors": FOUNDATION, "ignis.dtypes": FOUNDATION, "ignis.units": FOUNDATION,
     "ignis._types": FOUNDATION, "ignis._version": FOUNDATION,
+    "ignis._cpython": FOUNDATION,  # CPython helpers the compiled modules cimport (a .pxd alone)
     "ignis.backends": 0,
     "ignis.runtime": 1,
     "ignis.memory": 2,

@@ -60,18 +60,7 @@ from ..memory.block cimport DeviceBlock as _Block
 from ..memory.resource cimport TrackedResource
 from ..runtime.stream cimport Stream as _Stream
 
-cdef extern from "Python.h":
-    PyObject **_PyObject_GetDictPtr(object)
-
-cdef extern from *:
-    """
-    #if PY_VERSION_HEX >= 0x030D0000
-    #define ignis_finalizing() Py_IsFinalizing()
-    #else
-    #define ignis_finalizing() _Py_IsFinalizing()
-    #endif
-    """
-    int ignis_finalizing() nogil  # sys.is_finalizing()
+from .._cpython cimport ignis_finalizing, not_on_instance
 
 if TYPE_CHECKING:
     from ..memory import PinnedBuffer
@@ -122,6 +111,11 @@ _NAMES = {n: _dt.dtype(n) for n in _dt.names()}  # dtype name -> DType, the cons
 # ResourceLock: a plain lock (``with``, acquire, release, locked) that the compiled free
 # takes without a Python call.
 _LOCKS = tuple(ResourceLock() for _ in range(64))
+
+
+cdef inline ResourceLock _stripe(NvArray a):
+    """The stripe lock of ``a`` (by its id)."""
+    return <ResourceLock>_LOCKS[(<Py_ssize_t>a.id) & 63]
 _READ, _WRITE, _RW = Access.READ, Access.WRITE, Access.READ_WRITE
 
 
@@ -266,10 +260,9 @@ def _defaults() -> tuple[Device, Stream, DeviceMemoryResource, bool]:
         dev = _rt_current.current_device()
         mr = get_current_resource(dev)
         return dev, _rt_current.current_stream(dev), mr, mr.supports_block_use_tracking
-    f = _fast[0]
-    if f is not None and f[0] is backends._backend and f[1].state.generation == f[4] \
-            and f[5] == current.epoch and not f[2]._closed:
-        return f[6]
+    cached = _defaults_cached()
+    if cached is not None:
+        return cached
     dev = Device(0)
     mr = get_current_resource(dev)
     out = (dev, dev.default_stream, mr, mr.supports_block_use_tracking)
@@ -307,10 +300,7 @@ cdef inline tuple _defaults_cached():
 cdef inline bint _pool_direct(object mr, str name) except -1:
     """``mr`` is a plain PoolResource whose ``name`` (allocate / deallocate) is its own:
     the compiled callers may call its compiled body directly."""
-    if type(mr) is not PoolResource:
-        return False
-    cdef PyObject **dp = _PyObject_GetDictPtr(mr)  # a test or a wrapper may set the method on the instance
-    return dp == NULL or dp[0] == NULL or name not in <dict>dp[0]
+    return type(mr) is PoolResource and not_on_instance(mr, name)
 
 
 cdef inline int _deallocate(object mr, object block) except -1:
@@ -462,7 +452,7 @@ cdef class NvArray:
 
     @property
     def _lock(self) -> ResourceLock:
-        return _LOCKS[self.id & 63]
+        return _stripe(self)
 
     def __init__(self, shape: Any, dtype: Any = _dt.float32, *, device: "Device | int | None" = None,
                  stream: Stream | None = None, owner: str = DEFAULT_OWNER,
@@ -993,7 +983,7 @@ cdef class NvArray:
         cdef bint refused
         if _DEFERRED:
             drain_deferred()
-        cdef ResourceLock lk = <ResourceLock>_LOCKS[(<Py_ssize_t>self.id) & 63]
+        cdef ResourceLock lk = _stripe(self)
         lock_take(lk)
         try:
             refused = self._freed is not False or self.ref_count > 0 or \
@@ -1045,7 +1035,7 @@ cdef class NvArray:
             a = a._base
 
     def _free_checked(self, by: str) -> None:
-        lock = _LOCKS[self.id & 63]
+        lock = _stripe(self)
         lock.acquire()
         try:
             if self._freed is not False:
@@ -1494,13 +1484,8 @@ cdef inline bint _direct(object mr) except -1:
         plain = _PLAIN[cls] = issubclass(cls, TrackedResource) \
             and cls.prepare_block_use is TrackedResource.prepare_block_use \
             and cls.finish_block_use is TrackedResource.finish_block_use
-    if not plain:
-        return False
-    cdef PyObject **dp = _PyObject_GetDictPtr(mr)  # an adaptor sets its upstream's methods on itself
-    if dp == NULL or dp[0] == NULL:
-        return True
-    d = <dict>dp[0]
-    return "prepare_block_use" not in d and "finish_block_use" not in d
+    # an adaptor sets its upstream's methods on itself
+    return plain and not_on_instance(mr, "prepare_block_use") and not_on_instance(mr, "finish_block_use")
 
 
 cdef inline bint _clean_on(object block, object stream) except -1:

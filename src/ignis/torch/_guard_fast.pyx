@@ -50,6 +50,8 @@ import numpy as np
 from cpython.ref cimport PyObject, Py_XDECREF
 from libc.stdint cimport uintptr_t
 
+from .._cpython cimport ignis_finalizing
+
 from ..memory import history as _history
 from ..memory import ordering as _ord
 from ..memory.guard import _uniform
@@ -70,11 +72,6 @@ cdef extern from "Python.h":
 
 cdef extern from *:
     """
-    #if PY_VERSION_HEX >= 0x030D0000
-    #define ignis_finalizing() Py_IsFinalizing()
-    #else
-    #define ignis_finalizing() _Py_IsFinalizing()
-    #endif
     /* Set while this thread runs the guard's allocate or free (_s.tls.busy). */
     static __thread int ignis_guard_busy = 0;
     /* PyTorch's pluggable allocator finds these by name in this library: exported
@@ -82,7 +79,6 @@ cdef extern from *:
     __attribute__((visibility("default"))) void *ignis_torch_alloc(Py_ssize_t, int, void *);
     __attribute__((visibility("default"))) void ignis_torch_free(void *, Py_ssize_t, int, void *);
     """
-    int ignis_finalizing()
     int ignis_guard_busy
 
 __all__ = ["GuardCore", "torch_guard_bind", "torch_guard_poison"]
