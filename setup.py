@@ -33,6 +33,16 @@ DIRECTIVES = {
     "binding": True,
 }
 
+# Modules written as plain Python and compiled as they are (Cython's pure-Python mode,
+# typed where it pays by an augmenting .pxd beside them): the sanitizer's checking of an
+# access and the PyTorch front end's per-op step. The .py is the one source; the
+# extension built from it is what ``import`` loads.
+PURE_PYTHON_MODULES = [
+    "ignis.safety.sanitizer",
+    "ignis.torch._frontend",
+]
+
 extensions = [Extension(name, ["src/" + name.replace(".", "/") + ".pyx"]) for name in CYTHON_MODULES]
+extensions += [Extension(name, ["src/" + name.replace(".", "/") + ".py"]) for name in PURE_PYTHON_MODULES]
 
 setup(ext_modules=cythonize(extensions, compiler_directives=DIRECTIVES, include_path=["src"], build_dir="build/cython", quiet=True))

@@ -147,6 +147,62 @@ def _disjoint(r: _Rec, lo: int, hi: int, per: int, ch: int) -> bool:
     return r.lo >= lo and d >= ch and d + (r.hi - r.lo) <= per
 
 
+def _new_rec(sid: int, stream_id: Any, epoch: int, kind: str, lo: int, hi: int, op: str, frames: Any, gen: int,
+             block: int, per: int = 0, ch: int = 0) -> _Rec:
+    """A ``_Rec`` without the call of its ``__init__`` (what the per-access path makes)."""
+    r = _Rec.__new__(_Rec)
+    r.sid, r.stream_id, r.epoch, r.kind, r.lo, r.hi = sid, stream_id, epoch, kind, lo, hi
+    r.op, r.frames, r.gen, r.block, r.per, r.ch = op, frames, gen, block, per, ch
+    return r
+
+
+def _retire_passed(recs: list[_Rec], host: dict[int, int]) -> None:
+    """Drop the records the host has waited for: they can never race again."""
+    keep = []
+    for r in recs:
+        if host.get(r.sid, 0) < r.epoch:
+            keep.append(r)
+    if len(keep) != len(recs):
+        recs[:] = keep
+
+
+def _scan(recs: list[_Rec], rec: _Rec, vc: dict[int, int], write: bool) -> _Rec | None:
+    """The first of an extent's records that races with ``rec`` (an access on stream
+    ``rec.sid`` whose clock is ``vc``; not in ``recs`` yet), or None. Records that ``rec``
+    supersedes are dropped: the same stream's within its span (a read drops only reads),
+    and, for a contiguous write, every record within its span ordered before it."""
+    lo, hi, per, ch, sid = rec.lo, rec.hi, rec.per, rec.ch, rec.sid
+    drop = False
+    conflict = None
+    for r in recs:
+        if r.hi <= lo or r.lo >= hi:
+            continue
+        covered = r.lo >= lo and r.hi <= hi and not per
+        if r.sid == sid:
+            if covered and (write or r.kind == "read"):
+                drop = True  # superseded by this access on the same stream
+            continue
+        if vc.get(r.sid, 0) >= r.epoch:
+            if covered and write:
+                drop = True  # ordered before this write, which covers it
+            continue
+        if (write or r.kind != "read") and conflict is None \
+                and not ((r.per or per) and _disjoint(r, lo, hi, per, ch)):
+            conflict = r
+    if drop:
+        keep = []
+        for r in recs:
+            if r.lo >= lo and r.hi <= hi:
+                if write:
+                    if r.sid == sid or vc.get(r.sid, 0) >= r.epoch:
+                        continue
+                elif r.sid == sid and r.kind == "read":
+                    continue
+            keep.append(r)
+        recs[:] = keep
+    return conflict
+
+
 def _covered(written: list[tuple[int, int]], lo: int, hi: int) -> bool:
     i = bisect.bisect_right(written, (lo, _INF)) - 1
     return i >= 0 and written[i][1] >= hi
@@ -597,37 +653,15 @@ class Sanitizer:
                     continue  # an allocation the op returned: no byte touched yet
                 write = mode & WRITE
                 kind = "write" if write else "read"
-                rec = _Rec(sid, label, ep, kind, lo, hi, op, frames, ext.gen, base, per, ch)
+                rec = _new_rec(sid, label, ep, kind, lo, hi, op, frames, ext.gen, base, per, ch)
                 recs = ext.recs
                 if recs:
                     if ext.hv != hv:  # the host moved on: records it passed can never race again
-                        recs[:] = [r for r in recs if host.get(r.sid, 0) < r.epoch]
+                        _retire_passed(recs, host)
                         ext.hv = hv
-                    drop = conflict = None
-                    for r in recs:
-                        if r.hi <= lo or r.lo >= hi:
-                            continue
-                        covered = r.lo >= lo and r.hi <= hi and not per
-                        if r.sid == sid:
-                            if covered and (write or r.kind == "read"):
-                                drop = True  # superseded by this access on the same stream
-                            continue
-                        if vc.get(r.sid, 0) >= r.epoch:
-                            if covered and write:
-                                drop = True  # ordered before this write, which covers it
-                            continue
-                        if (write or r.kind != "read") and conflict is None \
-                                and not ((r.per or per) and _disjoint(r, lo, hi, per, ch)):
-                            conflict = r
+                    conflict = _scan(recs, rec, vc, bool(write))
                     if conflict is not None:
                         found = (found or []) + [(conflict, rec)]
-                    if drop:
-                        if write:
-                            recs[:] = [r for r in recs if not (r.lo >= lo and r.hi <= hi and
-                                                               (r.sid == sid or vc.get(r.sid, 0) >= r.epoch))]
-                        else:
-                            recs[:] = [r for r in recs if not (r.sid == sid and r.kind == "read" and r.lo >= lo
-                                                               and r.hi <= hi)]
                 w = ext.written
                 if w is not None and mode & READ and not mode & NO_INIT_CHECK \
                         and not _covered(w, lo - base, hi - base):

@@ -24,6 +24,11 @@ Design:
 - Cost: nothing until enabled. Enabled, one dictionary lookup per op picks its
   spec; frames are captured once per op as (code, line) pairs. The mode keeps
   dynamo out of its own frame without dynamo's wrapper (one C call each way).
+  This module and the sanitizer's checking (``ignis.safety.sanitizer``, its
+  records typed by ``sanitizer.pxd``) are compiled by Cython from this source
+  (setup.py's ``PURE_PYTHON_MODULES``): the per-op step runs no Python bytecode.
+  What remains per op is PyTorch's: entering the dispatch mode's Python handler
+  and its trace callbacks.
 
 Not seen (nothing goes through the dispatcher): kernels inside ``torch.compile``d
 regions and CUDA graphs, Triton kernels, raw extension kernels called without
