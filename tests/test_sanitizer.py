@@ -162,6 +162,23 @@ def test_read_after_write_race(dev, streams, san, manual):
     assert "test_sanitizer.py" in e.first["stack"] and "test_sanitizer.py" in e.second["stack"]
 
 
+def test_both_stacks_start_at_the_users_own_line(dev, streams, san, manual):
+    # The tracked use, the tracking and the sanitizer are compiled (no Python frames of
+    # their own): each stack must still start at the line of the program that made the use.
+    a, b, _ = streams
+    x, _y = two(dev, a, b)
+    with x.use(a, "write"):
+        pass  # the write's site
+    with pytest.raises(ig.RaceError) as ei:
+        with x.use(b, "read"):
+            pass  # the read's site
+    e = ei.value
+    first = e.first["stack"].strip().splitlines()
+    second = e.second["stack"].strip().splitlines()
+    assert first[-1].strip() == 'with x.use(a, "write"):', e.first["stack"]
+    assert second[-1].strip() == 'with x.use(b, "read"):', e.second["stack"]
+
+
 def test_write_after_read_race(dev, streams, san, manual):
     a, b, _ = streams
     x, y = two(dev, a, b)

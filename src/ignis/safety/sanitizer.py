@@ -64,7 +64,13 @@ from .frames import capture_frames, format_frames, sites
 __all__ = ["Sanitizer", "sanitizer", "enable", "disable", "enabled", "is_enabled", "reports",
            "UninitializedReadError", "READ", "WRITE", "OUTPUT", "NO_INIT_CHECK", "PINNED", "HOST"]
 
-_frames = capture_frames
+
+def _frames() -> tuple:
+    """The user's frames at the call into Ignis. Nothing is skipped by count: this module
+    is compiled (it has no Python frames), and the walk drops Ignis's own Python frames,
+    so the innermost user frame is the first one kept however the call got here."""
+    return capture_frames(1)
+
 
 # Mode bits of a foreign access (``foreign_access`` items).
 READ, WRITE, OUTPUT, NO_INIT_CHECK, PINNED = 1, 2, 4, 8, 16

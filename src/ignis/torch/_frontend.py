@@ -53,6 +53,7 @@ from ..errors import IgnisError
 from .._types import Access
 from ..safety.frames import MAX_FRAMES, add_library_dir, capture_frames, is_user_file
 from ..safety.sanitizer import HOST, NO_INIT_CHECK, OUTPUT, PINNED, READ, WRITE, Sanitizer
+from ..safety.sanitizer import _frames as _san_frames
 from ._ops import SPECS, OpSpec, classify
 
 __all__ = ["TorchFrontEnd"]
@@ -92,7 +93,7 @@ def capture_stack() -> Any:
     which falls back to the main thread's frames)."""
     if _gather is not None and _get_ident() == _MAIN:
         return _Stack(_gather(True, False, False))
-    return capture_frames(3)
+    return capture_frames(1)  # compiled: no frames of ours to pass over (the walk drops library frames)
 
 
 def _pattern(shape: Any, strides: tuple, isz: int) -> tuple[int, int, int]:
@@ -427,7 +428,7 @@ class TorchFrontEnd:
                 pass
         self._callbacks.clear()
         if self.san.capture is capture_stack:
-            self.san.capture = capture_frames
+            self.san.capture = _san_frames
         if self.note in self.san.notes:
             self.san.notes.remove(self.note)
 
