@@ -55,8 +55,11 @@ def _auto() -> Backend:
             print("ignis: using the cuda backend (IGNIS_BACKEND=auto)", file=sys.stderr)
             return backend
         reason = auto_fallback = "no CUDA device"
-    except Exception as exc:  # no driver library, no device, driver too old
-        reason = "no usable CUDA driver"
+    except Exception as exc:  # no driver library, no device, driver too old, a part not built
+        if isinstance(exc, ImportError) and exc.name == "ignis.backends._cudriver":
+            reason = "the cuda backend is not built here (ignis.backends._cudriver is missing)"
+        else:
+            reason = "no usable CUDA driver"
         auto_fallback = f"{reason}: {type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"
     print(f"ignis: {reason}; using the emulated backend (`ignis doctor` says why; IGNIS_BACKEND chooses)",
           file=sys.stderr)

@@ -30,6 +30,14 @@ Design and rules:
   trace registry's listeners (``ignis.backends.trace``) behind one list test.
 - Thread-safe: binding calls release the GIL; the tables are changed under
   the GIL (single dict operations) or ``self._lock``.
+- The compiled hot paths (cross-stream tracking's event records and waits,
+  the kernel launch, the guard's poison under PyTorch) call the driver
+  through ``ignis.backends._cudriver``: C functions over cuda-bindings'
+  ``cydriver`` (its C-level driver API), called without a Python call
+  (tracking and the launch release the GIL around them). That module is
+  compiled only where cuda-bindings and the CUDA headers were found at build
+  time; without it this backend refuses to start (``ImportError`` saying how
+  to rebuild), never falling back to another route to the driver.
 - Fork: the driver was initialized (``cuInit``) when this backend was made,
   and a child made by ``fork()`` cannot use the parent's driver state or
   contexts (CUDA does not support it). In such a child every operation raises
@@ -64,6 +72,13 @@ except ImportError:  # pragma: no cover - cuda-python < 12.6 layout, or not inst
 __all__ = ["CudaBackend"]
 
 _NOT_READY = CU_STATUS["CUDA_ERROR_NOT_READY"]
+
+_CUDRIVER_MISSING = (
+    "the cuda backend needs its compiled driver entry points, ignis.backends._cudriver, which this "
+    "installation lacks ({why}). It is built from cuda-bindings' cydriver.pxd and the CUDA headers (cuda.h) "
+    "when both are found at build time: install cuda-bindings and the CUDA headers (the CUDA toolkit, or "
+    "set CUDA_HOME), then rebuild Ignis (`pip install --no-build-isolation .`, or "
+    "`python setup.py build_ext --inplace` in a source checkout); or set IGNIS_BACKEND=emulated")
 
 
 # -- status checking: the one place where driver statuses become errors -----
@@ -214,6 +229,12 @@ class CudaBackend(CudaVmm, Backend):
                                f"the CUDA driver library (libcuda.so.1) could not be loaded: {str(exc).rstrip('.')}; "
                                "install the NVIDIA driver or set IGNIS_BACKEND=emulated") from exc
         _check(res, "cuInit")
+        try:  # after cuInit: where there is no driver, that is the reason to give
+            from . import _cudriver
+        except ImportError as exc:
+            raise ImportError(_CUDRIVER_MISSING.format(why=f"{type(exc).__name__}: {exc}"),
+                              name="ignis.backends._cudriver") from exc
+        self._entry_points: dict[str, int] = _cudriver.entry_points()
         self._lock = threading.RLock()
         self._cur = _Current()
         self._ctx_epoch = [0]  # bumped whenever a context is made current or rebuilt (tracking_calls)
@@ -262,27 +283,22 @@ class CudaBackend(CudaVmm, Backend):
         and the kernel launch (ignis/runtime/kernel.pyx). This backend's handle tables
         (handle -> (device, binding object)), the thread's current-context record and the
         epoch it bumps whenever it changes (``ctx_epoch``, a one-item list), the
-        binding functions for event record and stream wait, and in ``raw`` the driver's
-        own entry points (cuEventRecord, cuStreamWaitEvent, cuLaunchKernel; the handles
-        are the driver's pointers; 0 where not found). The direct paths use them only for
-        handles in these tables whose context is current on the calling thread, and only
-        while every container of ``"off"`` is empty (see ``Backend.tracking_calls``); the
-        launch also only while no ``kernel_launch`` replaces this class's on the instance."""
-        addrs: list[int] = []
-        try:  # the same library the bindings loaded
-            lib = ctypes.CDLL("libcuda.so.1")
-        except OSError:
-            lib = None
-        for name in ("cuEventRecord", "cuStreamWaitEvent", "cuLaunchKernel"):
-            try:
-                addrs.append(ctypes.cast(getattr(lib, name), ctypes.c_void_p).value or 0)
-            except AttributeError:  # not exported (or no library): that call goes through the bindings
-                addrs.append(0)
-        raw = tuple(addrs)
+        binding functions for event record and stream wait, and in ``raw`` the addresses
+        of the C entry points for cuEventRecord, cuStreamWaitEvent and cuLaunchKernel
+        (``ignis.backends._cudriver``: each calls cuda-bindings' ``cydriver`` function of
+        that name and returns its CUresult; the handles are the driver's pointers). The
+        direct paths use them only for handles in these tables whose context is current on
+        the calling thread, and only while every container of ``"off"`` is empty (see
+        ``Backend.tracking_calls``); the launch also only while no ``kernel_launch``
+        replaces this class's on the instance. ``entry_points``: all of that module's
+        addresses by driver name (``_cudriver.entry_points()``), for the guard's poison
+        under PyTorch (cuMemsetD8Async, cuMemsetD32Async, cuCtxGetDevice)."""
+        ep = self._entry_points
+        raw = (ep["cuEventRecord"], ep["cuStreamWaitEvent"], ep["cuLaunchKernel"])
         return {"streams": self._streams, "events": self._events, "current": self._cur,
                 "ctx_epoch": self._ctx_epoch,
                 "record": cu.cuEventRecord, "wait": cu.cuStreamWaitEvent, "off": (self._fast_off, self._trace),
-                "launch_off": (self._fast_off,), "raw": raw}
+                "launch_off": (self._fast_off,), "raw": raw, "entry_points": dict(ep)}
 
     # -- contexts ----------------------------------------------------------
     def _retain(self, ordinal: int) -> _Device:

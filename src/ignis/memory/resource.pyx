@@ -132,9 +132,11 @@ def check_request(nbytes: Any, stream: Any) -> None:
 
 # -- the driver calls of tracking ---------------------------------------------------
 # Tracking queues its event records and stream waits through ``_queue``. On the cuda
-# backend (``backend.tracking_calls()`` gives its handle tables and the driver's own
-# cuEventRecord / cuStreamWaitEvent), a call for handles in those tables whose context
-# is current on this thread goes straight to the driver with the GIL released, while
+# backend (``backend.tracking_calls()`` gives its handle tables and, in "raw", the
+# addresses of the C entry points for cuEventRecord / cuStreamWaitEvent: functions of
+# ignis.backends._cudriver that call cuda-bindings' cydriver, without the GIL), a call
+# for handles in those tables whose context is current on this thread goes straight to
+# the driver through them, with the GIL released and no Python call, while
 # every container of ``tracking_calls()["off"]`` is empty (no trace listener is
 # subscribed, no fault of a FaultInjectingBackend is armed, the backend was not
 # inherited through fork()) and no recorder or sanitizer hook is installed; everything else,

@@ -24,10 +24,12 @@ Compiled (typed fields in ``kernel.pxd``): the launch's parameters are packed
 here, once per launch, into a C buffer (``Kernel.pack``: one 8-byte slot per
 argument, the value as its declared C type in the slot's first bytes; an
 array passes its device address). On the cuda backend the common case goes
-straight to the driver's own ``cuLaunchKernel`` with that buffer and the GIL
-released (``backend.tracking_calls()["raw"]`` hands over its address); every
-other case goes through the backend's ``kernel_launch`` with the same bytes
-as ctypes values (``Kernel.marshal``), so its errors are the backend's.
+straight to the driver's ``cuLaunchKernel`` with that buffer and the GIL
+released, through a C entry point of ``ignis.backends._cudriver`` that calls
+cuda-bindings' ``cydriver`` (``backend.tracking_calls()["raw"]`` hands over its
+address); every other case goes through the backend's ``kernel_launch`` with
+the same bytes as ctypes values (``Kernel.marshal``), so its errors are the
+backend's.
 """
 
 from __future__ import annotations
@@ -75,10 +77,12 @@ cdef enum:
 
 # -- the direct driver launch --------------------------------------------------------
 # On the cuda backend, ``backend.tracking_calls()`` gives its stream table, the thread's
-# current-context record, the fault table and (third in "raw") the address of the
-# driver's own cuLaunchKernel. A launch on a stream of that table whose context is
-# current on this thread, of a kernel whose CUfunction is known, with every dimension
-# a C unsigned int, goes straight to the driver with the GIL released, while no fault is
+# current-context record, the fault table and (third in "raw") the address of the C
+# entry point for cuLaunchKernel (ignis.backends._cudriver: it calls cuda-bindings'
+# cydriver.cuLaunchKernel and returns the CUresult). A launch on a stream of that table
+# whose context is current on this thread, of a kernel whose CUfunction is known, with
+# every dimension a C unsigned int, goes straight to the driver with the GIL released,
+# through it, while no fault is
 # armed and no ``kernel_launch`` replaces the backend's own on the instance (a listener,
 # a test's stand-in: it must see every launch). Everything else, and a launch the driver
 # refuses there (it is then made again, to raise the backend's error), goes through the

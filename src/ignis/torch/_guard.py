@@ -12,9 +12,10 @@ Design:
 - PyTorch: ``torch.cuda.memory.CUDAPluggableAllocator`` loads the C entry
   points ``ignis_torch_alloc`` / ``ignis_torch_free`` of ``ignis.torch._guard_fast``;
   they take the GIL and run ``_alloc`` / ``_free`` there (a free of a guarded
-  block first queues its poison from C, through the driver's own
-  ``cuMemsetD32Async`` / ``cuMemsetD8Async``, unless ``record_stream`` waits must
-  come first). CuPy:
+  block first queues its poison from C, through the driver's
+  ``cuMemsetD32Async`` / ``cuMemsetD8Async`` as cuda-bindings' ``cydriver`` calls
+  them (the C entry points of ``ignis.backends._cudriver``), unless
+  ``record_stream`` waits must come first). CuPy:
   ``cupy.cuda.set_allocator`` with a Python function over the same two.
   A stream handle is adopted once (``Stream.from_handle``; 0 is the legacy
   default stream). Pointer -> block is one dict.
@@ -67,7 +68,6 @@ all the same (they damage canaries and poison).
 from __future__ import annotations
 
 import atexit
-import ctypes
 import os
 import sys
 import time
@@ -728,6 +728,7 @@ def use_guard(**options: Any) -> None:
         if not get_backend().cuda_driver:
             raise GuardError(f"the guard under PyTorch needs Ignis's cuda backend (the active backend is "
                              f"{get_backend().name}); unset IGNIS_BACKEND or set it to cuda")
+        entry_points = _driver_entry_points()  # before anything is swapped
         mod = _fast
         mod.torch_guard_bind(_alloc, _free)
         alloc = torch.cuda.memory.CUDAPluggableAllocator(mod.__file__, "ignis_torch_alloc", "ignis_torch_free")
@@ -739,7 +740,7 @@ def use_guard(**options: Any) -> None:
                              f"({e}). Call it before any CUDA work, or use `ignis run --guard`") from e
         _s.saved["allocator"] = alloc  # keeps the library's handle alive
         _s.torch = True
-        _bind_poison(mod, opts)
+        _bind_poison(mod, opts, entry_points)
         add_library_dir(os.path.dirname(torch.__file__))
         if opts["record_stream"]:
             _hook_record_stream(torch)
@@ -749,21 +750,31 @@ def use_guard(**options: Any) -> None:
         _at_exit()
 
 
-def _bind_poison(mod: Any, opts: dict[str, Any]) -> None:
-    """Let the C free queue the poison itself (the driver's cuMemsetD32Async over the aligned
-    words, cuMemsetD8Async for an unaligned head or tail; no Python wrapper): the common case
-    of a free then costs one driver call."""
+def _driver_entry_points() -> dict[str, int]:
+    """The C entry points the C free's poison calls: the active backend's (the cuda backend's
+    ``tracking_calls()["entry_points"]``: ``ignis.backends._cudriver``, over cuda-bindings'
+    ``cydriver``, without which that backend does not start). GuardError where they are missing."""
+    from ..backends import get_backend
+    b = get_backend()
     try:
-        lib = ctypes.CDLL("libcuda.so.1")
-        ms = ctypes.cast(lib.cuMemsetD8Async, ctypes.c_void_p).value or 0
-        cd = ctypes.cast(lib.cuCtxGetDevice, ctypes.c_void_p).value or 0
-    except (OSError, AttributeError):
-        return
-    try:
-        ms32 = ctypes.cast(lib.cuMemsetD32Async, ctypes.c_void_p).value or 0
-    except AttributeError:  # not exported: byte-wise memsets only
-        ms32 = 0
-    mod.torch_guard_poison(ms, cd, opts["poison"], _s.blocks, _s.rs_ptrs, ms32)
+        ep = b.tracking_calls().get("entry_points") or {}
+    except Exception:  # noqa: BLE001 - a backend without them: said below
+        ep = {}
+    missing = [n for n in ("cuMemsetD8Async", "cuMemsetD32Async", "cuCtxGetDevice") if not ep.get(n)]
+    if missing:
+        raise GuardError(f"the guard under PyTorch needs the driver entry points {', '.join(missing)} from the "
+                         f"active backend ({b.name}), which does not give them; Ignis's cuda backend gives them "
+                         "(ignis.backends._cudriver): unset IGNIS_BACKEND or set it to cuda")
+    return ep
+
+
+def _bind_poison(mod: Any, opts: dict[str, Any], entry_points: dict[str, int]) -> None:
+    """Let the C free queue the poison itself (cuMemsetD32Async over the aligned words,
+    cuMemsetD8Async for an unaligned head or tail, on the device cuCtxGetDevice names: the C
+    entry points of ``ignis.backends._cudriver``, which call cuda-bindings' ``cydriver``; no
+    Python call): the common case of a free then costs one driver call."""
+    mod.torch_guard_poison(entry_points["cuMemsetD8Async"], entry_points["cuCtxGetDevice"], opts["poison"],
+                           _s.blocks, _s.rs_ptrs, entry_points["cuMemsetD32Async"])
 
 
 def _at_exit() -> None:

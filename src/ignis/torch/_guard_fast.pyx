@@ -18,7 +18,8 @@ What is here (``ignis.torch._guard`` has the rest and the design):
   dropped (the process is ending; the driver reclaims the memory). A free may
   first queue the block's poison itself (``torch_guard_poison``: the driver's
   ``cuMemsetD32Async`` over the aligned words, ``cuMemsetD8Async`` for an unaligned
-  head or tail, no Python wrapper), for a block the guard handed out with
+  head or tail, through the C entry points of ``ignis.backends._cudriver``, which
+  call cuda-bindings' ``cydriver``; no Python call), for a block the guard handed out with
   no ``record_stream`` streams to wait for, on the device of the thread's
   current context; the free is told whether it did.
 - ``_alloc`` / ``_free`` (also CuPy's allocator's): the front end's state
@@ -878,8 +879,9 @@ def torch_guard_bind(alloc: object, free: object) -> tuple:
 def torch_guard_poison(memset: int, ctx_device: int, poison: int, blocks: dict | None, rs: set | None,
                        memset32: int = 0) -> None:
     """Let ``ignis_torch_free`` queue a freed block's poison itself: ``memset``,
-    ``ctx_device`` and ``memset32`` are the addresses of the driver's ``cuMemsetD8Async``,
-    ``cuCtxGetDevice`` and ``cuMemsetD32Async`` (or stand-ins with their signatures;
+    ``ctx_device`` and ``memset32`` are the addresses of C functions with the signatures of
+    the driver's ``cuMemsetD8Async``, ``cuCtxGetDevice`` and ``cuMemsetD32Async`` returning
+    the CUresult as an int (``ignis.backends._cudriver.entry_points()``, or stand-ins;
     ``memset32`` 0: byte-wise memsets only), ``poison`` the byte value, ``blocks`` the
     guard's pointer -> block map (only its keys are poisoned) and ``rs`` the pointers whose
     free must wait for ``record_stream`` streams first (never poisoned here). With
