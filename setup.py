@@ -13,8 +13,15 @@ import re
 import sys
 import sysconfig
 
+import Cython
 from Cython.Build import cythonize
 from setuptools import Extension, setup
+
+# Cython 3.3.0 built the plain-Python modules below (PURE_PYTHON_MODULES) into code that
+# crashed under Python 3.12 on the GPU machine; the same tree built by 3.3.1 passed.
+_cy = re.match(r"(\d+)\.(\d+)(?:\.(\d+))?", Cython.__version__)
+if not _cy or tuple(int(x or 0) for x in _cy.groups()) < (3, 3, 1):
+    sys.exit(f"ignis needs Cython >= 3.3.1 to build (found {Cython.__version__}): pip install 'Cython>=3.3.1'")
 
 # Modules compiled from .pyx (one extension each), by dotted name.
 CYTHON_MODULES = [

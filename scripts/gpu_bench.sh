@@ -9,7 +9,7 @@ set -uo pipefail
 export PYTHONPATH=src IGNIS_BACKEND=cuda PYTHONUNBUFFERED=1
 out_dir="${OUT:-out}"
 mkdir -p "$out_dir"
-python3 setup.py -q build_ext --inplace > "$out_dir/build.txt" 2>&1 || echo "C fast path did not build (see build.txt)"
+bash scripts/gpu_build.sh > "$out_dir/build.txt" 2>&1 || echo "the compiled modules did not build (see build.txt)"
 nvidia-smi -L || true
 
 names=("$@")

@@ -12,7 +12,7 @@ out_dir="$(realpath -m "${OUT:-out}")"
 mkdir -p "$out_dir"
 new="$(pwd)"
 for tree in "$new" "$old"; do
-    (cd "$tree" && python3 setup.py -q build_ext --inplace > "$out_dir/build_$(basename "$tree").txt" 2>&1) \
+    (cd "$tree" && bash "$new/scripts/gpu_build.sh" > "$out_dir/build_$(basename "$tree").txt" 2>&1) \
         || { echo "build failed in $tree"; exit 1; }
 done
 nvidia-smi -L || true

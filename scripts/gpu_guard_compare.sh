@@ -6,7 +6,8 @@
 set -uo pipefail
 old="$1"; turns="${2:-3}"
 export IGNIS_BACKEND=cuda PYTHONUNBUFFERED=1
-for t in . "$old"; do (cd "$t" && python3 setup.py -q build_ext --inplace > /dev/null 2>&1) || echo "build failed: $t"; done
+here="$(pwd)"
+for t in . "$old"; do (cd "$t" && bash "$here/scripts/gpu_build.sh" > /dev/null 2>&1) || echo "build failed: $t"; done
 for turn in $(seq 1 "$turns"); do
     for t in . "$old"; do
         p=$(cd "$t" && PYTHONPATH=src timeout 120 python3 benchmarks/bench_guard.py --child pair plain | grep RESULT | cut -c8-)

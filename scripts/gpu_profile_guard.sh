@@ -6,7 +6,7 @@
 # own time per pair (events around the run, the CPU kept ahead of it by queuing all first).
 set -uo pipefail
 export PYTHONPATH=src IGNIS_BACKEND=cuda PYTHONUNBUFFERED=1
-python3 setup.py -q build_ext --inplace > /dev/null 2>&1 || { echo "build failed"; exit 1; }
+bash scripts/gpu_build.sh > /dev/null 2>&1 || { echo "build failed"; exit 1; }
 python3 - <<'PY'
 import time, torch
 from ignis.torch import _guard

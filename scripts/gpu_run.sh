@@ -14,7 +14,7 @@ echo "== devices"
 nvidia-smi -L || echo "nvidia-smi -L failed (status $?)"
 
 echo "== build the compiled hot path in place (Cython; without it import ignis fails)"
-python3 setup.py -q build_ext --inplace 2>&1 | grep -v -i "beta\|warnings.warn" || true
+bash scripts/gpu_build.sh 2>&1 | grep -v -i "beta\|warnings.warn" || true
 
 echo "== versions"
 python3 - <<'PY'

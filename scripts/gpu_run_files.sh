@@ -9,7 +9,7 @@ out_dir="${OUT:-out}"
 mkdir -p "$out_dir"
 jobs=4
 [ "${1:-}" = "-P" ] && jobs="$2"
-python3 setup.py -q build_ext --inplace > "$out_dir/build.txt" 2>&1 || echo "the compiled hot path did not build"
+bash scripts/gpu_build.sh > "$out_dir/build.txt" 2>&1 || echo "the compiled modules did not build (see build.txt)"
 run_one() {
     f="$1"; name=$(basename "$f" .py)
     timeout -k 10 300 python3 -X faulthandler -m pytest "$f" -q -p no:cacheprovider --timeout=120 \
