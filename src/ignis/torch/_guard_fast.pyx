@@ -902,41 +902,51 @@ def torch_guard_poison(memset: int, ctx_device: int, poison: int, blocks: dict |
     _tg_poison = p if (ms and cd and blocks is not None and 0 <= p <= 255) else -1
 
 
+cdef int _poison_words(_memset8_fn ms8, _memset32_fn ms32, unsigned long long p, unsigned char v, size_t n,
+                       void *stream) noexcept nogil:
+    """Queue the memsets of one poison on ``stream`` (0: every part queued), through the entry
+    points given (``ms32`` NULL: byte-wise only). Word-wide where aligned (see
+    guard_base.fill_bytes); a part that fails leaves the whole poison to the Python free (it
+    fills the block again)."""
+    cdef unsigned int word = v * 0x01010101u
+    cdef size_t head, words, tail
+    if ms32 != NULL:
+        head = (4 - (p & 3)) & 3
+        if head == 0 and (n & 3) == 0:
+            return ms32(p, word, n >> 2, stream)
+        if n >= FILL_SPLIT:
+            words = (n - head) >> 2
+            tail = n - head - 4 * words
+            if head and ms8(p, v, head, stream) != 0:
+                return -1
+            if ms32(p + head, word, words, stream) != 0:
+                return -1
+            if tail and ms8(p + head + 4 * words, v, tail, stream) != 0:
+                return -1
+            return 0
+    return ms8(p, v, n, stream)
+
+
 cdef bint _poison_here(void *ptr, Py_ssize_t size, int device, void *stream, object key) noexcept:
-    """Queue the poison of a freed guarded block (see the module); True if it was queued."""
-    cdef int cur = -1
-    cdef unsigned long long p
-    cdef unsigned char v
-    cdef unsigned int word
-    cdef size_t n, head, words, tail
-    if _tg_memset == NULL or _tg_poison < 0 or _tg_blocks is None or size <= 0:
+    """Queue the poison of a freed guarded block (see the module); True if it was queued.
+    The driver is called with the GIL released, through the entry points read before (another
+    thread may turn the poison off meanwhile)."""
+    cdef int cur = -1, r = -1
+    cdef _memset8_fn ms8 = _tg_memset
+    cdef _memset32_fn ms32 = _tg_memset32
+    cdef _ctx_device_fn ctx_device = _tg_ctx_device
+    cdef int poison = _tg_poison
+    if ms8 == NULL or ctx_device == NULL or poison < 0 or _tg_blocks is None or size <= 0:
         return False
     try:
         if key not in _tg_blocks or (_tg_rs is not None and key in _tg_rs):
             return False
     except BaseException:
         return False
-    if _tg_ctx_device == NULL or _tg_ctx_device(&cur) != 0 or cur != device:
-        return False
-    p = <unsigned long long><uintptr_t>ptr
-    v = <unsigned char>_tg_poison
-    word = v * 0x01010101u
-    n = <size_t>size
-    if _tg_memset32 != NULL:
-        # Word-wide where aligned (see guard_base.fill_bytes). A part that fails leaves the
-        # whole poison to the Python free (it fills the block again).
-        head = (4 - (p & 3)) & 3
-        if head == 0 and (n & 3) == 0:
-            return _tg_memset32(p, word, n >> 2, stream) == 0
-        if n >= FILL_SPLIT:
-            words = (n - head) >> 2
-            tail = n - head - 4 * words
-            if head and _tg_memset(p, v, head, stream) != 0:
-                return False
-            if _tg_memset32(p + head, word, words, stream) != 0:
-                return False
-            return not tail or _tg_memset(p + head + 4 * words, v, tail, stream) == 0
-    return _tg_memset(p, v, n, stream) == 0
+    with nogil:
+        if ctx_device(&cur) == 0 and cur == device:
+            r = _poison_words(ms8, ms32, <unsigned long long><uintptr_t>ptr, <unsigned char>poison, <size_t>size, stream)
+    return r == 0
 
 
 cdef public void *ignis_torch_alloc(Py_ssize_t size, int device, void *stream) noexcept nogil:
