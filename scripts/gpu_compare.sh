@@ -4,6 +4,7 @@
 # OLD_DIR holds the other tree (for example `git archive REV | tar -x -C OLD_DIR`, carried as
 # an untracked folder). Each tree is built in place; each bench runs `--quick`, this tree
 # first, then OLD_DIR, `turns` times (default 2). Writes <tree>_<bench>_<turn>.txt into ${OUT:-out}.
+# BENCH_ARGS adds arguments to every bench (e.g. BENCH_ARGS=--breakdown for bench_torch_sanitizer).
 set -uo pipefail
 old="$1"; turns="${2:-2}"; shift; [ $# -gt 0 ] && shift
 benches=("$@"); [ ${#benches[@]} -eq 0 ] && benches=(alloc array)
@@ -20,7 +21,7 @@ for turn in $(seq 1 "$turns"); do
     for tree in "$new" "$old"; do
         label=$([ "$tree" = "$new" ] && echo new || echo old)
         for b in "${benches[@]}"; do
-            (cd "$tree" && PYTHONPATH=src timeout -k 10 200 python3 "benchmarks/bench_$b.py" --quick \
+            (cd "$tree" && PYTHONPATH=src timeout -k 10 200 python3 "benchmarks/bench_$b.py" --quick ${BENCH_ARGS:-} \
                 > "$out_dir/${label}_${b}_${turn}.txt" 2>&1) || echo "$label bench_$b turn $turn failed"
         done
     done
