@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Build Ignis's compiled modules in place, from a tree's root, on the GPU machine:
-#   bash scripts/gpu_build.sh            (the other gpu_*.sh scripts call it)
+#   bash scripts/gpu_build.sh [build_ext options, e.g. -j 16]   (the other gpu_*.sh scripts call it)
 # setup.py needs Cython >= 3.3.1: the GPU machine's Cython 3.3.0 built the plain-Python
 # modules (setup.py's PURE_PYTHON_MODULES) into code that crashed under Python 3.12 (the
 # same tree built by 3.3.1 passed). Where this machine's Cython is older, a Cython wheel
@@ -29,4 +29,4 @@ if ! cython_ok; then
     fi
 fi
 python3 -c "import Cython; print('building with Cython', Cython.__version__)"
-python3 setup.py -q build_ext --inplace
+python3 setup.py -q build_ext --inplace "$@"
