@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 
 import ignis as ig
-from helpers import current_resource, python_calls
+from helpers import current_resource, python_calls, run_threads
 from ignis import dtypes as D
 from ignis.array import nvarray as _nv
 from ignis.memory import DeviceMemoryResource
@@ -285,11 +285,7 @@ def test_many_threads_free_and_count_references(dev):
         except Exception as e:  # pragma: no cover - reported below
             errors.append(e)
 
-    ts = [threading.Thread(target=work, args=(i,)) for i in range(8)]
-    for t in ts:
-        t.start()
-    for t in ts:
-        t.join(60)
+    run_threads(work, 8, 60)
     assert not errors and all(x.freed and x.ref_count == 0 for x in shared)
     dev.synchronize()
     assert mr.bytes_outstanding == start

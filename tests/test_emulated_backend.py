@@ -15,7 +15,7 @@ from typing import Any, Callable
 import numpy as np
 import pytest
 
-from helpers import IMPORT_ROOT
+from helpers import IMPORT_ROOT, run_threads
 from ignis.backends.base import CU_STATUS, OPS
 from ignis.backends.emulated import ALIGNMENT, EmulatedBackend
 from ignis.backends.faults import FaultInjectingBackend
@@ -811,11 +811,7 @@ def test_many_threads_allocate_copy_and_free(emu):
         except BaseException as exc:  # reported by the main thread
             errors.append(exc)
 
-    threads = [threading.Thread(target=worker, args=(k,)) for k in range(8)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(30)
+    run_threads(worker, 8, 30)
     assert not errors, errors[0]
     emu.device_synchronize(0)
     emu.device_synchronize(1)

@@ -7,6 +7,7 @@ CUDA (the driver stages it), which would hide the ordering the tests check.
 from __future__ import annotations
 
 import sys
+import threading
 import time
 from contextlib import contextmanager
 from pathlib import Path
@@ -120,3 +121,13 @@ def current_resource(mr, dev=None):
         yield mr
     finally:
         ig.set_current_resource(prev if was_explicit else None, dev)
+
+
+def run_threads(target, n: int, timeout: float) -> None:
+    """Run ``target(i)`` for i in range(n), each on its own thread, and wait for them
+    (at most ``timeout`` seconds each)."""
+    threads = [threading.Thread(target=target, args=(i,)) for i in range(n)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout)

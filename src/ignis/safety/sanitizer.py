@@ -155,7 +155,7 @@ def _disjoint(r: _Rec, lo: int, hi: int, per: int, ch: int) -> bool:
 
 def _new_rec(sid: int, stream_id: Any, epoch: int, kind: str, lo: int, hi: int, op: str, frames: Any, gen: int,
              block: int, per: int = 0, ch: int = 0) -> _Rec:
-    """A ``_Rec`` without the call of its ``__init__`` (what the per-access path makes)."""
+    """A ``_Rec`` without the call of its ``__init__``: how the checks make their records."""
     r = _Rec.__new__(_Rec)
     r.sid, r.stream_id, r.epoch, r.kind, r.lo, r.hi = sid, stream_id, epoch, kind, lo, hi
     r.op, r.frames, r.gen, r.block, r.per, r.ch = op, frames, gen, block, per, ch
@@ -464,7 +464,7 @@ class Sanitizer:
             sid, vc = self._vc_of(sid)
             self._names[sid] = stream.id
             vc[sid] += 1
-            rec = _Rec(sid, stream.id, vc[sid], kind, lo, hi, op, frames, block.generation, block.ptr)
+            rec = _new_rec(sid, stream.id, vc[sid], kind, lo, hi, op, frames, block.generation, block.ptr)
             conflict = self._find_conflict(rec, vc, rw)
             self._insert(rec, (block.ptr, block.ptr + block.bytes))
         if conflict is not None:
@@ -570,7 +570,7 @@ class Sanitizer:
                     conflict = r
             else:
                 older.append(r)
-        rec = _Rec(sid, self._labels[sid], ep, "free", base, ext.end, "free", frames, gen, base)
+        rec = _new_rec(sid, self._labels[sid], ep, "free", base, ext.end, "free", frames, gen, base)
         # An older lifetime's unordered uses were checked against this one's first write (a
         # reuse race is reported there); a lifetime that never wrote hands them on.
         keep = mine if wrote else mine + older
@@ -718,7 +718,7 @@ class Sanitizer:
         if key is None:
             return None
         gen = self._regions[key][-1].gen
-        rec = _Rec(sid, label, ep, "write" if mode & WRITE else "read", lo, hi, op, frames, gen, key[0], per, ch)
+        rec = _new_rec(sid, label, ep, "write" if mode & WRITE else "read", lo, hi, op, frames, gen, key[0], per, ch)
         conflict = self._find_conflict(rec, vc, False)
         self._insert(rec, key)
         return None if conflict is None else (conflict, rec)

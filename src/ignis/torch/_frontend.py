@@ -51,7 +51,7 @@ from torch.utils._python_dispatch import TorchDispatchMode, _get_current_dispatc
 
 from ..errors import IgnisError
 from .._types import Access
-from ..safety.frames import MAX_FRAMES, add_library_dir, capture_frames, is_user_file
+from ..safety.frames import MAX_FRAMES, add_library_dir, is_user_file
 from ..safety.sanitizer import HOST, NO_INIT_CHECK, OUTPUT, PINNED, READ, WRITE, Sanitizer
 from ..safety.sanitizer import _frames as _san_frames
 from ._ops import SPECS, OpSpec, classify
@@ -93,7 +93,7 @@ def capture_stack() -> Any:
     which falls back to the main thread's frames)."""
     if _gather is not None and _get_ident() == _MAIN:
         return _Stack(_gather(True, False, False))
-    return capture_frames(1)  # compiled: no frames of ours to pass over (the walk drops library frames)
+    return _san_frames()
 
 
 def _pattern(shape: Any, strides: tuple, isz: int) -> tuple[int, int, int]:
