@@ -172,7 +172,7 @@ def _retire_passed(recs: list[_Rec], host: dict[int, int]) -> None:
         recs[:] = keep
 
 
-def _scan(recs: list[_Rec], rec: _Rec, vc: dict[int, int], write: bool) -> _Rec | None:
+def _scan(recs: list[_Rec], rec: _Rec, vc: dict[int, int], write: int) -> _Rec | None:
     """The first of an extent's records that races with ``rec`` (an access on stream
     ``rec.sid`` whose clock is ``vc``; not in ``recs`` yet), or None. Records that ``rec``
     supersedes are dropped: the same stream's within its span (a read drops only reads),
@@ -665,7 +665,7 @@ class Sanitizer:
                     if ext.hv != hv:  # the host moved on: records it passed can never race again
                         _retire_passed(recs, host)
                         ext.hv = hv
-                    conflict = _scan(recs, rec, vc, bool(write))
+                    conflict = _scan(recs, rec, vc, write)
                     if conflict is not None:
                         found = (found or []) + [(conflict, rec)]
                 w = ext.written
