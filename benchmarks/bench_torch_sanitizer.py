@@ -7,8 +7,9 @@ Workloads:
 - training step: a small MLP's forward, backward and Adam step, with a loss.item() every
   step (ms per step).
 
-Contenders: plain PyTorch, CSAN (``torch.cuda._sanitizer``) and ``ignis.torch`` (collect
-mode). CSAN registers its trace callbacks when imported and cannot be switched off
+Contenders: plain PyTorch, CSAN (``torch.cuda._sanitizer``), ``ignis.torch`` (collect
+mode, its default engine: the C++ op observer) and ``ignis.torch`` with the dispatch-mode
+engine (``ignis-mode``). CSAN registers its trace callbacks when imported and cannot be switched off
 otherwise, so between its turns they are taken out of PyTorch's callback registries
 (and put back for its turns); PyTorch's GPU trace, once activated, stays on for every
 contender (a Python call per allocation, free and event, with no callback listening).
@@ -121,9 +122,12 @@ class Csan:
 
 
 class Ignis:
+    def __init__(self, engine: str | None = None) -> None:
+        self.engine = engine
+
     def __enter__(self) -> None:
         import ignis.torch
-        ignis.torch.enable("collect")
+        ignis.torch.enable("collect", engine=self.engine)
 
     def __exit__(self, *exc: object) -> None:
         import ignis.torch
@@ -139,30 +143,34 @@ class Plain:
 
 
 def breakdown(loop: Callable[[int], None], loop_ops: int, rounds: int) -> dict[str, float]:
-    """ignis's front end with parts of it switched off, in turns with the whole."""
-    import ignis.torch
+    """ignis's front end (the observer engine) with parts of it switched off, in turns with the whole."""
+    from ignis.safety.sanitizer import sanitizer
+    from ignis.torch._frontend import TorchFrontEnd, capture_stack
 
-    def variant(on_op: bool, trace: bool) -> Callable[[], Any]:
+    def variant(check: str, trace: bool) -> Callable[[], Any]:
         class V:
             def __enter__(self) -> None:
-                ignis.torch.enable("collect")
-                fe = ignis.torch.front_end()
-                if not on_op:
-                    fe.on_op = lambda *a: None
-                    fe.special = lambda spec, args, kwargs, hv: spec.call(*args, **(kwargs or {}))
+                sanitizer.enable("collect")
+                fe = self.fe = TorchFrontEnd(sanitizer, engine="observer")
+                if check != "all":  # the observer runs and calls back; the callbacks do nothing (or take the stack)
+                    fe._observed = (lambda *a: None) if check == "none" else (lambda *a: capture_stack())
+                    fe._observed_special = lambda *a: None
+                fe.enable()
                 if not trace:
                     for reg, cb in fe._callbacks:
                         reg.callback_list.remove(cb)
                     fe._callbacks.clear()
 
             def __exit__(self, *exc: object) -> None:
-                ignis.torch.disable()
+                self.fe.disable()
+                sanitizer.disable()
         return V
 
     variants = {"plain (trace active, no callback)": Plain,
-                "dispatch mode only (ops run, nothing checked)": variant(False, False),
-                "dispatch mode + trace callbacks": variant(False, True),
-                "all of ignis.torch": variant(True, True)}
+                "observer only (ops run, nothing checked)": variant("none", False),
+                "observer + trace callbacks": variant("none", True),
+                "observer + trace callbacks + stack per op": variant("stack", True),
+                "all of ignis.torch": variant("all", True)}
     res: dict[str, list[float]] = {k: [] for k in variants}
     for r in range(rounds + 1):
         for name, v in variants.items():
@@ -186,7 +194,7 @@ def main() -> int:
     ap.add_argument("--quick", action="store_true", help="fewer rounds")
     ap.add_argument("--profile", action="store_true", help="also profile ignis's turn of each workload (cProfile)")
     ap.add_argument("--breakdown", action="store_true",
-                    help="also time the dispatch mode alone and with the trace callbacks (two-stream loop)")
+                    help="also time the observer alone and with the trace callbacks (two-stream loop)")
     args = ap.parse_args()
     rounds = 3 if args.quick else ROUNDS
     card = torch.cuda.get_device_name()
@@ -199,7 +207,7 @@ def main() -> int:
                 "train": statistics.median(timed(train, TRAIN_STEPS) for _ in range(rounds)) / TRAIN_STEPS}
     import ignis
     from ignis.safety.sanitizer import sanitizer
-    contenders = {"plain": Plain(), "CSAN": Csan(), "ignis": Ignis()}
+    contenders = {"plain": Plain(), "CSAN": Csan(), "ignis": Ignis(), "ignis-mode": Ignis("mode")}
     res: dict[str, dict[str, list[float]]] = {k: {"loop": [], "train": []} for k in contenders}
     for r in range(rounds + 1):
         for name, ctx in contenders.items():
@@ -216,27 +224,33 @@ def main() -> int:
     us = {k: d["loop"] * 1e6 for k, d in med.items()}
     ms = {k: d["train"] * 1e3 for k, d in med.items()}
     added_csan, added_ignis = us["CSAN"] - us["plain"], us["ignis"] - us["plain"]
+    added_mode = us["ignis-mode"] - us["plain"]
     slow_csan, slow_ignis = ms["CSAN"] / ms["plain"], ms["ignis"] / ms["plain"]
+    slow_mode = ms["ignis-mode"] / ms["plain"]
+    from ignis.torch._native import observer, observer_error
+    engine = "observer" if observer() is not None else f"dispatch mode (no observer: {observer_error()})"
     out = {
         "card": card, "torch": torch.__version__, "ignis": ignis.__version__, "rounds": rounds,
         "loop_ops_per_iteration": loop_ops, "train_ops_per_step": train_ops,
         "loop_us_per_op": us, "loop_us_per_op_untraced": untraced["loop"] * 1e6,
         "train_ms_per_step": ms, "train_ms_per_step_untraced": untraced["train"] * 1e3,
-        "added_us_per_op": {"CSAN": added_csan, "ignis": added_ignis},
+        "ignis_engine": engine,
+        "added_us_per_op": {"CSAN": added_csan, "ignis": added_ignis, "ignis-mode": added_mode},
         "ignis_added_over_csan_added": added_ignis / added_csan if added_csan > 0 else None,
-        "train_slowdown": {"CSAN": slow_csan, "ignis": slow_ignis},
+        "train_slowdown": {"CSAN": slow_csan, "ignis": slow_ignis, "ignis-mode": slow_mode},
         "ignis_train_extra_over_csan_extra": (slow_ignis - 1) / (slow_csan - 1) if slow_csan > 1 else None,
         "ignis_reports_on_correct_workloads": problems,
     }
-    print(f"card: {card} (torch {torch.__version__}); medians of {rounds} rounds, contenders in turns")
-    print(f"{'workload':34s} {'plain':>10s} {'CSAN':>10s} {'ignis':>10s}")
+    print(f"card: {card} (torch {torch.__version__}); medians of {rounds} rounds, contenders in turns; "
+          f"ignis's engine: {engine}")
+    print(f"{'workload':34s} {'plain':>10s} {'CSAN':>10s} {'ignis':>10s} {'ignis-mode':>10s}")
     print(f"{'two-stream loop, µs/op':34s} {us['plain']:10.2f} {us['CSAN']:10.2f} {us['ignis']:10.2f}"
-          f"   ({loop_ops} ops/iteration; untraced plain {untraced['loop'] * 1e6:.2f})")
-    print(f"{'  added per op, µs':34s} {'':10s} {added_csan:10.2f} {added_ignis:10.2f}"
+          f" {us['ignis-mode']:10.2f}   ({loop_ops} ops/iteration; untraced plain {untraced['loop'] * 1e6:.2f})")
+    print(f"{'  added per op, µs':34s} {'':10s} {added_csan:10.2f} {added_ignis:10.2f} {added_mode:10.2f}"
           f"   ignis/CSAN = {out['ignis_added_over_csan_added']:.3f} (target <= 0.1; ignis target < 10 µs)")
     print(f"{'training step, ms':34s} {ms['plain']:10.3f} {ms['CSAN']:10.3f} {ms['ignis']:10.3f}"
-          f"   ({train_ops} ops/step; untraced plain {untraced['train'] * 1e3:.3f})")
-    print(f"{'  slowdown (x plain)':34s} {'':10s} {slow_csan:10.2f} {slow_ignis:10.2f}"
+          f" {ms['ignis-mode']:10.3f}   ({train_ops} ops/step; untraced plain {untraced['train'] * 1e3:.3f})")
+    print(f"{'  slowdown (x plain)':34s} {'':10s} {slow_csan:10.2f} {slow_ignis:10.2f} {slow_mode:10.2f}"
           f"   ignis extra/CSAN extra = {out['ignis_train_extra_over_csan_extra']:.3f} (target <= 0.1)")
     print(f"ignis reports on these correct workloads: {problems}")
     if args.json:

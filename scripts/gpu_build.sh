@@ -30,3 +30,13 @@ if ! cython_ok; then
 fi
 python3 -c "import Cython; print('building with Cython', Cython.__version__)"
 python3 setup.py -q build_ext --inplace "$@"
+# The PyTorch front end's op observer (built against this machine's torch, cached): once
+# here, so that tests running in parallel do not each build it.
+PYTHONPATH="$root/src${PYTHONPATH:+:$PYTHONPATH}" python3 - <<'PY'
+try:
+    import torch  # noqa: F401
+except ImportError:
+    raise SystemExit(0)
+from ignis.torch._native import observer, observer_error
+print("op observer:", "ready" if observer() is not None else f"not built: {observer_error()}")
+PY

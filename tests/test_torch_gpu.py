@@ -1,5 +1,6 @@
 """The PyTorch bug zoo on a GPU: each program in ``tests/torch_zoo`` runs unmodified under
-``ignis run --sanitize``. Every bug program must be flagged with the right kind and both
+``ignis run --sanitize``, with each of the front end's engines (the C++ op observer, the
+default there, and the dispatch mode). Every bug program must be flagged with the right kind and both
 Python stacks (each naming the program's own lines); every correct program must be silent.
 
 Set ``IGNIS_ZOO_LOG=FILE`` to append each program's output there.
@@ -37,15 +38,20 @@ BUGS = {
 CORRECT = sorted(f for f in os.listdir(ZOO) if f.startswith("ok_"))
 
 
-def run_zoo(program: str) -> subprocess.CompletedProcess:
-    env = dict(os.environ, PYTHONPATH=IMPORT_ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""), IGNIS_BACKEND="cuda")
+ENGINES = ["observer", "mode"]
+
+
+def run_zoo(engine_program: tuple[str, str]) -> subprocess.CompletedProcess:
+    engine, program = engine_program
+    env = dict(os.environ, PYTHONPATH=IMPORT_ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""), IGNIS_BACKEND="cuda",
+               IGNIS_TORCH_ENGINE=engine)
     t = time.perf_counter()
     p = subprocess.run([sys.executable, "-m", "ignis", "run", "--sanitize", os.path.join(ZOO, program)],
                        capture_output=True, text=True, env=env, timeout=300, cwd=ZOO)
     log = os.environ.get("IGNIS_ZOO_LOG")
     if log:
         with _log_lock, open(log, "a") as f:
-            f.write(f"\n\n######## $ ignis run --sanitize {program}  -> exit {p.returncode} "
+            f.write(f"\n\n######## $ IGNIS_TORCH_ENGINE={engine} ignis run --sanitize {program}  -> exit {p.returncode} "
                     f"({time.perf_counter() - t:.1f} s)\n{p.stdout}\n{p.stderr}")
     return p
 
@@ -54,11 +60,14 @@ _log_lock = threading.Lock()
 
 
 @pytest.fixture(scope="module")
-def zoo() -> dict[str, subprocess.CompletedProcess]:
-    """Every program's run, several at a time (each is mostly start-up: imports, CUDA)."""
-    programs = sorted(BUGS) + CORRECT
-    with concurrent.futures.ThreadPoolExecutor(max_workers=6) as pool:
-        return dict(zip(programs, pool.map(run_zoo, programs)))
+def zoo() -> dict[tuple[str, str], subprocess.CompletedProcess]:
+    """Every program's run with each engine, several at a time (each is mostly start-up:
+    imports, CUDA). The observer is built first, once, if this torch has none cached."""
+    from ignis.torch._native import observer, observer_error
+    assert observer() is not None, observer_error()
+    runs = [(e, p) for e in ENGINES for p in sorted(BUGS) + CORRECT]
+    with concurrent.futures.ThreadPoolExecutor(max_workers=8) as pool:
+        return dict(zip(runs, pool.map(run_zoo, runs)))
 
 
 def sections(stderr: str) -> list[str]:
@@ -67,11 +76,12 @@ def sections(stderr: str) -> list[str]:
     return re.split(r"\n--- \d+: ", body)[1:]
 
 
+@pytest.mark.parametrize("engine", ENGINES)
 @pytest.mark.parametrize("program", sorted(BUGS))
-def test_every_bug_is_flagged_with_both_stacks(program, zoo):
+def test_every_bug_is_flagged_with_both_stacks(program, engine, zoo):
     if program == "bug_declared_kernel.py":
         pytest.importorskip("cupy", reason="the declared-kernel program writes with CuPy")
-    p = zoo[program]
+    p = zoo[(engine, program)]
     assert p.returncode == 1, p.stdout + p.stderr
     found = sections(p.stderr)
     for kind, earlier, later in BUGS[program]:
@@ -85,9 +95,10 @@ def test_every_bug_is_flagged_with_both_stacks(program, zoo):
         assert "site-packages/torch" not in text and "runpy" not in text
 
 
+@pytest.mark.parametrize("engine", ENGINES)
 @pytest.mark.parametrize("program", CORRECT)
-def test_correct_programs_are_silent(program, zoo):
-    p = zoo[program]
+def test_correct_programs_are_silent(program, engine, zoo):
+    p = zoo[(engine, program)]
     assert p.returncode == 0, p.stdout + p.stderr
     assert "ok" in p.stdout and "no problems found" in p.stderr, p.stderr
     assert "op(s) on CUDA tensors checked" in p.stderr

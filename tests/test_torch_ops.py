@@ -136,9 +136,9 @@ class Traced(TorchFrontEnd):
     """CPU tensors as a device's, with the caching allocator's trace simulated: each new
     storage an op returns is announced before the op's accesses, each dying one is freed."""
 
-    def __init__(self, san: Sanitizer) -> None:
+    def __init__(self, san: Sanitizer, engine: str = "mode") -> None:
         self.current = 0x10
-        super().__init__(san, device_type="cpu", stream_of=lambda t: self.current)
+        super().__init__(san, device_type="cpu", stream_of=lambda t: self.current, engine=engine)
         self._refs: dict[int, weakref.ref] = {}
 
     def _announce(self, out) -> None:
@@ -161,12 +161,33 @@ class Traced(TorchFrontEnd):
             self._announce(out)
         super().on_op(spec, args, kwargs, out, hv)
 
+    def _observed(self, index, items, host, device, sid, synced) -> None:
+        # The observer hands over byte ranges, not tensors: a fresh output's storage is
+        # announced from its item (its free is not simulated on this engine).
+        for base, size, lo, hi, per, ch, mode in items:
+            if mode & OUTPUT:
+                ext = self.san._live.get(base)
+                if ext is None or ext.end is not None:
+                    self.san.extent_allocated(base, self.current)
+        super()._observed(index, items, host, device, sid, synced)
 
-@pytest.fixture
-def traced():
+
+ENGINES = ["mode", "observer"]
+
+
+def need_engine(engine: str) -> None:
+    if engine == "observer":
+        from ignis.torch._native import observer, observer_error
+        if observer() is None:
+            pytest.skip(f"the op observer cannot be built here: {observer_error()}")
+
+
+@pytest.fixture(params=ENGINES)
+def traced(request):
+    need_engine(request.param)
     san = Sanitizer()
     san.mode = "collect"
-    fe = Traced(san)
+    fe = Traced(san, request.param)
     fe.enable()
     try:
         yield fe
@@ -211,6 +232,25 @@ def test_a_race_between_streams_with_both_stacks(traced):
     assert torch_dir not in e.first["stack"] + e.second["stack"] and ignis_dir not in e.second["stack"]
     assert e.second["stream_name"] == "stream 0x20" and e.second["range"] == (0, 4096)
     del y
+
+
+def test_the_observer_raises_what_it_found_when_checking_stops():
+    need_engine("observer")
+    san = Sanitizer()
+    san.mode = "raise"
+    fe = Traced(san, "observer")
+    fe.enable()
+    try:
+        x = torch.zeros(1024)
+        fe.current = 0x20
+        y = x * 2                                                # no raise inside the op: the observer cannot
+        assert float(y.sum()) == 0.0
+    except BaseException:
+        fe.disable()
+        raise
+    with pytest.raises(ig.errors.IgnisError, match="read-after-write race"):
+        fe.disable()
+    assert fe.engine == "observer" and fe._obs is None
 
 
 def test_wait_stream_orders_it(traced):
@@ -278,14 +318,69 @@ def test_importing_ignis_torch_imports_nothing_and_costs_nothing():
     assert p.stdout.split() == ["False", "False", "None"]
 
 
-def test_sanitize_on_cpu_tensors_checks_nothing_and_says_so():
+@pytest.mark.parametrize("engine", ENGINES)
+def test_sanitize_on_cpu_tensors_checks_nothing_and_says_so(engine, monkeypatch):
     import ignis.torch as igt
     from torch.utils._python_dispatch import _get_current_dispatch_mode
+    need_engine(engine)
+    monkeypatch.setenv("IGNIS_TORCH_ENGINE", engine)
     ig.sanitizer.disable()
     with igt.sanitize("collect") as san:
-        assert igt.is_enabled() and _get_current_dispatch_mode() is not None
+        assert igt.is_enabled() and igt.front_end().engine == engine
+        assert (_get_current_dispatch_mode() is not None) == (engine == "mode")
         x = torch.arange(10.0)
         assert float((x * 2).sum()) == 90.0
         assert "nothing on the CPU is checked" in san.summary()
         assert igt.front_end().cpu_ops >= 2 and igt.front_end().ops == 0
     assert not igt.is_enabled() and _get_current_dispatch_mode() is None and not ig.sanitizer.is_enabled()
+
+
+def test_without_a_compiler_the_observer_says_why_and_the_dispatch_mode_serves(tmp_path):
+    code = ("import sys, torch, ignis.torch as igt\n"
+            "from ignis.torch._native import observer, observer_error\n"
+            "assert observer() is None\n"
+            "print('ERROR', observer_error())\n"
+            "with igt.sanitize('collect'):\n"
+            "    print('ENGINE', igt.front_end().engine)\n"
+            "try:\n"
+            "    igt.enable('collect', engine='observer')\n"
+            "except RuntimeError as e:\n"
+            "    print('ASKED', e)\n"
+            "print('LEFT', igt.is_enabled(), __import__('ignis').sanitizer.is_enabled())\n")
+    env = dict(os.environ, PYTHONPATH=IMPORT_ROOT, IGNIS_BACKEND="emulated", IGNIS_CACHE_DIR=str(tmp_path),
+               CXX=str(tmp_path / "no-such-compiler"))
+    env.pop("IGNIS_TORCH_ENGINE", None)
+    p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, env=env)
+    assert p.returncode == 0, p.stderr
+    lines = dict(line.split(" ", 1) for line in p.stdout.splitlines())
+    assert "no-such-compiler" in lines["ERROR"]
+    assert lines["ENGINE"] == "mode"
+    assert "cannot be built here" in lines["ASKED"] and "engine='mode'" in lines["ASKED"]
+    assert lines["LEFT"] == "False False"  # the failed enable left nothing on
+    assert "building the op observer" in p.stderr
+    assert not list(tmp_path.rglob("*.so"))  # nothing half-built left behind
+
+
+def test_the_observer_leaves_nothing_registered_when_it_stops():
+    need_engine("observer")
+    from ignis.torch._native import observer
+    lib = observer()
+    assert not lib.ignis_obs_any_global()
+    san = Sanitizer()
+    san.mode = "collect"
+    fe = Traced(san, "observer")
+    fe.enable()
+    try:
+        assert lib.ignis_obs_any_global()
+        x = torch.ones(8) * 2
+    finally:
+        fe.disable()
+    assert not lib.ignis_obs_any_global()  # ops cost what they did before
+    ops = fe.ops
+    x * 3
+    assert fe.ops == ops == 2 and float(x.sum()) == 16.0  # ones, mul: none after
+
+
+def test_the_engine_name_is_checked():
+    with pytest.raises(ValueError, match="engine must be"):
+        TorchFrontEnd(Sanitizer(), device_type="cpu", engine="fast")

@@ -14,8 +14,9 @@ tensors shared with Ignis through DLPack. Reports come through
         train()
     # or: ignis run --sanitize train.py   (collect, and report at exit)
 
-Importing this package costs nothing and imports no PyTorch: the dispatch mode
-and the trace callbacks exist only between ``enable()`` and ``disable()``.
+Importing this package costs nothing and imports no PyTorch: the op observer (or
+the dispatch mode) and the trace callbacks run only between ``enable()`` and
+``disable()``; see ``enable`` for the two engines.
 Work the dispatcher never sees (``torch.compile``d regions, Triton and raw
 extension kernels, CUDA graphs) is declared with ``use()``; see
 ``ignis.torch._frontend`` for what is and is not seen.
@@ -41,17 +42,33 @@ _fe: "TorchFrontEnd | None" = None
 memory_views: "Callable[[Any], dict[str, Callable[..., Any]]] | None" = None
 
 
-def enable(mode: str = "raise") -> "Sanitizer":
-    """Check PyTorch's ops from now on, on this thread (``mode`` "raise" or "collect";
-    the sanitizer is turned on too if it is off). Returns the sanitizer."""
+def enable(mode: str = "raise", *, engine: str | None = None) -> "Sanitizer":
+    """Check PyTorch's ops from now on (``mode`` "raise" or "collect"; the sanitizer is
+    turned on too if it is off). Returns the sanitizer.
+
+    ``engine``: how ops are seen. ``"observer"``: a C++ observer of every dispatcher call,
+    on every thread, built against the installed torch at first use (a C++ compiler is
+    needed once); it cannot raise inside an op, so in raise mode an error waits until
+    checking stops. ``"mode"``: a TorchDispatchMode on this thread (and the autograd
+    engine's), which raises at the op; slower per op. None (default, or
+    ``IGNIS_TORCH_ENGINE``): the observer in collect mode where it can be built, else
+    the dispatch mode."""
     global _fe
     from ..safety.sanitizer import sanitizer
+    was, prev_mode = sanitizer.active, sanitizer.mode
     if not sanitizer.active or sanitizer.mode != mode:
         sanitizer.enable(mode)
     if _fe is None:
         from ._frontend import TorchFrontEnd
-        fe = TorchFrontEnd(sanitizer)
-        fe.enable()
+        try:
+            fe = TorchFrontEnd(sanitizer, engine=engine)
+            fe.enable()
+        except BaseException:  # nothing of it stays on
+            if not was:
+                sanitizer.disable()
+            else:
+                sanitizer.mode = prev_mode
+            raise
         _fe = fe
     return sanitizer
 
@@ -75,12 +92,13 @@ def front_end() -> "TorchFrontEnd | None":
 
 
 @contextmanager
-def sanitize(mode: str = "raise") -> Iterator["Sanitizer"]:
-    """Check the PyTorch ops inside the ``with`` block; put everything back after."""
+def sanitize(mode: str = "raise", *, engine: str | None = None) -> Iterator["Sanitizer"]:
+    """Check the PyTorch ops inside the ``with`` block; put everything back after
+    (``engine``: see ``enable``)."""
     from ..safety.sanitizer import sanitizer
     was, prev_mode = sanitizer.active, sanitizer.mode
     had = _fe is not None
-    san = enable(mode)
+    san = enable(mode, engine=engine)
     try:
         yield san
     finally:

@@ -1,12 +1,22 @@
 """The PyTorch front end: each op on CUDA tensors becomes checked accesses of byte ranges.
 
 Design:
-- A ``TorchDispatchMode`` sees every aten op below autograd and autocast (also
-  the backward ops the autograd engine runs on its own threads: it carries the
-  mode along). Per op it looks up the cached ``OpSpec`` (``_ops``), runs the op,
-  then hands the sanitizer one list of accesses, queued on the current CUDA
-  stream of the tensors' device (the raw ``cudaStream_t``, the same handle
-  Ignis's streams have, so both share one vector clock).
+- Two engines see the ops; both hand the sanitizer the same list of accesses per op,
+  queued on the current CUDA stream of the tensors' device (the raw ``cudaStream_t``,
+  the same handle Ignis's streams have, so both share one vector clock):
+  - the op observer (``_observer.cpp``, built by ``_native`` against the installed
+    torch): a C++ RecordFunction callback that sees every dispatcher call on every
+    thread, reads the tensors an op's spec names below Python and calls
+    ``_observed`` once per checked op with their byte ranges. The default in collect
+    mode (``ignis run --sanitize``). It cannot raise inside an op: in raise mode what
+    it finds is raised when checking stops.
+  - the dispatch mode (``_Mode``, a ``TorchDispatchMode``): sees every aten op below
+    autograd and autocast on the thread that entered it (and the autograd engine's
+    threads, which carry it along), runs it, then reports it (``on_op``). Raises at the
+    op; the default in raise mode and where the observer cannot be built.
+  Both report the outermost op that is not a CompositeImplicitAutograd decomposition;
+  the ops it runs inside are its own.
+- Each op's spec (reads, writes, outputs) comes from its schema (``_ops``), cached.
 - An access is a byte range of the tensor's storage: base = ``data_ptr -
   storage_offset * itemsize`` (the caching allocator's block), span
   ``[data_ptr, data_ptr + extent)`` and, for a view that is a regular set of
@@ -21,21 +31,20 @@ Design:
 - Pinned host memory: the host side of a ``non_blocking`` copy is an access on
   the copy's stream; afterwards, a CPU op on those bytes is an access by the
   host, checked like any other until a synchronization retires the copy.
-- Cost: nothing until enabled. Enabled, one dictionary lookup per op picks its
-  spec; frames are captured once per op as (code, line) pairs. The mode keeps
-  dynamo out of its own frame without dynamo's wrapper (one C call each way).
-  This module and the sanitizer's checking (``ignis.safety.sanitizer``, its
-  records typed by ``sanitizer.pxd``) are compiled by Cython from this source
-  (setup.py's ``PURE_PYTHON_MODULES``): the per-op step runs no Python bytecode.
-  What remains per op is PyTorch's: entering the dispatch mode's Python handler
-  and its trace callbacks.
+- Cost: nothing until enabled. Enabled, frames are captured once per checked op as
+  PyTorch's C++ traceback (symbolized only for a report). This module and the
+  sanitizer's checking (``ignis.safety.sanitizer``, its records typed by
+  ``sanitizer.pxd``) are compiled by Cython from this source (setup.py's
+  ``PURE_PYTHON_MODULES``). What remains per op is the observer's one call into
+  Python (or the dispatch mode's Python handler) and PyTorch's trace callbacks.
 
 Not seen (nothing goes through the dispatcher): kernels inside ``torch.compile``d
 regions and CUDA graphs, Triton kernels, raw extension kernels called without
 an op schema, library-internal workspaces, and CPU reads of pinned memory
 through ``numpy()`` or the buffer protocol. Declare such uses with
-``ignis.torch.use(tensor, access, stream=...)``. Ops of other threads are seen
-only if the mode is entered there (the autograd engine's threads inherit it).
+``ignis.torch.use(tensor, access, stream=...)``. With the dispatch mode, ops of
+other threads are seen only if the mode is entered there (the autograd engine's
+threads inherit it); the observer sees every thread's.
 """
 
 from __future__ import annotations
@@ -176,8 +185,17 @@ class TorchFrontEnd:
     streams from ``stream_of(tensor) -> handle``; nothing CUDA is touched then."""
 
     def __init__(self, san: Sanitizer, *, device_type: str = "cuda",
-                 stream_of: Callable[[torch.Tensor], int] | None = None) -> None:
+                 stream_of: Callable[[torch.Tensor | None], int] | None = None, engine: str | None = None) -> None:
+        if engine not in (None, "observer", "mode"):
+            raise ValueError(f"ignis.torch: engine must be 'observer', 'mode' or None (the observer where it "
+                             f"can be built, in collect mode), not {engine!r}")
         self.san = san
+        self.engine_asked = engine or os.environ.get("IGNIS_TORCH_ENGINE") or None
+        self.engine: str | None = None  # which one runs, once enabled
+        self._obs: Any = None           # the loaded observer library, while it runs
+        self._obs_specs: list[OpSpec] = []
+        self._obs_nb: dict[int, int] = {}
+        self._obs_streams: dict[tuple, int] = {}
         self._cuda = device_type == "cuda"
         self._is_dev = attrgetter("is_cuda" if self._cuda else "is_cpu")
         if stream_of is None:  # a PyTorch without CUDA has no CUDA tensors: the stream is never asked for
@@ -271,44 +289,61 @@ class TorchFrontEnd:
         """Ops with more to them than their schema: record_stream, copies, resize_."""
         kw = kwargs or {}
         kind = spec.special
+        pre = None
+        if kind == "resize" and self._is_dev(args[0]):
+            t = args[0]
+            pre = (t.data_ptr() - t.storage_offset() * t.element_size(), t.untyped_storage().nbytes())
+        out = spec.call(*args, **kw)
+        if kind == "copy":
+            nb = args[2] if len(args) > 2 else kw.get("non_blocking", False)
+        else:
+            nb = kw.get("non_blocking", False)
+        self._special_done(spec, args, nb, out, pre, self.san._host_version != hv, None)
+        return out
+
+    def _special_done(self, spec: OpSpec, args: tuple, non_blocking: Any, out: Any, pre: tuple | None,
+                      synced: bool, stream: int | None) -> None:
+        """A special op's accesses, after it ran (``pre``: resize_'s storage base and size
+        before; ``stream``: the op's stream handle, None: the tensors' current one)."""
+        kind = spec.special
         if kind == "record_stream":
-            out = spec.call(*args, **kw)
             t = args[0]
             if self._is_dev(t):
                 it = self._item(t, READ)
                 if it is not None:
                     self.san.extent_record_stream(it[0], self._handle(args[1]))
-            return out
+            return
         if kind == "resize":
             t = args[0]
-            on_dev = self._is_dev(t)
-            if on_dev:
-                old_base = t.data_ptr() - t.storage_offset() * t.element_size()
-                old_n = t.untyped_storage().nbytes()
-            out = spec.call(*args, **kw)
-            if on_dev:
-                after = self._item(t, OUTPUT)
-                if after is not None and after[0] != old_base:  # reallocated: the old bytes were copied over
-                    kept = min(old_n, after[1])
-                    items = [after]
-                    if kept:
-                        items.append((after[0], after[1], after[0], after[0] + kept, 0, 0, WRITE | NO_INIT_CHECK))
-                    self.ops += 1
-                    self.san.foreign_access(self.stream_of(t), spec.name, capture_stack(), items)
-            return out
-        out = spec.call(*args, **kw)
+            if pre is None or not self._is_dev(t):
+                return
+            old_base, old_n = pre
+            after = self._item(t, OUTPUT)
+            if after is not None and after[0] != old_base:  # reallocated: the old bytes were copied over
+                kept = min(old_n, after[1])
+                items = [after]
+                if kept:
+                    items.append((after[0], after[1], after[0], after[0] + kept, 0, 0, WRITE | NO_INIT_CHECK))
+                self.ops += 1
+                self.san.foreign_access(self.stream_of(t) if stream is None else stream, spec.name,
+                                        capture_stack(), items)
+            return
         if kind == "copy":
             dst, src = args[0], args[1]
-            non_blocking = args[2] if len(args) > 2 else kw.get("non_blocking", False)
             wmode = WRITE
         else:  # _to_copy
             src, dst = args[0], out
-            non_blocking = kw.get("non_blocking", False)
             wmode = WRITE | OUTPUT
         sd, dd = self._is_dev(src), self._is_dev(dst)
-        if not (sd or dd):
-            self.on_op(spec, args, kwargs, out, hv)  # a host copy: checked only on tracked pinned memory
-            return out
+        if not (sd or dd):  # a host copy: checked only on tracked pinned memory
+            if self.san.pinned:
+                host = self._host_item(src, READ, None)
+                host = self._host_item(dst, wmode, host)
+                if host:
+                    self.san.foreign_access(HOST, spec.name, capture_stack(), host)
+                    return
+            self.cpu_ops += 1
+            return
         items = []
         for t, mode, on_dev in ((src, READ, sd), (dst, wmode, dd)):
             if on_dev:
@@ -319,9 +354,11 @@ class TorchFrontEnd:
                 items.append(it)
         if items:
             self.ops += 1
-            self.san.foreign_access(self.stream_of(dst if dd else src), spec.name, capture_stack(), items,
-                                    self.san._host_version != hv)  # a blocking copy synchronizes inside
-        return out
+            if stream is None:
+                stream = self.stream_of(dst if dd else src)
+            self.san.foreign_access(stream, spec.name, capture_stack(), items, synced)  # a blocking copy synchronizes
+        if self._obs is not None and self.san.pinned:
+            self._obs.ignis_obs_host_check(1)
 
     def _pinned_item(self, t: torch.Tensor, mode: int, non_blocking: bool) -> tuple | None:
         it = self._item(t, mode | PINNED)
@@ -367,6 +404,85 @@ class TorchFrontEnd:
         self.ops += 1
         self.san.foreign_access(h, op, capture_stack(), [it])
 
+    # -- the observer's callbacks (called from C++, with the GIL, after each op) ------------
+    def _obs_classify(self, name: str, overload: str) -> tuple:
+        """(kind, index, inputs, outputs) of an op the observer meets for the first time:
+        kind 0 inactive, 1 passed through (a CompositeImplicitAutograd op without a kernel
+        of this backend: its own ops are seen), 2 regular, 3 special."""
+        ns, _, base = name.partition("::")
+        try:
+            op = getattr(getattr(getattr(torch.ops, ns), base), overload or "default")
+        except (AttributeError, RuntimeError):
+            return (0, -1, (), ())
+        if (op.has_kernel_for_dispatch_key("CompositeImplicitAutograd")
+                and not op.has_kernel_for_dispatch_key("CUDA" if self._cuda else "CPU")):
+            return (1, -1, (), ())
+        spec = classify(op)
+        index = len(self._obs_specs)
+        self._obs_specs.append(spec)
+        if spec.special is not None:
+            if spec.special == "to_copy":
+                names = [a.name for a in op._schema.arguments]
+                if "non_blocking" in names:
+                    self._obs_nb[index] = names.index("non_blocking")
+            return (3, index, (), ())
+        if not spec.active:
+            return (0, index, (), ())
+        return (2, index, tuple((pos, mode, many) for pos, _, mode, many in spec.inputs), spec.outputs)
+
+    def _obs_stream(self, device: int, sid: int) -> int:
+        if not self._cuda:
+            return self.stream_of(None)
+        h = self._obs_streams.get((device, sid))
+        if h is None:
+            h = self._obs_streams[(device, sid)] = torch.cuda.Stream(
+                stream_id=sid, device_index=device, device_type=1).cuda_stream
+        return h
+
+    def _observed(self, index: int, items: list, host: list | None, device: int, sid: int, synced: bool) -> None:
+        """A regular op's accesses, as the observer found them (``items`` on the device,
+        ``host``: its host tensors' while pinned memory is tracked). An error cannot be
+        raised into the op from here: in raise mode it waits in ``pending`` (``disable``
+        raises it)."""
+        san = self.san
+        try:
+            spec = self._obs_specs[index]
+            if host:
+                pinned = san.pinned
+                host = [it for it in host if it[0] in pinned]
+                if not items and not host:
+                    self.cpu_ops += 1
+                    return
+            frames = capture_stack()
+            if items:
+                self.ops += 1
+                h = self._obs_streams.get((device, sid)) if self._cuda else None
+                if h is None:
+                    h = self._obs_stream(device, sid)
+                san.foreign_access(h, spec.name, frames, items, synced)
+            if host:
+                san.foreign_access(HOST, spec.name, frames, host)
+        except IgnisError as e:
+            self.pending.append(e)
+
+    def _observed_special(self, index: int, args: tuple, out: Any, device: int, sid: int, synced: bool,
+                          pre_base: int, pre_size: int) -> None:
+        try:
+            self._observed_special_op(index, args, out, device, sid, synced, pre_base, pre_size)
+        except IgnisError as e:
+            self.pending.append(e)
+
+    def _observed_special_op(self, index: int, args: tuple, out: Any, device: int, sid: int, synced: bool,
+                             pre_base: int, pre_size: int) -> None:
+        spec = self._obs_specs[index]
+        pos = self._obs_nb.get(index)
+        if spec.special == "copy":
+            nb = args[2] if len(args) > 2 else False
+        else:
+            nb = args[pos] if pos is not None and pos < len(args) else False
+        self._special_done(spec, args, nb, out, (pre_base, pre_size) if pre_base else None, bool(synced),
+                           self._obs_stream(device, sid) if device >= 0 else None)
+
     # -- trace callbacks -------------------------------------------------------------
     def _guarded(self, fn: Callable) -> Callable:
         pending = self.pending
@@ -394,6 +510,11 @@ class TorchFrontEnd:
                  (gt.EventSynchronizationCallbacks, san.on_event_synchronize)]
         torch._C._activate_gpu_trace()  # process-wide, and it cannot be turned off again
         san.capture = capture_stack
+        if self._obs is not None:  # an op in flight across a synchronization is covered by it
+            synced = self._obs.ignis_obs_synced
+            table += [(gt.DeviceSynchronizationCallbacks, lambda: synced()),
+                      (gt.StreamSynchronizationCallbacks, lambda s: synced()),
+                      (gt.EventSynchronizationCallbacks, lambda e: synced())]
         for registry, fn in table:
             cb = self._guarded(fn) if san.mode == "raise" else fn  # collect mode never raises
             registry.add_callback(cb)
@@ -401,26 +522,49 @@ class TorchFrontEnd:
 
     # -- control -------------------------------------------------------------------------
     def enable(self) -> None:
-        """Enter the dispatch mode on this thread and subscribe to PyTorch's GPU trace."""
-        if self._mode is not None:
+        """Start checking: the op observer (every thread) where it is asked for or, in
+        collect mode, where it can be built; else the dispatch mode (this thread, and the
+        autograd engine's). Then subscribe to PyTorch's GPU trace."""
+        if self._mode is not None or self._obs is not None:
             return
         add_library_dir(os.path.dirname(torch.__file__))
+        engine = self.engine_asked or ("observer" if self.san.mode == "collect" else "mode")
+        if engine == "observer":
+            from ._native import observer, observer_error
+            lib = observer()
+            if lib is None:
+                if self.engine_asked == "observer":
+                    raise RuntimeError(f"ignis.torch: the op observer cannot be built here ({observer_error()}); "
+                                       "install a C++ compiler, or use engine='mode'")
+                engine = "mode"
+            elif lib.ignis_obs_start(self._obs_classify, self._observed, self._observed_special,
+                                     1 if self._cuda else 0) != 0:
+                raise RuntimeError("ignis.torch: another front end observes PyTorch's ops already; disable it first")
+            else:
+                self._obs = lib
+        self.engine = engine
         if self._cuda and _raw_stream is not None:
             self._install_trace()
-        self._mode = _Mode(self)
-        self._mode.__enter__()
+        if engine == "mode":
+            self._mode = _Mode(self)
+            self._mode.__enter__()
         self.san.notes.append(self.note)
 
     def disable(self) -> None:
         """Leave the dispatch mode and unsubscribe (on the thread that enabled it)."""
         mode = self._mode
-        if mode is None:
+        if mode is None and self._obs is None:
             return
-        if _get_current_dispatch_mode() is not mode:
-            raise RuntimeError("ignis.torch: another TorchDispatchMode entered after the sanitizer is still "
-                               "active; leave it first")
-        mode.__exit__(None, None, None)
-        self._mode = None
+        if mode is not None:
+            if _get_current_dispatch_mode() is not mode:
+                raise RuntimeError("ignis.torch: another TorchDispatchMode entered after the sanitizer is still "
+                                   "active; leave it first")
+            mode.__exit__(None, None, None)
+            self._mode = None
+        else:
+            self._obs.ignis_obs_stop()
+            self.cpu_ops += self._obs.ignis_obs_take_cpu_ops()
+            self._obs = None
         for registry, cb in self._callbacks:
             try:
                 registry.callback_list.remove(cb)
@@ -431,9 +575,13 @@ class TorchFrontEnd:
             self.san.capture = _san_frames
         if self.note in self.san.notes:
             self.san.notes.remove(self.note)
+        if self.engine == "observer" and self.pending:
+            raise self.pending.pop(0)  # found inside an op, where the observer cannot raise it
 
     def note(self) -> str:
         """The front end's line in the sanitizer's summary."""
+        if self._obs is not None:  # the observer counts host-only ops itself
+            self.cpu_ops += self._obs.ignis_obs_take_cpu_ops()
         if self.ops:
             line = f"PyTorch: {self.ops} op(s) on CUDA tensors checked"
             if self.cpu_ops:

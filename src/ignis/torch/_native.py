@@ -1,0 +1,115 @@
+"""The op observer (``_observer.cpp``): built against the installed torch at first use, cached.
+
+A C++ extension of PyTorch has to match the torch it runs with (its headers and C++ ABI),
+and torch is not a dependency of Ignis: so the observer is not built with the package but
+here, the first time the front end wants it, with the C++ compiler torch's own extensions
+use (``CXX``, else ``c++``), into ``$IGNIS_CACHE_DIR`` (default ``~/.cache/ignis``), one file
+per torch version, Python and source. Later runs load the cached file. Without a compiler,
+or when the build fails, ``observer()`` returns None and ``observer_error()`` says why: the
+front end then uses its dispatch mode (slower per op, the same checks).
+"""
+
+from __future__ import annotations
+
+import ctypes
+import hashlib
+import os
+import subprocess
+import sys
+import sysconfig
+import tempfile
+import threading
+
+__all__ = ["observer", "observer_error", "observer_path"]
+
+_SOURCE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "_observer.cpp")
+_lock = threading.Lock()
+_lib: ctypes.PyDLL | None = None
+_error: str | None = None
+_tried = False
+
+
+def observer_path() -> str:
+    """Where the observer built for this torch, Python and source is (or would be) cached."""
+    import torch
+    with open(_SOURCE, "rb") as f:
+        digest = hashlib.sha256(f.read()).hexdigest()[:16]
+    root = os.environ.get("IGNIS_CACHE_DIR") or os.path.join(
+        os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"), "ignis")
+    tag = f"torch{torch.__version__}-{sys.implementation.cache_tag}-{digest}".replace("+", "_")
+    return os.path.join(root, "torch_observer", tag, "ignis_torch_observer.so")
+
+
+def _build(path: str) -> None:
+    import torch
+    from torch.utils import cpp_extension as ce
+    cxx = os.environ.get("CXX", "c++")
+    abi = int(getattr(torch._C, "_GLIBCXX_USE_CXX11_ABI", 1))
+    cmd = [cxx, "-O2", "-DNDEBUG", "-std=c++17", "-shared", "-fPIC", "-fvisibility=hidden",
+           f"-D_GLIBCXX_USE_CXX11_ABI={abi}", "-I" + sysconfig.get_paths()["include"]]
+    cmd += ["-I" + d for d in ce.include_paths()]
+    cmd += [_SOURCE]
+    for d in ce.library_paths():
+        cmd += ["-L" + d, "-Wl,-rpath," + d]
+    cmd += ["-lc10", "-ltorch", "-ltorch_cpu", "-ltorch_python"]
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    fd, tmp = tempfile.mkstemp(suffix=".so", dir=os.path.dirname(path))
+    os.close(fd)
+    try:
+        r = subprocess.run(cmd + ["-o", tmp], capture_output=True, text=True)
+        if r.returncode != 0:
+            raise RuntimeError(f"{cxx} exited with {r.returncode}: {(r.stderr or r.stdout).strip()[-2000:]}")
+        os.replace(tmp, path)  # whole or not at all, also against a concurrent build
+    finally:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+
+
+def _load(path: str) -> ctypes.PyDLL:
+    lib = ctypes.PyDLL(path)  # PyDLL: the GIL stays held in its calls (they take Python objects)
+    lib.ignis_obs_start.argtypes = [ctypes.py_object, ctypes.py_object, ctypes.py_object, ctypes.c_int]
+    lib.ignis_obs_start.restype = ctypes.c_int
+    lib.ignis_obs_stop.argtypes = []
+    lib.ignis_obs_stop.restype = None
+    lib.ignis_obs_host_check.argtypes = [ctypes.c_int]
+    lib.ignis_obs_host_check.restype = None
+    lib.ignis_obs_synced.argtypes = []
+    lib.ignis_obs_synced.restype = None
+    lib.ignis_obs_any_global.argtypes = []
+    lib.ignis_obs_any_global.restype = ctypes.c_int
+    for name in ("ignis_obs_take_cpu_ops", "ignis_obs_errors"):
+        fn = getattr(lib, name)
+        fn.argtypes = []
+        fn.restype = ctypes.c_ulonglong
+    return lib
+
+
+def observer() -> ctypes.PyDLL | None:
+    """The loaded observer, built first if this torch has none cached; None (and
+    ``observer_error()`` says why) if it cannot be built or loaded here."""
+    global _lib, _error, _tried
+    with _lock:
+        if _tried:
+            return _lib
+        _tried = True
+        try:
+            path = observer_path()
+            if not os.path.exists(path):
+                print(f"ignis.torch: building the op observer for torch {_torch_version()} "
+                      f"(once; cached in {os.path.dirname(path)})", file=sys.stderr)
+                _build(path)
+            _lib = _load(path)
+        except Exception as e:  # no compiler, no headers, a torch without them: the dispatch mode serves
+            _error = f"{type(e).__name__}: {e}"
+            _lib = None
+        return _lib
+
+
+def observer_error() -> str | None:
+    """Why ``observer()`` returned None (None if it did not, or was not tried yet)."""
+    return _error
+
+
+def _torch_version() -> str:
+    import torch
+    return torch.__version__
