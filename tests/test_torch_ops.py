@@ -11,6 +11,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+import threading
 import weakref
 
 import pytest
@@ -196,11 +197,12 @@ def traced(request):
 
 
 def calls(fe: TorchFrontEnd, fn):
-    """The accesses an op reports: [(op, [(mode, lo - base, hi - base)])]."""
+    """The accesses an op reports: [(op, [(mode, lo - base, hi - base)])], each op's sorted
+    (the observer measures written arguments after the op, the others before it)."""
     got = []
     real = fe.san.foreign_access
     fe.san.foreign_access = lambda stream, op, frames, items, synced=False: got.append(
-        (op, [(m, lo - b, hi - b) for b, _, lo, hi, _, _, m in items]))
+        (op, sorted((m, lo - b, hi - b) for b, _, lo, hi, _, _, m in items)))
     try:
         fn()
     finally:
@@ -212,7 +214,7 @@ def test_ops_report_their_reads_and_writes(traced):
     a, b, c = torch.ones(4), torch.ones(4), torch.zeros(4)
     assert calls(traced, lambda: torch.add(a, b, out=c)) == [("aten::add.out", [(READ, 0, 16), (READ, 0, 16),
                                                                                  (WRITE, 0, 16)])]
-    assert calls(traced, lambda: a.add_(b)) == [("aten::add_.Tensor", [(READ | WRITE, 0, 16), (READ, 0, 16)])]
+    assert calls(traced, lambda: a.add_(b)) == [("aten::add_.Tensor", [(READ, 0, 16), (READ | WRITE, 0, 16)])]
     assert calls(traced, lambda: a.view(2, 2)) == []
     assert calls(traced, lambda: torch.zeros_like(a)) == [("aten::zeros_like", [(WRITE | OUTPUT, 0, 16)])]
     assert calls(traced, lambda: a.new_empty(3)) == [("aten::new_empty", [(OUTPUT, 0, 12)])]
@@ -379,6 +381,126 @@ def test_the_observer_leaves_nothing_registered_when_it_stops():
     ops = fe.ops
     x * 3
     assert fe.ops == ops == 2 and float(x.sum()) == 16.0  # ones, mul: none after
+
+
+@pytest.mark.parametrize("fresh", [True, False])
+def test_without_allocation_events_an_output_starts_a_lifetime(fresh):
+    # On a GPU the observer takes no allocation callback: an op's fresh output starts the
+    # block's lifetime, and its unwritten bytes are checked as an announced block's are.
+    need_engine("observer")
+    san = Sanitizer()
+    san.mode = "collect"
+    san.outputs_fresh = fresh
+    fe = TorchFrontEnd(san, device_type="cpu", stream_of=lambda t: 0x10, engine="observer")
+    fe.enable()
+    try:
+        x = torch.empty(256)
+        x[:128].fill_(1.0)
+        x[:128].sum()
+        x.sum()
+    finally:
+        fe.disable()
+    if not fresh:  # memory of unknown origin: nothing says which bytes were ever written
+        assert san.reports == []
+        return
+    [e] = san.reports
+    assert e.kind == "uninitialized read" and e.first["op"] == "aten::empty.memory_format"
+    assert "x = torch.empty(256)" in e.first["stack"] and "x.sum()" in e.second["stack"]
+    assert e.second["range"] == (0, 1024)
+
+
+class _Square(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x):
+        ctx.save_for_backward(x)
+        return x * x
+
+    @staticmethod
+    def backward(ctx, g):
+        (x,) = ctx.saved_tensors
+        return 2 * x * g
+
+
+def _backward():
+    x = torch.ones(4, requires_grad=True)
+    x.abs().sum().backward()
+
+
+def _custom_function():
+    _Square.apply(torch.ones(4, requires_grad=True)).sum().backward()
+
+
+def _failing_ops():
+    a = torch.ones(4)
+    for fn in (lambda: a.add_(torch.ones(5)), lambda: a.copy_(torch.ones(3))):
+        try:
+            fn()
+        except RuntimeError:
+            pass
+
+
+PROGRAMS = {
+    "backward ops": _backward,                                             # inside the engine's node ranges
+    "a custom autograd.Function": _custom_function,                         # inside its apply range
+    "out= that resizes": lambda: torch.add(torch.ones(4), 1, out=torch.empty(0)),  # the write measured after
+    "cat into a grown out=": lambda: torch.cat([torch.ones(4), torch.ones(4)], out=torch.empty(2)),
+    "resize_ of an empty tensor": lambda: torch.empty(0).resize_(10),
+    "ops that fail": _failing_ops,                                           # nothing reported
+    "linear and matmul (decompositions)": lambda: torch.nn.functional.linear(torch.ones(3, 4), torch.ones(5, 4)) @ torch.ones(5, 2),
+    "tuple returns": lambda: torch.ones(6).split(2) + torch.ones(3, 3).max(dim=0),
+}
+
+
+@pytest.mark.filterwarnings("ignore:An output with one or more elements was resized")
+@pytest.mark.parametrize("program", sorted(PROGRAMS))
+def test_both_engines_report_the_same_accesses(program):
+    need_engine("observer")
+    got = {}
+    for engine in ENGINES:
+        san = Sanitizer()
+        san.mode = "collect"
+        fe = TorchFrontEnd(san, device_type="cpu", stream_of=lambda t: 0x10, engine=engine)
+        fe.enable()
+        try:
+            got[engine] = calls(fe, PROGRAMS[program])
+        finally:
+            fe.disable()
+    assert got["observer"] == got["mode"] and got["mode"]
+
+
+def test_the_observer_survives_threads_and_restarts():
+    need_engine("observer")
+    from ignis.torch._native import observer
+    lib = observer()
+    stop = threading.Event()
+    problems = []
+
+    def work():
+        a = torch.ones(64)
+        while not stop.is_set():
+            (a * 2).add_(1).sum()
+
+    threads = [threading.Thread(target=work) for _ in range(3)]
+    for t in threads:
+        t.start()
+    old_hook = sys.unraisablehook
+    sys.unraisablehook = lambda u: problems.append(u.exc_value)
+    try:
+        for _ in range(60):
+            san = Sanitizer()
+            san.mode = "collect"
+            fe = TorchFrontEnd(san, device_type="cpu", stream_of=lambda t: 0x10, engine="observer")
+            fe.enable()
+            (torch.ones(8) * 3).sum()
+            assert lib.ignis_obs_errors() == 0
+            fe.disable()
+            assert fe.ops >= 3  # this thread's ops at least; the workers' too, each to its own session
+    finally:
+        stop.set()
+        for t in threads:
+            t.join(30)
+        sys.unraisablehook = old_hook
+    assert problems == []
 
 
 def test_the_engine_name_is_checked():

@@ -252,6 +252,10 @@ class Sanitizer:
         self._groups: dict[tuple, Exception] = {}
         self.notes: list[Callable[[], str]] = []   # front ends' lines for the summary
         self.capture: Callable[[], Any] = _frames     # how a foreign free takes its stack (a front end's cheaper way)
+        # A front end that does not announce allocations (``extent_allocated``) sets this
+        # when every extent first seen as an op's output is memory that op allocated: the
+        # new lifetime then starts there, its unwritten bytes checked as announced ones are.
+        self.outputs_fresh = False
         self._backend: Any = None
         self._reset()
         self._atexit = False
@@ -698,7 +702,11 @@ class Sanitizer:
             if not mode & PINNED:
                 gen = self._gen_at[base] = gen + 1
             ext = self._live[base] = _Extent(base, None, gen, sid)
-            ext.op = "memory allocated before the sanitizer started, or by another library"
+            if mode & OUTPUT and self.outputs_fresh and not mode & PINNED:  # allocated by this op
+                ext.written = []
+                ext.frames, ext.op = frames, op
+            else:
+                ext.op = "memory allocated before the sanitizer started, or by another library"
             if mode & PINNED:
                 ext.pinned = True
                 self.pinned.add(base)

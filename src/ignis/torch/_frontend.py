@@ -406,18 +406,21 @@ class TorchFrontEnd:
 
     # -- the observer's callbacks (called from C++, with the GIL, after each op) ------------
     def _obs_classify(self, name: str, overload: str) -> tuple:
-        """(kind, index, inputs, outputs) of an op the observer meets for the first time:
-        kind 0 inactive, 1 passed through (a CompositeImplicitAutograd op without a kernel
-        of this backend: its own ops are seen), 2 regular, 3 special."""
+        """(kind, index, inputs, outputs, returns) of an op the observer meets for the first
+        time: kind 0 inactive, 1 passed through (a CompositeImplicitAutograd op without a
+        kernel of this backend: its own ops are seen), 2 regular, 3 special; ``returns``:
+        how many values its schema returns (none coming back means the op failed)."""
         ns, _, base = name.partition("::")
         try:
             op = getattr(getattr(getattr(torch.ops, ns), base), overload or "default")
         except (AttributeError, RuntimeError):
-            return (0, -1, (), ())
+            return (1, -1, (), (), 0)  # unknown here: what it runs is seen on its own
         if (op.has_kernel_for_dispatch_key("CompositeImplicitAutograd")
                 and not op.has_kernel_for_dispatch_key("CUDA" if self._cuda else "CPU")):
-            return (1, -1, (), ())
+            return (1, -1, (), (), 0)
         spec = classify(op)
+        schema = getattr(op, "_schema", None)
+        returns = len(schema.returns) if schema is not None else 0
         index = len(self._obs_specs)
         self._obs_specs.append(spec)
         if spec.special is not None:
@@ -425,10 +428,10 @@ class TorchFrontEnd:
                 names = [a.name for a in op._schema.arguments]
                 if "non_blocking" in names:
                     self._obs_nb[index] = names.index("non_blocking")
-            return (3, index, (), ())
+            return (3, index, (), (), returns)
         if not spec.active:
-            return (0, index, (), ())
-        return (2, index, tuple((pos, mode, many) for pos, _, mode, many in spec.inputs), spec.outputs)
+            return (0, index, (), (), returns)
+        return (2, index, tuple((pos, mode, many) for pos, _, mode, many in spec.inputs), spec.outputs, returns)
 
     def _obs_stream(self, device: int, sid: int) -> int:
         if not self._cuda:
@@ -466,22 +469,20 @@ class TorchFrontEnd:
             self.pending.append(e)
 
     def _observed_special(self, index: int, args: tuple, out: Any, device: int, sid: int, synced: bool,
-                          pre_base: int, pre_size: int) -> None:
+                          pre: tuple | None) -> None:
+        """A special op, after it ran (``pre``: its first tensor's storage base and size
+        before, for resize_)."""
         try:
-            self._observed_special_op(index, args, out, device, sid, synced, pre_base, pre_size)
+            spec = self._obs_specs[index]
+            if spec.special == "copy":
+                nb = args[2] if len(args) > 2 else False
+            else:
+                pos = self._obs_nb.get(index)
+                nb = args[pos] if pos is not None and pos < len(args) else False
+            self._special_done(spec, args, nb, out, pre, bool(synced),
+                               self._obs_stream(device, sid) if device >= 0 else None)
         except IgnisError as e:
             self.pending.append(e)
-
-    def _observed_special_op(self, index: int, args: tuple, out: Any, device: int, sid: int, synced: bool,
-                             pre_base: int, pre_size: int) -> None:
-        spec = self._obs_specs[index]
-        pos = self._obs_nb.get(index)
-        if spec.special == "copy":
-            nb = args[2] if len(args) > 2 else False
-        else:
-            nb = args[pos] if pos is not None and pos < len(args) else False
-        self._special_done(spec, args, nb, out, (pre_base, pre_size) if pre_base else None, bool(synced),
-                           self._obs_stream(device, sid) if device >= 0 else None)
 
     # -- trace callbacks -------------------------------------------------------------
     def _guarded(self, fn: Callable) -> Callable:
@@ -510,7 +511,14 @@ class TorchFrontEnd:
                  (gt.EventSynchronizationCallbacks, san.on_event_synchronize)]
         torch._C._activate_gpu_trace()  # process-wide, and it cannot be turned off again
         san.capture = capture_stack
-        if self._obs is not None:  # an op in flight across a synchronization is covered by it
+        if self._obs is not None:
+            # The observer reports each op's fresh outputs, and a caching-allocator block is
+            # first touched as one: its lifetime starts there (the sanitizer's outputs_fresh),
+            # so allocations need no callback (a Python call each). Frees keep theirs: a free
+            # is checked, with its stack, where it happens.
+            table = [e for e in table if e[0] is not gt.MemoryAllocationCallbacks]
+            san.outputs_fresh = True
+            # An op in flight across a synchronization is covered by it.
             synced = self._obs.ignis_obs_synced
             table += [(gt.DeviceSynchronizationCallbacks, lambda: synced()),
                       (gt.StreamSynchronizationCallbacks, lambda s: synced()),
@@ -519,6 +527,15 @@ class TorchFrontEnd:
             cb = self._guarded(fn) if san.mode == "raise" else fn  # collect mode never raises
             registry.add_callback(cb)
             self._callbacks.append((registry, cb))
+
+    def _remove_trace(self) -> None:
+        for registry, cb in self._callbacks:
+            try:
+                registry.callback_list.remove(cb)
+            except ValueError:
+                pass
+        self._callbacks.clear()
+        self.san.outputs_fresh = False
 
     # -- control -------------------------------------------------------------------------
     def enable(self) -> None:
@@ -544,7 +561,14 @@ class TorchFrontEnd:
                 self._obs = lib
         self.engine = engine
         if self._cuda and _raw_stream is not None:
-            self._install_trace()
+            try:
+                self._install_trace()
+            except BaseException:  # nothing of it stays on
+                self._remove_trace()
+                if self._obs is not None:
+                    self._obs.ignis_obs_stop()
+                    self._obs = None
+                raise
         if engine == "mode":
             self._mode = _Mode(self)
             self._mode.__enter__()
@@ -565,12 +589,7 @@ class TorchFrontEnd:
             self._obs.ignis_obs_stop()
             self.cpu_ops += self._obs.ignis_obs_take_cpu_ops()
             self._obs = None
-        for registry, cb in self._callbacks:
-            try:
-                registry.callback_list.remove(cb)
-            except ValueError:
-                pass
-        self._callbacks.clear()
+        self._remove_trace()
         if self.san.capture is capture_stack:
             self.san.capture = _san_frames
         if self.note in self.san.notes:

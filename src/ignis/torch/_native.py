@@ -14,6 +14,7 @@ from __future__ import annotations
 import ctypes
 import hashlib
 import os
+import shlex
 import subprocess
 import sys
 import sysconfig
@@ -29,36 +30,48 @@ _error: str | None = None
 _tried = False
 
 
-def observer_path() -> str:
-    """Where the observer built for this torch, Python and source is (or would be) cached."""
-    import torch
-    with open(_SOURCE, "rb") as f:
-        digest = hashlib.sha256(f.read()).hexdigest()[:16]
-    root = os.environ.get("IGNIS_CACHE_DIR") or os.path.join(
-        os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"), "ignis")
-    tag = f"torch{torch.__version__}-{sys.implementation.cache_tag}-{digest}".replace("+", "_")
-    return os.path.join(root, "torch_observer", tag, "ignis_torch_observer.so")
-
-
-def _build(path: str) -> None:
+def _command() -> list[str]:
+    """The compile command, less its output file."""
     import torch
     from torch.utils import cpp_extension as ce
-    cxx = os.environ.get("CXX", "c++")
+    cxx = shlex.split(os.environ.get("CXX") or "c++")
     abi = int(getattr(torch._C, "_GLIBCXX_USE_CXX11_ABI", 1))
-    cmd = [cxx, "-O2", "-DNDEBUG", "-std=c++17", "-shared", "-fPIC", "-fvisibility=hidden",
-           f"-D_GLIBCXX_USE_CXX11_ABI={abi}", "-I" + sysconfig.get_paths()["include"]]
+    cmd = cxx + ["-O2", "-DNDEBUG", "-std=c++17", "-shared", "-fPIC", "-fvisibility=hidden",
+                 f"-D_GLIBCXX_USE_CXX11_ABI={abi}", "-I" + sysconfig.get_paths()["include"]]
     cmd += ["-I" + d for d in ce.include_paths()]
     cmd += [_SOURCE]
     for d in ce.library_paths():
         cmd += ["-L" + d, "-Wl,-rpath," + d]
-    cmd += ["-lc10", "-ltorch", "-ltorch_cpu", "-ltorch_python"]
+    return cmd + ["-lc10", "-ltorch", "-ltorch_cpu", "-ltorch_python"]
+
+
+def observer_path() -> str:
+    """Where the observer built for this torch, Python, source and compile command is
+    (or would be) cached."""
+    import torch
+    h = hashlib.sha256()
+    with open(_SOURCE, "rb") as f:
+        h.update(f.read())
+    h.update("\0".join(_command()).encode())
+    h.update(sysconfig.get_config_var("Py_GIL_DISABLED").__repr__().encode())
+    root = os.environ.get("IGNIS_CACHE_DIR") or os.path.join(
+        os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"), "ignis")
+    tag = f"torch{torch.__version__}-{sys.implementation.cache_tag}-{h.hexdigest()[:16]}".replace("+", "_")
+    return os.path.join(root, "torch_observer", tag, "ignis_torch_observer.so")
+
+
+def _build(path: str) -> None:
+    cmd = _command()
     os.makedirs(os.path.dirname(path), exist_ok=True)
-    fd, tmp = tempfile.mkstemp(suffix=".so", dir=os.path.dirname(path))
+    fd, tmp = tempfile.mkstemp(prefix=".building-", suffix=".so", dir=os.path.dirname(path))
     os.close(fd)
     try:
-        r = subprocess.run(cmd + ["-o", tmp], capture_output=True, text=True)
+        try:
+            r = subprocess.run(cmd + ["-o", tmp], capture_output=True, text=True, timeout=900)
+        except subprocess.TimeoutExpired:
+            raise RuntimeError(f"{cmd[0]} took over 15 minutes; set CXX to a working C++ compiler") from None
         if r.returncode != 0:
-            raise RuntimeError(f"{cxx} exited with {r.returncode}: {(r.stderr or r.stdout).strip()[-2000:]}")
+            raise RuntimeError(f"{cmd[0]} exited with {r.returncode}: {(r.stderr or r.stdout).strip()[-2000:]}")
         os.replace(tmp, path)  # whole or not at all, also against a concurrent build
     finally:
         if os.path.exists(tmp):
@@ -94,10 +107,15 @@ def observer() -> ctypes.PyDLL | None:
         _tried = True
         try:
             path = observer_path()
-            if not os.path.exists(path):
-                print(f"ignis.torch: building the op observer for torch {_torch_version()} "
-                      f"(once; cached in {os.path.dirname(path)})", file=sys.stderr)
-                _build(path)
+            if os.path.exists(path):
+                try:
+                    _lib = _load(path)
+                    return _lib
+                except (OSError, AttributeError):  # a damaged or stale file in the cache: built again below
+                    os.unlink(path)
+            print(f"ignis.torch: building the op observer for torch {_torch_version()} "
+                  f"(once; cached in {os.path.dirname(path)})", file=sys.stderr)
+            _build(path)
             _lib = _load(path)
         except Exception as e:  # no compiler, no headers, a torch without them: the dispatch mode serves
             _error = f"{type(e).__name__}: {e}"

@@ -27,6 +27,8 @@
 #include <torch/csrc/Stream.h>
 #include <torch/csrc/autograd/python_variable.h>
 
+#include <cxxabi.h>
+
 #include <algorithm>
 #include <atomic>
 #include <cstdint>
@@ -37,8 +39,9 @@
 
 namespace {
 
-// Mode bits: the same values as ignis.safety.sanitizer's READ, WRITE, OUTPUT, NO_INIT_CHECK.
+// Kinds of op (mode bits: the same values as ignis.safety.sanitizer's READ, WRITE, OUTPUT, ...).
 enum Kind : int { INACTIVE = 0, PASS = 1, REGULAR = 2, SPECIAL = 3 };
+constexpr int WRITE_BIT = 2;  // sanitizer.WRITE: such an argument is measured after the op (out= may resize it)
 
 struct Arg {
   int pos;
@@ -49,6 +52,7 @@ struct Arg {
 struct Spec {
   int kind = INACTIVE;
   long index = -1;  // the front end's number for its OpSpec
+  int returns = 0;  // how many values the schema returns (none came back: the op failed)
   std::vector<Arg> in, out;
 };
 
@@ -59,12 +63,17 @@ struct Item {
 
 struct Ctx : at::ObserverContext {
   Spec *spec = nullptr;
+  uint64_t generation = 0;          // the observing session it began in
+  int unwinding = 0;                // std::uncaught_exceptions() at its start
   c10::SmallVector<Item, 6> items;  // device tensors
   c10::SmallVector<Item, 2> host;   // host tensors (only while host checks are on)
-  std::vector<c10::IValue> args; // a special op's inputs, for the front end's Python
+  c10::SmallVector<std::pair<c10::IValue, int>, 2> late;  // written arguments, measured after the op
+  std::vector<c10::IValue> args;    // a special op's inputs, for the front end's Python
+  std::vector<c10::IValue> outputs; // and its outputs
   int device = -1;
   uint64_t epoch = 0;
-  uint64_t pre_base = 0, pre_size = 0;  // a special op's first tensor before it ran (resize_)
+  bool has_pre = false;             // a special op's first tensor before it ran (resize_)
+  uint64_t pre_base = 0, pre_size = 0;
 };
 
 struct KeyHash {
@@ -75,18 +84,20 @@ struct KeyHash {
 
 std::mutex g_lock;  // the spec table
 std::unordered_map<std::pair<const char *, const char *>, Spec *, KeyHash> g_specs;
-PyObject *g_classify = nullptr;  // (name, overload) -> (kind, index, inputs, outputs)
-PyObject *g_on_op = nullptr;     // (index, items, host, device, stream id, synced)
-PyObject *g_on_special = nullptr;  // (index, args, outputs, device, stream id, synced)
+PyObject *g_classify = nullptr;    // (name, overload) -> (kind, index, inputs, outputs, returns)
+PyObject *g_on_op = nullptr;       // (index, items, host, device, stream id, synced)
+PyObject *g_on_special = nullptr;  // (index, args, output, device, stream id, synced, pre)
 std::atomic<bool> g_on{false};
 std::atomic<bool> g_host_check{false};
 std::atomic<uint64_t> g_epoch{0};  // bumped by the front end at each host synchronization
 std::atomic<uint64_t> g_cpu_ops{0};
 std::atomic<uint64_t> g_errors{0};
+std::atomic<uint64_t> g_generation{0};  // bumped by each start: older specs and contexts are dropped
 c10::DeviceType g_dev = c10::DeviceType::CUDA;
 at::CallbackHandle g_handle = 0;
 
-thread_local int t_depth = 0;     // inside an op being reported
+thread_local int t_depth = 0;      // inside an op being reported
+thread_local bool t_busy = false;  // inside the front end's Python (its own ops are not the program's)
 
 inline bool finalizing() {
 #if PY_VERSION_HEX >= 0x030D0000
@@ -95,12 +106,21 @@ inline bool finalizing() {
   return _Py_IsFinalizing();
 #endif
 }
-thread_local bool t_busy = false; // inside the front end's Python (its own ops are not the program's)
+
+// The GIL and the busy flag for one call into the front end, released on every path.
+struct InPython {
+  PyGILState_STATE st;
+  InPython() : st(PyGILState_Ensure()) { t_busy = true; }
+  ~InPython() {
+    t_busy = false;
+    PyGILState_Release(st);
+  }
+};
 
 // (span, period, chunk) in bytes of a non-contiguous view; period 0 when its bytes are
 // not one regular set of chunks (then the span stands for them). As _frontend._pattern.
 void pattern(const at::Tensor &t, uint64_t isz, uint64_t &span, uint64_t &per, uint64_t &chunk) {
-  std::vector<std::pair<int64_t, int64_t>> dims;  // (stride, size)
+  c10::SmallVector<std::pair<int64_t, int64_t>, 6> dims;  // (stride, size)
   auto sizes = t.sizes();
   auto strides = t.strides();
   for (size_t i = 0; i < sizes.size(); i++)
@@ -124,18 +144,23 @@ void pattern(const at::Tensor &t, uint64_t isz, uint64_t &span, uint64_t &per, u
 }
 
 // One tensor's access, into the device list or (a host tensor, host checks on) the host list.
+// Tensors without real memory (wrapped Python numbers, fake and functional tensors, sparse
+// ones) touch no bytes here.
 void add(Ctx *c, const at::Tensor &t, int mode) {
-  if (!t.defined() || !t.has_storage()) return;
+  if (!t.defined() || !t.has_storage() || t.unsafeGetTensorImpl()->is_wrapped_number()) return;
+  if (t.layout() != c10::kStrided) return;
   auto dt = t.device().type();
   bool dev = dt == g_dev;
   if (!dev && !(dt == c10::DeviceType::CPU && g_host_check.load(std::memory_order_relaxed))) return;
   uint64_t n = t.nbytes();
   if (!n) return;
-  uint64_t p = (uint64_t)(uintptr_t)t.data_ptr();
+  const c10::Storage &st = t.storage();
+  if (st.data() == nullptr) return;
   uint64_t isz = t.itemsize();
+  uint64_t p = (uint64_t)(uintptr_t)st.data() + (uint64_t)t.storage_offset() * isz;
   Item it;
-  it.base = p - (uint64_t)t.storage_offset() * isz;
-  it.size = t.storage().nbytes();
+  it.base = (uint64_t)(uintptr_t)st.data();
+  it.size = st.nbytes();
   it.lo = p;
   it.mode = mode;
   if (t.is_contiguous()) {
@@ -165,110 +190,144 @@ void add_value(Ctx *c, const c10::IValue &v, int mode) {
   }
 }
 
-// Ask the front end how an op touches its tensors (once per op, with the GIL).
-Spec *classify_slow(const char *name, const char *overload);
+Spec g_pass{PASS};          // a record that is not an op (the autograd engine's node ranges, a
+                            // custom Function's apply): what runs inside it is seen on its own
+Spec g_inactive{INACTIVE};  // an op met while the observer stops
 
-// A thread's own small cache in front of the locked table (the same op, over and over).
+Spec *classify_slow(const at::RecordFunction &fn, const char *name, const char *overload);
+
+// A thread's own small cache in front of the locked table (the same ops, over and over).
+// Only ops are cached: their names live as long as their schemas, so a pointer names one op.
 struct Recent {
   const char *name = nullptr, *overload = nullptr;
   Spec *spec = nullptr;
 };
 constexpr size_t RECENT = 256;
 thread_local Recent t_recent[RECENT];
-std::atomic<uint64_t> g_generation{0};  // bumped by each start: the caches' entries are dropped
 thread_local uint64_t t_generation = ~0ull;
 
-inline Spec *classify(const at::RecordFunction &fn) {
+inline Spec *classify(const at::RecordFunction &fn, uint64_t gen) {
   const char *name = fn.name();
   const char *overload = fn.overload_name();
-  uint64_t gen = g_generation.load(std::memory_order_relaxed);
   if (t_generation != gen) {
     for (auto &r : t_recent) r = Recent();
     t_generation = gen;
   }
   Recent &r = t_recent[(((uintptr_t)name >> 4) ^ ((uintptr_t)overload >> 4)) & (RECENT - 1)];
   if (r.name == name && r.overload == overload) return r.spec;
-  Spec *spec = classify_slow(name, overload);
-  r.name = name;
-  r.overload = overload;
-  r.spec = spec;
+  if (!fn.operator_name().has_value()) return &g_pass;  // not an op: never cached by its (heap) name
+  Spec *spec = classify_slow(fn, name, overload);
+  if (spec != &g_inactive) {
+    r.name = name;
+    r.overload = overload;
+    r.spec = spec;
+  }
   return spec;
 }
 
-Spec *classify_slow(const char *name, const char *overload) {
+Spec *classify_slow(const at::RecordFunction &fn, const char *name, const char *overload) {
   auto key = std::make_pair(name, overload);
+  uint64_t gen = g_generation.load();
   {
     std::lock_guard<std::mutex> g(g_lock);
     auto f = g_specs.find(key);
     if (f != g_specs.end()) return f->second;
   }
   auto *spec = new Spec();
-  PyGILState_STATE st = PyGILState_Ensure();
-  if (g_classify == nullptr) {  // stopped meanwhile (the stop holds the GIL)
-    PyGILState_Release(st);
-    delete spec;
-    static Spec inactive;
-    return &inactive;
-  }
-  t_busy = true;
-  PyObject *r = PyObject_CallFunction(g_classify, "ss", name, overload ? overload : "");
-  t_busy = false;
-  if (r == nullptr || !PyTuple_Check(r) || PyTuple_GET_SIZE(r) != 4) {
-    g_errors++;
-    if (r == nullptr) PyErr_WriteUnraisable(g_classify);
-    spec->kind = INACTIVE;
-  } else {
-    spec->kind = (int)PyLong_AsLong(PyTuple_GET_ITEM(r, 0));
-    spec->index = PyLong_AsLong(PyTuple_GET_ITEM(r, 1));
-    for (int side = 0; side < 2; side++) {
-      PyObject *lst = PyTuple_GET_ITEM(r, 2 + side);
-      Py_ssize_t n = PySequence_Size(lst);
-      for (Py_ssize_t i = 0; i < n; i++) {
-        PyObject *a = PySequence_GetItem(lst, i);
-        Arg arg{(int)PyLong_AsLong(PyTuple_GetItem(a, 0)), (int)PyLong_AsLong(PyTuple_GetItem(a, 1)),
-                PyObject_IsTrue(PyTuple_GetItem(a, 2)) == 1};
-        Py_XDECREF(a);
-        (side ? spec->out : spec->in).push_back(arg);
+  {
+    InPython py;
+    if (g_classify == nullptr || g_generation.load() != gen) {  // stopped (or restarted) meanwhile
+      delete spec;
+      return &g_inactive;
+    }
+    PyObject *r = PyObject_CallFunction(g_classify, "ss", name, overload ? overload : "");
+    if (r == nullptr || !PyTuple_Check(r) || PyTuple_GET_SIZE(r) != 5) {
+      g_errors++;
+      if (r == nullptr) PyErr_WriteUnraisable(g_classify);
+      spec->kind = INACTIVE;
+    } else {
+      spec->kind = (int)PyLong_AsLong(PyTuple_GET_ITEM(r, 0));
+      spec->index = PyLong_AsLong(PyTuple_GET_ITEM(r, 1));
+      spec->returns = (int)PyLong_AsLong(PyTuple_GET_ITEM(r, 4));
+      for (int side = 0; side < 2 && !PyErr_Occurred(); side++) {
+        PyObject *lst = PyTuple_GET_ITEM(r, 2 + side);
+        Py_ssize_t n = PySequence_Size(lst);
+        for (Py_ssize_t i = 0; i < n && !PyErr_Occurred(); i++) {
+          PyObject *a = PySequence_GetItem(lst, i);
+          if (a == nullptr || !PyTuple_Check(a) || PyTuple_GET_SIZE(a) != 3) {
+            Py_XDECREF(a);
+            if (!PyErr_Occurred()) PyErr_SetString(PyExc_TypeError, "an argument spec is not a 3-tuple");
+            break;
+          }
+          Arg arg{(int)PyLong_AsLong(PyTuple_GET_ITEM(a, 0)), (int)PyLong_AsLong(PyTuple_GET_ITEM(a, 1)),
+                  PyObject_IsTrue(PyTuple_GET_ITEM(a, 2)) == 1};
+          Py_DECREF(a);
+          (side ? spec->out : spec->in).push_back(arg);
+        }
+      }
+      if (PyErr_Occurred()) {
+        g_errors++;
+        PyErr_WriteUnraisable(g_classify);
+        spec->kind = INACTIVE;
       }
     }
-    if (PyErr_Occurred()) {
-      g_errors++;
-      PyErr_WriteUnraisable(g_classify);
-      spec->kind = INACTIVE;
-    }
+    Py_XDECREF(r);
   }
-  Py_XDECREF(r);
-  PyGILState_Release(st);
   std::lock_guard<std::mutex> g(g_lock);
+  if (g_generation.load() != gen) {  // restarted meanwhile: this spec's index is the old front end's
+    delete spec;
+    return &g_inactive;
+  }
   auto ins = g_specs.emplace(key, spec);
   if (!ins.second) delete spec;  // another thread classified it meanwhile
-  return ins.first->second;
+  return ins.first->second;       // specs are never freed: a thread's cache may still point at one
+}
+
+std::unique_ptr<at::ObserverContext> start_op(const at::RecordFunction &fn) {
+  uint64_t gen = g_generation.load(std::memory_order_relaxed);
+  Spec *spec = classify(fn, gen);
+  if (spec->kind == PASS) return nullptr;
+  auto c = std::make_unique<Ctx>();
+  c->spec = spec;
+  c->generation = gen;
+  c->unwinding = std::uncaught_exceptions();
+  if (spec->kind != INACTIVE) {
+    c->epoch = g_epoch.load(std::memory_order_relaxed);
+    auto inputs = fn.inputs();
+    if (spec->kind == SPECIAL) {
+      c->args.assign(inputs.begin(), inputs.end());
+      if (!inputs.empty() && inputs[0].isTensor()) {
+        const at::Tensor &t = inputs[0].toTensor();
+        if (t.defined() && t.has_storage() && t.device().type() == g_dev) {
+          c->has_pre = true;
+          c->pre_base = (uint64_t)(uintptr_t)t.storage().data();
+          c->pre_size = t.storage().nbytes();
+        }
+      }
+    } else {
+      for (const Arg &a : spec->in) {
+        if (a.pos >= (int)inputs.size()) continue;
+        if (a.mode & WRITE_BIT)
+          c->late.emplace_back(inputs[a.pos], a.mode);
+        else
+          add_value(c.get(), inputs[a.pos], a.mode);
+      }
+    }
+  }
+  t_depth++;  // last: a throw above leaves the depth as it was
+  return c;
 }
 
 std::unique_ptr<at::ObserverContext> on_start(const at::RecordFunction &fn) {
   if (t_busy || t_depth > 0 || !g_on.load(std::memory_order_relaxed) || finalizing()) return nullptr;
-  Spec *spec = classify(fn);
-  if (spec->kind == PASS) return nullptr;
-  auto c = std::make_unique<Ctx>();
-  c->spec = spec;
-  t_depth++;
-  if (spec->kind == INACTIVE) return c;
-  c->epoch = g_epoch.load(std::memory_order_relaxed);
-  auto inputs = fn.inputs();
-  if (spec->kind == SPECIAL) {
-    c->args.assign(inputs.begin(), inputs.end());
-    if (!inputs.empty() && inputs[0].isTensor()) {
-      const at::Tensor &t = inputs[0].toTensor();
-      if (t.defined() && t.has_storage() && t.device().type() == g_dev) {
-        c->pre_base = (uint64_t)(uintptr_t)t.data_ptr() - (uint64_t)t.storage_offset() * t.itemsize();
-        c->pre_size = t.storage().nbytes();
-      }
-    }
-    return c;
+  try {
+    return start_op(fn);
+  } catch (abi::__forced_unwind &) {  // the thread is being ended (a daemon thread at exit): let it
+    throw;
+  } catch (...) {  // a tensor this cannot measure: the op goes unseen, its own ops are seen
+    g_errors++;
+    return nullptr;
   }
-  for (const Arg &a : spec->in)
-    if (a.pos < (int)inputs.size()) add_value(c.get(), inputs[a.pos], a.mode);
-  return c;
 }
 
 inline PyObject *u64(uint64_t v) { return PyLong_FromUnsignedLongLong((unsigned long long)v); }
@@ -276,9 +335,14 @@ inline PyObject *u64(uint64_t v) { return PyLong_FromUnsignedLongLong((unsigned 
 // The items as the sanitizer's foreign_access takes them: (base, size, lo, hi, period, chunk, mode).
 PyObject *items_list(c10::ArrayRef<Item> v) {
   PyObject *lst = PyList_New((Py_ssize_t)v.size());
+  if (lst == nullptr) return nullptr;
   for (size_t i = 0; i < v.size(); i++) {
     const Item &it = v[i];
     PyObject *t = PyTuple_New(7);
+    if (t == nullptr) {
+      Py_DECREF(lst);
+      return nullptr;
+    }
     PyTuple_SET_ITEM(t, 0, u64(it.base));
     PyTuple_SET_ITEM(t, 1, u64(it.size));
     PyTuple_SET_ITEM(t, 2, u64(it.lo));
@@ -291,6 +355,7 @@ PyObject *items_list(c10::ArrayRef<Item> v) {
   return lst;
 }
 
+// A special op's argument as the front end's Python reads it (None for what it does not read).
 PyObject *wrap(const c10::IValue &v) {
   if (v.isTensor()) return THPVariable_Wrap(v.toTensor());
   if (v.isBool()) return PyBool_FromLong(v.toBool());
@@ -299,10 +364,11 @@ PyObject *wrap(const c10::IValue &v) {
   if (v.isTensorList()) {
     auto ts = v.toTensorList().vec();
     PyObject *lst = PyList_New((Py_ssize_t)ts.size());
+    if (lst == nullptr) return nullptr;
     for (size_t i = 0; i < ts.size(); i++) PyList_SET_ITEM(lst, i, THPVariable_Wrap(ts[i]));
     return lst;
   }
-  Py_RETURN_NONE;  // what a special op's handling does not read
+  Py_RETURN_NONE;
 }
 
 long long stream_id(int device) {
@@ -311,15 +377,58 @@ long long stream_id(int device) {
   return (long long)impl->getStream(c10::Device(g_dev, (c10::DeviceIndex)device)).id();
 }
 
-void on_end(const at::RecordFunction &fn, at::ObserverContext *oc) {
-  if (oc == nullptr) return;
-  t_depth--;
-  auto *c = static_cast<Ctx *>(oc);
+// Call the front end (the GIL held); false if this context's session is over.
+bool call_front_end(Ctx *c, long long sid, bool synced) {
   Spec *spec = c->spec;
-  if (spec->kind == INACTIVE || !g_on.load(std::memory_order_relaxed) || finalizing()) return;
+  PyObject *fn = spec->kind == REGULAR ? g_on_op : g_on_special;
+  if (fn == nullptr || c->generation != g_generation.load()) return false;  // stopped or restarted meanwhile
+  Py_INCREF(fn);  // a stop on another thread may drop the front end's reference during the call
+  PyObject *argv[7] = {nullptr, nullptr, nullptr, nullptr, nullptr, nullptr, nullptr};
+  Py_ssize_t argc = 6;
+  argv[0] = PyLong_FromLong(spec->index);
+  if (spec->kind == REGULAR) {
+    argv[1] = items_list(c->items);
+    argv[2] = c->host.empty() ? (Py_INCREF(Py_None), Py_None) : items_list(c->host);
+  } else {
+    argv[1] = PyTuple_New((Py_ssize_t)c->args.size());
+    for (size_t i = 0; argv[1] != nullptr && i < c->args.size(); i++) {
+      PyObject *w = wrap(c->args[i]);
+      if (w == nullptr) {
+        Py_CLEAR(argv[1]);
+        break;
+      }
+      PyTuple_SET_ITEM(argv[1], i, w);
+    }
+    const auto &outs = c->outputs;
+    argv[2] = outs.empty() ? (Py_INCREF(Py_None), Py_None) : wrap(outs[0]);
+    argv[6] = c->has_pre ? Py_BuildValue("(KK)", (unsigned long long)c->pre_base, (unsigned long long)c->pre_size)
+                         : (Py_INCREF(Py_None), Py_None);
+    argc = 7;
+  }
+  argv[3] = PyLong_FromLong(c->device);
+  argv[4] = PyLong_FromLongLong(sid);
+  argv[5] = synced ? Py_True : Py_False;
+  Py_INCREF(argv[5]);
+  bool ok = true;
+  for (Py_ssize_t i = 0; i < argc; i++) ok = ok && argv[i] != nullptr;
+  PyObject *r = ok ? PyObject_Vectorcall(fn, argv, argc, nullptr) : nullptr;
+  if (r == nullptr) {
+    g_errors++;
+    if (PyErr_Occurred()) PyErr_WriteUnraisable(fn);
+  }
+  Py_XDECREF(r);
+  for (Py_ssize_t i = 0; i < argc; i++) Py_XDECREF(argv[i]);
+  Py_DECREF(fn);
+  return true;
+}
+
+void end_op(const at::RecordFunction &fn, Ctx *c) {
+  Spec *spec = c->spec;
   const auto &outs = fn.outputs();
+  if (spec->returns > 0 && outs.empty()) return;  // nothing came back: the op failed
   bool synced = g_epoch.load(std::memory_order_relaxed) != c->epoch;
   if (spec->kind == REGULAR) {
+    for (auto &w : c->late) add_value(c, w.first, w.second);  // after the op: out= may have resized them
     size_t nin = c->items.size();
     for (const Arg &a : spec->out) {
       if (a.pos >= (int)outs.size()) continue;
@@ -338,45 +447,34 @@ void on_end(const at::RecordFunction &fn, at::ObserverContext *oc) {
       g_cpu_ops.fetch_add(1, std::memory_order_relaxed);
       return;
     }
-  } else if (c->device < 0) {  // a special op: its device is its first tensor's on this backend
-    for (const auto &v : c->args)
-      if (v.isTensor() && v.toTensor().defined() && v.toTensor().device().type() == g_dev) {
-        c->device = v.toTensor().device().index();
-        break;
-      }
+  } else {
+    if (c->device < 0) {  // a special op's device: its first tensor's on this backend
+      for (const auto &v : c->args)
+        if (v.isTensor() && v.toTensor().defined() && v.toTensor().device().type() == g_dev) {
+          c->device = v.toTensor().device().index();
+          break;
+        }
+    }
+    c->outputs.assign(outs.begin(), outs.end());
   }
   long long sid = stream_id(c->device);
-  PyGILState_STATE st = PyGILState_Ensure();
-  if (g_on_op == nullptr) {  // stopped meanwhile (the stop holds the GIL)
-    PyGILState_Release(st);
-    return;
-  }
-  t_busy = true;
-  PyObject *r;
-  if (spec->kind == REGULAR) {
-    PyObject *argv[6] = {PyLong_FromLong(spec->index), items_list(c->items),
-                         c->host.empty() ? (Py_INCREF(Py_None), Py_None) : items_list(c->host),
-                         PyLong_FromLong(c->device), PyLong_FromLongLong(sid), synced ? Py_True : Py_False};
-    Py_INCREF(argv[5]);
-    r = PyObject_Vectorcall(g_on_op, argv, 6, nullptr);
-    for (PyObject *a : argv) Py_DECREF(a);
-  } else {
-    PyObject *args = PyTuple_New((Py_ssize_t)c->args.size());
-    for (size_t i = 0; i < c->args.size(); i++) PyTuple_SET_ITEM(args, i, wrap(c->args[i]));
-    PyObject *out = outs.empty() ? (Py_INCREF(Py_None), Py_None) : wrap(outs[0]);
-    r = PyObject_CallFunction(g_on_special, "lOOiLOKK", spec->index, args, out, c->device, sid,
-                              synced ? Py_True : Py_False, (unsigned long long)c->pre_base,
-                              (unsigned long long)c->pre_size);
-    Py_DECREF(args);
-    Py_DECREF(out);
-  }
-  if (r == nullptr) {
+  InPython py;
+  call_front_end(c, sid, synced);
+}
+
+void on_end(const at::RecordFunction &fn, at::ObserverContext *oc) {
+  if (oc == nullptr) return;
+  t_depth--;
+  auto *c = static_cast<Ctx *>(oc);
+  if (c->spec->kind == INACTIVE || !g_on.load(std::memory_order_relaxed) || finalizing()) return;
+  if (std::uncaught_exceptions() > c->unwinding) return;  // the op is throwing: it did nothing to report
+  try {
+    end_op(fn, c);
+  } catch (abi::__forced_unwind &) {
+    throw;
+  } catch (...) {
     g_errors++;
-    PyErr_WriteUnraisable(spec->kind == REGULAR ? g_on_op : g_on_special);
   }
-  Py_XDECREF(r);
-  t_busy = false;
-  PyGILState_Release(st);
 }
 
 }  // namespace
