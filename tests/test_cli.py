@@ -37,6 +37,8 @@ def check_doctor_text(out: str) -> None:
         assert case in out, case
     assert ("mean nothing about a GPU" in out) == (ig.backend_name() == "emulated")
     assert "problems:" not in out
+    import importlib.util
+    assert ("PyTorch front end: torch" in out) == (importlib.util.find_spec("torch") is not None)
 
 
 def check_doctor_json(text: str) -> None:
@@ -55,6 +57,15 @@ def check_doctor_json(text: str) -> None:
         assert len(r["ms"]) == bw["repeats"]
         assert r["gbps_median"] is None or r["gbps_median"] > 0
     assert ("note" in bw) == (report["backend"] == "emulated")
+    fe = report["torch_front_end"]
+    try:
+        import torch
+    except ImportError:
+        assert fe is None
+    else:
+        from ignis.torch._native import observer, observer_path
+        assert fe["torch"] == torch.__version__
+        assert fe["observer"] == (observer_path() if observer() is not None else None)
 
 
 def check_demo(out: str) -> None:

@@ -28,6 +28,28 @@ EMULATED_NOTE = ("emulated backend: these are host memcpy speeds and mean nothin
 
 
 # -- doctor: gathering -------------------------------------------------------------
+def _torch_front_end() -> dict[str, Any] | None:
+    """The PyTorch front end's state: torch's version and whether its op observer is built
+    for it (None when torch is not installed). Builds nothing."""
+    import importlib.util
+    import os
+    import shlex
+    import shutil
+    if importlib.util.find_spec("torch") is None:
+        return None
+    try:
+        import torch
+
+        from ..torch._native import observer_path
+        path = observer_path()
+        cxx = shlex.split(os.environ.get("CXX") or "c++")
+        return {"torch": torch.__version__, "observer": path if os.path.exists(path) else None,
+                "compiler": shutil.which(cxx[0]) if cxx else None}
+    except Exception as e:  # a torch that does not import: say so, go on
+        return {"torch": None, "error": f"{type(e).__name__}: {e}"}
+
+
+
 def _library_versions() -> dict[str, str | None]:
     import ml_dtypes
     import numpy as np
@@ -118,7 +140,8 @@ def doctor_report(*, device: int = 0, nbytes: int = 64 << 20, repeats: int = 5,
     way are listed under ``"problems"`` rather than raised."""
     problems: list[str] = []
     report: dict[str, Any] = {"backend": None, "device_count": 0, "devices": [],
-                              "versions": _library_versions(), "bandwidth": None, "problems": problems}
+                              "versions": _library_versions(), "bandwidth": None, "problems": problems,
+                              "torch_front_end": _torch_front_end()}
     try:
         from ..backends import get_backend
         backend = get_backend()
@@ -188,6 +211,18 @@ def _print_doctor(report: dict[str, Any], out: TextIO) -> None:
         say(f"  {report['backend']} backend: {text}")
     for name in ("python", "numpy", "ml_dtypes", "cuda-bindings"):
         say(f"  {name:<14}{v[name] or 'not installed'}")
+    fe = report.get("torch_front_end")
+    if fe is not None:
+        if fe.get("torch") is None:
+            say(f"PyTorch front end: torch does not import ({fe.get('error')})")
+        elif fe["observer"] is not None:
+            say(f"PyTorch front end: torch {fe['torch']}; op observer built ({fe['observer']})")
+        elif fe["compiler"] is not None:
+            say(f"PyTorch front end: torch {fe['torch']}; op observer not built yet (the first "
+                f"`ignis run --sanitize` builds it once, with {fe['compiler']})")
+        else:
+            say(f"PyTorch front end: torch {fe['torch']}; op observer cannot be built (no C++ compiler: "
+                "set CXX); the dispatch mode checks the same, slower")
     bw = report["bandwidth"]
     if bw is not None:
         say(f"host<->device copy bandwidth (device {bw['device']}, {format_bytes(bw['bytes'])} per copy, "

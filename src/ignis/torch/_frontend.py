@@ -602,7 +602,8 @@ class TorchFrontEnd:
         if self._obs is not None:  # the observer counts host-only ops itself
             self.cpu_ops += self._obs.ignis_obs_take_cpu_ops()
         if self.ops:
-            line = f"PyTorch: {self.ops} op(s) on CUDA tensors checked"
+            how = {"observer": "the op observer", "mode": "the dispatch mode"}.get(self.engine or "", "")
+            line = f"PyTorch: {self.ops} op(s) on CUDA tensors checked" + (f" (seen by {how})" if how else "")
             if self.cpu_ops:
                 line += f"; {self.cpu_ops} op(s) on CPU tensors only, which are not checked"
             return line
