@@ -503,6 +503,10 @@ def test_the_observer_survives_threads_and_restarts():
     assert problems == []
 
 
-def test_the_engine_name_is_checked():
+def test_the_engine_name_is_checked(monkeypatch):
     with pytest.raises(ValueError, match="engine must be"):
         TorchFrontEnd(Sanitizer(), device_type="cpu", engine="fast")
+    monkeypatch.setenv("IGNIS_TORCH_ENGINE", "fast")  # a typo must not leave the ops unchecked
+    with pytest.raises(ValueError, match="IGNIS_TORCH_ENGINE must be 'observer' or 'mode'"):
+        TorchFrontEnd(Sanitizer(), device_type="cpu")
+    assert TorchFrontEnd(Sanitizer(), device_type="cpu", engine="mode").engine_asked == "mode"  # the argument wins

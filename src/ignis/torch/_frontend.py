@@ -186,11 +186,14 @@ class TorchFrontEnd:
 
     def __init__(self, san: Sanitizer, *, device_type: str = "cuda",
                  stream_of: Callable[[torch.Tensor | None], int] | None = None, engine: str | None = None) -> None:
+        source = "engine"
+        if engine is None and os.environ.get("IGNIS_TORCH_ENGINE"):
+            engine, source = os.environ["IGNIS_TORCH_ENGINE"], "IGNIS_TORCH_ENGINE"
         if engine not in (None, "observer", "mode"):
-            raise ValueError(f"ignis.torch: engine must be 'observer', 'mode' or None (the observer where it "
-                             f"can be built, in collect mode), not {engine!r}")
+            raise ValueError(f"ignis.torch: {source} must be 'observer' or 'mode' (or unset: the observer where "
+                             f"it can be built, in collect mode), not {engine!r}")
         self.san = san
-        self.engine_asked = engine or os.environ.get("IGNIS_TORCH_ENGINE") or None
+        self.engine_asked = engine
         self.engine: str | None = None  # which one runs, once enabled
         self._obs: Any = None           # the loaded observer library, while it runs
         self._obs_specs: list[OpSpec] = []
@@ -575,7 +578,9 @@ class TorchFrontEnd:
         self.san.notes.append(self.note)
 
     def disable(self) -> None:
-        """Leave the dispatch mode and unsubscribe (on the thread that enabled it)."""
+        """Stop the observer, or leave the dispatch mode (on the thread that entered it), and
+        unsubscribe from the trace. With the observer in raise mode, the first problem it
+        found is raised here."""
         mode = self._mode
         if mode is None and self._obs is None:
             return
