@@ -63,9 +63,10 @@ def check_doctor_json(text: str) -> None:
     except ImportError:
         assert fe is None
     else:
-        from ignis.torch._native import observer, observer_path
+        from ignis.torch._native import observer_path
+        path = observer_path()  # doctor builds nothing: what it saw is what the cache holds now
         assert fe["torch"] == torch.__version__
-        assert fe["observer"] == (observer_path() if observer() is not None else None)
+        assert fe["observer"] == (path if os.path.exists(path) else None)
 
 
 def check_demo(out: str) -> None:
