@@ -4,7 +4,7 @@ A C++ extension of PyTorch has to match the torch it runs with (its headers and 
 and torch is not a dependency of Ignis: so the observer is not built with the package but
 here, the first time the front end wants it, with the C++ compiler torch's own extensions
 use (``CXX``, else ``c++``), into ``$IGNIS_CACHE_DIR`` (default ``~/.cache/ignis``), one file
-per torch version, Python and source. Later runs load the cached file. Without a compiler,
+per torch version, Python, source and compile command. Later runs load the cached file. Without a compiler,
 or when the build fails, ``observer()`` returns None and ``observer_error()`` says why: the
 front end then uses its dispatch mode (slower per op, the same checks).
 """
