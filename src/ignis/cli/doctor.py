@@ -33,16 +33,15 @@ def _torch_front_end() -> dict[str, Any] | None:
     for it (None when torch is not installed). Builds nothing."""
     import importlib.util
     import os
-    import shlex
     import shutil
     if importlib.util.find_spec("torch") is None:
         return None
     try:
         import torch
 
-        from ..torch._native import observer_path
+        from ..torch._native import compiler, observer_path
         path = observer_path()
-        cxx = shlex.split(os.environ.get("CXX") or "c++")
+        cxx = compiler()
         return {"torch": torch.__version__, "observer": path if os.path.exists(path) else None,
                 "compiler": shutil.which(cxx[0]) if cxx else None}
     except Exception as e:  # a torch that does not import: say so, go on

@@ -146,6 +146,14 @@ def _item(t: torch.Tensor, mode: int, live: dict) -> tuple | None:
     return (base, size, p, hi, per, ch, mode)
 
 
+def _after(first: Callable[[], Any], fn: Callable) -> Callable:
+    """``fn``, calling ``first()`` before it."""
+    def cb(*args: Any) -> None:
+        first()
+        fn(*args)
+    return cb
+
+
 class _Mode(TorchDispatchMode):
     """Runs each op, then reports its accesses to the front end."""
 
@@ -198,7 +206,6 @@ class TorchFrontEnd:
         self._obs: Any = None           # the loaded observer library, while it runs
         self._obs_specs: list[OpSpec] = []
         self._obs_nb: dict[int, int] = {}
-        self._obs_streams: dict[tuple, int] = {}
         self._cuda = device_type == "cuda"
         self._is_dev = attrgetter("is_cuda" if self._cuda else "is_cpu")
         if stream_of is None:  # a PyTorch without CUDA has no CUDA tensors: the stream is never asked for
@@ -338,14 +345,8 @@ class TorchFrontEnd:
             src, dst = args[0], out
             wmode = WRITE | OUTPUT
         sd, dd = self._is_dev(src), self._is_dev(dst)
-        if not (sd or dd):  # a host copy: checked only on tracked pinned memory
-            if self.san.pinned:
-                host = self._host_item(src, READ, None)
-                host = self._host_item(dst, wmode, host)
-                if host:
-                    self.san.foreign_access(HOST, spec.name, capture_stack(), host)
-                    return
-            self.cpu_ops += 1
+        if not (sd or dd):
+            self.on_op(spec, args, None, out)  # a host copy: checked only on tracked pinned memory
             return
         items = []
         for t, mode, on_dev in ((src, READ, sd), (dst, wmode, dd)):
@@ -390,11 +391,15 @@ class TorchFrontEnd:
         h = getattr(s, "cuda_stream", None)
         if h is not None:
             return h
-        key = (s.stream_id, s.device_index, s.device_type)
+        return self._raw_handle(s.stream_id, s.device_index, s.device_type)
+
+    def _raw_handle(self, stream_id: int, device_index: int, device_type: int) -> int:
+        """The raw handle of the stream PyTorch packs as (id, device index, device type)."""
+        key = (stream_id, device_index, device_type)
         h = self._handles.get(key)
         if h is None:
-            h = self._handles[key] = torch.cuda.Stream(stream_id=s.stream_id, device_index=s.device_index,
-                                                       device_type=s.device_type).cuda_stream
+            h = self._handles[key] = torch.cuda.Stream(stream_id=stream_id, device_index=device_index,
+                                                       device_type=device_type).cuda_stream
         return h
 
     def declare(self, t: torch.Tensor, access: Access, stream: Any, op: str) -> None:
@@ -437,13 +442,8 @@ class TorchFrontEnd:
         return (2, index, tuple((pos, mode, many) for pos, _, mode, many in spec.inputs), spec.outputs, returns)
 
     def _obs_stream(self, device: int, sid: int) -> int:
-        if not self._cuda:
-            return self.stream_of(None)
-        h = self._obs_streams.get((device, sid))
-        if h is None:
-            h = self._obs_streams[(device, sid)] = torch.cuda.Stream(
-                stream_id=sid, device_index=device, device_type=1).cuda_stream
-        return h
+        """The raw handle of the stream the observer named (a CUDA stream's id on ``device``)."""
+        return self._raw_handle(sid, device, 1) if self._cuda else self.stream_of(None)
 
     def _observed(self, index: int, items: list, host: list | None, device: int, sid: int, synced: bool) -> None:
         """A regular op's accesses, as the observer found them (``items`` on the device,
@@ -462,10 +462,7 @@ class TorchFrontEnd:
             frames = capture_stack()
             if items:
                 self.ops += 1
-                h = self._obs_streams.get((device, sid)) if self._cuda else None
-                if h is None:
-                    h = self._obs_stream(device, sid)
-                san.foreign_access(h, spec.name, frames, items, synced)
+                san.foreign_access(self._obs_stream(device, sid), spec.name, frames, items, synced)
             if host:
                 san.foreign_access(HOST, spec.name, frames, host)
         except IgnisError as e:
@@ -519,13 +516,14 @@ class TorchFrontEnd:
             # first touched as one: its lifetime starts there (the sanitizer's outputs_fresh),
             # so allocations need no callback (a Python call each). Frees keep theirs: a free
             # is checked, with its stack, where it happens.
-            table = [e for e in table if e[0] is not gt.MemoryAllocationCallbacks]
             san.outputs_fresh = True
-            # An op in flight across a synchronization is covered by it.
-            synced = self._obs.ignis_obs_synced
-            table += [(gt.DeviceSynchronizationCallbacks, lambda: synced()),
-                      (gt.StreamSynchronizationCallbacks, lambda s: synced()),
-                      (gt.EventSynchronizationCallbacks, lambda e: synced())]
+            # An op in flight across a synchronization is covered by it: each synchronization
+            # also moves the observer's epoch on.
+            syncs = (gt.DeviceSynchronizationCallbacks, gt.StreamSynchronizationCallbacks,
+                     gt.EventSynchronizationCallbacks)
+            bump = self._obs.ignis_obs_synced
+            table = [(r, _after(bump, fn) if r in syncs else fn) for r, fn in table
+                     if r is not gt.MemoryAllocationCallbacks]
         for registry, fn in table:
             cb = self._guarded(fn) if san.mode == "raise" else fn  # collect mode never raises
             registry.add_callback(cb)

@@ -21,7 +21,7 @@ import sysconfig
 import tempfile
 import threading
 
-__all__ = ["observer", "observer_error", "observer_path"]
+__all__ = ["observer", "observer_error", "observer_path", "compiler"]
 
 _SOURCE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "_observer.cpp")
 _lock = threading.Lock()
@@ -30,11 +30,16 @@ _error: str | None = None
 _tried = False
 
 
+def compiler() -> list[str]:
+    """The C++ compiler the observer is built with, as a command (``CXX``, else ``c++``)."""
+    return shlex.split(os.environ.get("CXX") or "c++")
+
+
 def _command() -> list[str]:
     """The compile command, less its output file."""
     import torch
     from torch.utils import cpp_extension as ce
-    cxx = shlex.split(os.environ.get("CXX") or "c++")
+    cxx = compiler()
     abi = int(getattr(torch._C, "_GLIBCXX_USE_CXX11_ABI", 1))
     cmd = cxx + ["-O2", "-DNDEBUG", "-std=c++17", "-shared", "-fPIC", "-fvisibility=hidden",
                  f"-D_GLIBCXX_USE_CXX11_ABI={abi}", "-I" + sysconfig.get_paths()["include"]]
@@ -113,7 +118,8 @@ def observer() -> ctypes.PyDLL | None:
                     return _lib
                 except (OSError, AttributeError):  # a damaged or stale file in the cache: built again below
                     os.unlink(path)
-            print(f"ignis.torch: building the op observer for torch {_torch_version()} "
+            import torch
+            print(f"ignis.torch: building the op observer for torch {torch.__version__} "
                   f"(once; cached in {os.path.dirname(path)})", file=sys.stderr)
             _build(path)
             _lib = _load(path)
@@ -126,8 +132,3 @@ def observer() -> ctypes.PyDLL | None:
 def observer_error() -> str | None:
     """Why ``observer()`` returned None (None if it did not, or was not tried yet)."""
     return _error
-
-
-def _torch_version() -> str:
-    import torch
-    return torch.__version__

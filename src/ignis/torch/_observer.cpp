@@ -69,7 +69,6 @@ struct Ctx : at::ObserverContext {
   c10::SmallVector<Item, 2> host;   // host tensors (only while host checks are on)
   c10::SmallVector<std::pair<c10::IValue, int>, 2> late;  // written arguments, measured after the op
   std::vector<c10::IValue> args;    // a special op's inputs, for the front end's Python
-  std::vector<c10::IValue> outputs; // and its outputs
   int device = -1;
   uint64_t epoch = 0;
   bool has_pre = false;             // a special op's first tensor before it ran (resize_)
@@ -377,11 +376,11 @@ long long stream_id(int device) {
   return (long long)impl->getStream(c10::Device(g_dev, (c10::DeviceIndex)device)).id();
 }
 
-// Call the front end (the GIL held); false if this context's session is over.
-bool call_front_end(Ctx *c, long long sid, bool synced) {
+// Call the front end (the GIL held); nothing if this context's session is over.
+void call_front_end(Ctx *c, const std::vector<c10::IValue> &outs, long long sid, bool synced) {
   Spec *spec = c->spec;
   PyObject *fn = spec->kind == REGULAR ? g_on_op : g_on_special;
-  if (fn == nullptr || c->generation != g_generation.load()) return false;  // stopped or restarted meanwhile
+  if (fn == nullptr || c->generation != g_generation.load()) return;  // stopped or restarted meanwhile
   Py_INCREF(fn);  // a stop on another thread may drop the front end's reference during the call
   PyObject *argv[7] = {nullptr, nullptr, nullptr, nullptr, nullptr, nullptr, nullptr};
   Py_ssize_t argc = 6;
@@ -399,7 +398,6 @@ bool call_front_end(Ctx *c, long long sid, bool synced) {
       }
       PyTuple_SET_ITEM(argv[1], i, w);
     }
-    const auto &outs = c->outputs;
     argv[2] = outs.empty() ? (Py_INCREF(Py_None), Py_None) : wrap(outs[0]);
     argv[6] = c->has_pre ? Py_BuildValue("(KK)", (unsigned long long)c->pre_base, (unsigned long long)c->pre_size)
                          : (Py_INCREF(Py_None), Py_None);
@@ -419,7 +417,6 @@ bool call_front_end(Ctx *c, long long sid, bool synced) {
   Py_XDECREF(r);
   for (Py_ssize_t i = 0; i < argc; i++) Py_XDECREF(argv[i]);
   Py_DECREF(fn);
-  return true;
 }
 
 void end_op(const at::RecordFunction &fn, Ctx *c) {
@@ -455,11 +452,10 @@ void end_op(const at::RecordFunction &fn, Ctx *c) {
           break;
         }
     }
-    c->outputs.assign(outs.begin(), outs.end());
   }
   long long sid = stream_id(c->device);
   InPython py;
-  call_front_end(c, sid, synced);
+  call_front_end(c, outs, sid, synced);
 }
 
 void on_end(const at::RecordFunction &fn, at::ObserverContext *oc) {
