@@ -152,8 +152,13 @@ def breakdown(loop: Callable[[int], None], loop_ops: int, rounds: int) -> dict[s
             def __enter__(self) -> None:
                 sanitizer.enable("collect")
                 fe = self.fe = TorchFrontEnd(sanitizer, engine="observer")
-                if check != "all":  # the observer runs and calls back; the callbacks do nothing (or take the stack)
+                if check in ("none", "stack"):  # the observer runs and calls back; the callbacks do nothing (or take the stack)
                     fe._observed = (lambda *a: None) if check == "none" else (lambda *a: capture_stack())
+                    fe._observed_special = lambda *a: None
+                elif check == "front end":  # the front end's whole per-op step; the sanitizer is not called
+                    for name in ("foreign_access", "extent_record_stream"):
+                        setattr(sanitizer, name, lambda *a: None)
+                elif check == "no special":  # every regular op checked; record_stream and copies not
                     fe._observed_special = lambda *a: None
                 fe.enable()
                 if not trace:
@@ -164,12 +169,16 @@ def breakdown(loop: Callable[[int], None], loop_ops: int, rounds: int) -> dict[s
             def __exit__(self, *exc: object) -> None:
                 self.fe.disable()
                 sanitizer.disable()
+                for name in ("foreign_access", "extent_record_stream"):
+                    sanitizer.__dict__.pop(name, None)
         return V
 
     variants = {"plain (trace active, no callback)": Plain,
                 "observer only (ops run, nothing checked)": variant("none", False),
                 "observer + trace callbacks": variant("none", True),
                 "observer + trace callbacks + stack per op": variant("stack", True),
+                "front end's whole step, sanitizer not called": variant("front end", True),
+                "all but special ops (record_stream, copies)": variant("no special", True),
                 "all of ignis.torch": variant("all", True)}
     res: dict[str, list[float]] = {k: [] for k in variants}
     for r in range(rounds + 1):
@@ -179,6 +188,17 @@ def breakdown(loop: Callable[[int], None], loop_ops: int, rounds: int) -> dict[s
                 t = timed(loop, LOOP_ITERS) / (LOOP_ITERS * loop_ops)
             if r:
                 res[name].append(t * 1e6)
+    # The same whole front end with the cyclic collector off (what the collector's runs cost it).
+    import gc
+    res["all of ignis.torch, collector off"] = []
+    for r in range(rounds):
+        with variant("all", True)():
+            loop(5)
+            gc.disable()
+            try:
+                res["all of ignis.torch, collector off"].append(timed(loop, LOOP_ITERS) / (LOOP_ITERS * loop_ops) * 1e6)
+            finally:
+                gc.enable()
     return {k: statistics.median(v) for k, v in res.items()}
 
 

@@ -937,6 +937,43 @@ def test_resource_lock_wait_runs_signal_handlers_and_takes_a_release_from_anothe
     lock.release()
 
 
+def test_reentrant_lock_is_reentrant_per_thread_and_excludes_other_threads():
+    from ignis.memory.resource import ReentrantLock
+    from ignis.safety.sanitizer import sanitizer
+    assert isinstance(sanitizer._lock, ReentrantLock)  # the sanitizer's callbacks take it
+    lock = ReentrantLock()
+    assert not lock.held()
+    with pytest.raises(RuntimeError, match="does not hold"):
+        lock.give()
+    lock.take()
+    lock.take()  # again, by its holder: no wait
+    assert lock.held()
+    entered = threading.Event()
+
+    def other() -> None:
+        with pytest.raises(RuntimeError, match="does not hold"):
+            lock.give()  # not its lock to give
+        with lock:  # waits, the GIL released, for both gives
+            entered.set()
+
+    t = threading.Thread(target=other)
+    t.start()
+    lock.give()
+    assert not entered.wait(0.1) and lock.held()  # one take still held
+    lock.give()
+    assert not lock.held()
+    t.join(10)
+    assert entered.is_set() and not lock.held()
+    with lock:
+        with lock:
+            assert lock.held()
+        assert lock.held()
+    assert not lock.held()
+    with pytest.raises(TypeError, match="pickle"):
+        import pickle
+        pickle.dumps(lock)
+
+
 def test_resource_lock_held_elsewhere_makes_the_pool_wait(dev):
     pool = ig.PoolResource(ig.DirectResource(dev))
     s = dev.default_stream

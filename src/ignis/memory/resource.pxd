@@ -2,6 +2,7 @@
 # the compiled pool and tracking. Resources keep an instance dict too, so subclasses
 # and adaptors can add attributes freely.
 
+cimport cython
 from posix.time cimport timespec
 from ignis.memory.block cimport DeviceBlock
 from ignis.runtime.stream cimport Stream
@@ -45,6 +46,20 @@ cdef inline void lock_take(ResourceLock lk) noexcept:
 cdef inline void lock_give(ResourceLock lk) noexcept:
     lk._held = False
     sem_post(&lk._sem)
+
+
+# A reentrant lock over a ResourceLock (the sanitizer's): ``take`` and ``give`` are C calls
+# from compiled callers; a thread that holds it takes it again without waiting (a finalizer
+# or callback run inside a held section may call back in). The owner and depth are read and
+# written with the GIL held.
+@cython.final
+cdef class ReentrantLock:
+    cdef ResourceLock _lk
+    cdef unsigned long _owner
+    cdef Py_ssize_t _depth
+
+    cpdef void take(self) noexcept
+    cpdef int give(self) except -1
 
 
 cdef class EventPool:

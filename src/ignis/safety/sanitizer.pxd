@@ -1,40 +1,101 @@
 # Types for the compiled build of sanitizer.py (Cython's pure-Python mode): the
 # records the race check scans on every access become extension types with fields
-# at fixed offsets, instead of instances whose every attribute is a dictionary or
-# descriptor lookup, and the scan of an extent's records runs on them typed.
-# sanitizer.py stays the one source.
+# at fixed offsets (byte ranges as C integers), the sanitizer itself an extension
+# type whose state is read without an attribute lookup, and its internal steps C
+# calls. sanitizer.py stays the one source.
 
 cimport cython
+from ignis.memory.resource cimport ReentrantLock
 
+
+# Records and extents hold no reference that could lead back to them (strings, integers,
+# stacks, lists of records): they stay out of the cyclic collector, which made records
+# (one or more per access) count toward its runs.
+@cython.no_gc
 cdef class _Rec:
     cdef public long long sid
     cdef public object stream_id
     cdef public long long epoch
     cdef public str kind
-    cdef public object lo, hi
+    cdef public long long lo, hi
     cdef public str op
-    cdef public object frames, gen, block
+    cdef public object frames
+    cdef public object gen
+    cdef public long long block
     cdef public long long per, ch
 
 
+@cython.no_gc
 cdef class _Extent:
     cdef public object base, end, gen
     cdef public long long sid
     cdef public list recs
     cdef public object written, frames, op, rs
     cdef public bint pinned
-    cdef public object hv
+    cdef public long long hv
 
 
-cpdef bint _disjoint(_Rec r, object lo, object hi, long long per, long long ch) except -1
+cpdef bint _disjoint(_Rec r, long long lo, long long hi, long long per, long long ch) except -1
 
 @cython.locals(r=_Rec)
-cdef _Rec _new_rec(long long sid, object stream_id, long long epoch, str kind, object lo, object hi, str op,
-                   object frames, object gen, object block, long long per=*, long long ch=*)
+cdef _Rec _new_rec(long long sid, object stream_id, long long epoch, str kind, long long lo, long long hi, str op,
+                   object frames, object gen, long long block, long long per=*, long long ch=*)
 
 @cython.locals(r=_Rec, keep=list)
 cdef int _retire_passed(list recs, dict host) except -1
 
-@cython.locals(r=_Rec, lo=object, hi=object, per=cython.longlong, ch=cython.longlong, sid=cython.longlong,
-               drop=bint, covered=bint, keep=list, conflict=_Rec)
+@cython.locals(r=_Rec, lo=cython.longlong, hi=cython.longlong, per=cython.longlong, ch=cython.longlong,
+               sid=cython.longlong, drop=bint, covered=bint, keep=list, conflict=_Rec)
 cdef _Rec _scan(list recs, _Rec rec, dict vc, bint write)
+
+@cython.locals(a=Py_ssize_t, b=Py_ssize_t, m=Py_ssize_t)
+cdef bint _covered(list written, long long lo, long long hi) except -1
+
+@cython.locals(w=list, i=Py_ssize_t, b=Py_ssize_t, m=Py_ssize_t, j=Py_ssize_t)
+cdef int _mark(_Extent ext, long long lo, long long hi) except -1
+
+
+cdef class Sanitizer:
+    cdef dict __dict__              # an instance may have an entry point replaced (tests, recorders)
+    cdef public ReentrantLock _lock
+    cdef public bint active
+    cdef public object mode
+    cdef public list reports
+    cdef public dict _groups
+    cdef public list notes
+    cdef public object capture
+    cdef public bint outputs_fresh
+    cdef public object _backend
+    cdef public bint _atexit
+    cdef public dict _sids, _by_id, _names, _labels
+    cdef public object _next_sid
+    cdef public dict _clock, _seen, _events, _host
+    cdef public long long _host_version
+    cdef public dict _regions
+    cdef public list _starts
+    cdef public long long _max_len
+    cdef public dict _live, _gen_at, _grave
+    cdef public list _grave_starts
+    cdef public long long _grave_max
+    cdef public set pinned
+    cdef public long long checked, checked_foreign
+
+    cdef long long _sid(self, object handle) except -1
+    @cython.locals(vc=dict)
+    cdef dict _vc_of(self, long long sid)
+    cdef int _host_join(self, dict vc) except -1
+    @cython.locals(r=_Rec)
+    cdef _Rec _find_conflict(self, _Rec rec, dict vc, bint rw)
+    @cython.locals(recs=list, r=_Rec)
+    cdef int _insert(self, _Rec rec, tuple extent) except -1
+    @cython.locals(r=_Rec, mine=list, older=list, keep=list, rec=_Rec, conflict=_Rec, wrote=bint, ep=cython.longlong,
+                   sid=cython.longlong)
+    cdef tuple _retire(self, _Extent ext, object frames)
+    @cython.locals(r=_Rec, out=list, starts=list, grave=dict, host=dict, i=Py_ssize_t, n=Py_ssize_t)
+    cdef list _inherit(self, long long lo, long long hi)
+    @cython.locals(sid=cython.longlong, ep=cython.longlong, vc=dict, live=dict, host=dict, hv=cython.longlong,
+                   ext=_Extent, rec=_Rec, recs=list, conflict=_Rec, mode=cython.longlong, per=cython.longlong,
+                   ch=cython.longlong, write=bint, written=list, found=list)
+    cdef list _foreign(self, object stream, str op, object frames, list items, bint synced)
+    cdef _Extent _first_sight(self, _Extent ext, object base, object size, long long mode, long long sid,
+                              object frames, str op)

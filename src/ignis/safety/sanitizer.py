@@ -48,10 +48,9 @@ Design:
 from __future__ import annotations
 
 import atexit
-import bisect
 import itertools
 import sys
-import threading
+from bisect import bisect_left, bisect_right, insort
 from contextlib import contextmanager
 from typing import Any, Callable, Iterator
 
@@ -59,6 +58,7 @@ from ..errors import OutOfBoundsError, RaceError, UninitializedReadError
 from ..memory import ordering as _ord
 from .._types import Access
 from ..memory.block import DeviceBlock
+from ..memory.resource import ReentrantLock
 from .frames import capture_frames, format_frames, sites
 
 __all__ = ["Sanitizer", "sanitizer", "enable", "disable", "enabled", "is_enabled", "reports",
@@ -210,16 +210,29 @@ def _scan(recs: list[_Rec], rec: _Rec, vc: dict[int, int], write: int) -> _Rec |
 
 
 def _covered(written: list[tuple[int, int]], lo: int, hi: int) -> bool:
-    i = bisect.bisect_right(written, (lo, _INF)) - 1
-    return i >= 0 and written[i][1] >= hi
+    """Whether [lo, hi) lies inside one of the sorted disjoint ranges ``written``."""
+    a, b = 0, len(written)
+    while a < b:  # the first range starting after lo
+        m = (a + b) // 2
+        if written[m][0] <= lo:
+            a = m + 1
+        else:
+            b = m
+    return a > 0 and written[a - 1][1] >= hi
 
 
-def _mark(ext: _Extent, lo: int, hi: int) -> None:
+def _mark(ext: _Extent, lo: int, hi: int) -> int:
     """Add [lo, hi) (relative to the base) to the written ranges, merging neighbours."""
     w = ext.written
     if w is None:
-        return
-    i = bisect.bisect_left(w, (lo, -1))
+        return 0
+    i, b = 0, len(w)
+    while i < b:  # the first range starting at or after lo
+        m = (i + b) // 2
+        if w[m][0] < lo:
+            i = m + 1
+        else:
+            b = m
     if i and w[i - 1][1] >= lo:
         i -= 1
     j = i
@@ -229,6 +242,7 @@ def _mark(ext: _Extent, lo: int, hi: int) -> None:
     w[i:j] = [(lo, hi)]
     if len(w) == 1 and lo <= 0 and hi >= ext.end - ext.base:
         ext.written = None
+    return 0
 
 
 class Sanitizer:
@@ -245,7 +259,9 @@ class Sanitizer:
     """
 
     def __init__(self) -> None:
-        self._lock = threading.RLock()
+        # Taken by every callback: its take() and give() are C calls in the compiled build
+        # (a ``with`` block costs several times as much); ``with`` serves the rest.
+        self._lock = ReentrantLock()
         self.active = False
         self.mode = "raise"
         self.reports: list[Exception] = []
@@ -300,17 +316,15 @@ class Sanitizer:
         with self._lock:
             self._labels[self._sid(handle)] = label
 
-    def _vc(self, handle: Any) -> tuple[int, dict[int, int]]:
-        return self._vc_of(self._sid(handle))
-
-    def _vc_of(self, sid: int) -> tuple[int, dict[int, int]]:
+    def _vc_of(self, sid: int) -> dict[int, int]:
+        """The clock of stream identity ``sid``, after joining what the host has seen."""
         vc = self._clock[sid]
         if self._seen.get(sid) != self._host_version:
             for k, v in self._host.items():
                 if vc.get(k, 0) < v:
                     vc[k] = v
             self._seen[sid] = self._host_version
-        return sid, vc
+        return vc
 
     def _host_join(self, vc: dict[int, int]) -> None:
         host = self._host
@@ -333,7 +347,7 @@ class Sanitizer:
                     dead.append(key)
             for key in dead:
                 del regions[key]
-                del starts[bisect.bisect_left(starts, key)]
+                del starts[bisect_left(starts, key)]
         for base in list(self.pinned):
             ext = self._live.get(base)
             if ext is not None:
@@ -346,31 +360,51 @@ class Sanitizer:
     # -- trace handlers: the backend's trace registry and the front ends call these --
     def on_event_record(self, event: int, stream: int) -> None:
         """``event`` was recorded on ``stream``: it snapshots the stream's clock."""
-        with self._lock:
-            _, vc = self._vc(stream)
-            self._events[event] = dict(vc)
+        self._lock.take()
+        try:
+            self._events[event] = dict(self._vc_of(self._sid(stream)))
+        finally:
+            self._lock.give()
 
     def on_event_wait(self, event: int, stream: int) -> None:
         """``on_stream_wait_event`` in PyTorch's trace argument order."""
-        self.on_stream_wait_event(stream, event)
+        self._lock.take()
+        try:
+            self._join_event(stream, event)
+        finally:
+            self._lock.give()
 
     def on_stream_wait_event(self, stream: int, event: int) -> None:
         """``stream`` waits for ``event``: it joins the event's snapshot."""
-        with self._lock:
-            _, vc = self._vc(stream)
-            for k, v in self._events.get(event, {}).items():
+        self._lock.take()
+        try:
+            self._join_event(stream, event)
+        finally:
+            self._lock.give()
+
+    def _join_event(self, stream: int, event: int) -> None:
+        snap = self._events.get(event)
+        if snap:
+            vc = self._vc_of(self._sid(stream))
+            for k, v in snap.items():
                 if vc.get(k, 0) < v:
                     vc[k] = v
 
     def on_stream_synchronize(self, stream: int) -> None:
         """The host waited for ``stream`` (or saw it idle)."""
-        with self._lock:
-            self._host_join(self._vc(stream)[1])
+        self._lock.take()
+        try:
+            self._host_join(self._vc_of(self._sid(stream)))
+        finally:
+            self._lock.give()
 
     def on_event_synchronize(self, event: int) -> None:
         """The host waited for ``event`` (or saw it complete)."""
-        with self._lock:
+        self._lock.take()
+        try:
             self._host_join(self._events.get(event, {}))
+        finally:
+            self._lock.give()
 
     def on_device_synchronize(self, ordinal: int | None = None) -> None:
         """The host waited for every stream (of device ``ordinal``; all are joined, which
@@ -394,8 +428,11 @@ class Sanitizer:
         Args:
             event: the driver's event handle.
         """
-        with self._lock:
+        self._lock.take()
+        try:
             self._events.pop(event, None)
+        finally:
+            self._lock.give()
 
     # -- backend observation (the trace registry of ignis.backends.trace) -------
     def _install(self, backend: Any) -> None:
@@ -460,24 +497,27 @@ class Sanitizer:
 
     def _check(self, block: DeviceBlock, stream: Any, kind: str, lo: int, hi: int, op: str, rw: bool) -> None:
         frames = _frames()
-        with self._lock:
+        self._lock.take()
+        try:
             self.checked += 1
             sid = self._by_id.get(stream.id)
             if sid is None:  # identities follow Stream objects, so a closed stream keeps its clock
                 sid = self._by_id[stream.id] = self._sid(stream.handle)
-            sid, vc = self._vc_of(sid)
+            vc = self._vc_of(sid)
             self._names[sid] = stream.id
             vc[sid] += 1
             rec = _new_rec(sid, stream.id, vc[sid], kind, lo, hi, op, frames, block.generation, block.ptr)
             conflict = self._find_conflict(rec, vc, rw)
             self._insert(rec, (block.ptr, block.ptr + block.bytes))
+        finally:
+            self._lock.give()
         if conflict is not None:
             self._race(conflict, rec)
 
     def _find_conflict(self, rec: _Rec, vc: dict[int, int], rw: bool) -> _Rec | None:
         lo, hi = rec.lo, rec.hi
         starts = self._starts
-        i = bisect.bisect_left(starts, (lo - self._max_len, 0))
+        i = bisect_left(starts, (lo - self._max_len, 0))
         while i < len(starts) and starts[i][0] < hi:
             key = starts[i]
             i += 1
@@ -499,7 +539,7 @@ class Sanitizer:
         recs = self._regions.get(extent)
         if recs is None:
             recs = self._regions[extent] = []
-            bisect.insort(self._starts, extent)
+            insort(self._starts, extent)
             self._max_len = max(self._max_len, extent[1] - extent[0])
         if rec.kind == "read":
             recs[:] = [r for r in recs if not (r.sid == rec.sid and r.kind == "read" and r.lo >= rec.lo
@@ -513,7 +553,7 @@ class Sanitizer:
     def _block_at(self, addr: int) -> tuple[int, int] | None:
         """The Ignis block extent holding ``addr``, if the sanitizer has seen it (and not its free)."""
         starts = self._starts
-        i = bisect.bisect_right(starts, (addr, _INF)) - 1
+        i = bisect_right(starts, (addr, _INF)) - 1
         while i >= 0 and addr - starts[i][0] < self._max_len:
             key = starts[i]
             if key[0] <= addr < key[1]:
@@ -537,7 +577,8 @@ class Sanitizer:
         """The allocator took ``base`` back (a free ordered on its allocation stream):
         checked against uses on other streams, then kept until the addresses are reused.
         The free's stack is taken (``capture``) only when another stream used the memory."""
-        with self._lock:
+        self._lock.take()
+        try:
             ext = self._live.get(base)
             if ext is None or ext.pinned:
                 return
@@ -551,11 +592,14 @@ class Sanitizer:
                     frames = self.capture()
                     break
             conflict, rec = self._retire(ext, frames)
+        finally:
+            self._lock.give()
         if conflict is not None:
             self._race(conflict, rec)
 
     def _retire(self, ext: _Extent, frames: Any) -> tuple[_Rec | None, _Rec]:
-        sid, vc = self._vc_of(ext.sid)
+        sid = ext.sid
+        vc = self._vc_of(sid)
         ep = vc[sid] = vc[sid] + 1
         rs = ext.rs or ()
         host = self._host
@@ -581,7 +625,7 @@ class Sanitizer:
         keep.append(rec)
         key = (base, ext.end)
         if key not in self._grave:
-            bisect.insort(self._grave_starts, key)
+            insort(self._grave_starts, key)
             self._grave_max = max(self._grave_max, ext.end - base)
         self._grave[key] = keep  # it inherited the entry it replaces
         return conflict, rec
@@ -594,7 +638,7 @@ class Sanitizer:
         host = self._host
         grave = self._grave
         out: list[_Rec] = []
-        i = bisect.bisect_left(starts, (lo - self._grave_max, 0))
+        i = bisect_left(starts, (lo - self._grave_max, 0))
         n = len(starts)
         while i < n and starts[i][0] < hi:
             key = starts[i]
@@ -606,12 +650,15 @@ class Sanitizer:
     def extent_record_stream(self, base: int, stream: int) -> None:
         """The memory at ``base`` is also used on ``stream`` (``Tensor.record_stream``): its
         free waits for that stream, so uses there do not race the free or a reuse."""
-        with self._lock:
+        self._lock.take()
+        try:
             ext = self._live.get(base)
             if ext is not None:
                 if ext.rs is None:
                     ext.rs = set()
                 ext.rs.add(self._sid(stream))
+        finally:
+            self._lock.give()
 
     def extent_dropped(self, base: int) -> None:
         """Forget a pinned host extent (its memory died; the host allocator orders its reuse)."""
@@ -635,11 +682,20 @@ class Sanitizer:
         (``READ``, ``WRITE``, ``OUTPUT``: the op produced it, ``NO_INIT_CHECK``, ``PINNED``).
         ``synced``: the host waited for the stream inside the operation (``.item()``), after
         its work was queued: the host clock covers it."""
+        found = self._foreign(stream, op, frames, items, synced)
+        if found:
+            for first, rec in found:
+                if isinstance(first, _Extent):
+                    self._uninit(first, rec)
+                else:
+                    self._race(first, rec)
+
+    def _foreign(self, stream: Any, op: str, frames: Any, items: list, synced: bool) -> list | None:
+        """``foreign_access``'s checks, under the lock: the problems found, for reporting after."""
         found: list | None = None
-        with self._lock:
-            sid = self._sids.get(stream)
-            if sid is None:
-                sid = self._sid(stream)
+        self._lock.take()
+        try:
+            sid = self._sid(stream)
             vc = self._clock[sid]
             if self._seen.get(sid) != self._host_version:
                 self._vc_of(sid)
@@ -678,7 +734,9 @@ class Sanitizer:
                     found = (found or []) + [(ext, rec)]
                 recs.append(rec)
                 if w is not None and write:
-                    written = (written or []) + [(ext, lo - base, hi - base)]
+                    if written is None:
+                        written = []
+                    written.append((ext, lo - base, hi - base))
             if written:
                 for ext, a, b in written:
                     _mark(ext, a, b)
@@ -686,12 +744,9 @@ class Sanitizer:
                 if host.get(sid, 0) < ep:
                     host[sid] = ep
                     self._host_version += 1
-        if found:
-            for first, rec in found:
-                if isinstance(first, _Extent):
-                    self._uninit(first, rec)
-                else:
-                    self._race(first, rec)
+        finally:
+            self._lock.give()
+        return found
 
     def _first_sight(self, ext: _Extent | None, base: int, size: int, mode: int, sid: int,
                      frames: tuple | None, op: str) -> _Extent | None:

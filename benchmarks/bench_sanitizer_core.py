@@ -1,0 +1,124 @@
+"""The sanitizer's own work per PyTorch op, apart from PyTorch: the calls ``ignis.torch``'s
+front end makes into the sanitizer (each op's accesses, frees, record_stream, event records
+and waits, synchronizations), recorded on the GPU from ``bench_torch_sanitizer.py``'s two
+workloads, then replayed into a fresh sanitizer on any machine (no GPU, no torch).
+
+The replay times what the sanitizer adds to an op once the front end has found its
+accesses: the part of issue 15's added cost per op that is Ignis's checking, as opposed to
+PyTorch's callbacks and the stack capture. Stacks are not part of the recording (each
+access carries none), so no report can be formatted; the workloads are correct programs,
+and a replay that reports anything fails.
+
+Record (GPU, CUDA PyTorch): ``PYTHONPATH=src python3 benchmarks/bench_sanitizer_core.py --record calls.pkl``
+Replay (anywhere):         ``PYTHONPATH=src python3 benchmarks/bench_sanitizer_core.py calls.pkl``
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import pickle
+import statistics
+import sys
+import time
+from typing import Any
+
+# The sanitizer's entry points the PyTorch front end calls (directly or as trace callbacks).
+ENTRY_POINTS = ("foreign_access", "extent_freed", "extent_allocated", "extent_record_stream", "extent_dropped",
+                "on_event_record", "on_event_wait", "on_stream_wait_event", "on_stream_synchronize",
+                "on_event_synchronize", "on_device_synchronize", "on_event_destroyed", "set_stream_label")
+
+
+def record(path: str, loop_iters: int, train_steps: int) -> int:
+    import torch
+    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+    from bench_torch_sanitizer import make_loop, make_train
+
+    import ignis.torch
+    from ignis.safety.sanitizer import sanitizer
+
+    calls: list[tuple] = []
+
+    def wrap(name: str, fn: Any) -> Any:
+        if name == "foreign_access":
+            def rec(stream: Any, op: str, frames: Any, items: list, synced: bool = False) -> None:
+                calls.append((name, (stream, op, None, [tuple(it) for it in items], synced)))
+                fn(stream, op, frames, items, synced)
+        else:
+            def rec(*args: Any) -> None:
+                calls.append((name, args))
+                fn(*args)
+        return rec
+
+    out: dict[str, Any] = {"card": torch.cuda.get_device_name(), "torch": torch.__version__, "workloads": {}}
+    for label, make, n in (("two-stream loop", make_loop, loop_iters), ("training step", make_train, train_steps)):
+        fn = make()
+        fn(3)
+        for name in ENTRY_POINTS:
+            setattr(sanitizer, name, wrap(name, getattr(sanitizer, name)))
+        ignis.torch.enable("collect")
+        try:
+            fn(2)  # warm: the streams and extents exist
+            del calls[:]
+            fn(n)
+            out["workloads"][label] = {"calls": list(calls), "iterations": n, "engine": ignis.torch._fe.engine
+                                       if getattr(ignis.torch, "_fe", None) is not None else None}
+        finally:
+            ignis.torch.disable()
+            for name in ENTRY_POINTS:
+                sanitizer.__dict__.pop(name, None)
+            del calls[:]
+    with open(path, "wb") as f:
+        pickle.dump(out, f)
+    for label, w in out["workloads"].items():
+        n_ops = sum(1 for c in w["calls"] if c[0] == "foreign_access")
+        print(f"recorded {label}: {len(w['calls'])} calls, {n_ops} checked ops, {w['iterations']} iterations")
+    print(f"card: {out['card']} (torch {out['torch']}) -> {path}")
+    return 0
+
+
+def replay(path: str, rounds: int) -> int:
+    with open(path, "rb") as f:
+        data = pickle.load(f)
+    from ignis.safety.sanitizer import sanitizer
+    print(f"recorded on {data['card']} (torch {data['torch']}); replayed here, best and median of {rounds} rounds")
+    print(f"{'workload':18s} {'calls':>7s} {'ops':>6s} {'µs/op best':>11s} {'µs/op median':>13s} {'µs/call':>8s}")
+    failed = 0
+    for label, w in data["workloads"].items():
+        calls = w["calls"]
+        ops = sum(1 for c in calls if c[0] == "foreign_access") or 1
+        times = []
+        for _ in range(rounds):
+            sanitizer.enable("collect")
+            sanitizer.clear()
+            bound = [(getattr(sanitizer, name), args) for name, args in calls]
+            t = time.perf_counter()
+            for fn, args in bound:
+                fn(*args)
+            times.append(time.perf_counter() - t)
+            found = len(sanitizer.reports)
+            sanitizer.disable()
+            if found:
+                failed += 1
+                print(f"  {label}: {found} report(s) on a correct workload")
+        best, med = min(times), statistics.median(times)
+        print(f"{label:18s} {len(calls):7d} {ops:6d} {best / ops * 1e6:11.2f} {med / ops * 1e6:13.2f} "
+              f"{best / len(calls) * 1e6:8.2f}")
+    return 1 if failed else 0
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("path", help="the recording (written with --record, read otherwise)")
+    ap.add_argument("--record", action="store_true", help="record on the GPU (needs CUDA PyTorch)")
+    ap.add_argument("--loop-iters", type=int, default=200)
+    ap.add_argument("--train-steps", type=int, default=20)
+    ap.add_argument("--rounds", type=int, default=15)
+    args = ap.parse_args()
+    if args.record:
+        return record(args.path, args.loop_iters, args.train_steps)
+    return replay(args.path, args.rounds)
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
