@@ -9,15 +9,18 @@ PyTorch's callbacks and the stack capture. Stacks are not part of the recording 
 access carries none), so no report can be formatted; the workloads are correct programs,
 and a replay that reports anything fails.
 
-Record (GPU, CUDA PyTorch): ``PYTHONPATH=src python3 benchmarks/bench_sanitizer_core.py --record calls.pkl``
-Replay (anywhere):         ``PYTHONPATH=src python3 benchmarks/bench_sanitizer_core.py calls.pkl``
+The recording is gzipped JSON; ``benchmarks/data/torch_sanitizer_calls_h200.json.gz`` is one made on an
+NVIDIA H200 (torch 2.11), the default.
+Record (GPU, CUDA PyTorch): ``PYTHONPATH=src python3 benchmarks/bench_sanitizer_core.py --record calls.json.gz``
+Replay (anywhere):         ``PYTHONPATH=src python3 benchmarks/bench_sanitizer_core.py [calls.json.gz]``
 """
 
 from __future__ import annotations
 
 import argparse
 import os
-import pickle
+import gzip
+import json
 import statistics
 import sys
 import time
@@ -68,8 +71,8 @@ def record(path: str, loop_iters: int, train_steps: int) -> int:
             for name in ENTRY_POINTS:
                 sanitizer.__dict__.pop(name, None)
             del calls[:]
-    with open(path, "wb") as f:
-        pickle.dump(out, f)
+    with gzip.open(path, "wt", encoding="utf-8") as f:
+        json.dump(out, f)
     for label, w in out["workloads"].items():
         n_ops = sum(1 for c in w["calls"] if c[0] == "foreign_access")
         print(f"recorded {label}: {len(w['calls'])} calls, {n_ops} checked ops, {w['iterations']} iterations")
@@ -78,8 +81,8 @@ def record(path: str, loop_iters: int, train_steps: int) -> int:
 
 
 def replay(path: str, rounds: int) -> int:
-    with open(path, "rb") as f:
-        data = pickle.load(f)
+    with gzip.open(path, "rt", encoding="utf-8") as f:
+        data = json.load(f)
     from ignis.safety.sanitizer import sanitizer
     print(f"recorded on {data['card']} (torch {data['torch']}); replayed here, best and median of {rounds} rounds")
     print(f"{'workload':18s} {'calls':>7s} {'ops':>6s} {'µs/op best':>11s} {'µs/op median':>13s} {'µs/call':>8s}")
@@ -109,7 +112,9 @@ def replay(path: str, rounds: int) -> int:
 
 def main() -> int:
     ap = argparse.ArgumentParser()
-    ap.add_argument("path", help="the recording (written with --record, read otherwise)")
+    ap.add_argument("path", nargs="?", default=os.path.join(os.path.dirname(os.path.abspath(__file__)), "data",
+                                                          "torch_sanitizer_calls_h200.json.gz"),
+                    help="the recording (written with --record, read otherwise)")
     ap.add_argument("--record", action="store_true", help="record on the GPU (needs CUDA PyTorch)")
     ap.add_argument("--loop-iters", type=int, default=200)
     ap.add_argument("--train-steps", type=int, default=20)
