@@ -388,10 +388,9 @@ class TorchFrontEnd:
         """The raw stream handle of a ``torch.Stream`` (what ``record_stream`` passes)."""
         if isinstance(s, int):
             return s
-        h = getattr(s, "cuda_stream", None)
-        if h is not None:
-            return h
-        return self._raw_handle(s.stream_id, s.device_index, s.device_type)
+        if isinstance(s, torch.Stream):  # torch.cuda.Stream too: one cached lookup
+            return self._raw_handle(s.stream_id, s.device_index, s.device_type)
+        return s.cuda_stream
 
     def _raw_handle(self, stream_id: int, device_index: int, device_type: int) -> int:
         """The raw handle of the stream PyTorch packs as (id, device index, device type)."""
@@ -416,7 +415,7 @@ class TorchFrontEnd:
     def _obs_classify(self, name: str, overload: str) -> tuple:
         """(kind, index, inputs, outputs, returns) of an op the observer meets for the first
         time: kind 0 inactive, 1 passed through (a CompositeImplicitAutograd op without a
-        kernel of this backend: its own ops are seen), 2 regular, 3 special; ``returns``:
+        kernel of this backend: its own ops are seen), 2 regular, 3 special, 4 record_stream; ``returns``:
         how many values its schema returns (none coming back means the op failed)."""
         ns, _, base = name.partition("::")
         try:
@@ -431,6 +430,8 @@ class TorchFrontEnd:
         returns = len(schema.returns) if schema is not None else 0
         index = len(self._obs_specs)
         self._obs_specs.append(spec)
+        if spec.special == "record_stream":
+            return (4, index, (), (), returns)  # handed over as integers (_observed_special)
         if spec.special is not None:
             if spec.special == "to_copy":
                 names = [a.name for a in op._schema.arguments]
@@ -471,9 +472,14 @@ class TorchFrontEnd:
     def _observed_special(self, index: int, args: tuple, out: Any, device: int, sid: int, synced: bool,
                           pre: tuple | None) -> None:
         """A special op, after it ran (``pre``: its first tensor's storage base and size
-        before, for resize_)."""
+        before, for resize_). record_stream's ``args`` are integers: (the tensor's storage
+        base, the stream's id, device index and device type)."""
         try:
             spec = self._obs_specs[index]
+            if spec.special == "record_stream":
+                base, stream_id, device_index, device_type = args
+                self.san.extent_record_stream(base, self._raw_handle(stream_id, device_index, device_type))
+                return
             if spec.special == "copy":
                 nb = args[2] if len(args) > 2 else False
             else:

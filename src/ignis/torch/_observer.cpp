@@ -40,7 +40,9 @@
 namespace {
 
 // Kinds of op (mode bits: the same values as ignis.safety.sanitizer's READ, WRITE, OUTPUT, ...).
-enum Kind : int { INACTIVE = 0, PASS = 1, REGULAR = 2, SPECIAL = 3 };
+// RECORD_STREAM: Tensor.record_stream, handed over as integers (its storage and the stream)
+// instead of as Python objects.
+enum Kind : int { INACTIVE = 0, PASS = 1, REGULAR = 2, SPECIAL = 3, RECORD_STREAM = 4 };
 constexpr int WRITE_BIT = 2;  // sanitizer.WRITE: such an argument is measured after the op (out= may resize it)
 
 struct Arg {
@@ -73,6 +75,10 @@ struct Ctx : at::ObserverContext {
   uint64_t epoch = 0;
   bool has_pre = false;             // a special op's first tensor before it ran (resize_)
   uint64_t pre_base = 0, pre_size = 0;
+  bool has_rs = false;              // record_stream of a tensor with bytes on this backend:
+  uint64_t rs_base = 0;             // its storage, and the stream as (id, device index, device type)
+  long long rs_id = 0;
+  int rs_device = 0, rs_type = 0;
 };
 
 struct KeyHash {
@@ -85,7 +91,8 @@ std::mutex g_lock;  // the spec table
 std::unordered_map<std::pair<const char *, const char *>, Spec *, KeyHash> g_specs;
 PyObject *g_classify = nullptr;    // (name, overload) -> (kind, index, inputs, outputs, returns)
 PyObject *g_on_op = nullptr;       // (index, items, host, device, stream id, synced)
-PyObject *g_on_special = nullptr;  // (index, args, output, device, stream id, synced, pre)
+PyObject *g_on_special = nullptr;  // (index, args, output, device, stream id, synced, pre); record_stream's
+                                   // args: (storage base, stream id, device index, device type)
 std::atomic<bool> g_on{false};
 std::atomic<bool> g_host_check{false};
 std::atomic<uint64_t> g_epoch{0};  // bumped by the front end at each host synchronization
@@ -293,7 +300,21 @@ std::unique_ptr<at::ObserverContext> start_op(const at::RecordFunction &fn) {
   if (spec->kind != INACTIVE) {
     c->epoch = g_epoch.load(std::memory_order_relaxed);
     auto inputs = fn.inputs();
-    if (spec->kind == SPECIAL) {
+    if (spec->kind == RECORD_STREAM) {
+      if (inputs.size() >= 2 && inputs[0].isTensor() && inputs[1].isStream()) {
+        const at::Tensor &t = inputs[0].toTensor();
+        if (t.defined() && t.has_storage() && t.device().type() == g_dev && t.nbytes() > 0 &&
+            t.storage().data() != nullptr) {
+          c10::Stream st = inputs[1].toStream();
+          c->has_rs = true;
+          c->rs_base = (uint64_t)(uintptr_t)t.storage().data();
+          c->rs_id = (long long)st.id();
+          c->rs_device = (int)st.device_index();
+          c->rs_type = (int)st.device_type();
+          c->device = t.device().index();
+        }
+      }
+    } else if (spec->kind == SPECIAL) {
       c->args.assign(inputs.begin(), inputs.end());
       if (!inputs.empty() && inputs[0].isTensor()) {
         const at::Tensor &t = inputs[0].toTensor();
@@ -388,6 +409,11 @@ void call_front_end(Ctx *c, const std::vector<c10::IValue> &outs, long long sid,
   if (spec->kind == REGULAR) {
     argv[1] = items_list(c->items);
     argv[2] = c->host.empty() ? (Py_INCREF(Py_None), Py_None) : items_list(c->host);
+  } else if (spec->kind == RECORD_STREAM) {
+    argv[1] = Py_BuildValue("(KLii)", (unsigned long long)c->rs_base, c->rs_id, c->rs_device, c->rs_type);
+    argv[2] = (Py_INCREF(Py_None), Py_None);
+    argv[6] = (Py_INCREF(Py_None), Py_None);
+    argc = 7;
   } else {
     argv[1] = PyTuple_New((Py_ssize_t)c->args.size());
     for (size_t i = 0; argv[1] != nullptr && i < c->args.size(); i++) {
@@ -444,6 +470,8 @@ void end_op(const at::RecordFunction &fn, Ctx *c) {
       g_cpu_ops.fetch_add(1, std::memory_order_relaxed);
       return;
     }
+  } else if (spec->kind == RECORD_STREAM) {
+    if (!c->has_rs) return;  // a tensor of no bytes, or not on this backend: nothing to order
   } else {
     if (c->device < 0) {  // a special op's device: its first tensor's on this backend
       for (const auto &v : c->args)
