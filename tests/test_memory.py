@@ -974,6 +974,42 @@ def test_reentrant_lock_is_reentrant_per_thread_and_excludes_other_threads():
         pickle.dumps(lock)
 
 
+def test_reentrant_lock_wait_runs_signal_handlers():
+    import signal
+    from ignis.memory.resource import ReentrantLock
+    lock = ReentrantLock()
+    held, done = threading.Event(), threading.Event()
+
+    def holder() -> None:
+        with lock:
+            held.set()
+            done.wait(10)
+
+    t = threading.Thread(target=holder)
+    t.start()
+    held.wait(10)
+
+    class Alarm(Exception):
+        pass
+
+    def handler(signum, frame):
+        raise Alarm
+
+    old = signal.signal(signal.SIGALRM, handler)
+    try:
+        signal.setitimer(signal.ITIMER_REAL, 0.1)
+        with pytest.raises(Alarm):
+            lock.take()  # blocks: the handler runs and its exception ends the wait, the lock not taken
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, old)
+        done.set()
+        t.join(10)
+    assert not lock.held()
+    lock.take()
+    lock.give()
+
+
 def test_resource_lock_held_elsewhere_makes_the_pool_wait(dev):
     pool = ig.PoolResource(ig.DirectResource(dev))
     s = dev.default_stream

@@ -478,3 +478,17 @@ def test_kernel_parameters_are_marshalled_per_signature(dev):
         [type(v).__name__ for v in p] == ["c_void_p", "c_float", "c_longlong", "c_ubyte"]
     assert [p[0].value, p[1].value, p[2].value, p[3].value] == [x.device_ptr, 2.5, 1 << 40, 7]
     x.free()
+
+
+def test_a_span_beyond_the_address_range_is_refused_before_anything_changes():
+    from ignis.safety.sanitizer import WRITE, Sanitizer
+    san = Sanitizer()
+    san.mode = "collect"
+    big = 1 << 63
+    with pytest.raises(ValueError, match="below 2\\*\\*63"):
+        san.foreign_access(0x10, "aten::fill_", None, [(big, 256, big, big + 256, 0, 0, WRITE)])
+    with pytest.raises(ValueError, match="not an address range"):
+        san.foreign_access(0x10, "aten::fill_", None, [(4096, 256, 4096 + 64, 4096, 0, 0, WRITE)])
+    assert not san._live and not san._clock and san.checked_foreign == 0  # nothing was recorded
+    san.foreign_access(0x10, "aten::fill_", None, [(4096, 256, 4096, 4096 + 256, 0, 0, WRITE)])
+    assert san._live[4096].end == 4096 + 256 and san.checked_foreign == 1

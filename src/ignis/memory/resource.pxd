@@ -58,7 +58,7 @@ cdef class ReentrantLock:
     cdef unsigned long _owner
     cdef Py_ssize_t _depth
 
-    cpdef void take(self) noexcept
+    cpdef int take(self) except -1
     cpdef int give(self) except -1
 
 

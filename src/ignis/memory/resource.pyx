@@ -376,15 +376,20 @@ cdef class ReentrantLock:
         self._owner = 0
         self._depth = 0
 
-    cpdef void take(self) noexcept:
-        """Take the lock (again, if this thread holds it), waiting with the GIL released."""
+    cpdef int take(self) except -1:
+        """Take the lock (again, if this thread holds it), waiting with the GIL released;
+        a signal's handler runs while it waits (its exception propagates, the lock not taken)."""
         cdef unsigned long me = PyThread_get_thread_ident()
         if self._depth and self._owner == me:
             self._depth += 1
-            return
-        lock_take(self._lk)
+            return 0
+        if sem_trywait(&self._lk._sem) == 0:
+            self._lk._held = True
+        elif not self._lk._acquire(-1):
+            raise RuntimeError("cannot take a ReentrantLock: waiting for it failed")
         self._owner = me
         self._depth = 1
+        return 0
 
     cpdef int give(self) except -1:
         """Give back one ``take`` (the last one frees the lock).

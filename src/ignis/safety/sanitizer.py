@@ -76,6 +76,7 @@ def _frames() -> tuple:
 READ, WRITE, OUTPUT, NO_INIT_CHECK, PINNED = 1, 2, 4, 8, 16
 HOST = None  # the stream of an access the host makes itself (a CPU op on pinned memory)
 _INF = float("inf")
+_ADDR_END = 1 << 63  # addresses are C long longs in the records
 
 
 class _Rec:
@@ -367,28 +368,21 @@ class Sanitizer:
             self._lock.give()
 
     def on_event_wait(self, event: int, stream: int) -> None:
-        """``on_stream_wait_event`` in PyTorch's trace argument order."""
+        """``on_stream_wait_event`` in PyTorch's trace argument order (PyTorch's callback)."""
         self._lock.take()
         try:
-            self._join_event(stream, event)
+            snap = self._events.get(event)
+            if snap:
+                vc = self._vc_of(self._sid(stream))
+                for k, v in snap.items():
+                    if vc.get(k, 0) < v:
+                        vc[k] = v
         finally:
             self._lock.give()
 
     def on_stream_wait_event(self, stream: int, event: int) -> None:
         """``stream`` waits for ``event``: it joins the event's snapshot."""
-        self._lock.take()
-        try:
-            self._join_event(stream, event)
-        finally:
-            self._lock.give()
-
-    def _join_event(self, stream: int, event: int) -> None:
-        snap = self._events.get(event)
-        if snap:
-            vc = self._vc_of(self._sid(stream))
-            for k, v in snap.items():
-                if vc.get(k, 0) < v:
-                    vc[k] = v
+        self.on_event_wait(event, stream)
 
     def on_stream_synchronize(self, stream: int) -> None:
         """The host waited for ``stream`` (or saw it idle)."""
@@ -496,6 +490,9 @@ class Sanitizer:
         self._check(block, block.alloc_stream, "free", block.ptr, block.ptr + block.bytes, "free", False)
 
     def _check(self, block: DeviceBlock, stream: Any, kind: str, lo: int, hi: int, op: str, rw: bool) -> None:
+        if not 0 <= block.ptr <= lo <= hi < _ADDR_END:  # records keep addresses as C integers
+            raise ValueError(f"ignis sanitizer: block {block.ptr:#x} ({op}, bytes [{lo:#x}, {hi:#x})) is not an "
+                             f"address range below 2**63 (every device and host pointer is)")
         frames = _frames()
         self._lock.take()
         try:
@@ -692,6 +689,10 @@ class Sanitizer:
 
     def _foreign(self, stream: Any, op: str, frames: Any, items: list, synced: bool) -> list | None:
         """``foreign_access``'s checks, under the lock: the problems found, for reporting after."""
+        for it in items:  # before anything changes: records keep addresses as C integers
+            if not 0 <= it[2] <= it[3] < _ADDR_END:
+                raise ValueError(f"ignis sanitizer: {op} reports the byte span [{it[2]:#x}, {it[3]:#x}), which is "
+                                 f"not an address range below 2**63 (every device and host pointer is)")
         found: list | None = None
         self._lock.take()
         try:

@@ -388,9 +388,11 @@ class TorchFrontEnd:
         """The raw stream handle of a ``torch.Stream`` (what ``record_stream`` passes)."""
         if isinstance(s, int):
             return s
-        if isinstance(s, torch.Stream):  # torch.cuda.Stream too: one cached lookup
-            return self._raw_handle(s.stream_id, s.device_index, s.device_type)
-        return s.cuda_stream
+        if not isinstance(s, torch.Stream):  # (torch.cuda.Stream is one) a stream-like object
+            h = getattr(s, "cuda_stream", None)
+            if h is not None:
+                return h
+        return self._raw_handle(s.stream_id, s.device_index, s.device_type)
 
     def _raw_handle(self, stream_id: int, device_index: int, device_type: int) -> int:
         """The raw handle of the stream PyTorch packs as (id, device index, device type)."""

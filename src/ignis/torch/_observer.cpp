@@ -481,7 +481,7 @@ void end_op(const at::RecordFunction &fn, Ctx *c) {
         }
     }
   }
-  long long sid = stream_id(c->device);
+  long long sid = spec->kind == RECORD_STREAM ? 0 : stream_id(c->device);  // record_stream names its stream
   InPython py;
   call_front_end(c, outs, sid, synced);
 }
