@@ -909,26 +909,32 @@ def test_resource_lock_behaves_like_threading_lock(dev):
     assert not lock.locked()
 
 
-def test_resource_lock_wait_runs_signal_handlers_and_takes_a_release_from_another_thread(dev):
-    import signal
-    from ignis.memory.resource import ResourceLock
-    lock = ResourceLock()
-    lock.acquire()
+class _Alarm(Exception):
+    pass
 
-    class Alarm(Exception):
-        pass
+
+def _interrupted_by_alarm(wait) -> None:
+    """``wait()`` blocks; a SIGALRM handler's exception, 0.1 s later, must end it."""
+    import signal
 
     def handler(signum, frame):
-        raise Alarm
+        raise _Alarm
 
     old = signal.signal(signal.SIGALRM, handler)
     try:
         signal.setitimer(signal.ITIMER_REAL, 0.1)
-        with pytest.raises(Alarm):
-            lock.acquire()  # blocks: the handler runs and its exception ends the wait
+        with pytest.raises(_Alarm):
+            wait()
     finally:
         signal.setitimer(signal.ITIMER_REAL, 0)
         signal.signal(signal.SIGALRM, old)
+
+
+def test_resource_lock_wait_runs_signal_handlers_and_takes_a_release_from_another_thread(dev):
+    from ignis.memory.resource import ResourceLock
+    lock = ResourceLock()
+    lock.acquire()
+    _interrupted_by_alarm(lock.acquire)  # blocks: the handler runs and its exception ends the wait
     assert lock.locked()
     t = threading.Timer(0.05, lock.release)  # a release from another thread lets the waiter in
     t.start()
@@ -975,7 +981,6 @@ def test_reentrant_lock_is_reentrant_per_thread_and_excludes_other_threads():
 
 
 def test_reentrant_lock_wait_runs_signal_handlers():
-    import signal
     from ignis.memory.resource import ReentrantLock
     lock = ReentrantLock()
     held, done = threading.Event(), threading.Event()
@@ -988,21 +993,9 @@ def test_reentrant_lock_wait_runs_signal_handlers():
     t = threading.Thread(target=holder)
     t.start()
     held.wait(10)
-
-    class Alarm(Exception):
-        pass
-
-    def handler(signum, frame):
-        raise Alarm
-
-    old = signal.signal(signal.SIGALRM, handler)
     try:
-        signal.setitimer(signal.ITIMER_REAL, 0.1)
-        with pytest.raises(Alarm):
-            lock.take()  # blocks: the handler runs and its exception ends the wait, the lock not taken
+        _interrupted_by_alarm(lock.take)  # the handler's exception ends the wait, the lock not taken
     finally:
-        signal.setitimer(signal.ITIMER_REAL, 0)
-        signal.signal(signal.SIGALRM, old)
         done.set()
         t.join(10)
     assert not lock.held()
