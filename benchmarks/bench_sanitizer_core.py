@@ -38,14 +38,15 @@ def record(path: str, loop_iters: int, train_steps: int) -> int:
     from bench_torch_sanitizer import make_loop, make_train
 
     import ignis.torch
-    from ignis.safety.sanitizer import sanitizer
+    from ignis.safety.sanitizer import sanitizer, unpack_items
 
     calls: list[tuple] = []
 
     def wrap(name: str, fn: Any) -> Any:
         if name == "foreign_access":
             def rec(stream: Any, op: str, frames: Any, items: list, synced: bool = False) -> None:
-                calls.append((name, (stream, op, None, [tuple(it) for it in items], synced)))
+                its = unpack_items(items) if isinstance(items, bytes) else [tuple(it) for it in items]
+                calls.append((name, (stream, op, None, its, synced)))
                 fn(stream, op, frames, items, synced)
         else:
             def rec(*args: Any) -> None:
@@ -83,7 +84,7 @@ def record(path: str, loop_iters: int, train_steps: int) -> int:
 def replay(path: str, rounds: int) -> int:
     with gzip.open(path, "rt", encoding="utf-8") as f:
         data = json.load(f)
-    from ignis.safety.sanitizer import sanitizer
+    from ignis.safety.sanitizer import pack_items, sanitizer
     print(f"recorded on {data['card']} (torch {data['torch']}); replayed here, best and median of {rounds} rounds")
     print(f"{'workload':18s} {'calls':>7s} {'ops':>6s} {'µs/op best':>11s} {'µs/op median':>13s} {'µs/call':>8s}")
     failed = 0
@@ -94,7 +95,9 @@ def replay(path: str, rounds: int) -> int:
         for _ in range(rounds):
             sanitizer.enable("collect")
             sanitizer.clear()
-            bound = [(getattr(sanitizer, name), args) for name, args in calls]
+            # Each op's items packed, as the op observer hands them over.
+            bound = [(getattr(sanitizer, name), (*args[:3], pack_items(args[3]), *args[4:])
+                      if name == "foreign_access" else args) for name, args in calls]
             t = time.perf_counter()
             for fn, args in bound:
                 fn(*args)

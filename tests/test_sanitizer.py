@@ -492,3 +492,47 @@ def test_a_span_beyond_the_address_range_is_refused_before_anything_changes():
     assert not san._live and not san._clock and san.checked_foreign == 0  # nothing was recorded
     san.foreign_access(0x10, "aten::fill_", None, [(4096, 256, 4096, 4096 + 256, 0, 0, WRITE)])
     assert san._live[4096].end == 4096 + 256 and san.checked_foreign == 1
+
+
+def test_packed_items_are_checked_as_the_tuples_they_pack():
+    """The op observer hands items over packed (bytes): the same reports, the same state."""
+    from ignis.safety.sanitizer import OUTPUT, READ, WRITE, Sanitizer, pack_items, unpack_items
+
+    ops = [  # (stream, op, items): a write on one stream, a read on another without a wait, ...
+        (0x10, "aten::fill_", [(4096, 256, 4096, 4096 + 256, 0, 0, WRITE | OUTPUT)]),
+        (0x20, "aten::sum", [(4096, 256, 4096, 4096 + 128, 0, 0, READ), (8192, 64, 8192, 8192 + 4, 0, 0, WRITE)]),
+        (0x20, "aten::copy_", [(4096, 256, 4096 + 16, 4096 + 256, 32, 16, READ)]),  # a strided view
+        (0x10, "aten::zero_", [(8192, 64, 8192, 8192 + 64, 0, 0, WRITE)]),
+    ]
+    sans = []
+    for packed in (False, True):
+        san = Sanitizer()
+        san.mode = "collect"
+        for stream, op, items in ops:
+            if packed:
+                assert unpack_items(pack_items(items)) == items
+            san.foreign_access(stream, op, None, pack_items(items) if packed else items)
+        sans.append(san)
+    plain, packed = sans
+    assert [type(e).__name__ for e in plain.reports] == [type(e).__name__ for e in packed.reports]
+    assert [str(e) for e in plain.reports] == [str(e) for e in packed.reports] and plain.reports
+    assert plain.checked_foreign == packed.checked_foreign == 5
+    assert sorted(plain._live) == sorted(packed._live)
+    for base, ext in plain._live.items():
+        assert [(r.kind, r.lo, r.hi, r.per, r.ch, r.sid) for r in ext.recs] == \
+            [(r.kind, r.lo, r.hi, r.per, r.ch, r.sid) for r in packed._live[base].recs]
+
+
+def test_bad_packed_items_are_refused_before_anything_changes():
+    from ignis.safety.sanitizer import WRITE, Sanitizer, pack_items, unpack_items
+    san = Sanitizer()
+    san.mode = "collect"
+    with pytest.raises(ValueError, match="56 bytes each"):
+        san.foreign_access(0x10, "aten::fill_", None, pack_items([(4096, 256, 4096, 4352, 0, 0, WRITE)])[:-1])
+    with pytest.raises(ValueError, match="56 bytes each"):
+        unpack_items(b"\0" * 55)
+    with pytest.raises(ValueError, match="not an address range"):  # an address at or past 2**63 packs negative
+        san.foreign_access(0x10, "aten::fill_", None, pack_items([(4096, 256, -256, -1, 0, 0, WRITE)]))
+    with pytest.raises(ValueError, match="not an address range"):
+        san.foreign_access(0x10, "aten::fill_", None, pack_items([(4096, 256, 4096 + 64, 4096, 0, 0, WRITE)]))
+    assert not san._live and not san._clock and san.checked_foreign == 0

@@ -19,7 +19,7 @@ import pytest
 torch = pytest.importorskip("torch", reason="PyTorch is not installed (the ignis[torch] extra)")
 
 import ignis as ig  # noqa: E402
-from ignis.safety.sanitizer import NO_INIT_CHECK, OUTPUT, READ, WRITE, Sanitizer, _disjoint, _Rec  # noqa: E402
+from ignis.safety.sanitizer import NO_INIT_CHECK, OUTPUT, READ, WRITE, Sanitizer, _disjoint, _Rec, unpack_items  # noqa: E402
 from ignis.torch._frontend import TorchFrontEnd, _item, _pattern  # noqa: E402
 from ignis.torch._ops import classify  # noqa: E402
 
@@ -165,7 +165,7 @@ class Traced(TorchFrontEnd):
     def _observed(self, index, items, host, device, sid, synced) -> None:
         # The observer hands over byte ranges, not tensors: a fresh output's storage is
         # announced from its item (its free is not simulated on this engine).
-        for base, size, lo, hi, per, ch, mode in items:
+        for base, size, lo, hi, per, ch, mode in unpack_items(items):
             if mode & OUTPUT:
                 ext = self.san._live.get(base)
                 if ext is None or ext.end is not None:
@@ -202,7 +202,8 @@ def calls(fe: TorchFrontEnd, fn):
     got = []
     real = fe.san.foreign_access
     fe.san.foreign_access = lambda stream, op, frames, items, synced=False: got.append(
-        (op, sorted((m, lo - b, hi - b) for b, _, lo, hi, _, _, m in items)))
+        (op, sorted((m, lo - b, hi - b) for b, _, lo, hi, _, _, m in
+                    (unpack_items(items) if isinstance(items, bytes) else items))))
     try:
         fn()
     finally:

@@ -95,7 +95,8 @@ cdef class Sanitizer:
     cdef list _inherit(self, long long lo, long long hi)
     @cython.locals(sid=cython.longlong, ep=cython.longlong, vc=dict, live=dict, host=dict, hv=cython.longlong,
                    ext=_Extent, rec=_Rec, recs=list, conflict=_Rec, mode=cython.longlong, per=cython.longlong,
-                   ch=cython.longlong, write=bint, written=list, found=list)
-    cdef list _foreign(self, object stream, str op, object frames, list items, bint synced)
+                   ch=cython.longlong, write=bint, written=list, found=list, packed=bint, n=Py_ssize_t,
+                   k=Py_ssize_t, buf=cython.p_char, p=cython.p_longlong, bad=bint)
+    cdef list _foreign(self, object stream, str op, object frames, object items, bint synced)
     cdef _Extent _first_sight(self, _Extent ext, object base, object size, long long mode, long long sid,
                               object frames, str op)

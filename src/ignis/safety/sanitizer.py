@@ -49,10 +49,17 @@ from __future__ import annotations
 
 import atexit
 import itertools
+import struct
 import sys
 from bisect import bisect_left, bisect_right, insort
 from contextlib import contextmanager
 from typing import Any, Callable, Iterator
+
+try:  # compiled, this is Cython's; as plain Python, its shadow module if installed (not required)
+    import cython
+    _COMPILED = cython.compiled
+except ImportError:
+    _COMPILED = False
 
 from ..errors import OutOfBoundsError, RaceError, UninitializedReadError
 from ..memory import ordering as _ord
@@ -61,8 +68,8 @@ from ..memory.block import DeviceBlock
 from ..memory.resource import ReentrantLock
 from .frames import capture_frames, format_frames, sites
 
-__all__ = ["Sanitizer", "sanitizer", "enable", "disable", "enabled", "is_enabled", "reports",
-           "UninitializedReadError", "READ", "WRITE", "OUTPUT", "NO_INIT_CHECK", "PINNED", "HOST"]
+__all__ = ["Sanitizer", "sanitizer", "enable", "disable", "enabled", "is_enabled", "reports", "pack_items",
+           "unpack_items", "UninitializedReadError", "READ", "WRITE", "OUTPUT", "NO_INIT_CHECK", "PINNED", "HOST"]
 
 
 def _frames() -> tuple:
@@ -77,6 +84,20 @@ READ, WRITE, OUTPUT, NO_INIT_CHECK, PINNED = 1, 2, 4, 8, 16
 HOST = None  # the stream of an access the host makes itself (a CPU op on pinned memory)
 _INF = float("inf")
 _ADDR_END = 1 << 63  # addresses are C long longs in the records
+# Packed items: each one (base, size, lo, hi, period, chunk, mode) as seven native int64s.
+_PACKED = struct.Struct("=7q")
+
+
+def pack_items(items: list[tuple]) -> bytes:
+    """``foreign_access`` items packed (what the PyTorch front end's op observer hands over)."""
+    return b"".join(_PACKED.pack(*it) for it in items)
+
+
+def unpack_items(data: bytes) -> list[tuple]:
+    """Packed ``foreign_access`` items as a list of 7-tuples."""
+    if len(data) % _PACKED.size:
+        raise ValueError(f"ignis sanitizer: packed items are {_PACKED.size} bytes each; got {len(data)} bytes")
+    return list(_PACKED.iter_unpack(data))
 
 
 class _Rec:
@@ -671,12 +692,14 @@ class Sanitizer:
         ext = self._live.get(base)
         return ext is not None and ext.end is not None
 
-    def foreign_access(self, stream: Any, op: str, frames: Any, items: list, synced: bool = False) -> None:
+    def foreign_access(self, stream: Any, op: str, frames: Any, items: list | bytes, synced: bool = False) -> None:
         """One operation's accesses to foreign memory, queued on ``stream`` (a handle;
         ``HOST`` for the host itself). Each item is ``(base, size, lo, hi, period, chunk,
         mode)``: the extent's base and size (size is read only when the extent is new),
         the absolute byte span, its stride pattern (0, 0 when contiguous) and mode bits
         (``READ``, ``WRITE``, ``OUTPUT``: the op produced it, ``NO_INIT_CHECK``, ``PINNED``).
+        ``items`` is a list of such tuples, or ``bytes`` holding them packed
+        (``pack_items``: seven native int64s each, read in place when compiled).
         ``synced``: the host waited for the stream inside the operation (``.item()``), after
         its work was queued: the host clock covers it."""
         found = self._foreign(stream, op, frames, items, synced)
@@ -687,11 +710,29 @@ class Sanitizer:
                 else:
                     self._race(first, rec)
 
-    def _foreign(self, stream: Any, op: str, frames: Any, items: list, synced: bool) -> list | None:
+    def _foreign(self, stream: Any, op: str, frames: Any, items: list | bytes, synced: bool) -> list | None:
         """``foreign_access``'s checks, under the lock: the problems found, for reporting after."""
-        for it in items:  # before anything changes: records keep addresses as C integers
-            if not 0 <= it[2] <= it[3] < _ADDR_END:
-                raise ValueError(f"ignis sanitizer: {op} reports the byte span [{it[2]:#x}, {it[3]:#x}), which is "
+        packed = type(items) is bytes
+        if packed and not _COMPILED:
+            items, packed = unpack_items(items), False
+        if packed:
+            if len(items) % 56:
+                raise ValueError(f"ignis sanitizer: packed items are 56 bytes each; {op} handed over {len(items)}")
+            n = len(items) // 56
+            buf = items
+            p = cython.cast(cython.p_longlong, buf)
+        else:
+            n = len(items)
+        for k in range(n):  # before anything changes: records keep addresses as C integers
+            if packed:
+                lo, hi = p[7 * k + 2], p[7 * k + 3]
+                bad = lo < 0 or hi < lo
+            else:
+                it = items[k]
+                lo, hi = it[2], it[3]
+                bad = not 0 <= lo <= hi < _ADDR_END
+            if bad:
+                raise ValueError(f"ignis sanitizer: {op} reports the byte span [{lo:#x}, {hi:#x}), which is "
                                  f"not an address range below 2**63 (every device and host pointer is)")
         found: list | None = None
         self._lock.take()
@@ -702,10 +743,15 @@ class Sanitizer:
                 self._vc_of(sid)
             ep = vc[sid] = vc[sid] + 1
             label = self._labels[sid]
-            self.checked_foreign += len(items)
+            self.checked_foreign += n
             live, host, hv = self._live, self._host, self._host_version
             written = None
-            for base, size, lo, hi, per, ch, mode in items:
+            for k in range(n):
+                if packed:
+                    base, size, lo, hi = p[7 * k], p[7 * k + 1], p[7 * k + 2], p[7 * k + 3]
+                    per, ch, mode = p[7 * k + 4], p[7 * k + 5], p[7 * k + 6]
+                else:
+                    base, size, lo, hi, per, ch, mode = items[k]
                 ext = live.get(base)
                 if ext is None or ext.end is None:
                     ext = self._first_sight(ext, base, size, mode, sid, frames, op)

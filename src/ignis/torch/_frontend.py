@@ -61,7 +61,7 @@ from torch.utils._python_dispatch import TorchDispatchMode, _get_current_dispatc
 from ..errors import IgnisError
 from .._types import Access
 from ..safety.frames import MAX_FRAMES, add_library_dir, is_user_file
-from ..safety.sanitizer import HOST, NO_INIT_CHECK, OUTPUT, PINNED, READ, WRITE, Sanitizer
+from ..safety.sanitizer import HOST, NO_INIT_CHECK, OUTPUT, PINNED, READ, WRITE, Sanitizer, unpack_items
 from ..safety.sanitizer import _frames as _san_frames
 from ._ops import SPECS, OpSpec, classify
 
@@ -218,6 +218,7 @@ class TorchFrontEnd:
         self._callbacks: list[tuple[Any, Callable]] = []
         self._storages: dict[int, weakref.ref] = {}
         self._handles: dict[tuple, int] = {}
+        self._obs_handles: dict[int, int] = {}  # the observer's streams: sid * 1024 + device -> handle
 
     # -- per op ------------------------------------------------------------------
     @staticmethod
@@ -446,26 +447,34 @@ class TorchFrontEnd:
 
     def _obs_stream(self, device: int, sid: int) -> int:
         """The raw handle of the stream the observer named (a CUDA stream's id on ``device``)."""
-        return self._raw_handle(sid, device, 1) if self._cuda else self.stream_of(None)
+        if not self._cuda:
+            return self.stream_of(None)
+        key = sid * 1024 + device  # (device indices are below 1024)
+        h = self._obs_handles.get(key)
+        if h is None:
+            h = self._obs_handles[key] = self._raw_handle(sid, device, 1)
+        return h
 
-    def _observed(self, index: int, items: list, host: list | None, device: int, sid: int, synced: bool) -> None:
+    def _observed(self, index: int, items: bytes, host: bytes | None, device: int, sid: int, synced: bool) -> None:
         """A regular op's accesses, as the observer found them (``items`` on the device,
-        ``host``: its host tensors' while pinned memory is tracked). An error cannot be
-        raised into the op from here: in raise mode it waits in ``pending`` (``disable``
-        raises it)."""
+        ``host``: its host tensors' while pinned memory is tracked; both packed, as
+        ``ignis.safety.sanitizer.pack_items`` packs them). An error cannot be raised into
+        the op from here: in raise mode it waits in ``pending`` (``disable`` raises it)."""
         san = self.san
         try:
             spec = self._obs_specs[index]
             if host:
                 pinned = san.pinned
-                host = [it for it in host if it[0] in pinned]
+                host = [it for it in unpack_items(host) if it[0] in pinned]
                 if not items and not host:
                     self.cpu_ops += 1
                     return
             frames = capture_stack()
             if items:
                 self.ops += 1
-                san.foreign_access(self._obs_stream(device, sid), spec.name, frames, items, synced)
+                h = self._obs_handles.get(sid * 1024 + device) if self._cuda else None
+                san.foreign_access(self._obs_stream(device, sid) if h is None else h, spec.name, frames, items,
+                                   synced)
             if host:
                 san.foreign_access(HOST, spec.name, frames, host)
         except IgnisError as e:

@@ -90,7 +90,7 @@ struct KeyHash {
 std::mutex g_lock;  // the spec table
 std::unordered_map<std::pair<const char *, const char *>, Spec *, KeyHash> g_specs;
 PyObject *g_classify = nullptr;    // (name, overload) -> (kind, index, inputs, outputs, returns)
-PyObject *g_on_op = nullptr;       // (index, items, host, device, stream id, synced)
+PyObject *g_on_op = nullptr;       // (index, items, host, device, stream id, synced); items packed (bytes)
 PyObject *g_on_special = nullptr;  // (index, args, output, device, stream id, synced, pre); record_stream's
                                    // args: (storage base, stream id, device index, device type)
 std::atomic<bool> g_on{false};
@@ -350,29 +350,23 @@ std::unique_ptr<at::ObserverContext> on_start(const at::RecordFunction &fn) {
   }
 }
 
-inline PyObject *u64(uint64_t v) { return PyLong_FromUnsignedLongLong((unsigned long long)v); }
 
-// The items as the sanitizer's foreign_access takes them: (base, size, lo, hi, period, chunk, mode).
-PyObject *items_list(c10::ArrayRef<Item> v) {
-  PyObject *lst = PyList_New((Py_ssize_t)v.size());
-  if (lst == nullptr) return nullptr;
-  for (size_t i = 0; i < v.size(); i++) {
-    const Item &it = v[i];
-    PyObject *t = PyTuple_New(7);
-    if (t == nullptr) {
-      Py_DECREF(lst);
-      return nullptr;
-    }
-    PyTuple_SET_ITEM(t, 0, u64(it.base));
-    PyTuple_SET_ITEM(t, 1, u64(it.size));
-    PyTuple_SET_ITEM(t, 2, u64(it.lo));
-    PyTuple_SET_ITEM(t, 3, u64(it.hi));
-    PyTuple_SET_ITEM(t, 4, u64(it.per));
-    PyTuple_SET_ITEM(t, 5, u64(it.chunk));
-    PyTuple_SET_ITEM(t, 6, PyLong_FromLong(it.mode));
-    PyList_SET_ITEM(lst, i, t);
+// The items as the sanitizer's foreign_access takes them: (base, size, lo, hi, period, chunk,
+// mode) each, packed as seven native int64s in one bytes object (ignis.safety.sanitizer's
+// pack_items), which the compiled sanitizer reads in place: no tuple or integer object per item.
+PyObject *items_bytes(c10::ArrayRef<Item> v) {
+  c10::SmallVector<int64_t, 42> w;
+  w.reserve(v.size() * 7);
+  for (const Item &it : v) {
+    w.push_back((int64_t)it.base);
+    w.push_back((int64_t)it.size);
+    w.push_back((int64_t)it.lo);
+    w.push_back((int64_t)it.hi);
+    w.push_back((int64_t)it.per);
+    w.push_back((int64_t)it.chunk);
+    w.push_back((int64_t)it.mode);
   }
-  return lst;
+  return PyBytes_FromStringAndSize(reinterpret_cast<const char *>(w.data()), (Py_ssize_t)(w.size() * sizeof(int64_t)));
 }
 
 // A special op's argument as the front end's Python reads it (None for what it does not read).
@@ -407,8 +401,8 @@ void call_front_end(Ctx *c, const std::vector<c10::IValue> &outs, long long sid,
   Py_ssize_t argc = 6;
   argv[0] = PyLong_FromLong(spec->index);
   if (spec->kind == REGULAR) {
-    argv[1] = items_list(c->items);
-    argv[2] = c->host.empty() ? (Py_INCREF(Py_None), Py_None) : items_list(c->host);
+    argv[1] = items_bytes(c->items);
+    argv[2] = c->host.empty() ? (Py_INCREF(Py_None), Py_None) : items_bytes(c->host);
   } else if (spec->kind == RECORD_STREAM) {
     argv[1] = Py_BuildValue("(KLii)", (unsigned long long)c->rs_base, c->rs_id, c->rs_device, c->rs_type);
     argv[2] = (Py_INCREF(Py_None), Py_None);
