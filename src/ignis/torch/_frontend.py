@@ -472,9 +472,7 @@ class TorchFrontEnd:
             frames = capture_stack()
             if items:
                 self.ops += 1
-                h = self._obs_handles.get(sid * 1024 + device) if self._cuda else None
-                san.foreign_access(self._obs_stream(device, sid) if h is None else h, spec.name, frames, items,
-                                   synced)
+                san.foreign_access(self._obs_stream(device, sid), spec.name, frames, items, synced)
             if host:
                 san.foreign_access(HOST, spec.name, frames, host)
         except IgnisError as e:

@@ -350,7 +350,6 @@ std::unique_ptr<at::ObserverContext> on_start(const at::RecordFunction &fn) {
   }
 }
 
-
 // The items as the sanitizer's foreign_access takes them: (base, size, lo, hi, period, chunk,
 // mode) each, packed as seven native int64s in one bytes object (ignis.safety.sanitizer's
 // pack_items), which the compiled sanitizer reads in place: no tuple or integer object per item.
