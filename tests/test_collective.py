@@ -321,7 +321,9 @@ def _group_with_refusal(comm, a, b) -> None:  # type: ignore[no-untyped-def]
 
 
 def worker_die(comm: "ig.collective.Communicator", args: argparse.Namespace) -> int:
-    """The last rank dies; the others must raise CollectiveError naming it and the operation."""
+    """The last rank dies; the others must raise CollectiveError naming it and the operation.
+    With ``--flag DIR``, a survivor stays until every survivor has caught it: one that exited
+    first would be a second death, which a slower survivor could see first and name."""
     r, w = comm.rank, comm.world_size
     comm.barrier()
     if r == w - 1:
@@ -341,6 +343,10 @@ def worker_die(comm: "ig.collective.Communicator", args: argparse.Namespace) -> 
             print(f"AGAIN {again}")
         else:
             ok = False
+        if args.flag:
+            Path(args.flag, f"caught{r}").touch()
+            for other in range(w - 1):
+                _wait_flag(str(Path(args.flag, f"caught{other}")), limit=args.timeout)
         return 0 if ok else 1
     print("NOT RAISED")
     return 1
@@ -693,9 +699,9 @@ def test_ownership_and_stream_order_with_jitter():
     assert out.count("OK ownership") == 2, out
 
 
-def test_dying_rank_is_named_on_the_others():
+def test_dying_rank_is_named_on_the_others(tmp_path):
     t0 = time.monotonic()
-    rc, out = _launch(3, "die", "--timeout", "20")
+    rc, out = _launch(3, "die", "--timeout", "20", "--flag", str(tmp_path))
     took = time.monotonic() - t0
     assert rc == 3, out  # the dead rank's status
     for r in (0, 1):
