@@ -48,7 +48,6 @@ def _torch_front_end() -> dict[str, Any] | None:
         return {"torch": None, "error": f"{type(e).__name__}: {e}"}
 
 
-
 def _library_versions() -> dict[str, str | None]:
     import ml_dtypes
     import numpy as np

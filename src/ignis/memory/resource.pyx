@@ -383,9 +383,7 @@ cdef class ReentrantLock:
         if self._depth and self._owner == me:
             self._depth += 1
             return 0
-        if sem_trywait(&self._lk._sem) == 0:
-            self._lk._held = True
-        elif not self._lk._acquire(-1):
+        if not self._lk._acquire(-1):  # an uncontended take is its sem_trywait
             raise RuntimeError("cannot take a ReentrantLock: waiting for it failed")
         self._owner = me
         self._depth = 1

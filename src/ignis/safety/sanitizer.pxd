@@ -44,6 +44,8 @@ cdef _Rec _new_rec(long long sid, object stream_id, long long epoch, str kind, l
 @cython.locals(r=_Rec, keep=list)
 cdef int _retire_passed(list recs, dict host) except -1
 
+cdef Py_ssize_t _packed_count(bytes data) except -1
+
 @cython.locals(r=_Rec, lo=cython.longlong, hi=cython.longlong, per=cython.longlong, ch=cython.longlong,
                sid=cython.longlong, drop=bint, covered=bint, keep=list, conflict=_Rec)
 cdef _Rec _scan(list recs, _Rec rec, dict vc, bint write)

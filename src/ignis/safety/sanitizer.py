@@ -85,7 +85,7 @@ HOST = None  # the stream of an access the host makes itself (a CPU op on pinned
 _INF = float("inf")
 _ADDR_END = 1 << 63  # addresses are C long longs in the records
 # Packed items: each one (base, size, lo, hi, period, chunk, mode) as seven native int64s.
-_PACKED = struct.Struct("=7q")
+_PACKED = struct.Struct("=7q")  # 56 bytes
 
 
 def pack_items(items: list[tuple]) -> bytes:
@@ -93,10 +93,17 @@ def pack_items(items: list[tuple]) -> bytes:
     return b"".join(_PACKED.pack(*it) for it in items)
 
 
+def _packed_count(data: bytes) -> int:
+    """How many items ``data`` packs (ValueError if its length is not a whole number of them)."""
+    n = len(data)
+    if n % 56:
+        raise ValueError(f"ignis sanitizer: packed items are 56 bytes each (pack_items); got {n} bytes")
+    return n // 56
+
+
 def unpack_items(data: bytes) -> list[tuple]:
     """Packed ``foreign_access`` items as a list of 7-tuples."""
-    if len(data) % _PACKED.size:
-        raise ValueError(f"ignis sanitizer: packed items are {_PACKED.size} bytes each; got {len(data)} bytes")
+    _packed_count(data)
     return list(_PACKED.iter_unpack(data))
 
 
@@ -716,9 +723,7 @@ class Sanitizer:
         if packed and not _COMPILED:
             items, packed = unpack_items(items), False
         if packed:
-            if len(items) % 56:
-                raise ValueError(f"ignis sanitizer: packed items are 56 bytes each; {op} handed over {len(items)}")
-            n = len(items) // 56
+            n = _packed_count(items)
             buf = items
             p = cython.cast(cython.p_longlong, buf)
         else:

@@ -218,7 +218,6 @@ class TorchFrontEnd:
         self._callbacks: list[tuple[Any, Callable]] = []
         self._storages: dict[int, weakref.ref] = {}
         self._handles: dict[tuple, int] = {}
-        self._obs_handles: dict[int, int] = {}  # the observer's streams: sid * 1024 + device -> handle
 
     # -- per op ------------------------------------------------------------------
     @staticmethod
@@ -447,13 +446,7 @@ class TorchFrontEnd:
 
     def _obs_stream(self, device: int, sid: int) -> int:
         """The raw handle of the stream the observer named (a CUDA stream's id on ``device``)."""
-        if not self._cuda:
-            return self.stream_of(None)
-        key = sid * 1024 + device  # (device indices are below 1024)
-        h = self._obs_handles.get(key)
-        if h is None:
-            h = self._obs_handles[key] = self._raw_handle(sid, device, 1)
-        return h
+        return self._raw_handle(sid, device, 1) if self._cuda else self.stream_of(None)
 
     def _observed(self, index: int, items: bytes, host: bytes | None, device: int, sid: int, synced: bool) -> None:
         """A regular op's accesses, as the observer found them (``items`` on the device,

@@ -58,10 +58,13 @@ struct Spec {
   std::vector<Arg> in, out;
 };
 
+// One access, laid out as the sanitizer's packed items (pack_items: seven native int64s), so
+// an op's items are handed over as they are.
 struct Item {
   uint64_t base, size, lo, hi, per, chunk;
-  int mode;
+  int64_t mode;
 };
+static_assert(sizeof(Item) == 7 * sizeof(int64_t), "Item must match the sanitizer's packed item");
 
 struct Ctx : at::ObserverContext {
   Spec *spec = nullptr;
@@ -350,22 +353,10 @@ std::unique_ptr<at::ObserverContext> on_start(const at::RecordFunction &fn) {
   }
 }
 
-// The items as the sanitizer's foreign_access takes them: (base, size, lo, hi, period, chunk,
-// mode) each, packed as seven native int64s in one bytes object (ignis.safety.sanitizer's
-// pack_items), which the compiled sanitizer reads in place: no tuple or integer object per item.
+// The items as the sanitizer's foreign_access takes them, packed: one bytes object, which the
+// compiled sanitizer reads in place (no tuple or integer object per item).
 PyObject *items_bytes(c10::ArrayRef<Item> v) {
-  c10::SmallVector<int64_t, 42> w;
-  w.reserve(v.size() * 7);
-  for (const Item &it : v) {
-    w.push_back((int64_t)it.base);
-    w.push_back((int64_t)it.size);
-    w.push_back((int64_t)it.lo);
-    w.push_back((int64_t)it.hi);
-    w.push_back((int64_t)it.per);
-    w.push_back((int64_t)it.chunk);
-    w.push_back((int64_t)it.mode);
-  }
-  return PyBytes_FromStringAndSize(reinterpret_cast<const char *>(w.data()), (Py_ssize_t)(w.size() * sizeof(int64_t)));
+  return PyBytes_FromStringAndSize(reinterpret_cast<const char *>(v.data()), (Py_ssize_t)(v.size() * sizeof(Item)));
 }
 
 // A special op's argument as the front end's Python reads it (None for what it does not read).
