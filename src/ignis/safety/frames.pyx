@@ -4,8 +4,10 @@ Only the user's frames are kept: a frame whose code lives in Ignis, in a library
 registered with ``add_library_dir`` (the PyTorch front end registers PyTorch),
 in the standard library's wrappers (``runpy``, ``contextlib``, ``threading``) or
 in frozen importlib is skipped.
-Whether a code object is the user's is decided once and cached, so a capture
-costs one dictionary lookup per frame walked.
+Whether a code object is the user's is decided once and kept in a table keyed by
+the code's address, and a capture is interned: the same user frames at the same
+instructions (a loop's every iteration) give the same tuple, made once. So a
+capture costs a walk over the frames and one lookup, and makes no object.
 
 Compiled (every guarded allocation and every sanitized access captures its site):
 the walk runs over the frames with the C API. This module's functions have no
@@ -24,17 +26,25 @@ import threading
 from types import CodeType
 from typing import Any
 
-from cpython.ref cimport PyObject, Py_DECREF, Py_XDECREF, Py_XINCREF
+from cpython.ref cimport PyObject, Py_DECREF, Py_INCREF, Py_XDECREF, Py_XINCREF
+from libc.stdint cimport uint64_t, uintptr_t
+from libc.stdlib cimport calloc, free
 
 cdef extern from "Python.h":
     ctypedef struct PyFrameObject:
         pass
     ctypedef struct PyCodeObject:
         pass
+    ctypedef struct PyThreadState:
+        pass
     PyFrameObject *PyEval_GetFrame()                       # borrowed; NULL: no Python frame
     PyFrameObject *PyFrame_GetBack(PyFrameObject *frame)   # new reference or NULL (no error)
     PyCodeObject *PyFrame_GetCode(PyFrameObject *frame)    # new reference
     int PyFrame_GetLineNumber(PyFrameObject *frame)
+    PyThreadState *PyThreadState_Get()
+    PyFrameObject *PyThreadState_GetFrame(PyThreadState *tstate)  # new reference or NULL
+    PyObject *PyTuple_New(Py_ssize_t n)
+    void PyTuple_SET_ITEM(PyObject *t, Py_ssize_t i, PyObject *o)
 
 cdef extern from *:
     """
@@ -44,8 +54,14 @@ cdef extern from *:
     #include <frameobject.h>
     #define ignis_frame_lasti(f) ((f)->f_lasti)
     #endif
+    #if PY_VERSION_HEX >= 0x030D0000
+    #define ignis_finalizing() Py_IsFinalizing()
+    #else
+    #define ignis_finalizing() _Py_IsFinalizing()
+    #endif
     """
     int ignis_frame_lasti(PyFrameObject *frame)  # the frame's last instruction; < 0: none yet
+    int ignis_finalizing()
 
 __all__ = ["capture_frames", "format_frames", "add_library_dir", "is_user_file", "resolve", "sites", "MAX_FRAMES"]
 
@@ -54,11 +70,120 @@ MAX_FRAMES = 6
 
 # Ignis, and the standard library's wrappers that stand between the user's code and a call
 _library: list[str] = [_PKG_DIR + os.sep] + [os.path.abspath(m.__file__) for m in (runpy, contextlib, threading)]
-# id(code) -> (code, is the user's, its lines by instruction offset (the user's code only)):
-# hashing a code object costs more than the walk itself, and finding an instruction's line
-# more than a lookup; the entry keeps the code alive, so its id cannot be reused while cached.
-_user: dict[int, tuple[CodeType, bool, dict | None]] = {}
-_MAIN = threading.main_thread().ident
+
+
+# -- two tables in C, read on every capture without making a Python object ----------------------
+# Code objects: whether each is the user's (its file is not a library's), decided once. An entry
+# holds a reference to its code, so the pointer cannot be reused while the entry lives.
+cdef struct _CodeSlot:
+    PyObject *code
+    int user
+
+# Captured stacks, interned: the same user frames at the same instructions (a loop's every
+# iteration) give the same tuple, made once. An entry holds its tuple, which holds the codes the
+# key names, so a key's pointers stay those codes'.
+cdef enum:
+    _KEY_FRAMES = 8            # captures of more frames than this are made anew each time
+    _CODE_SLOTS_MAX = 1 << 17  # past half this many slots, every code is forgotten (and decided again)
+    _STACK_SLOTS = 1 << 12     # past half this many slots, every interned stack is forgotten
+
+cdef struct _StackSlot:
+    uint64_t hash
+    Py_ssize_t n
+    PyObject *codes[_KEY_FRAMES]
+    int lastis[_KEY_FRAMES]
+    PyObject *stack
+
+cdef _CodeSlot *_codes = NULL
+cdef Py_ssize_t _code_cap = 0, _code_count = 0
+cdef _StackSlot *_stacks = NULL
+cdef Py_ssize_t _stack_count = 0
+
+
+cdef inline uint64_t _mix(uint64_t h, uint64_t v) noexcept nogil:
+    h ^= v + <uint64_t>0x9E3779B97F4A7C15ULL + (h << 6) + (h >> 2)
+    return h
+
+
+cdef void _forget_codes() noexcept:
+    """Drop the code table (detached first: a code's release may run Python code that captures)."""
+    global _codes, _code_cap, _code_count
+    cdef _CodeSlot *old = _codes
+    cdef Py_ssize_t cap = _code_cap, i
+    _codes, _code_cap, _code_count = NULL, 0, 0
+    if old != NULL:
+        for i in range(cap):
+            Py_XDECREF(old[i].code)
+        free(old)
+
+
+cdef void _forget_stacks() noexcept:
+    """Drop the interned stacks (detached first, as above)."""
+    global _stacks, _stack_count
+    cdef _StackSlot *old = _stacks
+    cdef Py_ssize_t i
+    _stacks, _stack_count = NULL, 0
+    if old != NULL:
+        for i in range(_STACK_SLOTS):
+            Py_XDECREF(old[i].stack)
+        free(old)
+
+
+cdef int _code_put(PyObject *code, int user) except -1:
+    """Remember whether ``code`` is the user's (the table grows as it fills, up to a bound)."""
+    global _codes, _code_cap
+    cdef _CodeSlot *old
+    cdef _CodeSlot *new
+    cdef Py_ssize_t cap, i, j, ocap
+    if (_code_count + 1) * 2 > _code_cap:
+        if _code_cap >= _CODE_SLOTS_MAX:
+            _forget_codes()  # may run Python code (a code's weakref callback): start over after
+            return _code_put(code, user)
+        ocap = _code_cap
+        cap = ocap * 2 if ocap else 1024
+        new = <_CodeSlot *>calloc(cap, sizeof(_CodeSlot))
+        if new == NULL:
+            raise MemoryError()
+        old = _codes
+        for i in range(ocap):  # no Python code runs from here to the swap
+            if old[i].code != NULL:
+                j = (<uintptr_t>old[i].code >> 4) & (cap - 1)
+                while new[j].code != NULL:
+                    j = (j + 1) & (cap - 1)
+                new[j] = old[i]
+        _codes, _code_cap = new, cap
+        free(old)
+    _code_insert(code, user)
+    return 0
+
+
+cdef void _code_insert(PyObject *code, int user) noexcept:
+    global _code_count
+    cdef Py_ssize_t i = (<uintptr_t>code >> 4) & (_code_cap - 1)
+    while _codes[i].code != NULL:
+        if _codes[i].code == code:
+            _codes[i].user = user
+            return
+        i = (i + 1) & (_code_cap - 1)
+    Py_INCREF(<object>code)
+    _codes[i].code = code
+    _codes[i].user = user
+    _code_count += 1
+
+
+cdef int _user_code(PyObject *code) except -1:
+    """1 if ``code`` is the user's, 0 if not (decided once per code object)."""
+    cdef Py_ssize_t i
+    cdef int u
+    if _code_cap:
+        i = (<uintptr_t>code >> 4) & (_code_cap - 1)
+        while _codes[i].code != NULL:
+            if _codes[i].code == code:
+                return _codes[i].user
+            i = (i + 1) & (_code_cap - 1)
+    u = 1 if is_user_file((<object>code).co_filename) else 0  # Python: the tables may change meanwhile
+    _code_put(code, u)
+    return u
 
 
 def add_library_dir(path: str) -> None:
@@ -67,13 +192,23 @@ def add_library_dir(path: str) -> None:
     p = p if os.path.isfile(p) else p + os.sep
     if p not in _library:
         _library.append(p)
-        _user.clear()
+        _forget_codes()
+        _forget_stacks()
 
 
-def _is_user(co: CodeType) -> bool:
-    u = is_user_file(co.co_filename)
-    _user[id(co)] = (co, u, {} if u else None)
-    return u
+# The main thread's state (the module is imported there): a thread with no frame of the user's
+# own (PyTorch's autograd engine's) takes the main thread's stack, where ``backward()`` was called.
+cdef PyThreadState *_main_ts = NULL
+if threading.current_thread() is threading.main_thread():
+    _main_ts = PyThreadState_Get()
+
+
+def _after_fork_in_child() -> None:
+    global _main_ts
+    _main_ts = PyThreadState_Get()  # the forking thread is the child's main thread
+
+
+os.register_at_fork(after_in_child=_after_fork_in_child)
 
 
 def capture_frames(skip: int = 2, limit: int = MAX_FRAMES) -> tuple:
@@ -82,38 +217,113 @@ def capture_frames(skip: int = 2, limit: int = MAX_FRAMES) -> tuple:
     ``skip``: the frames to pass over first, counting this function as frame 0 (2: from
     the caller's caller on). On a thread with no user frame at all (PyTorch's autograd
     engine runs backward ops on its own threads), the main thread's user frames are
-    taken instead: that is where ``backward()`` was called."""
-    global _main_seen
+    taken instead: that is where ``backward()`` was called. The same frames at the same
+    instructions give the same tuple (interned), so a loop's captures cost a walk and a
+    lookup."""
     # This function is compiled: the innermost Python frame is its caller's, frame 1.
+    cdef PyObject *f
     out = _walk_c(<PyObject *>PyEval_GetFrame(), skip - 1, limit)
-    if not out and threading.get_ident() != _MAIN:
-        f = sys._current_frames().get(_MAIN)
-        if f is not None:
-            key = (id(f), f.f_lineno)  # the main thread sits in backward() for many ops: walk it once
-            seen = _main_seen
-            if seen is not None and seen[0] == key:
-                return seen[1]
-            out = _walk(f, limit)
-            _main_seen = (key, out)
+    if not out:
+        if _main_ts != NULL:
+            if PyThreadState_Get() != _main_ts and not ignis_finalizing():
+                f = <PyObject *>PyThreadState_GetFrame(_main_ts)
+                try:
+                    out = _walk_c(f, 0, limit)
+                finally:
+                    Py_XDECREF(f)
+        elif threading.get_ident() != threading.main_thread().ident:  # imported off the main thread
+            f0 = sys._current_frames().get(threading.main_thread().ident)
+            if f0 is not None:
+                out = _walk_c(<PyObject *>f0, 0, limit)
     return out
 
 
-_main_seen: tuple | None = None
-
-
-def _walk(f, limit: int) -> tuple:
-    """The user frames from frame ``f`` outward, at most ``limit``, as (code, line) pairs."""
-    return _walk_c(<PyObject *>f if f is not None else NULL, 0, limit)
-
-
 cdef tuple _walk_c(PyObject *start, Py_ssize_t skip, Py_ssize_t limit):
-    """``_walk`` from ``start`` (borrowed; NULL for none) after passing over ``skip`` frames."""
+    """The user frames from ``start`` (borrowed; NULL for none) outward, after passing over
+    ``skip`` frames, at most ``limit``, as (code, line) pairs (interned: see the module)."""
+    global _stacks, _stack_count
     cdef PyObject *f = start
     cdef PyObject *back
-    cdef int lasti
+    cdef PyObject *code
+    cdef PyObject *held[_KEY_FRAMES]   # the user frames walked (references), for their lines on a miss
+    cdef PyObject *codes[_KEY_FRAMES]
+    cdef int lastis[_KEY_FRAMES]
+    cdef Py_ssize_t n = 0, i, j, k
+    cdef uint64_t h
+    cdef _StackSlot *slot
+    cdef PyObject *t
+    if limit > _KEY_FRAMES or limit <= 0:
+        return _walk_plain(start, skip, limit)
+    Py_XINCREF(f)
+    try:
+        while f != NULL and skip > 0:
+            back = <PyObject *>PyFrame_GetBack(<PyFrameObject *>f)
+            Py_DECREF(<object>f)
+            f = back
+            skip -= 1
+        while f != NULL and n < limit:
+            code = <PyObject *>PyFrame_GetCode(<PyFrameObject *>f)
+            Py_DECREF(<object>code)  # the frame keeps its code alive
+            if _user_code(code):  # (may raise: ``f`` is still released below)
+                codes[n] = code
+                lastis[n] = ignis_frame_lasti(<PyFrameObject *>f)
+                back = <PyObject *>PyFrame_GetBack(<PyFrameObject *>f)
+                held[n] = f  # its reference kept until the end, for its line on a miss
+                n += 1
+            else:
+                back = <PyObject *>PyFrame_GetBack(<PyFrameObject *>f)
+                Py_DECREF(<object>f)
+            f = back
+        Py_XDECREF(f)
+        f = NULL
+        if n == 0:
+            return ()
+        h = <uint64_t>n
+        for i in range(n):
+            h = _mix(_mix(h, <uintptr_t>codes[i]), <uint64_t><unsigned int>lastis[i])
+        if _stacks != NULL:
+            j = <Py_ssize_t>(h & (_STACK_SLOTS - 1))
+            while _stacks[j].stack != NULL:
+                slot = &_stacks[j]
+                if slot.hash == h and slot.n == n:
+                    k = 0
+                    while k < n and slot.codes[k] == codes[k] and slot.lastis[k] == lastis[k]:
+                        k += 1
+                    if k == n:
+                        return <tuple>slot.stack
+                j = (j + 1) & (_STACK_SLOTS - 1)
+        # A stack not seen yet: its lines, then an entry (looked for anew: making the tuple
+        # may run Python code, a finalizer, that captures too).
+        out = tuple([(<object>codes[i], PyFrame_GetLineNumber(<PyFrameObject *>held[i])) for i in range(n)])
+        if _stacks != NULL and _stack_count * 2 >= _STACK_SLOTS:
+            _forget_stacks()  # (may run Python code: the table is looked at anew after)
+        if _stacks == NULL:
+            _stacks = <_StackSlot *>calloc(_STACK_SLOTS, sizeof(_StackSlot))
+            if _stacks == NULL:
+                return out
+        j = <Py_ssize_t>(h & (_STACK_SLOTS - 1))
+        while _stacks[j].stack != NULL:
+            j = (j + 1) & (_STACK_SLOTS - 1)
+        slot = &_stacks[j]
+        slot.hash, slot.n = h, n
+        for i in range(n):
+            slot.codes[i], slot.lastis[i] = codes[i], lastis[i]
+        Py_INCREF(out)
+        slot.stack = <PyObject *>out
+        _stack_count += 1
+        return out
+    finally:
+        Py_XDECREF(f)
+        for i in range(n):
+            Py_DECREF(<object>held[i])
+
+
+cdef tuple _walk_plain(PyObject *start, Py_ssize_t skip, Py_ssize_t limit):
+    """``_walk_c`` for a limit past the interned ones' (made anew each time)."""
+    cdef PyObject *f = start
+    cdef PyObject *back
+    cdef PyObject *code
     cdef list out = []
-    cdef dict user = _user
-    cdef dict lines
     Py_XINCREF(f)
     try:
         while f != NULL and skip > 0:
@@ -122,21 +332,10 @@ cdef tuple _walk_c(PyObject *start, Py_ssize_t skip, Py_ssize_t limit):
             f = back
             skip -= 1
         while f != NULL and len(out) < limit:
-            code = <object><PyObject *>PyFrame_GetCode(<PyFrameObject *>f)
-            Py_DECREF(code)  # ``code`` holds its own reference
-            e = user.get(id(code))
-            if e is None:
-                _is_user(code)
-                e = user[id(code)]
-            if (<tuple>e)[1]:
-                lines = <dict>(<tuple>e)[2]
-                lasti = ignis_frame_lasti(<PyFrameObject *>f)
-                line = lines.get(lasti) if lasti >= 0 else None
-                if line is None:
-                    line = PyFrame_GetLineNumber(<PyFrameObject *>f)
-                    if lasti >= 0:
-                        lines[lasti] = line
-                out.append((code, line))
+            code = <PyObject *>PyFrame_GetCode(<PyFrameObject *>f)
+            Py_DECREF(<object>code)
+            if _user_code(code):
+                out.append((<object>code, PyFrame_GetLineNumber(<PyFrameObject *>f)))
             back = <PyObject *>PyFrame_GetBack(<PyFrameObject *>f)
             Py_DECREF(<object>f)
             f = back
