@@ -256,6 +256,38 @@ def test_the_observer_raises_what_it_found_when_checking_stops():
     assert fe.engine == "observer" and fe._obs is None
 
 
+def test_the_observer_hands_ops_to_the_sanitizer_itself_with_the_users_stack():
+    # A front end whose _observed is its own: the observer calls foreign_access directly (no
+    # Python frame of the front end's between), with the op's name and the user's frames.
+    need_engine("observer")
+    for mode in ("collect", "raise"):
+        san = Sanitizer()
+        san.mode = mode
+        stream = [0x10]
+        fe = TorchFrontEnd(san, device_type="cpu", stream_of=lambda t: stream[0], engine="observer")
+        assert fe._direct() is not None and Traced(Sanitizer(), "observer")._direct() is None
+        fe.enable()
+        try:
+            x = torch.zeros(1024)                                # DIRECT-WRITE
+            stream[0] = 0x20
+            y = x * 2                                            # DIRECT-READ
+            assert float(y.sum()) == 0.0
+            assert fe.ops >= 3
+        except BaseException:
+            fe.disable()
+            raise
+        if mode == "raise":  # found inside an op: raised when checking stops
+            with pytest.raises(ig.errors.RaceError, match="read-after-write race") as info:
+                fe.disable()
+            e = info.value
+        else:
+            fe.disable()
+            [e] = san.reports
+        assert e.first["op"] == "aten::zeros" and e.second["op"] == "aten::mul.Tensor"
+        assert "# DIRECT-WRITE" in e.first["stack"] and "# DIRECT-READ" in e.second["stack"]
+        assert e.second["stream_name"] == "stream 0x20"
+
+
 def test_wait_stream_orders_it(traced):
     x = torch.zeros(1024)
     traced.san.on_event_record(0xE, 0x10)

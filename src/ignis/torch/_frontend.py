@@ -6,10 +6,13 @@ Design:
   the same handle Ignis's streams have, so both share one vector clock):
   - the op observer (``_observer.cpp``, built by ``_native`` against the installed
     torch): a C++ RecordFunction callback that sees every dispatcher call on every
-    thread, reads the tensors an op's spec names below Python and calls
-    ``_observed`` once per checked op with their byte ranges. The default in collect
-    mode (``ignis run --sanitize``). It cannot raise inside an op: in raise mode what
-    it finds is raised when checking stops.
+    thread, reads the tensors an op's spec names below Python, takes the stack
+    (``capture_stack``) and hands the byte ranges to the sanitizer's
+    ``foreign_access`` itself, once per checked op (record_stream to its
+    ``extent_record_stream``); ops with host tensors while pinned memory is tracked
+    come to ``_observed``, and copies and ``resize_`` to ``_observed_special``. The
+    default in collect mode (``ignis run --sanitize``). It cannot raise inside an op:
+    in raise mode what it finds is raised when checking stops.
   - the dispatch mode (``_Mode``, a ``TorchDispatchMode``): sees every aten op below
     autograd and autocast on the thread that entered it (and the autograd engine's
     threads, which carry it along), runs it, then reports it (``on_op``). Raises at the
@@ -31,8 +34,8 @@ Design:
 - Pinned host memory: the host side of a ``non_blocking`` copy is an access on
   the copy's stream; afterwards, a CPU op on those bytes is an access by the
   host, checked like any other until a synchronization retires the copy.
-- Cost: nothing until enabled. Enabled, frames are captured once per checked op as
-  PyTorch's C++ traceback (symbolized only for a report). This module and the
+- Cost: nothing until enabled. Enabled, the user's frames are captured once per checked
+  op by Ignis's walker (``ignis.safety.frames``: interned, formatted only for a report). This module and the
   sanitizer's checking (``ignis.safety.sanitizer``, its records typed by
   ``sanitizer.pxd``) are compiled by Cython from this source (setup.py's
   ``PURE_PYTHON_MODULES``). What remains per op is the observer's one call into
@@ -50,7 +53,6 @@ threads inherit it); the observer sees every thread's.
 from __future__ import annotations
 
 import os
-import threading
 import weakref
 from operator import attrgetter
 from typing import Any, Callable
@@ -60,7 +62,7 @@ from torch.utils._python_dispatch import TorchDispatchMode, _get_current_dispatc
 
 from ..errors import IgnisError
 from .._types import Access
-from ..safety.frames import MAX_FRAMES, add_library_dir, is_user_file
+from ..safety.frames import add_library_dir, capture_frames
 from ..safety.sanitizer import HOST, NO_INIT_CHECK, OUTPUT, PINNED, READ, WRITE, Sanitizer, unpack_items
 from ..safety.sanitizer import _frames as _san_frames
 from ._ops import SPECS, OpSpec, classify
@@ -71,38 +73,13 @@ _set_eval_frame = torch._C._dynamo.eval_frame.set_eval_frame
 _raw_stream = getattr(torch._C, "_cuda_getCurrentRawStream", None)
 Tensor = torch.Tensor
 _PATTERNS: dict[tuple, tuple[int, int, int]] = {}
-_profiler = getattr(torch._C, "_profiler", None)
-_gather = getattr(_profiler, "gather_traceback", None)
-_MAIN = threading.main_thread().ident
-_get_ident = threading.get_ident
 
 
-class _Stack:
-    """A Python stack PyTorch captured in C++ (what its memory snapshots use: cheaper
-    than walking frame objects), symbolized and trimmed to the user's frames on demand."""
-
-    __slots__ = ("tb", "frames")
-
-    def __init__(self, tb: Any) -> None:
-        self.tb = tb
-        self.frames: list | None = None
-
-    def resolve(self) -> list[tuple[str, int, str]]:
-        if self.frames is None:
-            raw = _profiler.symbolize_tracebacks([self.tb])[0]
-            self.frames = [(f["filename"], f["line"], f["name"]) for f in raw
-                           if is_user_file(f["filename"])][:MAX_FRAMES]
-            self.tb = None
-        return self.frames
-
-
-def capture_stack() -> Any:
-    """The caller's stack, as cheaply as this thread allows (PyTorch's capture on the
-    main thread; elsewhere, as on the autograd engine's threads, Ignis's walker,
-    which falls back to the main thread's frames)."""
-    if _gather is not None and _get_ident() == _MAIN:
-        return _Stack(_gather(True, False, False))
-    return _san_frames()
+def capture_stack() -> tuple:
+    """The user's frames at the current op (Ignis's walker, interned: a loop's ops cost a
+    walk and a lookup). On the autograd engine's threads, which run no frame of the
+    user's, the main thread's frames: where ``backward()`` was called."""
+    return capture_frames(1)
 
 
 def _pattern(shape: Any, strides: tuple, isz: int) -> tuple[int, int, int]:
@@ -211,13 +188,24 @@ class TorchFrontEnd:
         if stream_of is None:  # a PyTorch without CUDA has no CUDA tensors: the stream is never asked for
             stream_of = self._current_stream if _raw_stream is not None else (lambda t: 0)
         self.stream_of = stream_of
-        self.ops = 0          # ops that touched device tensors
+        self._ops = 0         # ops that touched device tensors (see ``ops``)
         self.cpu_ops = 0      # ops that touched only host tensors (not checked)
         self.pending: list[IgnisError] = []
         self._mode: _Mode | None = None
         self._callbacks: list[tuple[Any, Callable]] = []
         self._storages: dict[int, weakref.ref] = {}
         self._handles: dict[tuple, int] = {}
+
+    @property
+    def ops(self) -> int:
+        """Ops that touched device tensors (checked), by either engine."""
+        if self._obs is not None:  # those the observer handed to the sanitizer itself
+            self._ops += self._obs.ignis_obs_take_ops()
+        return self._ops
+
+    @ops.setter
+    def ops(self, n: int) -> None:
+        self._ops = n
 
     # -- per op ------------------------------------------------------------------
     @staticmethod
@@ -282,7 +270,7 @@ class TorchFrontEnd:
             return
         frames = capture_stack()
         if dev is not None:
-            self.ops += 1
+            self._ops += 1
             san.foreign_access(self.stream_of(dev), spec.name, frames, items, san._host_version != hv)
         if host:
             san.foreign_access(HOST, spec.name, frames, host)
@@ -334,7 +322,7 @@ class TorchFrontEnd:
                 items = [after]
                 if kept:
                     items.append((after[0], after[1], after[0], after[0] + kept, 0, 0, WRITE | NO_INIT_CHECK))
-                self.ops += 1
+                self._ops += 1
                 self.san.foreign_access(self.stream_of(t) if stream is None else stream, spec.name,
                                         capture_stack(), items)
             return
@@ -357,7 +345,7 @@ class TorchFrontEnd:
             if it is not None:
                 items.append(it)
         if items:
-            self.ops += 1
+            self._ops += 1
             if stream is None:
                 stream = self.stream_of(dst if dd else src)
             self.san.foreign_access(stream, spec.name, capture_stack(), items, synced)  # a blocking copy synchronizes
@@ -410,39 +398,51 @@ class TorchFrontEnd:
         if it is None:
             return
         h = self.stream_of(t) if stream is None else self._handle(stream)
-        self.ops += 1
+        self._ops += 1
         self.san.foreign_access(h, op, capture_stack(), [it])
 
     # -- the observer's callbacks (called from C++, with the GIL, after each op) ------------
     def _obs_classify(self, name: str, overload: str) -> tuple:
-        """(kind, index, inputs, outputs, returns) of an op the observer meets for the first
-        time: kind 0 inactive, 1 passed through (a CompositeImplicitAutograd op without a
-        kernel of this backend: its own ops are seen), 2 regular, 3 special, 4 record_stream; ``returns``:
-        how many values its schema returns (none coming back means the op failed)."""
+        """(kind, index, inputs, outputs, returns, name) of an op the observer meets for the
+        first time: kind 0 inactive, 1 passed through (a CompositeImplicitAutograd op without a
+        kernel of this backend: its own ops are seen), 2 regular, 3 special, 4 record_stream;
+        ``returns``: how many values its schema returns (none coming back means the op
+        failed); ``name``: the op as reports name it."""
         ns, _, base = name.partition("::")
         try:
             op = getattr(getattr(getattr(torch.ops, ns), base), overload or "default")
         except (AttributeError, RuntimeError):
-            return (1, -1, (), (), 0)  # unknown here: what it runs is seen on its own
+            return (1, -1, (), (), 0, name)  # unknown here: what it runs is seen on its own
         if (op.has_kernel_for_dispatch_key("CompositeImplicitAutograd")
                 and not op.has_kernel_for_dispatch_key("CUDA" if self._cuda else "CPU")):
-            return (1, -1, (), (), 0)
+            return (1, -1, (), (), 0, name)
         spec = classify(op)
         schema = getattr(op, "_schema", None)
         returns = len(schema.returns) if schema is not None else 0
         index = len(self._obs_specs)
         self._obs_specs.append(spec)
         if spec.special == "record_stream":
-            return (4, index, (), (), returns)  # handed over as integers (_observed_special)
+            return (4, index, (), (), returns, spec.name)  # handed over as integers
         if spec.special is not None:
             if spec.special == "to_copy":
                 names = [a.name for a in op._schema.arguments]
                 if "non_blocking" in names:
                     self._obs_nb[index] = names.index("non_blocking")
-            return (3, index, (), (), returns)
+            return (3, index, (), (), returns, spec.name)
         if not spec.active:
-            return (0, index, (), (), returns)
-        return (2, index, tuple((pos, mode, many) for pos, _, mode, many in spec.inputs), spec.outputs, returns)
+            return (0, index, (), (), returns, spec.name)
+        return (2, index, tuple((pos, mode, many) for pos, _, mode, many in spec.inputs), spec.outputs, returns,
+                spec.name)
+
+    def _direct(self) -> tuple | None:
+        """What the observer calls itself for a regular op (and record_stream), in place of
+        ``_observed`` (``ignis_obs_start``'s ``direct``): None where ``_observed`` or
+        ``_observed_special`` is replaced (a test or a benchmark watching each op)."""
+        cls = TorchFrontEnd
+        if (type(self)._observed is not cls._observed or type(self)._observed_special is not cls._observed_special
+                or "_observed" in self.__dict__ or "_observed_special" in self.__dict__):
+            return None
+        return (self.san, capture_stack, self._obs_stream, self._raw_handle, self.pending, IgnisError)
 
     def _obs_stream(self, device: int, sid: int) -> int:
         """The raw handle of the stream the observer named (a CUDA stream's id on ``device``)."""
@@ -464,7 +464,7 @@ class TorchFrontEnd:
                     return
             frames = capture_stack()
             if items:
-                self.ops += 1
+                self._ops += 1
                 san.foreign_access(self._obs_stream(device, sid), spec.name, frames, items, synced)
             if host:
                 san.foreign_access(HOST, spec.name, frames, host)
@@ -563,7 +563,7 @@ class TorchFrontEnd:
                     raise RuntimeError(f"ignis.torch: the op observer cannot be built here ({observer_error()}); "
                                        "install a C++ compiler, or use engine='mode'")
                 engine = "mode"
-            elif lib.ignis_obs_start(self._obs_classify, self._observed, self._observed_special,
+            elif lib.ignis_obs_start(self._obs_classify, self._observed, self._observed_special, self._direct(),
                                      1 if self._cuda else 0) != 0:
                 raise RuntimeError("ignis.torch: another front end observes PyTorch's ops already; disable it first")
             else:
@@ -599,6 +599,7 @@ class TorchFrontEnd:
         else:
             self._obs.ignis_obs_stop()
             self.cpu_ops += self._obs.ignis_obs_take_cpu_ops()
+            self._ops += self._obs.ignis_obs_take_ops()
             self._obs = None
         self._remove_trace()
         if self.san.capture is capture_stack:

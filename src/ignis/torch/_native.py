@@ -85,7 +85,7 @@ def _build(path: str) -> None:
 
 def _load(path: str) -> ctypes.PyDLL:
     lib = ctypes.PyDLL(path)  # PyDLL: the GIL stays held in its calls (they take Python objects)
-    lib.ignis_obs_start.argtypes = [ctypes.py_object, ctypes.py_object, ctypes.py_object, ctypes.c_int]
+    lib.ignis_obs_start.argtypes = [ctypes.py_object] * 4 + [ctypes.c_int]
     lib.ignis_obs_start.restype = ctypes.c_int
     lib.ignis_obs_stop.argtypes = []
     lib.ignis_obs_stop.restype = None
@@ -95,7 +95,7 @@ def _load(path: str) -> ctypes.PyDLL:
     lib.ignis_obs_synced.restype = None
     lib.ignis_obs_any_global.argtypes = []
     lib.ignis_obs_any_global.restype = ctypes.c_int
-    for name in ("ignis_obs_take_cpu_ops", "ignis_obs_errors"):
+    for name in ("ignis_obs_take_cpu_ops", "ignis_obs_take_ops", "ignis_obs_errors"):
         fn = getattr(lib, name)
         fn.argtypes = []
         fn.restype = ctypes.c_ulonglong

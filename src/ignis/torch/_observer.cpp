@@ -3,9 +3,18 @@
 // A global RecordFunction callback (ATen's observer API, what PyTorch's profiler uses)
 // sees every dispatcher call on every thread, its boxed inputs at the start and its
 // outputs at the end. For each op the front end checks, it turns the tensors its spec
-// names into byte ranges here, in C++, and hands the front end one list per op
-// (``TorchFrontEnd._observed``). That replaces the TorchDispatchMode's Python handler,
-// which boxes every argument into Python objects and runs the op again below itself.
+// names into byte ranges here, in C++, takes the user's stack (the front end's capture)
+// and hands the op's accesses to the sanitizer itself (``Sanitizer.foreign_access``),
+// packed: one call into Python per op, with no Python frame of the front end's between.
+// (An op with host tensors while pinned memory is tracked, and ops with more to them
+// than their schema, go through the front end: ``TorchFrontEnd._observed`` and
+// ``_observed_special``.) That replaces the TorchDispatchMode's Python handler, which
+// boxes every argument into Python objects and runs the op again below itself.
+//
+// Inside an op it reports, RecordFunction is switched off on the thread (as
+// ``at::RecordFunctionGuard(false)`` would): the op's own dispatcher calls are not the
+// program's, and would each have their inputs and outputs boxed for nothing. (A profiler
+// running at the same time sees no op below a checked one.)
 //
 // What is seen matches the dispatch mode's view: the outermost op the front end does
 // not pass through. Ops that are CompositeImplicitAutograd without a kernel of the
@@ -34,6 +43,7 @@
 #include <cstdint>
 #include <mutex>
 #include <unordered_map>
+#include <tuple>
 #include <utility>
 #include <vector>
 
@@ -54,6 +64,7 @@ struct Arg {
 struct Spec {
   int kind = INACTIVE;
   long index = -1;  // the front end's number for its OpSpec
+  PyObject *name = nullptr;  // the op's name as reports show it (a reference, kept as long as the spec)
   int returns = 0;  // how many values the schema returns (none came back: the op failed)
   std::vector<Arg> in, out;
 };
@@ -76,12 +87,19 @@ struct Ctx : at::ObserverContext {
   std::vector<c10::IValue> args;    // a special op's inputs, for the front end's Python
   int device = -1;
   uint64_t epoch = 0;
+  bool rf_was = true;               // RecordFunction on this thread before the op (restored at its end)
   bool has_pre = false;             // a special op's first tensor before it ran (resize_)
   uint64_t pre_base = 0, pre_size = 0;
   bool has_rs = false;              // record_stream of a tensor with bytes on this backend:
   uint64_t rs_base = 0;             // its storage, and the stream as (id, device index, device type)
   long long rs_id = 0;
   int rs_device = 0, rs_type = 0;
+};
+
+struct StreamKeyHash {
+  size_t operator()(const std::tuple<int, long long, int> &k) const {
+    return std::hash<long long>()(std::get<1>(k)) * 31u + (size_t)std::get<0>(k) * 7u + (size_t)std::get<2>(k);
+  }
 };
 
 struct KeyHash {
@@ -92,14 +110,28 @@ struct KeyHash {
 
 std::mutex g_lock;  // the spec table
 std::unordered_map<std::pair<const char *, const char *>, Spec *, KeyHash> g_specs;
-PyObject *g_classify = nullptr;    // (name, overload) -> (kind, index, inputs, outputs, returns)
+// The front end's callables, from ignis_obs_start (references held until ignis_obs_stop).
+PyObject *g_classify = nullptr;    // (name, overload) -> (kind, index, inputs, outputs, returns, name)
 PyObject *g_on_op = nullptr;       // (index, items, host, device, stream id, synced); items packed (bytes)
-PyObject *g_on_special = nullptr;  // (index, args, output, device, stream id, synced, pre); record_stream's
-                                   // args: (storage base, stream id, device index, device type)
+PyObject *g_on_special = nullptr;  // (index, args, output, device, stream id, synced, pre)
+// The direct path (all None when the front end's _observed is to see every op, as a test's does):
+PyObject *g_san = nullptr;         // the Sanitizer: its foreign_access(stream handle, op name, frames, items,
+                                   // synced) and extent_record_stream(storage base, stream handle), called
+                                   // by name (an instance may have one replaced: a test's, a recorder's)
+PyObject *g_foreign_name = nullptr, *g_record_stream_name = nullptr;
+PyObject *g_capture = nullptr;     // () -> the user's frames
+PyObject *g_stream = nullptr;      // (device, stream id) -> the handle of that device's current stream
+PyObject *g_raw_stream = nullptr;  // (stream id, device index, device type) -> that stream's handle
+PyObject *g_pending = nullptr;     // a list: the IgnisErrors found (raise mode raises them later)
+PyObject *g_error_type = nullptr;  // IgnisError
+// Stream handles by (device index, stream id, device type), filled from g_raw_stream / g_stream
+// (a stream's id names one stream for the process's life). Read and written with the GIL.
+std::unordered_map<std::tuple<int, long long, int>, PyObject *, StreamKeyHash> *g_handles = nullptr;
 std::atomic<bool> g_on{false};
 std::atomic<bool> g_host_check{false};
 std::atomic<uint64_t> g_epoch{0};  // bumped by the front end at each host synchronization
 std::atomic<uint64_t> g_cpu_ops{0};
+std::atomic<uint64_t> g_ops{0};  // ops on device tensors handed to the sanitizer directly
 std::atomic<uint64_t> g_errors{0};
 std::atomic<uint64_t> g_generation{0};  // bumped by each start: older specs and contexts are dropped
 c10::DeviceType g_dev = c10::DeviceType::CUDA;
@@ -250,7 +282,7 @@ Spec *classify_slow(const at::RecordFunction &fn, const char *name, const char *
       return &g_inactive;
     }
     PyObject *r = PyObject_CallFunction(g_classify, "ss", name, overload ? overload : "");
-    if (r == nullptr || !PyTuple_Check(r) || PyTuple_GET_SIZE(r) != 5) {
+    if (r == nullptr || !PyTuple_Check(r) || PyTuple_GET_SIZE(r) != 6 || !PyUnicode_Check(PyTuple_GET_ITEM(r, 5))) {
       g_errors++;
       if (r == nullptr) PyErr_WriteUnraisable(g_classify);
       spec->kind = INACTIVE;
@@ -258,6 +290,8 @@ Spec *classify_slow(const at::RecordFunction &fn, const char *name, const char *
       spec->kind = (int)PyLong_AsLong(PyTuple_GET_ITEM(r, 0));
       spec->index = PyLong_AsLong(PyTuple_GET_ITEM(r, 1));
       spec->returns = (int)PyLong_AsLong(PyTuple_GET_ITEM(r, 4));
+      spec->name = PyTuple_GET_ITEM(r, 5);
+      Py_INCREF(spec->name);  // never released: specs live for the process (see below)
       for (int side = 0; side < 2 && !PyErr_Occurred(); side++) {
         PyObject *lst = PyTuple_GET_ITEM(r, 2 + side);
         Py_ssize_t n = PySequence_Size(lst);
@@ -337,6 +371,8 @@ std::unique_ptr<at::ObserverContext> start_op(const at::RecordFunction &fn) {
       }
     }
   }
+  c->rf_was = at::isRecordFunctionEnabled();
+  at::enableRecordFunction(false);  // the op's own calls are not seen (nor boxed); back on at its end
   t_depth++;  // last: a throw above leaves the depth as it was
   return c;
 }
@@ -429,6 +465,95 @@ void call_front_end(Ctx *c, const std::vector<c10::IValue> &outs, long long sid,
   Py_DECREF(fn);
 }
 
+// The handle of stream ``sid`` of ``device`` (a new reference, or nullptr with the error set).
+// ``current``: the device's current stream, as the front end names it (in its test mode, without
+// CUDA, that changes at will: not cached then); else the stream (id, device, type) names.
+PyObject *stream_handle(int device, long long sid, int type, bool current, PyObject *stream_fn, PyObject *raw_fn) {
+  bool cache = !current || g_dev != c10::DeviceType::CPU;
+  auto key = std::make_tuple(device, sid, type);
+  if (cache && g_handles != nullptr) {
+    auto f = g_handles->find(key);
+    if (f != g_handles->end()) {
+      Py_INCREF(f->second);
+      return f->second;
+    }
+  }
+  PyObject *h = current ? PyObject_CallFunction(stream_fn, "iL", device, sid)
+                        : PyObject_CallFunction(raw_fn, "Lii", sid, device, type);
+  if (h == nullptr || !cache) return h;
+  if (g_handles == nullptr) g_handles = new std::unordered_map<std::tuple<int, long long, int>, PyObject *, StreamKeyHash>();
+  if (g_handles->emplace(key, h).second) Py_INCREF(h);  // the cache's reference (another call may have put one)
+  return h;
+}
+
+// What the sanitizer found inside an op: an IgnisError waits in the front end's ``pending``
+// (raise mode raises it when checking stops); anything else is unraisable, and counted.
+void sanitizer_failed(PyObject *fn, PyObject *pending, PyObject *error_type) {
+  if (error_type != nullptr && pending != nullptr && PyErr_ExceptionMatches(error_type)) {
+    PyObject *t, *v, *tb;
+    PyErr_Fetch(&t, &v, &tb);
+    PyErr_NormalizeException(&t, &v, &tb);
+    if (v != nullptr && tb != nullptr) PyException_SetTraceback(v, tb);
+    if (v == nullptr || PyList_Append(pending, v) != 0) {
+      g_errors++;
+      PyErr_Clear();
+    }
+    Py_XDECREF(t);
+    Py_XDECREF(v);
+    Py_XDECREF(tb);
+    return;
+  }
+  g_errors++;
+  if (PyErr_Occurred()) PyErr_WriteUnraisable(fn);
+}
+
+// A strong reference for the span of a call (a stop on another thread, while the call runs
+// Python code, may drop the global one).
+struct Held {
+  PyObject *p;
+  explicit Held(PyObject *o) : p(o) { Py_XINCREF(p); }
+  ~Held() { Py_XDECREF(p); }
+};
+
+// A regular op's accesses, or a record_stream, straight to the sanitizer (the GIL held).
+void call_sanitizer(Ctx *c, long long sid, bool synced) {
+  Spec *spec = c->spec;
+  Held san(g_san), capture(g_capture), stream(g_stream), raw_stream(g_raw_stream), pending(g_pending),
+      error_type(g_error_type);
+  if (spec->kind == RECORD_STREAM) {
+    PyObject *h = stream_handle(c->rs_device, c->rs_id, c->rs_type, false, stream.p, raw_stream.p);
+    PyObject *base = h != nullptr ? PyLong_FromUnsignedLongLong(c->rs_base) : nullptr;
+    PyObject *r = nullptr;
+    if (base != nullptr) {
+      PyObject *argv[3] = {san.p, base, h};
+      r = PyObject_VectorcallMethod(g_record_stream_name, argv, 3 | PY_VECTORCALL_ARGUMENTS_OFFSET, nullptr);
+    }
+    if (r == nullptr) sanitizer_failed(h == nullptr ? raw_stream.p : san.p, pending.p, error_type.p);
+    Py_XDECREF(r);
+    Py_XDECREF(base);
+    Py_XDECREF(h);
+    return;
+  }
+  PyObject *h = stream_handle(c->device, sid, (int)g_dev, true, stream.p, raw_stream.p);
+  if (h == nullptr) {
+    sanitizer_failed(stream.p, pending.p, error_type.p);
+    return;
+  }
+  g_ops.fetch_add(1, std::memory_order_relaxed);
+  PyObject *frames = PyObject_CallNoArgs(capture.p);
+  PyObject *items = frames != nullptr ? items_bytes(c->items) : nullptr;
+  PyObject *r = nullptr;
+  if (items != nullptr) {
+    PyObject *argv[6] = {san.p, h, spec->name, frames, items, synced ? Py_True : Py_False};
+    r = PyObject_VectorcallMethod(g_foreign_name, argv, 6 | PY_VECTORCALL_ARGUMENTS_OFFSET, nullptr);
+  }
+  if (r == nullptr) sanitizer_failed(frames == nullptr ? capture.p : san.p, pending.p, error_type.p);
+  Py_XDECREF(r);
+  Py_XDECREF(items);
+  Py_XDECREF(frames);
+  Py_DECREF(h);
+}
+
 void end_op(const at::RecordFunction &fn, Ctx *c) {
   Spec *spec = c->spec;
   const auto &outs = fn.outputs();
@@ -467,6 +592,11 @@ void end_op(const at::RecordFunction &fn, Ctx *c) {
   }
   long long sid = spec->kind == RECORD_STREAM ? 0 : stream_id(c->device);  // record_stream names its stream
   InPython py;
+  if (g_san != nullptr && c->generation == g_generation.load() &&
+      ((spec->kind == REGULAR && c->host.empty()) || spec->kind == RECORD_STREAM)) {
+    call_sanitizer(c, sid, synced);
+    return;
+  }
   call_front_end(c, outs, sid, synced);
 }
 
@@ -474,6 +604,7 @@ void on_end(const at::RecordFunction &fn, at::ObserverContext *oc) {
   if (oc == nullptr) return;
   t_depth--;
   auto *c = static_cast<Ctx *>(oc);
+  at::enableRecordFunction(c->rf_was);
   if (c->spec->kind == INACTIVE || !g_on.load(std::memory_order_relaxed) || finalizing()) return;
   if (std::uncaught_exceptions() > c->unwinding) return;  // the op is throwing: it did nothing to report
   try {
@@ -487,6 +618,22 @@ void on_end(const at::RecordFunction &fn, at::ObserverContext *oc) {
 
 }  // namespace
 
+namespace {
+
+// Drop the direct path's callables and the stream handles (the GIL held).
+void clear_direct() {
+  PyObject **slots[6] = {&g_san, &g_capture, &g_stream, &g_raw_stream, &g_pending, &g_error_type};
+  for (auto *slot : slots) Py_CLEAR(*slot);
+  auto *handles = g_handles;
+  g_handles = nullptr;  // detached first: a release may run Python code
+  if (handles != nullptr) {
+    for (auto &e : *handles) Py_DECREF(e.second);
+    delete handles;
+  }
+}
+
+}  // namespace
+
 #define IGNIS_API __attribute__((visibility("default")))
 
 extern "C" {
@@ -494,8 +641,20 @@ extern "C" {
 // Start observing: ``classify``, ``on_op`` and ``on_special`` are the front end's callables
 // (kept referenced until ``ignis_obs_stop``); ``device_type`` the backend checked (c10's
 // DeviceType: 1 CUDA, 0 CPU for tests). Returns 0, or -1 if already observing.
-IGNIS_API int ignis_obs_start(PyObject *classify_fn, PyObject *on_op, PyObject *on_special, int device_type) {
+// ``direct``: None, or what the direct path calls, a tuple (the Sanitizer, the stack capture,
+// (device, stream id) -> the handle of the device's current stream, (stream id, device index,
+// device type) -> a stream's handle, the list that keeps IgnisErrors found, IgnisError); with
+// None every op goes through ``on_op`` and ``on_special``. Returns 0, -1 if already observing,
+// -2 if ``direct`` is malformed.
+IGNIS_API int ignis_obs_start(PyObject *classify_fn, PyObject *on_op, PyObject *on_special, PyObject *direct,
+                              int device_type) {
   if (g_on.load()) return -1;
+  if (direct != Py_None && (!PyTuple_Check(direct) || PyTuple_GET_SIZE(direct) != 6)) return -2;
+  if (g_foreign_name == nullptr) {
+    g_foreign_name = PyUnicode_InternFromString("foreign_access");
+    g_record_stream_name = PyUnicode_InternFromString("extent_record_stream");
+    if (g_foreign_name == nullptr || g_record_stream_name == nullptr) return -2;
+  }
   {  // specs are never freed: a thread may still hold one in its cache
     std::lock_guard<std::mutex> g(g_lock);
     g_specs.clear();
@@ -507,7 +666,16 @@ IGNIS_API int ignis_obs_start(PyObject *classify_fn, PyObject *on_op, PyObject *
   g_classify = classify_fn;
   g_on_op = on_op;
   g_on_special = on_special;
+  clear_direct();
+  if (direct != Py_None) {
+    PyObject **slots[6] = {&g_san, &g_capture, &g_stream, &g_raw_stream, &g_pending, &g_error_type};
+    for (int i = 0; i < 6; i++) {
+      *slots[i] = PyTuple_GET_ITEM(direct, i);
+      Py_INCREF(*slots[i]);
+    }
+  }
   g_dev = (c10::DeviceType)device_type;
+  g_ops = 0;
   g_cpu_ops = 0;
   g_errors = 0;
   g_host_check = false;
@@ -530,6 +698,7 @@ IGNIS_API void ignis_obs_stop(void) {
   Py_CLEAR(g_classify);
   Py_CLEAR(g_on_op);
   Py_CLEAR(g_on_special);
+  clear_direct();
 }
 
 // Host tensors' accesses are collected too (pinned memory is tracked).
@@ -540,6 +709,9 @@ IGNIS_API void ignis_obs_synced(void) { g_epoch.fetch_add(1, std::memory_order_r
 
 // Ops that touched host tensors only since the last call (taken and reset).
 IGNIS_API unsigned long long ignis_obs_take_cpu_ops(void) { return g_cpu_ops.exchange(0); }
+
+// Ops on device tensors handed to the sanitizer directly since the last call (taken and reset).
+IGNIS_API unsigned long long ignis_obs_take_ops(void) { return g_ops.exchange(0); }
 
 IGNIS_API unsigned long long ignis_obs_errors(void) { return g_errors.load(); }
 
