@@ -41,13 +41,22 @@ cpdef bint _disjoint(_Rec r, long long lo, long long hi, long long per, long lon
 cdef _Rec _new_rec(long long sid, object stream_id, long long epoch, str kind, long long lo, long long hi, str op,
                    object frames, object gen, long long block, long long per=*, long long ch=*)
 
-@cython.locals(r=_Rec, keep=list)
+cdef long long _R, _W, _O, _NI, _P  # the mode bits, as C integers
+
+@cython.locals(r=_Rec, n=Py_ssize_t)
 cdef int _retire_passed(list recs, dict host) except -1
 
 cdef Py_ssize_t _packed_count(bytes data) except -1
 
+@cython.locals(a=Py_ssize_t, b=Py_ssize_t, m=Py_ssize_t)
+cdef Py_ssize_t _first_from(list starts, long long lo) except -1
+
+@cython.locals(a=Py_ssize_t, b=Py_ssize_t, m=Py_ssize_t, k0=cython.longlong, k1=cython.longlong,
+               s0=cython.longlong, s1=cython.longlong)
+cdef int _insert_sorted(list starts, tuple key) except -1
+
 @cython.locals(r=_Rec, lo=cython.longlong, hi=cython.longlong, per=cython.longlong, ch=cython.longlong,
-               sid=cython.longlong, drop=bint, covered=bint, keep=list, conflict=_Rec)
+               sid=cython.longlong, drop=bint, covered=bint, n=Py_ssize_t, conflict=_Rec)
 cdef _Rec _scan(list recs, _Rec rec, dict vc, bint write)
 
 @cython.locals(a=Py_ssize_t, b=Py_ssize_t, m=Py_ssize_t)
@@ -93,12 +102,15 @@ cdef class Sanitizer:
     @cython.locals(r=_Rec, mine=list, older=list, keep=list, rec=_Rec, conflict=_Rec, wrote=bint, ep=cython.longlong,
                    sid=cython.longlong)
     cdef tuple _retire(self, _Extent ext, object frames)
-    @cython.locals(r=_Rec, out=list, starts=list, grave=dict, host=dict, i=Py_ssize_t, n=Py_ssize_t)
+    @cython.locals(r=_Rec, out=list, starts=list, grave=dict, host=dict, i=Py_ssize_t, n=Py_ssize_t,
+                   k0=cython.longlong, k1=cython.longlong)
     cdef list _inherit(self, long long lo, long long hi)
+    @cython.locals(ext=_Extent, r=_Rec, found=tuple)
+    cdef tuple _freed(self, object base)
     @cython.locals(sid=cython.longlong, ep=cython.longlong, vc=dict, live=dict, host=dict, hv=cython.longlong,
                    ext=_Extent, rec=_Rec, recs=list, conflict=_Rec, mode=cython.longlong, per=cython.longlong,
                    ch=cython.longlong, write=bint, written=list, found=list, packed=bint, n=Py_ssize_t,
-                   k=Py_ssize_t, buf=cython.p_char, p=cython.p_longlong, bad=bint)
+                   k=Py_ssize_t, buf=cython.p_char, p=cython.p_longlong, bad=bint, b=cython.longlong)
     cdef list _foreign(self, object stream, str op, object frames, object items, bint synced)
     cdef _Extent _first_sight(self, _Extent ext, object base, object size, long long mode, long long sid,
                               object frames, str op)

@@ -81,6 +81,9 @@ def _frames() -> tuple:
 
 # Mode bits of a foreign access (``foreign_access`` items).
 READ, WRITE, OUTPUT, NO_INIT_CHECK, PINNED = 1, 2, 4, 8, 16
+# The same bits for the checks themselves: C integers in the compiled build (sanitizer.pxd),
+# so testing an item's mode makes no Python object.
+_R, _W, _O, _NI, _P = READ, WRITE, OUTPUT, NO_INIT_CHECK, PINNED
 HOST = None  # the stream of an access the host makes itself (a CPU op on pinned memory)
 _INF = float("inf")
 _ADDR_END = 1 << 63  # addresses are C long longs in the records
@@ -193,12 +196,13 @@ def _new_rec(sid: int, stream_id: Any, epoch: int, kind: str, lo: int, hi: int, 
 
 def _retire_passed(recs: list[_Rec], host: dict[int, int]) -> None:
     """Drop the records the host has waited for: they can never race again."""
-    keep = []
-    for r in recs:
+    n = 0
+    for r in recs:  # kept in place, in order
         if host.get(r.sid, 0) < r.epoch:
-            keep.append(r)
-    if len(keep) != len(recs):
-        recs[:] = keep
+            recs[n] = r
+            n += 1
+    if n < len(recs):
+        del recs[n:]
 
 
 def _scan(recs: list[_Rec], rec: _Rec, vc: dict[int, int], write: int) -> _Rec | None:
@@ -225,16 +229,18 @@ def _scan(recs: list[_Rec], rec: _Rec, vc: dict[int, int], write: int) -> _Rec |
                 and not ((r.per or per) and _disjoint(r, lo, hi, per, ch)):
             conflict = r
     if drop:
-        keep = []
-        for r in recs:
+        n = 0
+        for r in recs:  # kept in place, in order
             if r.lo >= lo and r.hi <= hi:
                 if write:
                     if r.sid == sid or vc.get(r.sid, 0) >= r.epoch:
                         continue
                 elif r.sid == sid and r.kind == "read":
                     continue
-            keep.append(r)
-        recs[:] = keep
+            recs[n] = r
+            n += 1
+        if n < len(recs):
+            del recs[n:]
     return conflict
 
 
@@ -271,6 +277,34 @@ def _mark(ext: _Extent, lo: int, hi: int) -> int:
     w[i:j] = [(lo, hi)]
     if len(w) == 1 and lo <= 0 and hi >= ext.end - ext.base:
         ext.written = None
+    return 0
+
+
+def _first_from(starts: list[tuple[int, int]], lo: int) -> int:
+    """The index of the first extent in the sorted ``starts`` that starts at or after
+    ``lo`` (``bisect_left(starts, (lo, 0))``, comparing C integers)."""
+    a, b = 0, len(starts)
+    while a < b:
+        m = (a + b) // 2
+        if starts[m][0] < lo:
+            a = m + 1
+        else:
+            b = m
+    return a
+
+
+def _insert_sorted(starts: list[tuple[int, int]], key: tuple[int, int]) -> int:
+    """``insort(starts, key)`` for a key not in ``starts`` (comparing C integers)."""
+    k0, k1 = key
+    a, b = 0, len(starts)
+    while a < b:
+        m = (a + b) // 2
+        s0, s1 = starts[m]
+        if s0 < k0 or (s0 == k0 and s1 < k1):
+            a = m + 1
+        else:
+            b = m
+    starts.insert(a, key)
     return 0
 
 
@@ -602,25 +636,30 @@ class Sanitizer:
         """The allocator took ``base`` back (a free ordered on its allocation stream):
         checked against uses on other streams, then kept until the addresses are reused.
         The free's stack is taken (``capture``) only when another stream used the memory."""
+        found = self._freed(base)
+        if found is not None:
+            self._race(found[0], found[1])
+
+    def _freed(self, base: Any) -> tuple | None:
+        """``extent_freed``'s work, under the lock: (conflict, the free's record) if it races."""
         self._lock.take()
         try:
             ext = self._live.get(base)
             if ext is None or ext.pinned:
-                return
+                return None
             del self._live[base]
             if ext.end is None:  # never seen by an access (a library's workspace)
-                return
+                return None
             rs, sid = ext.rs, ext.sid
             frames = None
             for r in ext.recs:
                 if r.sid != sid and not (rs and r.sid in rs):
                     frames = self.capture()
                     break
-            conflict, rec = self._retire(ext, frames)
+            found = self._retire(ext, frames)
         finally:
             self._lock.give()
-        if conflict is not None:
-            self._race(conflict, rec)
+        return found if found[0] is not None else None
 
     def _retire(self, ext: _Extent, frames: Any) -> tuple[_Rec | None, _Rec]:
         sid = ext.sid
@@ -650,7 +689,7 @@ class Sanitizer:
         keep.append(rec)
         key = (base, ext.end)
         if key not in self._grave:
-            insort(self._grave_starts, key)
+            _insert_sorted(self._grave_starts, key)
             self._grave_max = max(self._grave_max, ext.end - base)
         self._grave[key] = keep  # it inherited the entry it replaces
         return conflict, rec
@@ -663,13 +702,18 @@ class Sanitizer:
         host = self._host
         grave = self._grave
         out: list[_Rec] = []
-        i = bisect_left(starts, (lo - self._grave_max, 0))
+        i = _first_from(starts, lo - self._grave_max)
         n = len(starts)
-        while i < n and starts[i][0] < hi:
+        while i < n:
             key = starts[i]
+            k0, k1 = key
+            if k0 >= hi:
+                break
             i += 1
-            if key[1] > lo:
-                out += [r for r in grave[key] if r.hi > lo and r.lo < hi and host.get(r.sid, 0) < r.epoch]
+            if k1 > lo:
+                for r in grave[key]:
+                    if r.hi > lo and r.lo < hi and host.get(r.sid, 0) < r.epoch:
+                        out.append(r)
         return out
 
     def extent_record_stream(self, base: int, stream: int) -> None:
@@ -731,14 +775,15 @@ class Sanitizer:
         for k in range(n):  # before anything changes: records keep addresses as C integers
             if packed:
                 lo, hi = p[7 * k + 2], p[7 * k + 3]
-                bad = lo < 0 or hi < lo
+                bad = p[7 * k] < 0 or lo < 0 or hi < lo
             else:
                 it = items[k]
                 lo, hi = it[2], it[3]
-                bad = not 0 <= lo <= hi < _ADDR_END
+                bad = not (0 <= lo <= hi < _ADDR_END and 0 <= it[0] < _ADDR_END)
             if bad:
-                raise ValueError(f"ignis sanitizer: {op} reports the byte span [{lo:#x}, {hi:#x}), which is "
-                                 f"not an address range below 2**63 (every device and host pointer is)")
+                raise ValueError(f"ignis sanitizer: {op} reports the byte span [{lo:#x}, {hi:#x}) (of an extent at "
+                                 f"{items[k][0] if not packed else p[7 * k]:#x}), which is not an address range "
+                                 f"below 2**63 (every device and host pointer is)")
         found: list | None = None
         self._lock.take()
         try:
@@ -753,10 +798,12 @@ class Sanitizer:
             written = None
             for k in range(n):
                 if packed:
-                    base, size, lo, hi = p[7 * k], p[7 * k + 1], p[7 * k + 2], p[7 * k + 3]
+                    b, size, lo, hi = p[7 * k], p[7 * k + 1], p[7 * k + 2], p[7 * k + 3]
                     per, ch, mode = p[7 * k + 4], p[7 * k + 5], p[7 * k + 6]
+                    base = b
                 else:
                     base, size, lo, hi, per, ch, mode = items[k]
+                    b = base
                 ext = live.get(base)
                 if ext is None or ext.end is None:
                     ext = self._first_sight(ext, base, size, mode, sid, frames, op)
@@ -767,9 +814,9 @@ class Sanitizer:
                         continue
                 elif hi > ext.end:
                     ext.end = hi
-                if not mode & (READ | WRITE):
+                if not mode & (_R | _W):
                     continue  # an allocation the op returned: no byte touched yet
-                write = mode & WRITE
+                write = mode & _W
                 kind = "write" if write else "read"
                 rec = _new_rec(sid, label, ep, kind, lo, hi, op, frames, ext.gen, base, per, ch)
                 recs = ext.recs
@@ -781,14 +828,13 @@ class Sanitizer:
                     if conflict is not None:
                         found = (found or []) + [(conflict, rec)]
                 w = ext.written
-                if w is not None and mode & READ and not mode & NO_INIT_CHECK \
-                        and not _covered(w, lo - base, hi - base):
+                if w is not None and mode & _R and not mode & _NI and not _covered(w, lo - b, hi - b):
                     found = (found or []) + [(ext, rec)]
                 recs.append(rec)
                 if w is not None and write:
                     if written is None:
                         written = []
-                    written.append((ext, lo - base, hi - base))
+                    written.append((ext, lo - b, hi - b))
             if written:
                 for ext, a, b in written:
                     _mark(ext, a, b)
@@ -803,21 +849,21 @@ class Sanitizer:
     def _first_sight(self, ext: _Extent | None, base: int, size: int, mode: int, sid: int,
                      frames: tuple | None, op: str) -> _Extent | None:
         if ext is None:
-            if self._regions and not mode & PINNED and self._block_at(base) is not None:
+            if self._regions and not mode & _P and self._block_at(base) is not None:
                 return None
             gen = self._gen_at.get(base, 0)
-            if not mode & PINNED:
+            if not mode & _P:
                 gen = self._gen_at[base] = gen + 1
             ext = self._live[base] = _Extent(base, None, gen, sid)
-            if mode & OUTPUT and self.outputs_fresh and not mode & PINNED:  # allocated by this op
+            if mode & _O and self.outputs_fresh and not mode & _P:  # allocated by this op
                 ext.written = []
                 ext.frames, ext.op = frames, op
             else:
                 ext.op = "memory allocated before the sanitizer started, or by another library"
-            if mode & PINNED:
+            if mode & _P:
                 ext.pinned = True
                 self.pinned.add(base)
-        elif mode & OUTPUT:  # a lifetime the trace announced, first seen as an op's output
+        elif mode & _O:  # a lifetime the trace announced, first seen as an op's output
             ext.written = []
             ext.frames, ext.op = frames, op
         else:  # first seen as an input: something invisible wrote it
@@ -833,7 +879,7 @@ class Sanitizer:
         if key is None:
             return None
         gen = self._regions[key][-1].gen
-        rec = _new_rec(sid, label, ep, "write" if mode & WRITE else "read", lo, hi, op, frames, gen, key[0], per, ch)
+        rec = _new_rec(sid, label, ep, "write" if mode & _W else "read", lo, hi, op, frames, gen, key[0], per, ch)
         conflict = self._find_conflict(rec, vc, False)
         self._insert(rec, key)
         return None if conflict is None else (conflict, rec)
