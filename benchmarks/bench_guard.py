@@ -1,5 +1,7 @@
 """The debug guard under PyTorch: its cost against PyTorch's caching allocator, and
-against Compute Sanitizer's memcheck, in the same run on the same card.
+against Compute Sanitizer's memcheck, in the same run on the same card. The caching
+allocator's and the guard's children run in turns (``--turns``, default 3); each
+figure is the median over the turns.
 
 - pair: ``torch.empty(n, device="cuda")`` then its free, µs per pair, for the
   caching allocator and under ``ignis.torch.use_guard()`` (target: at most 5x);
@@ -351,6 +353,23 @@ def _child(args: list[str], *, prefix: list[str] | None = None, timeout: int = 2
     return f"failed (status {r.returncode}): {(r.stdout + r.stderr)[-1500:]}"
 
 
+def _median_of(results: list) -> dict | str:
+    """The median of each figure over the turns' results (the last result kept for the rest,
+    such as a step's loss, which must not vary); a failed turn's message if any failed."""
+    for r in results:
+        if not isinstance(r, dict):
+            return r
+    out = dict(results[-1])
+    for k, v in results[-1].items():
+        if isinstance(v, float):
+            out[k] = statistics.median(r[k] for r in results)
+        elif k == "problems":
+            out[k] = max(r[k] for r in results)
+    if "loss" in out:
+        out["loss_turns"] = [r["loss"] for r in results]
+    return out
+
+
 def _compute_sanitizer() -> str | None:
     p = shutil.which("compute-sanitizer")
     if p:
@@ -367,6 +386,7 @@ def main() -> None:
     ap.add_argument("--child", nargs="+")
     ap.add_argument("--steps", type=int, default=200)
     ap.add_argument("--memcheck-steps", type=int, default=20)
+    ap.add_argument("--turns", type=int, default=3, help="turns of the caching allocator's and the guard's children")
     ap.add_argument("--emulated", action="store_true",
                     help="time the guard's allocate + free on the emulated backend (no GPU, no PyTorch)")
     a = ap.parse_args()
@@ -400,12 +420,25 @@ def main() -> None:
     import torch
     report["device"] = torch.cuda.get_device_name(0)
     report["torch"] = torch.__version__
-    plain, guard = _child(["pair", "plain"]), _child(["pair", "guard"])
+    # Each contender's child runs once a turn, the two in turns (the host's speed drifts over
+    # a run); the figures are the medians over the turns, the ratios those of the medians.
+    pairs: dict[str, list] = {"caching": [], "guard": []}
+    steps: dict[str, list] = {"caching": [], "guard": []}
+    for _ in range(a.turns):
+        for who, arg in (("caching", "plain"), ("guard", "guard")):
+            pairs[who].append(_child(["pair", arg]))
+            steps[who].append(_child(["step", arg, str(a.steps)]))
+    plain, guard = _median_of(pairs["caching"]), _median_of(pairs["guard"])
+    report["turns"] = a.turns
     report["pair_us"] = {"caching": plain, "guard": guard}
+    report["pair_us_turns"] = pairs
     if isinstance(plain, dict) and isinstance(guard, dict):
         report["pair_ratio"] = {k: guard[k] / plain[k] for k in ("4KiB", "1MiB")}
-    sp, sg = _child(["step", "plain", str(a.steps)]), _child(["step", "guard", str(a.steps)])
+        report["pair_ratio_turns"] = [{k: g[k] / p[k] for k in ("4KiB", "1MiB")} for p, g in
+                                      zip(pairs["caching"], pairs["guard"]) if isinstance(p, dict) and isinstance(g, dict)]
+    sp, sg = _median_of(steps["caching"]), _median_of(steps["guard"])
     report["step"] = {"caching": sp, "guard": sg}
+    report["step_turns"] = steps
     cs = _compute_sanitizer()
     report["compute_sanitizer"] = cs or "not found (which compute-sanitizer; /usr/local/cuda/bin)"
     if cs:
@@ -414,18 +447,20 @@ def main() -> None:
         report["step"]["memcheck"] = mc
     if isinstance(sp, dict) and isinstance(sg, dict):
         report["step_ratio_guard"] = sg["ms_per_step"] / sp["ms_per_step"]
-        report["same_loss"] = abs(sg["loss"] - sp["loss"]) <= 1e-5 * max(1.0, abs(sp["loss"]))
+        report["same_loss"] = all(abs(lg - lp) <= 1e-5 * max(1.0, abs(lp))
+                                  for lp, lg in zip(sp["loss_turns"], sg["loss_turns"]))
         mc = report["step"].get("memcheck")
         if isinstance(mc, dict):
             report["step_ratio_memcheck"] = mc["ms_per_step"] / sp["ms_per_step"]
     report["ops"] = {m: _child(["ops", m]) for m in ("plain", "dispatch_mode", "guard")}
     print(json.dumps(report, indent=2))
     if isinstance(plain, dict) and isinstance(guard, dict):
-        print(f"torch.empty + free, µs per pair: caching {plain['4KiB']:.2f} / {plain['1MiB']:.2f}, guard "
-              f"{guard['4KiB']:.2f} / {guard['1MiB']:.2f} (4 KiB / 1 MiB): x{report['pair_ratio']['4KiB']:.2f} / "
-              f"x{report['pair_ratio']['1MiB']:.2f} (target <= 5)")
+        turns = ", ".join(f"x{r['4KiB']:.2f} / x{r['1MiB']:.2f}" for r in report["pair_ratio_turns"])
+        print(f"torch.empty + free, µs per pair (medians of {a.turns} turns): caching {plain['4KiB']:.2f} / "
+              f"{plain['1MiB']:.2f}, guard {guard['4KiB']:.2f} / {guard['1MiB']:.2f} (4 KiB / 1 MiB): "
+              f"x{report['pair_ratio']['4KiB']:.2f} / x{report['pair_ratio']['1MiB']:.2f} (target <= 5; turns: {turns})")
     if "step_ratio_guard" in report:
-        line = (f"training step, ms: caching {sp['ms_per_step']:.3f}, guard {sg['ms_per_step']:.3f} "
+        line = (f"training step, ms (medians of {a.turns} turns): caching {sp['ms_per_step']:.3f}, guard {sg['ms_per_step']:.3f} "
                 f"(x{report['step_ratio_guard']:.2f}, target <= 2; same loss: {report['same_loss']})")
         if "step_ratio_memcheck" in report:
             line += f", memcheck {report['step']['memcheck']['ms_per_step']:.3f} (x{report['step_ratio_memcheck']:.1f})"
