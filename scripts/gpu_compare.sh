@@ -26,4 +26,6 @@ for turn in $(seq 1 "$turns"); do
         done
     done
 done
+# The lines that carry each bench's figures, per tree and turn (SUMMARY: a grep -E pattern).
+(cd "$out_dir" && grep -E "${SUMMARY:-added per op|slowdown|card:|per pair|training step, ms}" ./{new,old}_*.txt)
 (cd "$out_dir" && tar czf compare.tgz ./*.txt && rm -f ./*.txt)  # the device tool brings back few files
