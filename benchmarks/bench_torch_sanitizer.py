@@ -14,7 +14,9 @@ otherwise, so between its turns they are taken out of PyTorch's callback registr
 (and put back for its turns); PyTorch's GPU trace, once activated, stays on for every
 contender (a Python call per allocation, free and event, with no callback listening).
 ``plain, no trace`` is measured once, before anything activates it. Each round runs every
-contender once, round-robin; medians are reported.
+contender once, round-robin, each timed after a garbage collection; medians are reported,
+and the ratios also per round (each round's ignis against that round's plain and CSAN),
+with their median: the host's speed drifts between rounds, and a round's contenders share it.
 
 Targets (issue #15): ignis's added cost per op at most a tenth of CSAN's added cost, and
 under 10 µs on an H200; a training step slowed at most a tenth as much as under CSAN.
@@ -24,6 +26,7 @@ Run: ``PYTHONPATH=src python3 benchmarks/bench_torch_sanitizer.py [--quick] [--j
 from __future__ import annotations
 
 import argparse
+import gc
 import json
 import statistics
 import time
@@ -145,21 +148,18 @@ class Plain:
 def breakdown(loop: Callable[[int], None], loop_ops: int, rounds: int) -> dict[str, float]:
     """ignis's front end (the observer engine) with parts of it switched off, in turns with the whole."""
     from ignis.safety.sanitizer import sanitizer
-    from ignis.torch._frontend import TorchFrontEnd, capture_stack
 
     def variant(check: str, trace: bool) -> Callable[[], Any]:
         class V:
             def __enter__(self) -> None:
                 sanitizer.enable("collect")
                 fe = self.fe = TorchFrontEnd(sanitizer, engine="observer")
-                if check in ("none", "stack"):  # the observer runs and calls back; the callbacks do nothing (or take the stack)
-                    fe._observed = (lambda *a: None) if check == "none" else (lambda *a: capture_stack())
-                    fe._observed_special = lambda *a: None
-                elif check == "front end":  # the front end's whole per-op step; the sanitizer is not called
+                if check in ("none", "trace"):  # the observer calls the sanitizer, which does nothing with the op
                     for name in ("foreign_access", "extent_record_stream"):
                         setattr(sanitizer, name, lambda *a: None)
-                elif check == "no special":  # every regular op checked; record_stream and copies not
-                    fe._observed_special = lambda *a: None
+                if check == "none":  # nor with frees, events and synchronizations
+                    for name in TRACE_ENTRY_POINTS:
+                        setattr(sanitizer, name, lambda *a: None)
                 fe.enable()
                 if not trace:
                     for reg, cb in fe._callbacks:
@@ -169,31 +169,33 @@ def breakdown(loop: Callable[[int], None], loop_ops: int, rounds: int) -> dict[s
             def __exit__(self, *exc: object) -> None:
                 self.fe.disable()
                 sanitizer.disable()
-                for name in ("foreign_access", "extent_record_stream"):
+                for name in ("foreign_access", "extent_record_stream", *TRACE_ENTRY_POINTS):
                     sanitizer.__dict__.pop(name, None)
         return V
 
+    from ignis.torch._frontend import TorchFrontEnd
+    TRACE_ENTRY_POINTS = ("on_event_record", "on_event_wait", "on_event_destroyed", "extent_freed",
+                          "on_device_synchronize", "on_stream_synchronize", "on_event_synchronize")
     variants = {"plain (trace active, no callback)": Plain,
-                "observer only (ops run, nothing checked)": variant("none", False),
-                "observer + trace callbacks": variant("none", True),
-                "observer + trace callbacks + stack per op": variant("stack", True),
-                "front end's whole step, sanitizer not called": variant("front end", True),
-                "all but special ops (record_stream, copies)": variant("no special", True),
-                "all of ignis.torch": variant("all", True)}
+                "observer, the stack and a call per op; nothing checked": variant("none", False),
+                "+ PyTorch's trace callbacks, doing nothing": variant("none", True),
+                "+ frees, events, synchronizations checked": variant("trace", True),
+                "all of ignis.torch (+ each op checked)": variant("all", True)}
     res: dict[str, list[float]] = {k: [] for k in variants}
     for r in range(rounds + 1):
         for name, v in variants.items():
             with v():
                 loop(5)
+                gc.collect()
                 t = timed(loop, LOOP_ITERS) / (LOOP_ITERS * loop_ops)
             if r:
                 res[name].append(t * 1e6)
     # The same whole front end with the cyclic collector off (what the collector's runs cost it).
-    import gc
     res["all of ignis.torch, collector off"] = []
     for r in range(rounds):
         with variant("all", True)():
             loop(5)
+            gc.collect()
             gc.disable()
             try:
                 res["all of ignis.torch, collector off"].append(timed(loop, LOOP_ITERS) / (LOOP_ITERS * loop_ops) * 1e6)
@@ -215,8 +217,9 @@ def main() -> int:
     ap.add_argument("--profile", action="store_true", help="also profile ignis's turn of each workload (cProfile)")
     ap.add_argument("--breakdown", action="store_true",
                     help="also time ignis.torch with parts of it switched off (two-stream loop): the observer "
-                         "alone, with the trace callbacks, with a stack per op, the front end without the "
-                         "sanitizer, without special ops, and all of it with the cyclic collector off")
+                         "calling a sanitizer that checks nothing (with a stack per op), with PyTorch's trace "
+                         "callbacks, with the frees, events and synchronizations checked, all of it, and all of "
+                         "it with the cyclic collector off")
     args = ap.parse_args()
     rounds = 3 if args.quick else ROUNDS
     card = torch.cuda.get_device_name()
@@ -236,12 +239,19 @@ def main() -> int:
             with ctx:
                 loop(5)
                 train(1)
+                gc.collect()  # what an earlier contender left (CSAN's garbage) is not collected in this one's time
                 tl = timed(loop, LOOP_ITERS) / (LOOP_ITERS * loop_ops)
                 tt = timed(train, TRAIN_STEPS) / TRAIN_STEPS
             if r:  # round 0 warms every contender up
                 res[name]["loop"].append(tl)
                 res[name]["train"].append(tt)
     med = {k: {w: statistics.median(v) for w, v in d.items()} for k, d in res.items()}
+    # Each round's ratios, from that round's own plain and CSAN: the host's speed drifts between
+    # rounds (plain's µs/op has read 13 and 25 in one run), and a round's contenders share it.
+    paired = {"loop": [(i - p) / (c - p) for p, c, i in zip(res["plain"]["loop"], res["CSAN"]["loop"],
+                                                              res["ignis"]["loop"]) if c > p],
+              "train": [(i / p - 1) / (c / p - 1) for p, c, i in zip(res["plain"]["train"], res["CSAN"]["train"],
+                                                                    res["ignis"]["train"]) if c > p]}
     problems = len(sanitizer.reports)
     us = {k: d["loop"] * 1e6 for k, d in med.items()}
     ms = {k: d["train"] * 1e3 for k, d in med.items()}
@@ -259,8 +269,13 @@ def main() -> int:
         "ignis_engine": engine,
         "added_us_per_op": {"CSAN": added_csan, "ignis": added_ignis, "ignis-mode": added_mode},
         "ignis_added_over_csan_added": added_ignis / added_csan if added_csan > 0 else None,
+        "ignis_added_over_csan_added_per_round": paired["loop"],
+        "ignis_added_over_csan_added_paired_median": statistics.median(paired["loop"]) if paired["loop"] else None,
         "train_slowdown": {"CSAN": slow_csan, "ignis": slow_ignis, "ignis-mode": slow_mode},
         "ignis_train_extra_over_csan_extra": (slow_ignis - 1) / (slow_csan - 1) if slow_csan > 1 else None,
+        "ignis_train_extra_over_csan_extra_per_round": paired["train"],
+        "ignis_train_extra_over_csan_extra_paired_median": statistics.median(paired["train"]) if paired["train"] else None,
+        "per_round": res,
         "ignis_reports_on_correct_workloads": problems,
     }
     print(f"card: {card} (torch {torch.__version__}); medians of {rounds} rounds, contenders in turns; "
@@ -274,6 +289,10 @@ def main() -> int:
           f" {ms['ignis-mode']:10.3f}   ({train_ops} ops/step; untraced plain {untraced['train'] * 1e3:.3f})")
     print(f"{'  slowdown (x plain)':34s} {'':10s} {slow_csan:10.2f} {slow_ignis:10.2f} {slow_mode:10.2f}"
           f"   ignis extra/CSAN extra = {out['ignis_train_extra_over_csan_extra']:.3f} (target <= 0.1)")
+    if paired["loop"] and paired["train"]:
+        print(f"{'  paired, per round (median)':34s} ignis/CSAN added per op {statistics.median(paired['loop']):.3f}, "
+              f"training step extra {statistics.median(paired['train']):.3f}   (rounds: "
+              f"{', '.join(f'{x:.3f}' for x in paired['loop'])} | {', '.join(f'{x:.3f}' for x in paired['train'])})")
     print(f"ignis reports on these correct workloads: {problems}")
     if args.json:
         with open(args.json, "w") as f:
