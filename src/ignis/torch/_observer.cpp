@@ -10,11 +10,7 @@
 // than their schema, go through the front end: ``TorchFrontEnd._observed`` and
 // ``_observed_special``.) That replaces the TorchDispatchMode's Python handler, which
 // boxes every argument into Python objects and runs the op again below itself.
-//
-// Inside an op it reports, RecordFunction is switched off on the thread (as
-// ``at::RecordFunctionGuard(false)`` would): the op's own dispatcher calls are not the
-// program's, and would each have their inputs and outputs boxed for nothing. (A profiler
-// running at the same time sees no op below a checked one.)
+
 //
 // What is seen matches the dispatch mode's view: the outermost op the front end does
 // not pass through. Ops that are CompositeImplicitAutograd without a kernel of the
@@ -87,7 +83,6 @@ struct Ctx : at::ObserverContext {
   std::vector<c10::IValue> args;    // a special op's inputs, for the front end's Python
   int device = -1;
   uint64_t epoch = 0;
-  bool rf_was = true;               // RecordFunction on this thread before the op (restored at its end)
   bool has_pre = false;             // a special op's first tensor before it ran (resize_)
   uint64_t pre_base = 0, pre_size = 0;
   bool has_rs = false;              // record_stream of a tensor with bytes on this backend:
@@ -371,8 +366,6 @@ std::unique_ptr<at::ObserverContext> start_op(const at::RecordFunction &fn) {
       }
     }
   }
-  c->rf_was = at::isRecordFunctionEnabled();
-  at::enableRecordFunction(false);  // the op's own calls are not seen (nor boxed); back on at its end
   t_depth++;  // last: a throw above leaves the depth as it was
   return c;
 }
@@ -604,7 +597,6 @@ void on_end(const at::RecordFunction &fn, at::ObserverContext *oc) {
   if (oc == nullptr) return;
   t_depth--;
   auto *c = static_cast<Ctx *>(oc);
-  at::enableRecordFunction(c->rf_was);
   if (c->spec->kind == INACTIVE || !g_on.load(std::memory_order_relaxed) || finalizing()) return;
   if (std::uncaught_exceptions() > c->unwinding) return;  // the op is throwing: it did nothing to report
   try {
