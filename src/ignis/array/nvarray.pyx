@@ -54,7 +54,7 @@ from . import hostcopy
 from cpython.object cimport PyObject
 from posix.time cimport clock_gettime, timespec, CLOCK_REALTIME_COARSE
 from ..memory.resource cimport ResourceLock, lock_take, lock_give
-from ..memory.pool cimport PoolResource
+from ..memory.pool cimport PoolResource, pool_direct
 from ..memory.resource import ResourceLock
 from ..memory.block cimport DeviceBlock as _Block
 from ..memory.resource cimport TrackedResource
@@ -297,15 +297,9 @@ cdef inline tuple _defaults_cached():
     return <tuple>t[6]
 
 
-cdef inline bint _pool_direct(object mr, str name) except -1:
-    """``mr`` is a plain PoolResource whose ``name`` (allocate / deallocate) is its own:
-    the compiled callers may call its compiled body directly."""
-    return type(mr) is PoolResource and not_on_instance(mr, name)
-
-
 cdef inline int _deallocate(object mr, object block) except -1:
     """``mr.deallocate(block)``, the pool's compiled body where it is a plain PoolResource."""
-    if _pool_direct(mr, "deallocate"):
+    if pool_direct(mr, "deallocate"):
         (<PoolResource>mr)._deallocate_c(block)
     else:
         mr.deallocate(block)
@@ -524,7 +518,7 @@ cdef class NvArray:
         _identify(self, shape, dt, dev, stream, owner, numel, nbytes, mr)
         self._base = self._views = self._pinned = self._keepalive = self._gate = self._exports = None
         if nbytes:
-            if _pool_direct(mr, "allocate"):
+            if pool_direct(mr, "allocate"):
                 block = (<PoolResource>mr)._allocate_c(nbytes, stream, tag)
                 self._ptr = (<_Block>block).ptr
             else:

@@ -112,6 +112,8 @@ cdef class GuardBase(DeviceMemoryResource):
     cdef Py_ssize_t _overflow_c(self) except -1:
         cdef Py_ssize_t n = len(self._quarantine), held = self._quarantined_bytes, out = 0
         cdef Py_ssize_t max_count = as_bound(self.quarantine_count), max_bytes = as_bound(self.quarantine_bytes)
+        if held <= max_bytes:  # the count alone is over (the steady state): no walk
+            return n - max_count if n > max_count else 0
         for e in self._quarantine.values():
             if n - out <= max_count and held <= max_bytes:
                 break

@@ -1,5 +1,6 @@
 # Typed fields of the pool and its free lists (pool.pyx).
 
+from ignis._cpython cimport not_on_instance
 from ignis.memory.block cimport DeviceBlock
 from ignis.memory.resource cimport TrackedResource
 
@@ -45,3 +46,9 @@ cdef class PoolResource(TrackedResource):
     cdef int _split_if_worth(self, _Block b, object size, bint small) except -1
     cdef DeviceBlock _allocate_c(self, object nbytes, object stream_, object tag)
     cdef int _deallocate_c(self, object block_) except -1
+
+
+cdef inline bint pool_direct(object mr, str name) except -1:
+    """``mr`` is a plain PoolResource whose ``name`` (allocate / deallocate) is its own: a
+    compiled caller may call its compiled body (``_allocate_c`` / ``_deallocate_c``) directly."""
+    return type(mr) is PoolResource and not_on_instance(mr, name)

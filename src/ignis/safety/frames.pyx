@@ -27,6 +27,7 @@ from types import CodeType
 from typing import Any
 
 from cpython.ref cimport PyObject, Py_DECREF, Py_INCREF, Py_XDECREF, Py_XINCREF
+from .._cpython cimport ignis_finalizing
 from libc.stdint cimport uint64_t, uintptr_t
 from libc.stdlib cimport calloc, free
 
@@ -54,14 +55,8 @@ cdef extern from *:
     #include <frameobject.h>
     #define ignis_frame_lasti(f) ((f)->f_lasti)
     #endif
-    #if PY_VERSION_HEX >= 0x030D0000
-    #define ignis_finalizing() Py_IsFinalizing()
-    #else
-    #define ignis_finalizing() _Py_IsFinalizing()
-    #endif
     """
     int ignis_frame_lasti(PyFrameObject *frame)  # the frame's last instruction; < 0: none yet
-    int ignis_finalizing()
 
 __all__ = ["capture_frames", "format_frames", "add_library_dir", "is_user_file", "resolve", "sites", "MAX_FRAMES"]
 

@@ -3,6 +3,7 @@
 
 from ignis.memory.block cimport DeviceBlock
 from ignis.memory.guard_base cimport GuardBase, _Guarded
+from ignis.memory.resource cimport ReentrantLock
 from ignis.runtime.stream cimport Stream
 
 
@@ -34,7 +35,7 @@ cdef class _Checker:
     cdef public object backend
     cdef public object device
     cdef public bint cuda
-    cdef public object lock
+    cdef public ReentrantLock lock
     cdef public dict pending
     cdef public object inflight
     cdef public list free_slots

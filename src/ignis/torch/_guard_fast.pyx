@@ -58,7 +58,8 @@ from ..memory import ordering as _ord
 from ..memory.guard import _uniform
 from ..memory.block cimport DeviceBlock, new_block
 from ..memory.guard_base cimport FILL_SPLIT, GuardBase, _Guarded, as_bound, fill_bytes_c
-from ..memory.resource cimport ResourceLock, lock_take, lock_give
+from ..memory.pool cimport PoolResource, pool_direct
+from ..memory.resource cimport ReentrantLock, ResourceLock, lock_take, lock_give
 from ..memory.resource import check_request
 from ..memory.types import UNTAGGED, BlockState, _next_generation
 from ..runtime.stream cimport Stream
@@ -263,7 +264,7 @@ cdef class _Checker:
         self.backend = guard._backend
         self.device = guard.device
         self.cuda = not self.backend.host_kernels  # compiled check kernels (else a host function over host views)
-        self.lock = threading.RLock()
+        self.lock = ReentrantLock()  # (take / give are C calls on the free's path; ``with`` elsewhere)
         self.pending = {}
         self.inflight = deque()
         self.free_slots = []
@@ -352,7 +353,9 @@ cdef class _Checker:
         cdef Py_ssize_t batch = self.g.batch
         cdef list lst, l2
         cdef _Guarded x
-        with self.lock:
+        cdef ReentrantLock lk = self.lock
+        lk.take()
+        try:
             pend = self.pending
             lst = pend.get(s)
             if lst is None:
@@ -374,6 +377,8 @@ cdef class _Checker:
             self.frees += 1
             if not self.frees & 15 and self.inflight:
                 self.poll()
+        finally:
+            lk.give()
         return 0
 
     def launch_all(self) -> None:
@@ -545,8 +550,12 @@ cdef class GuardCore(GuardBase):
         if frames is None and self.capture_stacks:
             frames = capture_frames(1, self.stack_depth)  # frame 1: the caller (this code has no frames)
         total = nbytes + 2 * g
+        mr = self.upstream
         try:
-            up = self.upstream.allocate(total, stream, tag)
+            if pool_direct(mr, "allocate"):
+                up = (<PoolResource>mr)._allocate_c(total, stream, tag)
+            else:
+                up = mr.allocate(total, stream, tag)
         except MemoryError:
             up = self._after_oom(total, stream, tag)
         fmt = self._formatted.pop(up.ptr, None) if self._formatted else None
@@ -655,13 +664,16 @@ cdef class GuardCore(GuardBase):
         cdef _Guarded e
         cdef DeviceBlock up, b
         cdef dict hx = self._held_exit
+        cdef bint direct
         lock_take(lk)
         try:
             for e in entries:
                 hx.pop(e.block.ptr, None)
         finally:
             lock_give(lk)
-        dealloc = self.upstream.deallocate
+        mr = self.upstream
+        direct = pool_direct(mr, "deallocate")
+        dealloc = None if direct else mr.deallocate
         fmt = self._formatted if self._reuse else None
         if fmt is not None and len(fmt) > 1 << 16:
             fmt.clear()
@@ -672,7 +684,10 @@ cdef class GuardCore(GuardBase):
             b = e.block
             try:
                 if up.state is _LIVE_STATE:
-                    dealloc(up)
+                    if direct:
+                        (<PoolResource>mr)._deallocate_c(up)
+                    else:
+                        dealloc(up)
             except BaseException as exc:  # the upstream refused it: keep it (counted) for a later flush
                 lock_take(lk)
                 try:
