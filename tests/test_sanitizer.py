@@ -535,4 +535,9 @@ def test_bad_packed_items_are_refused_before_anything_changes():
         san.foreign_access(0x10, "aten::fill_", None, pack_items([(4096, 256, -256, -1, 0, 0, WRITE)]))
     with pytest.raises(ValueError, match="not an address range"):
         san.foreign_access(0x10, "aten::fill_", None, pack_items([(4096, 256, 4096 + 64, 4096, 0, 0, WRITE)]))
+    for base, size in ((-4096, 256), (4096, (1 << 63) - 2048), (4096, -1)):  # an extent past 2**63, in both forms
+        with pytest.raises(ValueError, match="not an address range"):
+            san.foreign_access(0x10, "aten::fill_", None, pack_items([(base, size, 4096, 4352, 0, 0, WRITE)]))
+        with pytest.raises(ValueError, match="not an address range"):
+            san.foreign_access(0x10, "aten::fill_", None, [(base, size, 4096, 4352, 0, 0, WRITE)])
     assert not san._live and not san._clock and san.checked_foreign == 0

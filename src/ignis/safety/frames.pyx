@@ -237,7 +237,7 @@ cdef tuple _walk_c(PyObject *start, Py_ssize_t skip, Py_ssize_t limit):
     """The user frames from ``start`` (borrowed; NULL for none) outward, after passing over
     ``skip`` frames, at most ``limit``, as (code, line) pairs (interned: see the module)."""
     global _stacks, _stack_count
-    cdef PyObject *f = start
+    cdef PyObject *f
     cdef PyObject *back
     cdef PyObject *code
     cdef PyObject *held[_KEY_FRAMES]   # the user frames walked (references), for their lines on a miss
@@ -246,16 +246,10 @@ cdef tuple _walk_c(PyObject *start, Py_ssize_t skip, Py_ssize_t limit):
     cdef Py_ssize_t n = 0, i, j, k
     cdef uint64_t h
     cdef _StackSlot *slot
-    cdef PyObject *t
     if limit > _KEY_FRAMES or limit <= 0:
         return _walk_plain(start, skip, limit)
-    Py_XINCREF(f)
+    f = _skip_frames(start, skip)
     try:
-        while f != NULL and skip > 0:
-            back = <PyObject *>PyFrame_GetBack(<PyFrameObject *>f)
-            Py_DECREF(<object>f)
-            f = back
-            skip -= 1
         while f != NULL and n < limit:
             code = <PyObject *>PyFrame_GetCode(<PyFrameObject *>f)
             Py_DECREF(<object>code)  # the frame keeps its code alive
@@ -313,19 +307,27 @@ cdef tuple _walk_c(PyObject *start, Py_ssize_t skip, Py_ssize_t limit):
             Py_DECREF(<object>held[i])
 
 
+cdef PyObject *_skip_frames(PyObject *start, Py_ssize_t skip) noexcept:
+    """The frame ``skip`` frames out from ``start`` (borrowed; NULL for none), as a new
+    reference, or NULL."""
+    cdef PyObject *f = start
+    cdef PyObject *back
+    Py_XINCREF(f)
+    while f != NULL and skip > 0:
+        back = <PyObject *>PyFrame_GetBack(<PyFrameObject *>f)
+        Py_DECREF(<object>f)
+        f = back
+        skip -= 1
+    return f
+
+
 cdef tuple _walk_plain(PyObject *start, Py_ssize_t skip, Py_ssize_t limit):
     """``_walk_c`` for a limit past the interned ones' (made anew each time)."""
-    cdef PyObject *f = start
+    cdef PyObject *f = _skip_frames(start, skip)
     cdef PyObject *back
     cdef PyObject *code
     cdef list out = []
-    Py_XINCREF(f)
     try:
-        while f != NULL and skip > 0:
-            back = <PyObject *>PyFrame_GetBack(<PyFrameObject *>f)
-            Py_DECREF(<object>f)
-            f = back
-            skip -= 1
         while f != NULL and len(out) < limit:
             code = <PyObject *>PyFrame_GetCode(<PyFrameObject *>f)
             Py_DECREF(<object>code)

@@ -42,6 +42,7 @@ cdef _Rec _new_rec(long long sid, object stream_id, long long epoch, str kind, l
                    object frames, object gen, long long block, long long per=*, long long ch=*)
 
 cdef long long _R, _W, _O, _NI, _P  # the mode bits, as C integers
+cdef long long _ADDR_LAST           # the last address a record holds (2**63 - 1)
 
 @cython.locals(r=_Rec, n=Py_ssize_t)
 cdef int _retire_passed(list recs, dict host) except -1

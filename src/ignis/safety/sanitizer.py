@@ -87,6 +87,7 @@ _R, _W, _O, _NI, _P = READ, WRITE, OUTPUT, NO_INIT_CHECK, PINNED
 HOST = None  # the stream of an access the host makes itself (a CPU op on pinned memory)
 _INF = float("inf")
 _ADDR_END = 1 << 63  # addresses are C long longs in the records
+_ADDR_LAST = _ADDR_END - 1
 # Packed items: each one (base, size, lo, hi, period, chunk, mode) as seven native int64s.
 _PACKED = struct.Struct("=7q")  # 56 bytes
 
@@ -775,14 +776,15 @@ class Sanitizer:
         for k in range(n):  # before anything changes: records keep addresses as C integers
             if packed:
                 lo, hi = p[7 * k + 2], p[7 * k + 3]
-                bad = p[7 * k] < 0 or lo < 0 or hi < lo
+                bad = p[7 * k] < 0 or p[7 * k + 1] < 0 or p[7 * k + 1] > _ADDR_LAST - p[7 * k] or lo < 0 or hi < lo
             else:
                 it = items[k]
                 lo, hi = it[2], it[3]
-                bad = not (0 <= lo <= hi < _ADDR_END and 0 <= it[0] < _ADDR_END)
+                bad = not (0 <= lo <= hi < _ADDR_END and 0 <= it[0] < _ADDR_END and 0 <= it[1] <= _ADDR_LAST - it[0])
             if bad:
-                raise ValueError(f"ignis sanitizer: {op} reports the byte span [{lo:#x}, {hi:#x}) (of an extent at "
-                                 f"{items[k][0] if not packed else p[7 * k]:#x}), which is not an address range "
+                raise ValueError(f"ignis sanitizer: {op} reports the byte span [{lo:#x}, {hi:#x}) of an extent of "
+                                 f"{items[k][1] if not packed else p[7 * k + 1]} bytes at "
+                                 f"{items[k][0] if not packed else p[7 * k]:#x}, which is not an address range "
                                  f"below 2**63 (every device and host pointer is)")
         found: list | None = None
         self._lock.take()

@@ -563,10 +563,13 @@ class TorchFrontEnd:
                     raise RuntimeError(f"ignis.torch: the op observer cannot be built here ({observer_error()}); "
                                        "install a C++ compiler, or use engine='mode'")
                 engine = "mode"
-            elif lib.ignis_obs_start(self._obs_classify, self._observed, self._observed_special, self._direct(),
-                                     1 if self._cuda else 0) != 0:
-                raise RuntimeError("ignis.torch: another front end observes PyTorch's ops already; disable it first")
             else:
+                rc = lib.ignis_obs_start(self._obs_classify, self._observed, self._observed_special, self._direct(),
+                                         1 if self._cuda else 0)
+                if rc == -1:
+                    raise RuntimeError("ignis.torch: another front end observes PyTorch's ops already; disable it first")
+                if rc != 0:  # the direct path's callables were refused: a bug of this package
+                    raise RuntimeError(f"ignis.torch: the op observer refused to start (status {rc})")
                 self._obs = lib
         self.engine = engine
         if self._cuda and _raw_stream is not None:

@@ -10,7 +10,6 @@
 // than their schema, go through the front end: ``TorchFrontEnd._observed`` and
 // ``_observed_special``.) That replaces the TorchDispatchMode's Python handler, which
 // boxes every argument into Python objects and runs the op again below itself.
-
 //
 // What is seen matches the dispatch mode's view: the outermost op the front end does
 // not pass through. Ops that are CompositeImplicitAutograd without a kernel of the
@@ -608,10 +607,6 @@ void on_end(const at::RecordFunction &fn, at::ObserverContext *oc) {
   }
 }
 
-}  // namespace
-
-namespace {
-
 // Drop the direct path's callables and the stream handles (the GIL held).
 void clear_direct() {
   PyObject **slots[6] = {&g_san, &g_capture, &g_stream, &g_raw_stream, &g_pending, &g_error_type};
@@ -632,12 +627,11 @@ extern "C" {
 
 // Start observing: ``classify``, ``on_op`` and ``on_special`` are the front end's callables
 // (kept referenced until ``ignis_obs_stop``); ``device_type`` the backend checked (c10's
-// DeviceType: 1 CUDA, 0 CPU for tests). Returns 0, or -1 if already observing.
-// ``direct``: None, or what the direct path calls, a tuple (the Sanitizer, the stack capture,
-// (device, stream id) -> the handle of the device's current stream, (stream id, device index,
-// device type) -> a stream's handle, the list that keeps IgnisErrors found, IgnisError); with
-// None every op goes through ``on_op`` and ``on_special``. Returns 0, -1 if already observing,
-// -2 if ``direct`` is malformed.
+// DeviceType: 1 CUDA, 0 CPU for tests). ``direct``: None, or what the direct path calls, a
+// tuple (the Sanitizer, the stack capture, (device, stream id) -> the handle of the device's
+// current stream, (stream id, device index, device type) -> a stream's handle, the list that
+// keeps IgnisErrors found, IgnisError); with None every op goes through ``on_op`` and
+// ``on_special``. Returns 0; -1 if already observing; -2 if ``direct`` is malformed.
 IGNIS_API int ignis_obs_start(PyObject *classify_fn, PyObject *on_op, PyObject *on_special, PyObject *direct,
                               int device_type) {
   if (g_on.load()) return -1;
