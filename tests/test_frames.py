@@ -62,3 +62,85 @@ def test_a_capture_formats_and_keys_as_file_line_pairs():
     assert resolve(got)[0] == (__file__, _line_of("# FORMAT-HERE"), "test_a_capture_formats_and_keys_as_file_line_pairs")
     assert sites(got) == ((__file__, _line_of("# FORMAT-HERE")),)
     assert "FORMAT-HERE" in format_frames(got)
+
+
+_MOVER = '''
+import _thread, gc, sys, threading
+from ignis.safety.frames import capture_frames
+
+go, at_first, at_second = (_thread.allocate_lock() for _ in range(3))
+for lock in (go, at_first, at_second):
+    lock.acquire()
+armed, result, moved = [False], [], []
+
+
+def _materialize():  # the caller's frame objects made now, not by the other thread's walk
+    f = sys._getframe(1)
+    while f is not None:
+        f = f.f_back
+
+
+def first(block):  # called at the main thread's first line: parks there when asked
+    _materialize()
+    if block:
+        at_first.release()
+        go.acquire(timeout=10)
+        return None
+    return capture_frames(1)
+
+
+def second():  # called at the main thread's next line: parks there
+    _materialize()
+    at_second.release()
+    go.acquire(timeout=10)
+
+
+def _collecting(phase, info):  # in the other thread's capture: the main thread moves on meanwhile
+    if phase == "start" and armed[0] and threading.current_thread().name == "capturer":
+        armed[0] = False
+        go.release()
+        moved.append(at_second.acquire(timeout=10))
+
+
+def capturer():
+    capture_frames(1)  # this thread's own codes decided first
+    at_first.acquire()
+    gc.callbacks.append(_collecting)
+    keep = [[] for _ in range(500)]  # garbage enough for a collection at every allocation
+    gc.set_threshold(1)
+    armed[0] = True
+    try:
+        result.append(capture_frames(1))  # no user frame on this thread: the main thread's are taken
+    finally:
+        gc.set_threshold(700)
+        gc.callbacks.remove(_collecting)
+        armed[0] = False
+        go.release()
+    del keep
+'''
+
+
+def _mover_user(mover, block):
+    r = mover.first(block)  # MOVER-FIRST
+    if block:
+        mover.second()  # MOVER-SECOND
+    return r
+
+
+def test_a_stack_taken_while_its_thread_moves_on_is_not_kept_for_the_old_place(tmp_path):
+    # Another thread takes the main thread's frames; the main thread moves on while the capture
+    # runs (a collection in it lets it): what was captured must not be interned under the
+    # instruction the walk saw, or every later capture there would report the newer line.
+    import importlib.util
+    (tmp_path / "ignis_test_mover.py").write_text(_MOVER)
+    frames.add_library_dir(str(tmp_path))
+    spec = importlib.util.spec_from_file_location("ignis_test_mover", tmp_path / "ignis_test_mover.py")
+    mover = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mover)
+    _mover_user(mover, False)  # this code decided as the user's
+    t = threading.Thread(target=mover.capturer, name="capturer")
+    t.start()
+    got = [_mover_user(mover, block) for block in (True, False)]  # both from one place: one stack
+    t.join(timeout=30)
+    assert mover.moved == [True] and mover.result
+    assert got[1][0] == (_mover_user.__code__, _line_of("# MOVER-FIRST"))

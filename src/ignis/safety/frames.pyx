@@ -38,12 +38,17 @@ cdef extern from "Python.h":
         pass
     ctypedef struct PyThreadState:
         pass
+    ctypedef struct PyInterpreterState:
+        pass
     PyFrameObject *PyEval_GetFrame()                       # borrowed; NULL: no Python frame
     PyFrameObject *PyFrame_GetBack(PyFrameObject *frame)   # new reference or NULL (no error)
     PyCodeObject *PyFrame_GetCode(PyFrameObject *frame)    # new reference
     int PyFrame_GetLineNumber(PyFrameObject *frame)
     PyThreadState *PyThreadState_Get()
     PyFrameObject *PyThreadState_GetFrame(PyThreadState *tstate)  # new reference or NULL
+    PyInterpreterState *PyThreadState_GetInterpreter(PyThreadState *tstate)
+    PyThreadState *PyInterpreterState_ThreadHead(PyInterpreterState *interp)
+    PyThreadState *PyThreadState_Next(PyThreadState *tstate)
     PyObject *PyTuple_New(Py_ssize_t n)
     void PyTuple_SET_ITEM(PyObject *t, Py_ssize_t i, PyObject *o)
 
@@ -203,7 +208,22 @@ def _after_fork_in_child() -> None:
     _main_ts = PyThreadState_Get()  # the forking thread is the child's main thread
 
 
-os.register_at_fork(after_in_child=_after_fork_in_child)
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_after_fork_in_child)
+
+
+cdef PyObject *_main_frame() noexcept:
+    """The main thread's current frame (a new reference), or NULL: none, this is the main
+    thread, or its state is gone (a fork's child before this module's hook ran: the state is
+    looked for among the interpreter's threads, never read once dropped)."""
+    cdef PyThreadState *me = PyThreadState_Get()
+    cdef PyThreadState *ts
+    if _main_ts == NULL or me == _main_ts or ignis_finalizing():
+        return NULL
+    ts = PyInterpreterState_ThreadHead(PyThreadState_GetInterpreter(me))
+    while ts != NULL and ts != _main_ts:
+        ts = PyThreadState_Next(ts)
+    return <PyObject *>PyThreadState_GetFrame(ts) if ts != NULL else NULL
 
 
 def capture_frames(skip: int = 2, limit: int = MAX_FRAMES) -> tuple:
@@ -220,8 +240,8 @@ def capture_frames(skip: int = 2, limit: int = MAX_FRAMES) -> tuple:
     out = _walk_c(<PyObject *>PyEval_GetFrame(), skip - 1, limit)
     if not out:
         if _main_ts != NULL:
-            if PyThreadState_Get() != _main_ts and not ignis_finalizing():
-                f = <PyObject *>PyThreadState_GetFrame(_main_ts)
+            f = _main_frame()
+            if f != NULL:
                 try:
                     out = _walk_c(f, 0, limit)
                 finally:
@@ -243,9 +263,11 @@ cdef tuple _walk_c(PyObject *start, Py_ssize_t skip, Py_ssize_t limit):
     cdef PyObject *held[_KEY_FRAMES]   # the user frames walked (references), for their lines on a miss
     cdef PyObject *codes[_KEY_FRAMES]
     cdef int lastis[_KEY_FRAMES]
+    cdef int lines[_KEY_FRAMES]
     cdef Py_ssize_t n = 0, i, j, k
     cdef uint64_t h
     cdef _StackSlot *slot
+    cdef bint same
     if limit > _KEY_FRAMES or limit <= 0:
         return _walk_plain(start, skip, limit)
     f = _skip_frames(start, skip)
@@ -281,9 +303,18 @@ cdef tuple _walk_c(PyObject *start, Py_ssize_t skip, Py_ssize_t limit):
                     if k == n:
                         return <tuple>slot.stack
                 j = (j + 1) & (_STACK_SLOTS - 1)
-        # A stack not seen yet: its lines, then an entry (looked for anew: making the tuple
-        # may run Python code, a finalizer, that captures too).
-        out = tuple([(<object>codes[i], PyFrame_GetLineNumber(<PyFrameObject *>held[i])) for i in range(n)])
+        # A stack not seen yet: its lines, read with no Python call between (the walk above
+        # may have run Python code, a finalizer or another thread, and another thread's frames,
+        # the main thread's, may have moved on meanwhile: then the key's offsets are not these
+        # lines', and the capture is not interned).
+        same = True
+        for i in range(n):
+            lines[i] = PyFrame_GetLineNumber(<PyFrameObject *>held[i])
+            same = same and ignis_frame_lasti(<PyFrameObject *>held[i]) == lastis[i]
+        out = tuple([(<object>codes[i], lines[i]) for i in range(n)])
+        if not same:
+            return out
+        # Its entry (looked for anew: making the tuple may run Python code that captures too).
         if _stacks != NULL and _stack_count * 2 >= _STACK_SLOTS:
             _forget_stacks()  # (may run Python code: the table is looked at anew after)
         if _stacks == NULL:

@@ -205,6 +205,8 @@ class TorchFrontEnd:
 
     @ops.setter
     def ops(self, n: int) -> None:
+        if self._obs is not None:  # what the observer counted so far is part of what is replaced
+            self._obs.ignis_obs_take_ops()
         self._ops = n
 
     # -- per op ------------------------------------------------------------------

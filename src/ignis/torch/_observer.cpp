@@ -310,14 +310,25 @@ Spec *classify_slow(const at::RecordFunction &fn, const char *name, const char *
     }
     Py_XDECREF(r);
   }
-  std::lock_guard<std::mutex> g(g_lock);
-  if (g_generation.load() != gen) {  // restarted meanwhile: this spec's index is the old front end's
-    delete spec;
-    return &g_inactive;
+  Spec *kept = &g_inactive;
+  bool used = false;
+  {
+    std::lock_guard<std::mutex> g(g_lock);
+    if (g_generation.load() == gen) {  // (else restarted meanwhile: this spec's index is the old front end's)
+      auto ins = g_specs.emplace(key, spec);
+      used = ins.second;               // (else another thread classified it meanwhile)
+      kept = ins.first->second;        // specs are never freed: a thread's cache may still point at one
+    }
   }
-  auto ins = g_specs.emplace(key, spec);
-  if (!ins.second) delete spec;  // another thread classified it meanwhile
-  return ins.first->second;       // specs are never freed: a thread's cache may still point at one
+  if (!used) {
+    if (spec->name != nullptr) {
+      PyGILState_STATE st = PyGILState_Ensure();
+      Py_DECREF(spec->name);
+      PyGILState_Release(st);
+    }
+    delete spec;
+  }
+  return kept;
 }
 
 std::unique_ptr<at::ObserverContext> start_op(const at::RecordFunction &fn) {
@@ -472,7 +483,7 @@ PyObject *stream_handle(int device, long long sid, int type, bool current, PyObj
   }
   PyObject *h = current ? PyObject_CallFunction(stream_fn, "iL", device, sid)
                         : PyObject_CallFunction(raw_fn, "Lii", sid, device, type);
-  if (h == nullptr || !cache) return h;
+  if (h == nullptr || !cache || g_stream != stream_fn) return h;  // (stopped meanwhile: nothing cached past it)
   if (g_handles == nullptr) g_handles = new std::unordered_map<std::tuple<int, long long, int>, PyObject *, StreamKeyHash>();
   if (g_handles->emplace(key, h).second) Py_INCREF(h);  // the cache's reference (another call may have put one)
   return h;
@@ -526,12 +537,12 @@ void call_sanitizer(Ctx *c, long long sid, bool synced) {
     Py_XDECREF(h);
     return;
   }
+  g_ops.fetch_add(1, std::memory_order_relaxed);  // before any Python code runs: a stop and a start could intervene
   PyObject *h = stream_handle(c->device, sid, (int)g_dev, true, stream.p, raw_stream.p);
   if (h == nullptr) {
     sanitizer_failed(stream.p, pending.p, error_type.p);
     return;
   }
-  g_ops.fetch_add(1, std::memory_order_relaxed);
   PyObject *frames = PyObject_CallNoArgs(capture.p);
   PyObject *items = frames != nullptr ? items_bytes(c->items) : nullptr;
   PyObject *r = nullptr;
