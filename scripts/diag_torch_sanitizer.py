@@ -1,5 +1,5 @@
 """Where ignis.torch's added cost goes inside a real PyTorch program on the GPU: the time spent
-in each of the sanitizer's entry points (and the stack capture) while
+in each of the sanitizer's entry points (and in each op's stack capture) while
 ``benchmarks/bench_torch_sanitizer.py``'s two-stream loop or training step runs under
 ``ignis.torch``, measured in the program itself (a replay, ``bench_sanitizer_core.py``, runs
 the same calls from warm caches, apart from PyTorch).

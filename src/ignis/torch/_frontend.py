@@ -34,9 +34,9 @@ Design:
 - Pinned host memory: the host side of a ``non_blocking`` copy is an access on
   the copy's stream; afterwards, a CPU op on those bytes is an access by the
   host, checked like any other until a synchronization retires the copy.
-- Cost: nothing until enabled. Enabled, the user's frames are captured once per checked
-  op by Ignis's walker (``ignis.safety.frames``: interned, formatted only for a report). This module and the
-  sanitizer's checking (``ignis.safety.sanitizer``, its records typed by
+- Cost: nothing until enabled. Enabled, the user's frames are captured once per
+  checked op by Ignis's walker (``ignis.safety.frames``: interned, formatted only for a
+  report). This module and the sanitizer's checking (``ignis.safety.sanitizer``, its records typed by
   ``sanitizer.pxd``) are compiled by Cython from this source (setup.py's
   ``PURE_PYTHON_MODULES``). What remains per op is the observer's one call into
   Python (or the dispatch mode's Python handler) and PyTorch's trace callbacks.
@@ -62,7 +62,7 @@ from torch.utils._python_dispatch import TorchDispatchMode, _get_current_dispatc
 
 from ..errors import IgnisError
 from .._types import Access
-from ..safety.frames import add_library_dir, capture_frames
+from ..safety.frames import add_library_dir
 from ..safety.sanitizer import HOST, NO_INIT_CHECK, OUTPUT, PINNED, READ, WRITE, Sanitizer, unpack_items
 from ..safety.sanitizer import _frames as _san_frames
 from ._ops import SPECS, OpSpec, classify
@@ -75,11 +75,10 @@ Tensor = torch.Tensor
 _PATTERNS: dict[tuple, tuple[int, int, int]] = {}
 
 
-def capture_stack() -> tuple:
-    """The user's frames at the current op (Ignis's walker, interned: a loop's ops cost a
-    walk and a lookup). On the autograd engine's threads, which run no frame of the
-    user's, the main thread's frames: where ``backward()`` was called."""
-    return capture_frames(1)
+# The user's frames at the current op: the sanitizer's own capture (Ignis's walker, interned:
+# a loop's ops cost a walk and a lookup). On the autograd engine's threads, which run no frame
+# of the user's, the main thread's frames: where ``backward()`` was called.
+capture_stack = _san_frames
 
 
 def _pattern(shape: Any, strides: tuple, isz: int) -> tuple[int, int, int]:
@@ -520,7 +519,6 @@ class TorchFrontEnd:
                  (gt.StreamSynchronizationCallbacks, san.on_stream_synchronize),
                  (gt.EventSynchronizationCallbacks, san.on_event_synchronize)]
         torch._C._activate_gpu_trace()  # process-wide, and it cannot be turned off again
-        san.capture = capture_stack
         if self._obs is not None:
             # The observer reports each op's fresh outputs, and a caching-allocator block is
             # first touched as one: its lifetime starts there (the sanitizer's outputs_fresh),
@@ -607,8 +605,6 @@ class TorchFrontEnd:
             self._ops += self._obs.ignis_obs_take_ops()
             self._obs = None
         self._remove_trace()
-        if self.san.capture is capture_stack:
-            self.san.capture = _san_frames
         if self.note in self.san.notes:
             self.san.notes.remove(self.note)
         if self.engine == "observer" and self.pending:
