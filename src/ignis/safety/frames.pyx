@@ -23,7 +23,6 @@ import os
 import runpy
 import sys
 import threading
-from types import CodeType
 from typing import Any
 
 from cpython.ref cimport PyObject, Py_DECREF, Py_INCREF, Py_XDECREF, Py_XINCREF
