@@ -48,8 +48,6 @@ cdef extern from "Python.h":
     PyInterpreterState *PyThreadState_GetInterpreter(PyThreadState *tstate)
     PyThreadState *PyInterpreterState_ThreadHead(PyInterpreterState *interp)
     PyThreadState *PyThreadState_Next(PyThreadState *tstate)
-    PyObject *PyTuple_New(Py_ssize_t n)
-    void PyTuple_SET_ITEM(PyObject *t, Py_ssize_t i, PyObject *o)
 
 cdef extern from *:
     """
