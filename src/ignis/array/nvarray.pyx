@@ -54,7 +54,7 @@ from . import hostcopy
 from cpython.object cimport PyObject
 from posix.time cimport clock_gettime, timespec, CLOCK_REALTIME_COARSE
 from ..memory.resource cimport ResourceLock, lock_take, lock_give
-from ..memory.pool cimport PoolResource, pool_direct
+from ..memory.pool cimport PoolResource, pool_deallocate, pool_direct
 from ..memory.resource import ResourceLock
 from ..memory.block cimport DeviceBlock as _Block
 from ..memory.resource cimport TrackedResource
@@ -295,15 +295,6 @@ cdef inline tuple _defaults_cached():
     if (<_Stream>st)._closed if type(st) is _Stream else st._closed:
         return None
     return <tuple>t[6]
-
-
-cdef inline int _deallocate(object mr, object block) except -1:
-    """``mr.deallocate(block)``, the pool's compiled body where it is a plain PoolResource."""
-    if pool_direct(mr, "deallocate"):
-        (<PoolResource>mr)._deallocate_c(block)
-    else:
-        mr.deallocate(block)
-    return 0
 
 
 def _parse_mode(mode: Any) -> Access:
@@ -992,7 +983,7 @@ cdef class NvArray:
         if self._pinned is None and self._keepalive is None:  # the common case
             if self._base is None and self._block is not None:
                 try:
-                    _deallocate(self._mr, self._block)
+                    pool_deallocate(self._mr, self._block)
                 except BaseException:
                     self._freed = False  # the resource kept the block: it can be freed again
                     raise
@@ -1103,7 +1094,7 @@ cdef class NvArray:
             return
         if pinned is None:
             try:
-                _deallocate(self._mr, block)
+                pool_deallocate(self._mr, block)
             except Exception:
                 pass  # as _release: a failed return at collection is not raised
             return

@@ -52,3 +52,12 @@ cdef inline bint pool_direct(object mr, str name) except -1:
     """``mr`` is a plain PoolResource whose ``name`` (allocate / deallocate) is its own: a
     compiled caller may call its compiled body (``_allocate_c`` / ``_deallocate_c``) directly."""
     return type(mr) is PoolResource and not_on_instance(mr, name)
+
+
+cdef inline int pool_deallocate(object mr, object block) except -1:
+    """``mr.deallocate(block)``, the pool's compiled body where it is a plain PoolResource."""
+    if pool_direct(mr, "deallocate"):
+        (<PoolResource>mr)._deallocate_c(block)
+    else:
+        mr.deallocate(block)
+    return 0

@@ -58,7 +58,7 @@ from ..memory import ordering as _ord
 from ..memory.guard import _uniform
 from ..memory.block cimport DeviceBlock, new_block
 from ..memory.guard_base cimport FILL_SPLIT, GuardBase, _Guarded, as_bound, fill_bytes_c
-from ..memory.pool cimport PoolResource, pool_direct
+from ..memory.pool cimport PoolResource, pool_deallocate, pool_direct
 from ..memory.resource cimport ReentrantLock, ResourceLock, lock_take, lock_give
 from ..memory.resource import check_request
 from ..memory.types import UNTAGGED, BlockState, _next_generation
@@ -664,7 +664,6 @@ cdef class GuardCore(GuardBase):
         cdef _Guarded e
         cdef DeviceBlock up, b
         cdef dict hx = self._held_exit
-        cdef bint direct
         lock_take(lk)
         try:
             for e in entries:
@@ -672,8 +671,6 @@ cdef class GuardCore(GuardBase):
         finally:
             lock_give(lk)
         mr = self.upstream
-        direct = pool_direct(mr, "deallocate")
-        dealloc = None if direct else mr.deallocate
         fmt = self._formatted if self._reuse else None
         if fmt is not None and len(fmt) > 1 << 16:
             fmt.clear()
@@ -684,10 +681,7 @@ cdef class GuardCore(GuardBase):
             b = e.block
             try:
                 if up.state is _LIVE_STATE:
-                    if direct:
-                        (<PoolResource>mr)._deallocate_c(up)
-                    else:
-                        dealloc(up)
+                    pool_deallocate(mr, up)
             except BaseException as exc:  # the upstream refused it: keep it (counted) for a later flush
                 lock_take(lk)
                 try:
