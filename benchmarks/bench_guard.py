@@ -1,13 +1,18 @@
 """The debug guard under PyTorch: its cost against PyTorch's caching allocator, and
-against Compute Sanitizer's memcheck, in the same run on the same card. The caching
-allocator's and the guard's children run in turns (``--turns``, default 3); each
-figure is the median over the turns.
+against Compute Sanitizer's memcheck, in the same run on the same card.
 
 - pair: ``torch.empty(n, device="cuda")`` then its free, µs per pair, for the
   caching allocator and under ``ignis.torch.use_guard()`` (target: at most 5x);
   4 KiB and 1 MiB tensors. CPU-side time per pair (the pair queues at most a
-  memset or two on the GPU; the loop synchronizes once per repeat).
-- step: one step of a small training loop (an MLP, a prefetch stream with
+  memset or two on the GPU; each repeat of 3000 pairs waits for the device at
+  its end). Paired rounds (``--pair-rounds``, default 21): the two contenders'
+  processes live together, pinned to one CPU, and run one repeat each in turn,
+  so each round's ratio compares two stretches of time milliseconds apart; the
+  figure is the median of the rounds' ratios, with their spread. (The hosts'
+  speed drifts by up to 2x within minutes: ratios of whole runs taken minutes
+  apart moved between 2x and 6x on the same code.)
+- step (children in turns, ``--turns``, default 3; medians over the turns): one
+  step of a small training loop (an MLP, a prefetch stream with
   ``record_stream``, autocast bf16, SGD), ms per step, caching allocator vs the
   guard (target: at most 2x) vs ``compute-sanitizer --tool memcheck`` (where
   the tool is on the machine and accepts the device), with the final loss of
@@ -19,7 +24,9 @@ figure is the median over the turns.
 
 Each configuration runs in its own process (PyTorch's allocator can be chosen
 only before CUDA starts). Run: ``PYTHONPATH=src IGNIS_BACKEND=cuda python3
-benchmarks/bench_guard.py [--json OUT] [--steps N] [--memcheck-steps N]``.
+benchmarks/bench_guard.py [--json OUT] [--steps N] [--memcheck-steps N]``;
+``--pair-only [--guard-opts JSON]``: the pair alone (``scripts/gpu_guard_paired.sh``
+compares trees with it).
 For a breakdown: ``--child diag`` (the pair with stacks / the garbage collector
 off, the guard's own allocate + free, one Python-wrapped memset; the pair at 1 MiB,
 short runs of 200 pairs that never wait for the device, and the device's time for
@@ -53,11 +60,11 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 
 
 # -- children ------------------------------------------------------------------------------
-def child_pair(guard: bool) -> dict:
+def child_pair(guard: bool, opts: str = "{}") -> dict:
     import torch
     if guard:
         from ignis.torch import _guard
-        _guard.use_guard()
+        _guard.use_guard(**json.loads(opts))
     out = {}
     for label, n in (("4KiB", 1024), ("1MiB", 1 << 18)):
         for _ in range(2000):
@@ -77,6 +84,112 @@ def child_pair(guard: bool) -> dict:
     if guard:
         out["checks"] = _guard.guard_stats(0)
         out["problems"] = len(_guard.check(raise_=False)) + len(_guard.reports())
+    return out
+
+
+_PAIR_SIZES = {"4KiB": 1024, "1MiB": 1 << 18}  # float32 elements
+
+
+def child_pair_server(guard: bool, opts: str = "{}") -> None:
+    """The pair, one repeat at a time on request: the parent alternates this process with
+    the other contender's (``paired_pairs``). Reads a size label per line on stdin and
+    answers ``REP <µs per pair> <CPU µs per pair>``; ``stats`` answers the guard's numbers,
+    ``quit`` ends it. Each repeat waits for the device at its end (outside its timing), so
+    no queued work spills into the other contender's repeat."""
+    import torch
+    _guard = None
+    if guard:
+        from ignis.torch import _guard
+        _guard.use_guard(**json.loads(opts))
+    reps = int(os.environ.get("PAIR_REP", "3000"))
+    for n in _PAIR_SIZES.values():
+        for _ in range(2000):
+            t = torch.empty(n, device="cuda")
+            del t
+    torch.cuda.synchronize()
+    print("READY", flush=True)
+    for line in sys.stdin:
+        cmd = line.strip()
+        if cmd == "quit":
+            break
+        if cmd == "stats":
+            out = {}
+            if _guard is not None:
+                out["checks"] = _guard.guard_stats(0)
+                out["problems"] = len(_guard.check(raise_=False)) + len(_guard.reports())
+            print("RESULT " + json.dumps(out), flush=True)
+            continue
+        n = _PAIR_SIZES[cmd]
+        t0, c0 = time.perf_counter(), time.thread_time()
+        for _ in range(reps):
+            t = torch.empty(n, device="cuda")
+            del t
+        dt, dc = time.perf_counter() - t0, time.thread_time() - c0
+        torch.cuda.synchronize()
+        print(f"REP {dt / reps * 1e6} {dc / reps * 1e6}", flush=True)
+
+
+def paired_pairs(rounds: int, opts: str = "{}") -> dict:
+    """The pair under the caching allocator and under the guard, in two processes started
+    together and run alternately, one repeat each in turn (the order swapped every
+    round), so that each round's ratio compares two stretches of time milliseconds apart:
+    the host's speed, which drifts by 2x over minutes on these machines, cancels out of
+    the ratio. Returns per size the median µs of each, the median of the rounds' ratios
+    and the ratios' spread, and the CPU time per pair of each (thread time: what the
+    process itself spent, without time the host gave to others)."""
+    def start(guard: bool) -> subprocess.Popen:
+        args = [sys.executable, os.path.abspath(__file__), "--child", "pair_server", "guard" if guard else "plain", opts]
+        p = subprocess.Popen(args, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env=os.environ.copy())
+        for line in p.stdout:
+            if line.startswith("READY"):
+                return p
+        raise RuntimeError(f"the {'guard' if guard else 'plain'} pair child did not start (status {p.wait()})")
+
+    def ask(p: subprocess.Popen, cmd: str) -> str:
+        p.stdin.write(cmd + "\n")
+        p.stdin.flush()
+        for line in p.stdout:
+            if line.startswith(("REP ", "RESULT ")):
+                return line
+        raise RuntimeError(f"a pair child ended (status {p.wait()})")
+
+    procs = {"caching": start(False), "guard": start(True)}
+    # Both on one CPU (they never run at once): a faster or quieter core would otherwise
+    # favour whichever process the kernel put there.
+    try:
+        cpu_id = max(os.sched_getaffinity(0))
+        for p in procs.values():
+            os.sched_setaffinity(p.pid, {cpu_id})
+    except (AttributeError, OSError):
+        pass
+    times = {w: {k: [] for k in _PAIR_SIZES} for w in procs}
+    cpu = {w: {k: [] for k in _PAIR_SIZES} for w in procs}
+    try:
+        for r in range(rounds):
+            order = ("caching", "guard") if r % 2 == 0 else ("guard", "caching")
+            for k in _PAIR_SIZES:
+                for w in order:
+                    _, us, cus = ask(procs[w], k).split()
+                    times[w][k].append(float(us))
+                    cpu[w][k].append(float(cus))
+        stats = json.loads(ask(procs["guard"], "stats")[7:])
+    finally:
+        for p in procs.values():
+            try:
+                p.stdin.write("quit\n")
+                p.stdin.flush()
+            except OSError:
+                pass
+            p.wait(timeout=60)
+    out: dict = {"rounds": rounds, "guard_checks": stats.get("checks"), "problems": stats.get("problems")}
+    for k in _PAIR_SIZES:
+        ratios = sorted(g / c for g, c in zip(times["guard"][k], times["caching"][k]))
+        out[k] = {"caching_us": statistics.median(times["caching"][k]), "guard_us": statistics.median(times["guard"][k]),
+                  "ratio": statistics.median(ratios), "ratio_min": ratios[0], "ratio_max": ratios[-1],
+                  "ratio_q1_q3": [ratios[len(ratios) // 4], ratios[(3 * len(ratios)) // 4]],
+                  "caching_cpu_us": statistics.median(cpu["caching"][k]),
+                  "guard_cpu_us": statistics.median(cpu["guard"][k])}
+        out[k]["cpu_ratio"] = out[k]["guard_cpu_us"] / out[k]["caching_cpu_us"]
     return out
 
 
@@ -380,13 +493,28 @@ def _compute_sanitizer() -> str | None:
     return None
 
 
+def _print_pair(paired: dict | str) -> None:
+    if not isinstance(paired, dict):
+        print(f"torch.empty + free: {paired}")
+        return
+    for k in _PAIR_SIZES:
+        r = paired[k]
+        print(f"torch.empty + free {k}, µs per pair (medians of {paired['rounds']} paired rounds): caching "
+              f"{r['caching_us']:.2f}, guard {r['guard_us']:.2f}: x{r['ratio']:.2f} (rounds' ratios: median; "
+              f"{r['ratio_min']:.2f}-{r['ratio_max']:.2f}, quartiles {r['ratio_q1_q3'][0]:.2f}-{r['ratio_q1_q3'][1]:.2f}; "
+              f"target <= 5); CPU time per pair {r['caching_cpu_us']:.2f} / {r['guard_cpu_us']:.2f}: x{r['cpu_ratio']:.2f}")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--json")
     ap.add_argument("--child", nargs="+")
     ap.add_argument("--steps", type=int, default=200)
     ap.add_argument("--memcheck-steps", type=int, default=20)
-    ap.add_argument("--turns", type=int, default=3, help="turns of the caching allocator's and the guard's children")
+    ap.add_argument("--turns", type=int, default=3, help="turns of the caching allocator's and the guard's step children")
+    ap.add_argument("--pair-rounds", type=int, default=21, help="paired rounds of the pair (one repeat of each contender)")
+    ap.add_argument("--pair-only", action="store_true", help="the pair only (no step, memcheck or ops)")
+    ap.add_argument("--guard-opts", default="{}", help="use_guard options for the pair, as JSON")
     ap.add_argument("--emulated", action="store_true",
                     help="time the guard's allocate + free on the emulated backend (no GPU, no PyTorch)")
     a = ap.parse_args()
@@ -394,8 +522,11 @@ def main() -> None:
         kind, rest = a.child[0], a.child[1:]
         if kind == "emulated":
             res = child_emulated(rest[0] == "host")
+        elif kind == "pair_server":
+            child_pair_server(rest[0] == "guard", rest[1] if len(rest) > 1 else "{}")
+            return
         elif kind == "pair":
-            res = child_pair(rest[0] == "guard")
+            res = child_pair(rest[0] == "guard", rest[1] if len(rest) > 1 else "{}")
         elif kind == "diag":
             res = child_diag()
         elif kind == "profile":
@@ -420,22 +551,29 @@ def main() -> None:
     import torch
     report["device"] = torch.cuda.get_device_name(0)
     report["torch"] = torch.__version__
-    # Each contender's child runs once a turn, the two in turns (the host's speed drifts over
-    # a run); the figures are the medians over the turns, the ratios those of the medians.
-    pairs: dict[str, list] = {"caching": [], "guard": []}
+    # The pair: both contenders' processes alive together, one repeat each in turn
+    # (paired_pairs). The step: each contender's child once a turn, the two in turns (the
+    # host's speed drifts over a run); the figures are the medians over the turns.
+    try:
+        paired = paired_pairs(a.pair_rounds, a.guard_opts)
+    except Exception as e:  # noqa: BLE001 - reported, the rest still runs
+        paired = f"failed: {type(e).__name__}: {e}"
+    report["pair"] = paired
+    if isinstance(paired, dict):
+        report["pair_us"] = {w: {k: paired[k][f"{w}_us"] for k in _PAIR_SIZES} for w in ("caching", "guard")}
+        report["pair_ratio"] = {k: paired[k]["ratio"] for k in _PAIR_SIZES}
     steps: dict[str, list] = {"caching": [], "guard": []}
-    for _ in range(a.turns):
+    for _ in range(0 if a.pair_only else a.turns):
         for who, arg in (("caching", "plain"), ("guard", "guard")):
-            pairs[who].append(_child(["pair", arg]))
             steps[who].append(_child(["step", arg, str(a.steps)]))
-    plain, guard = _median_of(pairs["caching"]), _median_of(pairs["guard"])
     report["turns"] = a.turns
-    report["pair_us"] = {"caching": plain, "guard": guard}
-    report["pair_us_turns"] = pairs
-    if isinstance(plain, dict) and isinstance(guard, dict):
-        report["pair_ratio"] = {k: guard[k] / plain[k] for k in ("4KiB", "1MiB")}
-        report["pair_ratio_turns"] = [{k: g[k] / p[k] for k in ("4KiB", "1MiB")} for p, g in
-                                      zip(pairs["caching"], pairs["guard"]) if isinstance(p, dict) and isinstance(g, dict)]
+    if a.pair_only:
+        print(json.dumps(report, indent=2))
+        _print_pair(paired)
+        if a.json:
+            with open(a.json, "w") as f:
+                json.dump(report, f, indent=2)
+        return
     sp, sg = _median_of(steps["caching"]), _median_of(steps["guard"])
     report["step"] = {"caching": sp, "guard": sg}
     report["step_turns"] = steps
@@ -454,11 +592,7 @@ def main() -> None:
             report["step_ratio_memcheck"] = mc["ms_per_step"] / sp["ms_per_step"]
     report["ops"] = {m: _child(["ops", m]) for m in ("plain", "dispatch_mode", "guard")}
     print(json.dumps(report, indent=2))
-    if isinstance(plain, dict) and isinstance(guard, dict):
-        turns = ", ".join(f"x{r['4KiB']:.2f} / x{r['1MiB']:.2f}" for r in report["pair_ratio_turns"])
-        print(f"torch.empty + free, µs per pair (medians of {a.turns} turns): caching {plain['4KiB']:.2f} / "
-              f"{plain['1MiB']:.2f}, guard {guard['4KiB']:.2f} / {guard['1MiB']:.2f} (4 KiB / 1 MiB): "
-              f"x{report['pair_ratio']['4KiB']:.2f} / x{report['pair_ratio']['1MiB']:.2f} (target <= 5; turns: {turns})")
+    _print_pair(paired)
     if "step_ratio_guard" in report:
         line = (f"training step, ms (medians of {a.turns} turns): caching {sp['ms_per_step']:.3f}, guard {sg['ms_per_step']:.3f} "
                 f"(x{report['step_ratio_guard']:.2f}, target <= 2; same loss: {report['same_loss']})")

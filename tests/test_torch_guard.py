@@ -200,6 +200,94 @@ def test_many_blocks_batches_and_quarantine_bound(streams):
         tg._reset()
 
 
+@pytest.fixture
+def small_quarantine(streams):
+    """The guard with a quarantine of one block and batches of two jobs: the second free of
+    a size pushes the first block out, and that batch is queued at once."""
+    tg._reset()
+    tg._configure({"batch": 2, "quarantine_count": 1})
+    _fast.torch_guard_bind(tg._alloc, tg._free)
+    yield tg.guard_resource(0)
+    tg._reset()
+
+
+def _through_quarantine(n: int, s: ig.Stream) -> int:
+    """Allocate and free two blocks of ``n`` bytes on ``s``: the first leaves the quarantine."""
+    a = alloc(n, s)
+    free(a, n, s)
+    b = alloc(n, s)
+    free(b, n, s)
+    return a
+
+
+def test_a_block_leaving_the_quarantine_waits_in_the_ready_cache_for_its_size_and_stream(small_quarantine, streams):
+    g, s, other = small_quarantine, streams[0], streams[1]
+    a = _through_quarantine(4096, s)
+    held = 4096 + 2 * G
+    assert g._ready_bytes == held and tg.guard_stats(0)["guard.ready_bytes"] == held
+    pool_out = g.upstream.bytes_outstanding  # the ready block is still the guard's, not the pool's
+    assert g.memory_numbers()["cached_bytes"] >= held + g.quarantined_bytes
+    x = alloc(4096, other)  # another stream: never from the ready cache
+    y = alloc(4000, s)      # another size: neither
+    assert a not in (x, y) and g._ready_bytes == held
+    reused, fresh = g.reused, g.formatted_fresh
+    c = alloc(4096, s)
+    assert c == a and g._ready_bytes == 0 and g.reused == reused + 1 and g.formatted_fresh == fresh
+    assert _raw(g, c, 4096, s) == bytes([CANARY]) * G + bytes([POISON]) * 4096 + bytes([CANARY]) * G
+    assert g.upstream.bytes_outstanding == pool_out + 2 * (4096 + 2 * G)  # x and y only: c took no pool block
+    for p, n, st in ((x, 4096, other), (y, 4000, s), (c, 4096, s)):
+        free(p, n, st)
+    assert tg.check(raise_=False) == []
+    g.flush()  # the ready cache goes back to the pool with the quarantine
+    assert g._ready_bytes == 0 and not g._ready and g.quarantined_count == 0
+    g.upstream.reap_pending()
+    assert g.upstream.bytes_outstanding == 0
+
+
+def test_a_write_after_free_is_reported_and_repaired_before_the_ready_cache_hands_the_block_out(small_quarantine, streams):
+    g, s = small_quarantine, streams[0]
+    a = alloc(2048, s)
+    free(a, 2048, s)
+    write(a + 10, b"\x2a" * 4, s)  # through a stale pointer, while quarantined
+    b = alloc(2048, s)
+    free(b, 2048, s)  # a leaves the quarantine: its check and repair are queued, it waits as ready
+    assert g._ready_bytes == 2048 + 2 * G
+    c = alloc(2048, s)
+    assert c == a and read(c, 2048, s) == bytes([POISON]) * 2048  # repaired in stream order before the reuse
+    errs = tg.check(raise_=False)
+    assert len(errs) == 1 and isinstance(errs[0], ig.UseAfterFreeError)
+    assert errs[0].offset == 10 and errs[0].damaged == 4 and errs[0].found[:4] == b"\x2a" * 4
+    free(c, 2048, s)
+
+
+def test_the_ready_cache_keeps_to_its_bound(small_quarantine, streams):
+    g, s = small_quarantine, streams[0]
+    g.ready_limit = 4096 + 2 * G  # room for one 4 KiB block, not for an 8 KiB one
+    _through_quarantine(8192, s)
+    assert g._ready_bytes == 0  # went back to the pool
+    _through_quarantine(4096, s)
+    assert g._ready_bytes == 4096 + 2 * G
+    g.ready_limit = 0
+    g.flush()
+    _through_quarantine(4096, s)
+    assert g._ready_bytes == 0  # a limit of 0: no ready cache
+    assert tg.check(raise_=False) == []
+
+
+def test_running_out_hands_the_ready_cache_back_and_retries(small_quarantine, streams, backend):
+    g, s = small_quarantine, streams[0]
+    n = 12 << 20  # over 10 MiB: a pool segment of its own
+    _through_quarantine(n, s)
+    assert g._ready_bytes == n + 2 * G
+    op = "mem_alloc_async" if isinstance(g.upstream.upstream, ig.AsyncResource) else "mem_alloc"
+    backend.inject_fault(op, 1, times=2)  # the pool's attempt and its own retry fail
+    q = alloc(n + (1 << 20), s)  # another size: served after the guard gave everything back
+    assert op not in backend.armed_faults()
+    assert g._ready_bytes == 0 and g.quarantined_count == 0
+    free(q, n + (1 << 20), s)
+    assert tg.check(raise_=False) == []
+
+
 # -- what it finds -----------------------------------------------------------------------
 def _site_line() -> int:
     with open(__file__) as f:

@@ -232,7 +232,13 @@ def capture_frames(skip: int = 2, limit: int = MAX_FRAMES) -> tuple:
     taken instead: that is where ``backward()`` was called. The same frames at the same
     instructions give the same tuple (interned), so a loop's captures cost a walk and a
     lookup."""
-    # This function is compiled: the innermost Python frame is its caller's, frame 1.
+    return capture_c(skip, limit)
+
+
+cdef tuple capture_c(Py_ssize_t skip, Py_ssize_t limit):
+    """``capture_frames`` for compiled callers (frames.pxd), without a Python call: the
+    same frames, counted the same way (compiled code has no frames of its own)."""
+    # Compiled: the innermost Python frame is the caller's, frame 1.
     cdef PyObject *f
     out = _walk_c(<PyObject *>PyEval_GetFrame(), skip - 1, limit)
     if not out:

@@ -39,6 +39,15 @@ Design:
   size only the bytes that differ (the new after-guard, and where it grew, the
   new poison). Memsets fill words (the poison byte replicated into 32 bits)
   where the memory is aligned.
+- The ready cache: a block leaving the quarantine (its check and repair
+  queued on its stream) waits in the guard, keyed by (stream, user bytes), up
+  to ``ready_limit`` bytes (64 MiB), instead of going back to the pool; an
+  allocation of the same size on the same stream takes it as it is (stream
+  order puts the repair first), without the pool's round trip. Another stream
+  or size, a block with tracked uses, a full cache: the pool, as before.
+  ``flush()``, ``close()``, ``trim()`` and running out of memory give the cache
+  back to the pool; its bytes count as cached in the statistics
+  (``guard.ready_bytes``).
 - Synchronize points (PyTorch's GPU trace: device / stream / event
   synchronize) queue the pending batches, read finished ones, and at most
   every ``sync_check_interval`` seconds check the guards of every live block.
@@ -175,6 +184,13 @@ class DeferredGuardResource(GuardCore, DebugGuardResource):
         self._reuse = isinstance(upstream, PoolResource)
         self._formatted: dict[int, tuple] = {}
         self._held_exit: dict[int, _Entry] = {}  # left the quarantine, check queued, not yet upstream
+        # The ready cache: (stream, user bytes) -> pool blocks that left the quarantine with
+        # their check and repair queued on that stream, kept from the pool (at most
+        # ``ready_limit`` bytes with their guards): an allocation of the same size on the
+        # same stream takes one as it is, without the pool's round trip or a memset.
+        self._ready: dict[tuple, list] = {}
+        self._ready_bytes = 0
+        self.ready_limit = 64 << 20
         self._rs_event = 0
         self._checker = _Checker(self)
         self._state = self.device.state  # its generation moves when the context is rebuilt
@@ -186,7 +202,7 @@ class DeferredGuardResource(GuardCore, DebugGuardResource):
         """The upstream ran out: empty the quarantine (its checks queued, then waited
         for, so the blocks are back in the pool) and retry once; re-raise if nothing was held."""
         with self._lock:
-            held = bool(self._quarantine or self._held_exit or any(self._checker.pending.values()))
+            held = bool(self._quarantine or self._held_exit or self._ready or any(self._checker.pending.values()))
         if not held:
             raise
         self._drain(wait=True)
@@ -359,6 +375,8 @@ class DeferredGuardResource(GuardCore, DebugGuardResource):
         return self._take_found(raise_)
 
     def _drain(self, *, wait: bool) -> None:
+        """Empty the quarantine (its blocks' checks queued, or with ``wait`` waited for) and
+        hand the ready cache back to the pool, the blocks that just left the quarantine too."""
         with self._lock:
             entries = self._take_quarantine(len(self._quarantine))
             for e in entries:
@@ -366,6 +384,7 @@ class DeferredGuardResource(GuardCore, DebugGuardResource):
         if not self._context_alive():
             for e in entries:
                 self._release_exit(e, formatted=False)
+            self._release_ready()
             return
         ck = self._checker
         with ck.lock:
@@ -374,6 +393,7 @@ class DeferredGuardResource(GuardCore, DebugGuardResource):
             ck.launch_all()
             if wait:
                 ck.wait()
+        self._release_ready()
 
     def _take_found(self, raise_: bool) -> list[IgnisError]:
         with self._lock:
@@ -396,7 +416,7 @@ class DeferredGuardResource(GuardCore, DebugGuardResource):
     def memory_numbers(self) -> dict[str, int]:
         nums = super().memory_numbers()
         with self._lock:
-            nums["cached_bytes"] += sum(self._held(e) for e in self._held_exit.values())
+            nums["cached_bytes"] += sum(self._held(e) for e in self._held_exit.values()) + self._ready_bytes
         return nums
 
     # -- reports -----------------------------------------------------------------------
@@ -672,14 +692,15 @@ def is_installed() -> dict[str, bool]:
 
 
 def guard_stats(device: "Device | int" = 0) -> dict[str, int] | None:
-    """The guard's own numbers for ``device`` (live user bytes, quarantine, checks), under
+    """The guard's own numbers for ``device`` (live user bytes, quarantine, the ready cache,
+    checks), under
     ``guard.*`` keys; None while the device has no guard. ``ignis.telemetry`` adds them to
     its statistics of the guard when it answers ``torch.cuda.memory_stats``."""
     g = _s.guards.get(device.ordinal if isinstance(device, Device) else int(device))
     if g is None:
         return None
     return {"guard.live_bytes": g.bytes_outstanding, "guard.quarantined_bytes": g.quarantined_bytes,
-            "guard.checks": g._checker.jobs, "guard.batches": g._checker.batches,
+            "guard.ready_bytes": g._ready_bytes, "guard.checks": g._checker.jobs, "guard.batches": g._checker.batches,
             "guard.allocs_reusing_checked_blocks": g.reused, "guard.allocs_resizing_checked_blocks": g.resized}
 
 

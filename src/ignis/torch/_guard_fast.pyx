@@ -63,7 +63,8 @@ from ..memory.resource cimport ReentrantLock, ResourceLock, lock_take, lock_give
 from ..memory.resource import check_request
 from ..memory.types import UNTAGGED, BlockState, _next_generation
 from ..runtime.stream cimport Stream
-from ..safety.frames import capture_frames, format_frames
+from ..safety.frames import format_frames
+from ..safety.frames cimport capture_c
 
 cdef extern from "Python.h":
     int Py_IsInitialized() nogil
@@ -548,27 +549,29 @@ cdef class GuardCore(GuardBase):
         if self._closed:
             self._check_alive()
         if frames is None and self.capture_stacks:
-            frames = capture_frames(1, self.stack_depth)  # frame 1: the caller (this code has no frames)
+            frames = capture_c(1, self.stack_depth)  # frame 1: the caller (this code has no frames)
         total = nbytes + 2 * g
-        mr = self.upstream
-        try:
-            if pool_direct(mr, "allocate"):
-                up = (<PoolResource>mr)._allocate_c(total, stream, tag)
+        up = self._take_ready(stream, nbytes, tag) if self._ready_bytes else None
+        if up is None:
+            mr = self.upstream
+            try:
+                if pool_direct(mr, "allocate"):
+                    up = (<PoolResource>mr)._allocate_c(total, stream, tag)
+                else:
+                    up = mr.allocate(total, stream, tag)
+            except MemoryError:
+                up = self._after_oom(total, stream, tag)
+            fmt = self._formatted.pop(up.ptr, None) if self._formatted else None
+            impl = up._impl
+            if fmt is not None and (<tuple>fmt)[0] is impl and (<tuple>fmt)[1] == impl.size:
+                if (<tuple>fmt)[2] == nbytes:
+                    self.reused += 1
+                else:  # a checked block of another size: only the bytes that differ are written
+                    self._reformat(up, (<tuple>fmt)[2], nbytes)
+                    self.resized += 1
             else:
-                up = mr.allocate(total, stream, tag)
-        except MemoryError:
-            up = self._after_oom(total, stream, tag)
-        fmt = self._formatted.pop(up.ptr, None) if self._formatted else None
-        impl = up._impl
-        if fmt is not None and (<tuple>fmt)[0] is impl and (<tuple>fmt)[1] == impl.size:
-            if (<tuple>fmt)[2] == nbytes:
-                self.reused += 1
-            else:  # a checked block of another size: only the bytes that differ are written
-                self._reformat(up, (<tuple>fmt)[2], nbytes)
-                self.resized += 1
-        else:
-            self._format(up, nbytes)
-            self.formatted_fresh += 1
+                self._format(up, nbytes)
+                self.formatted_fresh += 1
         n = nbytes
         ptr = up.ptr + g
         block = new_block(ptr, up.alloc_stream, nbytes, nbytes, tag, next(_GENERATIONS), None)
@@ -589,6 +592,81 @@ cdef class GuardCore(GuardBase):
         if rec is not None:
             rec("alloc", self, ptr, nbytes, block.alloc_stream, block)
         return block
+
+    cdef DeviceBlock _take_ready(self, object stream, object nbytes, object tag):
+        """A pool block of the ready cache for ``nbytes`` user bytes on ``stream`` (it left
+        the quarantine with its check and repair queued on that stream, so it holds the
+        guards and poison of that size in stream order), or None."""
+        cdef ResourceLock lk = self._lock
+        cdef list lst
+        cdef DeviceBlock up = None
+        key = (stream, nbytes)
+        lock_take(lk)
+        try:
+            lst = self._ready.get(key)
+            if lst:
+                up = <DeviceBlock>lst.pop()
+                self._ready_bytes -= <Py_ssize_t>nbytes + 2 * self.canary_bytes
+                if not lst:
+                    del self._ready[key]
+        finally:
+            lock_give(lk)
+        if up is not None:
+            up.tag = tag
+            self.reused += 1
+        return up
+
+    def _release_ready(self) -> None:
+        """Hand every block of the ready cache back to the pool (marked as intact for a reuse
+        of the same size). A block the pool refuses stays in the cache; the first such error
+        propagates once the rest went back."""
+        cdef ResourceLock lk = self._lock
+        cdef DeviceBlock up
+        lock_take(lk)
+        try:
+            ready, self._ready, self._ready_bytes = self._ready, {}, 0
+        finally:
+            lock_give(lk)
+        mr = self.upstream
+        fmt = self._formatted
+        failure = None
+        for key, lst in ready.items():
+            nbytes = key[1]
+            for up in lst:
+                try:
+                    if up.state is _LIVE_STATE:
+                        pool_deallocate(mr, up)
+                except BaseException as exc:
+                    self._keep_ready(up, nbytes)
+                    if failure is None:
+                        failure = exc
+                    continue
+                impl = up._impl
+                if impl is not None:
+                    fmt[up.ptr] = (impl, impl.size, nbytes)
+        if failure is not None:
+            raise failure
+
+    cdef bint _keep_ready(self, DeviceBlock up, object nbytes) except -1:
+        """Put ``up`` (formatted for ``nbytes`` user bytes on its stream) into the ready
+        cache, if it fits its bound; False if it does not (the caller returns it upstream)."""
+        cdef ResourceLock lk = self._lock
+        cdef Py_ssize_t held = <Py_ssize_t>nbytes + 2 * self.canary_bytes
+        cdef list lst
+        lock_take(lk)
+        try:
+            if self._ready_bytes + held > self.ready_limit:
+                return False
+            key = (up.alloc_stream, nbytes)
+            lst = self._ready.get(key)
+            if lst is None:
+                self._ready[key] = [up]
+            else:
+                lst.append(up)
+            self._ready_bytes += held
+        finally:
+            lock_give(lk)
+        return True
 
     def free_fast(self, block: DeviceBlock, poisoned: bool = False) -> None:
         """``deallocate`` of a framework's tensor, its common case in few steps: no
@@ -674,6 +752,12 @@ cdef class GuardCore(GuardBase):
         fmt = self._formatted if self._reuse else None
         if fmt is not None and len(fmt) > 1 << 16:
             fmt.clear()
+        # A block the pool would hand back to the same stream as it is goes to the ready
+        # cache instead (a plain pool only: a pool that overrides allocate or deallocate
+        # sees every block). Not one with hazard records of a tracked use, nor one whose
+        # stream closed.
+        ready = (fmt is not None and self.ready_limit > 0 and not self._closed and pool_direct(mr, "allocate")
+                 and pool_direct(mr, "deallocate"))
         rec = _HIST["recorder"]
         failure = None
         for e in entries:
@@ -681,7 +765,15 @@ cdef class GuardCore(GuardBase):
             b = e.block
             try:
                 if up.state is _LIVE_STATE:
-                    pool_deallocate(mr, up)
+                    st = up.alloc_stream
+                    if not (ready and type(st) is Stream and not (<Stream>st)._closed
+                            and up._write_stream is st and not up._write_event and up._readers is None
+                            and self._keep_ready(up, b.requested)):
+                        pool_deallocate(mr, up)
+                        if fmt is not None:
+                            impl = up._impl
+                            if impl is not None:
+                                fmt[up.ptr] = (impl, impl.size, b.requested)
             except BaseException as exc:  # the upstream refused it: keep it (counted) for a later flush
                 lock_take(lk)
                 try:
@@ -696,10 +788,6 @@ cdef class GuardCore(GuardBase):
             b._impl = None  # no block <-> record cycle left for the garbage collector
             if rec is not None:
                 rec("free_completed", self, b.ptr, b.requested, b.alloc_stream, b)
-            if fmt is not None:
-                impl = up._impl
-                if impl is not None:
-                    fmt[up.ptr] = (impl, impl.size, b.requested)
         if failure is not None:
             raise failure
 
@@ -790,7 +878,7 @@ cdef object _alloc_c(object size, object device, object handle, object tag, obje
         s = st.streams.get((device, handle))
         if s is None:
             s = _make_stream(device, handle, owner)
-        blk = g._allocate(size, s, tag or st.tag, capture_frames(1, g.stack_depth) if g.capture_stacks else ())
+        blk = g._allocate(size, s, tag or st.tag, capture_c(1, g.stack_depth) if g.capture_stacks else ())
         ptr = blk.ptr
         st.blocks[ptr] = blk
         chk = _ORD["checker"]

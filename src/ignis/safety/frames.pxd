@@ -1,0 +1,3 @@
+# The stack capture for compiled callers (frames.pyx).
+
+cdef tuple capture_c(Py_ssize_t skip, Py_ssize_t limit)
