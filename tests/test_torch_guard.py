@@ -288,6 +288,80 @@ def test_running_out_hands_the_ready_cache_back_and_retries(small_quarantine, st
     assert tg.check(raise_=False) == []
 
 
+def _guard_through_quarantine(g, n: int, s: ig.Stream) -> int:
+    """``_through_quarantine`` through the guard's own allocate / free (Ignis's streams)."""
+    a = g.allocate(n, s)
+    g.free_fast(a)
+    g.free_fast(g.allocate(n, s))
+    return a.ptr
+
+
+def test_the_ready_cache_serves_only_an_open_stream_of_a_live_context(small_quarantine, dev):
+    g = small_quarantine
+    s = dev.create_stream()
+    _guard_through_quarantine(g, 4096, s)
+    assert g._ready_bytes
+    s.close()
+    with pytest.raises(ig.ClosedError):  # the pool's error, as without the cache
+        g.allocate(4096, s)
+    t = dev.create_stream()
+    _guard_through_quarantine(g, 4096, t)  # a release of blocks leaving the quarantine...
+    assert g._ready and all(not k[0]._closed for k in g._ready)  # ...gave the closed stream's block back
+    dev.synchronize()
+    dev.rebuild()
+    assert not g._context_alive() and g._ready_bytes
+    with pytest.raises(ig.StaleHandleError):  # never a block of the dead context
+        g.allocate(4096, t)
+
+
+def test_a_failing_flush_still_hands_the_ready_cache_back(small_quarantine, streams, backend):
+    g, s = small_quarantine, streams[0]
+    _through_quarantine(4096, s)
+    a = alloc(2048, s)
+    free(a, 2048, s)
+    assert g._ready_bytes and g.quarantined_count
+    backend.inject_fault("kernel_launch", 1, times=100)
+    with pytest.raises(ig.DriverError):
+        g.flush()
+    backend.clear_faults()
+    assert g._ready_bytes == 0 and not g._ready and g.quarantined_count == 0
+    streams[0].synchronize()
+    g.upstream.reap_pending()
+    assert g.upstream.bytes_outstanding == 0
+
+
+def test_the_ready_cache_keeps_tags_apart_and_steps_aside_while_events_are_recorded(small_quarantine, streams):
+    from ignis.memory import history
+    g, s = small_quarantine, streams[0]
+    a = g.allocate(4096, s, "A")
+    g.free_fast(a)
+    b = g.allocate(4096, s, "A")
+    g.free_fast(b)  # a's block leaves the quarantine: ready under (s, 4096, "A")
+    assert [k[2] for k in g._ready] == ["A"]
+    c = g.allocate(4096, s, "B")
+    assert c.ptr != a.ptr and g._ready_bytes  # another tag: from the pool
+    events = []
+    prev = history.set_recorder(lambda action, mr, ptr, size, stream, block: events.append((action, mr)))
+    try:
+        d = g.allocate(4096, s, "A")  # recording: the cache goes back to the pool, d comes from the pool
+        assert g._ready_bytes == 0 and any(mr is g.upstream and act == "alloc" for act, mr in events)
+    finally:
+        history.set_recorder(prev)
+    for x in (c, d):
+        g.free_fast(x)
+    assert tg.check(raise_=False) == []
+
+
+def test_snapshots_show_the_ready_cache_as_the_guards_inactive_memory(small_quarantine, streams):
+    g, s = small_quarantine, streams[0]
+    _through_quarantine(4096, s)
+    (up,) = [u for lst in g._ready.values() for u in lst]
+    snap = ig.snapshot()
+    blocks = [b for seg in snap["segments"] for b in seg["blocks"] if b["address"] == up.ptr]
+    assert blocks == [{"address": up.ptr, "size": up._impl.size, "requested_size": 0, "state": "inactive",
+                       "frames": [], "tag": "ignis.guard"}]
+
+
 # -- what it finds -----------------------------------------------------------------------
 def _site_line() -> int:
     with open(__file__) as f:
@@ -786,7 +860,7 @@ def test_an_allocation_nothing_can_serve_fails_with_the_pools_error(guard, strea
     ({"batch": 0}, "batch"), ({"batch": 5000}, "batch"), ({"poison": 256}, "byte value"),
     ({"poison": 7, "canary": 7}, "differ"), ({"quarantine_count": -1}, "non-negative"),
     ({"sync_check_interval": -1}, "sync_check_interval"), ({"stack_depth": 0}, "stack_depth"),
-    ({"tag": 3}, "tag"), ({"bogus": 1}, "unknown guard option"),
+    ({"tag": 3}, "tag"), ({"bogus": 1}, "unknown guard option"), ({"ready_limit": -1}, "non-negative"),
 ])
 def test_options_are_checked(opts, match):
     with pytest.raises(tg.GuardError, match=match):

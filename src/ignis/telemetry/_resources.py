@@ -12,7 +12,9 @@ Design:
   blocks are each a segment of their own (as a ``cudaMalloc`` would be).
 - ``user_blocks(top)`` are the blocks the top hands out when it is not the
   allocator (a ``DebugGuardResource``: live and quarantined blocks, each
-  inside an allocator block that also holds its guards).
+  inside an allocator block that also holds its guards; and, for the guard
+  under the front ends, the allocator blocks its ready cache keeps, with no
+  user block: memory the guard holds for reuse).
 
 Rules: resource internals are read only here, only under the resource's own
 lock, and never from inside a history event (pools report segment events
@@ -161,12 +163,14 @@ def _contiguous(seg: Segment) -> list[Piece]:
     return out
 
 
-def user_blocks(top: DeviceMemoryResource) -> dict[int, tuple[DeviceBlock, str]]:
+def user_blocks(top: DeviceMemoryResource) -> dict[int, tuple[DeviceBlock | None, str]]:
     """For a top that is not the allocator (a guard): allocator-block address ->
-    (the block handed to the program, its state)."""
+    (the block handed to the program, its state); (None, INACTIVE) for a block the
+    guard's ready cache keeps."""
     if not isinstance(top, DebugGuardResource):
         return {}
     with top._lock:
         live = [(e.up.ptr, e.block, ACTIVE) for e in top._live.values()]
         held = [(e.up.ptr, e.block, PENDING) for e in top._quarantine.values()]
-    return {up: (blk, state) for up, blk, state in live + held}
+        ready = [(up.ptr, None, INACTIVE) for lst in (getattr(top, "_ready", None) or {}).values() for up in lst]
+    return {up: (blk, state) for up, blk, state in live + held + ready}

@@ -261,6 +261,10 @@ def _segments(allocator: Any, ros: list[Roles]) -> list[dict[str, Any]]:
             user = users.get(p.ptr)
             if user is not None:
                 blk, state, rid = user
+                if blk is None:  # kept by the guard's ready cache: memory it holds for reuse
+                    blocks.append({"address": p.ptr, "size": p.size, "requested_size": 0, "state": state,
+                                   "frames": [], "tag": "ignis.guard"})
+                    continue
                 if blk.ptr > p.ptr:  # the guard bytes before the user's block
                     blocks.append({"address": p.ptr, "size": blk.ptr - p.ptr, "requested_size": 0,
                                    "state": INACTIVE, "frames": [], "tag": "ignis.guard"})

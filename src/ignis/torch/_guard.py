@@ -41,13 +41,15 @@ Design:
   where the memory is aligned.
 - The ready cache: a block leaving the quarantine (its check and repair
   queued on its stream) waits in the guard, keyed by (stream, user bytes), up
-  to ``ready_limit`` bytes (64 MiB), instead of going back to the pool; an
+  to ``ready_limit`` bytes (an option, 64 MiB), instead of going back to the pool; an
   allocation of the same size on the same stream takes it as it is (stream
   order puts the repair first), without the pool's round trip. Another stream
-  or size, a block with tracked uses, a full cache: the pool, as before.
-  ``flush()``, ``close()``, ``trim()`` and running out of memory give the cache
-  back to the pool; its bytes count as cached in the statistics
-  (``guard.ready_bytes``).
+  or size or tag, a block with tracked uses, a full cache, a closed stream, a
+  dead context, or memory events being recorded (statistics, history: the
+  pool's events stay exact): the pool, as before. ``flush()``, ``close()``,
+  ``trim()`` and running out of memory give the cache back to the pool, and a
+  stream's close its blocks; its bytes count as cached in the statistics
+  (``guard.ready_bytes``) and show as inactive (``ignis.guard``) in snapshots.
 - Synchronize points (PyTorch's GPU trace: device / stream / event
   synchronize) queue the pending batches, read finished ones, and at most
   every ``sync_check_interval`` seconds check the guards of every live block.
@@ -90,6 +92,7 @@ from .._types import Access
 from ..memory import ordering as _ord
 from ..memory.block import DeviceBlock
 from ..runtime import Device, Stream
+from ..runtime.stream import add_close_hook
 from ..safety.frames import add_library_dir, sites
 from . import _guard_fast as _fast
 from ._guard_fast import (_CAP, _NONE, EXIT, FREE, HELD, LIVE, GuardCore, _alloc, _Checker, _drain_deferred,
@@ -112,6 +115,7 @@ DEFAULTS: dict[str, Any] = {
     "capture_stacks": True,         # the allocation site of every tensor (cheap: code objects and lines)
     "stack_depth": 6,
     "batch": 128,                   # jobs per check batch on a stream
+    "ready_limit": 64 << 20,        # bytes of checked blocks kept for reuse on their stream (0: none)
     "sync_check_interval": 0.05,    # seconds between live-guard checks at synchronize points (None: never)
     "record_stream": True,          # learn of Tensor.record_stream (PyTorch)
     "patch_memory_stats": True,     # torch.cuda.memory_stats & friends answer with Ignis's statistics
@@ -147,7 +151,7 @@ def _validate_guard_args(o: dict[str, Any]) -> None:
         v = o[name]
         if isinstance(v, bool) or not isinstance(v, int) or not 0 <= v <= 0xFF:
             raise ValueError(f"{name} must be a byte value 0..255, got {v!r}")
-    for name in ("canary_bytes", "quarantine_count", "quarantine_bytes"):
+    for name in ("canary_bytes", "quarantine_count", "quarantine_bytes", "ready_limit"):
         v = o[name]
         if isinstance(v, bool) or not isinstance(v, int) or v < 0:
             raise ValueError(f"{name} must be a non-negative int, got {v!r}")
@@ -165,13 +169,15 @@ class DeferredGuardResource(GuardCore, DebugGuardResource):
     problems found since the previous ``check()`` / ``flush()``.
 
     Options beyond the guard's: ``batch`` (jobs per check batch on a stream),
-    ``stack_depth`` (user frames kept per allocation).
+    ``stack_depth`` (user frames kept per allocation), ``ready_limit`` (bytes the ready
+    cache may hold, guards included; 0: none).
 
     ``allocate``, ``free_fast`` (a framework's free, its common case) and the return of
     blocks whose checks are queued are compiled (``GuardCore``, ``_guard_fast.pyx``);
     the methods here are the rest, and the slow cases those call back into."""
 
-    def __init__(self, upstream: Any, *, batch: int = 64, stack_depth: int = 6, **guard_options: Any) -> None:
+    def __init__(self, upstream: Any, *, batch: int = 64, stack_depth: int = 6, ready_limit: int = 64 << 20,
+                 **guard_options: Any) -> None:
         super().__init__(upstream, **guard_options)
         self.batch = batch
         self.stack_depth = stack_depth
@@ -190,7 +196,9 @@ class DeferredGuardResource(GuardCore, DebugGuardResource):
         # same stream takes one as it is, without the pool's round trip or a memset.
         self._ready: dict[tuple, list] = {}
         self._ready_bytes = 0
-        self.ready_limit = 64 << 20
+        self.ready_limit = ready_limit
+        self._ready_stale = False  # a stream closed: its ready blocks go back at the next release
+        add_close_hook(self._note_stream_close)
         self._rs_event = 0
         self._checker = _Checker(self)
         self._state = self.device.state  # its generation moves when the context is rebuilt
@@ -377,23 +385,24 @@ class DeferredGuardResource(GuardCore, DebugGuardResource):
     def _drain(self, *, wait: bool) -> None:
         """Empty the quarantine (its blocks' checks queued, or with ``wait`` waited for) and
         hand the ready cache back to the pool, the blocks that just left the quarantine too."""
-        with self._lock:
-            entries = self._take_quarantine(len(self._quarantine))
-            for e in entries:
-                self._held_exit[e.block.ptr] = e
-        if not self._context_alive():
-            for e in entries:
-                self._release_exit(e, formatted=False)
+        try:
+            with self._lock:
+                entries = self._take_quarantine(len(self._quarantine))
+                for e in entries:
+                    self._held_exit[e.block.ptr] = e
+            if not self._context_alive():
+                for e in entries:
+                    self._release_exit(e, formatted=False)
+                return
+            ck = self._checker
+            with ck.lock:
+                for e in entries:
+                    ck.add(self._stream_of(e), e, EXIT, "when its memory left the quarantine")
+                ck.launch_all()
+                if wait:
+                    ck.wait()
+        finally:  # whatever failed above, nothing stays behind in the ready cache
             self._release_ready()
-            return
-        ck = self._checker
-        with ck.lock:
-            for e in entries:
-                ck.add(self._stream_of(e), e, EXIT, "when its memory left the quarantine")
-            ck.launch_all()
-            if wait:
-                ck.wait()
-        self._release_ready()
 
     def _take_found(self, raise_: bool) -> list[IgnisError]:
         with self._lock:
@@ -533,6 +542,7 @@ def guard_resource(device: "Device | int" = 0) -> DeferredGuardResource:
             o = _s.opts if _s.opts is not None else _configure({})
             g = DeferredGuardResource(
                 PoolResource(default_upstream(dev)), batch=o["batch"], stack_depth=o["stack_depth"],
+                ready_limit=o["ready_limit"],
                 canary_bytes=o["canary_bytes"], poison=o["poison"], canary=o["canary"],
                 quarantine_count=o["quarantine_count"], quarantine_bytes=o["quarantine_bytes"],
                 capture_stacks=o["capture_stacks"])
@@ -726,7 +736,7 @@ def use_guard(**options: Any) -> None:
 
     Call before PyTorch initializes CUDA (its first CUDA tensor). Options (all keyword):
     ``canary_bytes``, ``poison``, ``canary``, ``quarantine_count``, ``quarantine_bytes``,
-    ``capture_stacks``, ``stack_depth``, ``batch``, ``sync_check_interval``,
+    ``capture_stacks``, ``stack_depth``, ``batch``, ``ready_limit``, ``sync_check_interval``,
     ``record_stream``, ``patch_memory_stats``, ``tag``. Idempotent with the same options."""
     import torch
 

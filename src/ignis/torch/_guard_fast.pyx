@@ -551,7 +551,12 @@ cdef class GuardCore(GuardBase):
         if frames is None and self.capture_stacks:
             frames = capture_c(1, self.stack_depth)  # frame 1: the caller (this code has no frames)
         total = nbytes + 2 * g
-        up = self._take_ready(stream, nbytes, tag) if self._ready_bytes else None
+        up = None
+        if self._ready_bytes:
+            if _HIST["recorder"] is not None:  # recording: every block through the pool, for exact events
+                self._release_ready()
+            elif self._ready_ok(stream):
+                up = self._take_ready(stream, nbytes, tag)
         if up is None:
             mr = self.upstream
             try:
@@ -593,14 +598,35 @@ cdef class GuardCore(GuardBase):
             rec("alloc", self, ptr, nbytes, block.alloc_stream, block)
         return block
 
+    def _note_stream_close(self, stream: Stream) -> None:
+        """A stream is closing (``runtime.stream``'s close hook, maybe from the garbage
+        collector, maybe with a lock held): its ready blocks go back to the pool at the next
+        release of blocks leaving the quarantine. Only a flag here."""
+        if self._ready_bytes:
+            self._ready_stale = True
+
+    cdef bint _ready_ok(self, object stream) except -1:
+        """``stream`` may take a block from the ready cache: an open stream of this guard's
+        context, the context alive (anything else goes to the pool, which raises the right
+        error)."""
+        cdef Stream s
+        if type(stream) is not Stream:
+            return False
+        s = <Stream>stream
+        gen = self._generation
+        sg = s._generation
+        cg = self._state.generation
+        return (not s._closed and not self._closed and (sg is gen or sg == gen) and (cg is gen or cg == gen)
+                and s.device is self.device)
+
     cdef DeviceBlock _take_ready(self, object stream, object nbytes, object tag):
-        """A pool block of the ready cache for ``nbytes`` user bytes on ``stream`` (it left
-        the quarantine with its check and repair queued on that stream, so it holds the
-        guards and poison of that size in stream order), or None."""
+        """A pool block of the ready cache for ``nbytes`` user bytes with ``tag`` on
+        ``stream`` (it left the quarantine with its check and repair queued on that stream,
+        so it holds the guards and poison of that size in stream order), or None."""
         cdef ResourceLock lk = self._lock
         cdef list lst
         cdef DeviceBlock up = None
-        key = (stream, nbytes)
+        key = (stream, nbytes, tag)
         lock_take(lk)
         try:
             lst = self._ready.get(key)
@@ -612,19 +638,26 @@ cdef class GuardCore(GuardBase):
         finally:
             lock_give(lk)
         if up is not None:
-            up.tag = tag
             self.reused += 1
         return up
 
-    def _release_ready(self) -> None:
-        """Hand every block of the ready cache back to the pool (marked as intact for a reuse
-        of the same size). A block the pool refuses stays in the cache; the first such error
-        propagates once the rest went back."""
+    def _release_ready(self, closed_only: bool = False) -> None:
+        """Hand the blocks of the ready cache back to the pool (marked as intact for a reuse
+        of the same size): all of them, or (``closed_only``) those of streams closed since.
+        A block the pool refuses stays in the cache (over its bound if need be); the first
+        such error propagates once the rest went back."""
         cdef ResourceLock lk = self._lock
         cdef DeviceBlock up
+        cdef dict ready
         lock_take(lk)
         try:
-            ready, self._ready, self._ready_bytes = self._ready, {}, 0
+            if closed_only:
+                ready = {k: v for k, v in self._ready.items() if (<Stream>k[0])._closed}
+                for k, v in ready.items():
+                    del self._ready[k]
+                    self._ready_bytes -= len(<list>v) * (<Py_ssize_t>k[1] + 2 * self.canary_bytes)
+            else:
+                ready, self._ready, self._ready_bytes = self._ready, {}, 0
         finally:
             lock_give(lk)
         mr = self.upstream
@@ -637,7 +670,7 @@ cdef class GuardCore(GuardBase):
                     if up.state is _LIVE_STATE:
                         pool_deallocate(mr, up)
                 except BaseException as exc:
-                    self._keep_ready(up, nbytes)
+                    self._keep_ready(up, nbytes, key[2], True)
                     if failure is None:
                         failure = exc
                     continue
@@ -647,17 +680,18 @@ cdef class GuardCore(GuardBase):
         if failure is not None:
             raise failure
 
-    cdef bint _keep_ready(self, DeviceBlock up, object nbytes) except -1:
-        """Put ``up`` (formatted for ``nbytes`` user bytes on its stream) into the ready
-        cache, if it fits its bound; False if it does not (the caller returns it upstream)."""
+    cdef bint _keep_ready(self, DeviceBlock up, object nbytes, object tag, bint force) except -1:
+        """Put ``up`` (formatted for ``nbytes`` user bytes with ``tag``, on its stream) into
+        the ready cache, if it fits its bound and the guard is open (``force``: whatever the
+        bound, for a block the pool refused); False if not (the caller returns it upstream)."""
         cdef ResourceLock lk = self._lock
         cdef Py_ssize_t held = <Py_ssize_t>nbytes + 2 * self.canary_bytes
         cdef list lst
         lock_take(lk)
         try:
-            if self._ready_bytes + held > self.ready_limit:
+            if not force and (self._closed or self._ready_bytes + held > self.ready_limit):
                 return False
-            key = (up.alloc_stream, nbytes)
+            key = (up.alloc_stream, nbytes, tag)
             lst = self._ready.get(key)
             if lst is None:
                 self._ready[key] = [up]
@@ -756,9 +790,12 @@ cdef class GuardCore(GuardBase):
         # cache instead (a plain pool only: a pool that overrides allocate or deallocate
         # sees every block). Not one with hazard records of a tracked use, nor one whose
         # stream closed.
-        ready = (fmt is not None and self.ready_limit > 0 and not self._closed and pool_direct(mr, "allocate")
-                 and pool_direct(mr, "deallocate"))
         rec = _HIST["recorder"]
+        ready = (fmt is not None and self.ready_limit > 0 and not self._closed and rec is None
+                 and pool_direct(mr, "allocate") and pool_direct(mr, "deallocate"))
+        if self._ready_stale:  # a stream closed since: its ready blocks go back to the pool
+            self._ready_stale = False
+            self._release_ready(True)
         failure = None
         for e in entries:
             up = e.up
@@ -768,7 +805,7 @@ cdef class GuardCore(GuardBase):
                     st = up.alloc_stream
                     if not (ready and type(st) is Stream and not (<Stream>st)._closed
                             and up._write_stream is st and not up._write_event and up._readers is None
-                            and self._keep_ready(up, b.requested)):
+                            and self._keep_ready(up, b.requested, b.tag, False)):
                         pool_deallocate(mr, up)
                         if fmt is not None:
                             impl = up._impl
