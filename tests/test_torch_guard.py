@@ -314,6 +314,36 @@ def test_the_ready_cache_serves_only_an_open_stream_of_a_live_context(small_quar
         g.allocate(4096, t)
 
 
+def test_a_pool_refusing_a_closed_streams_ready_block_loses_nothing(small_quarantine, dev):
+    g = small_quarantine
+    s = dev.create_stream()
+    kept = _guard_through_quarantine(g, 4096, s) - G  # its pool block
+    s.close()  # its ready block is to go back at the next release
+    pool = g.upstream
+    real = type(pool).deallocate
+
+    def refuse_one(block):
+        if block.ptr == kept:
+            raise ig.IgnisError("refused")
+        real(pool, block)
+
+    pool.deallocate = refuse_one
+    try:
+        t = dev.create_stream()
+        with pytest.raises(ig.IgnisError, match="refused"):
+            _guard_through_quarantine(g, 2048, t)  # the release that meets the refusal
+        # the block leaving the quarantine with that release (t's) went back all the same
+        assert all(e.up.alloc_stream is not t for e in g._held_exit.values())
+        assert [u.ptr for lst in g._ready.values() for u in lst] == [kept]  # the refused one is kept
+    finally:
+        del pool.deallocate
+    g.flush()
+    assert not g._ready and g._ready_bytes == 0
+    t.synchronize()
+    pool.reap_pending()
+    assert pool.bytes_outstanding == 0
+
+
 def test_a_failing_flush_still_hands_the_ready_cache_back(small_quarantine, streams, backend):
     g, s = small_quarantine, streams[0]
     _through_quarantine(4096, s)

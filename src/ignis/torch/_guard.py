@@ -40,10 +40,10 @@ Design:
   new poison). Memsets fill words (the poison byte replicated into 32 bits)
   where the memory is aligned.
 - The ready cache: a block leaving the quarantine (its check and repair
-  queued on its stream) waits in the guard, keyed by (stream, user bytes), up
+  queued on its stream) waits in the guard, keyed by (stream, user bytes, tag), up
   to ``ready_limit`` bytes (an option, 64 MiB), instead of going back to the pool; an
-  allocation of the same size on the same stream takes it as it is (stream
-  order puts the repair first), without the pool's round trip. Another stream
+  allocation of the same size and tag on the same stream takes it as it is
+  (stream order puts the repair first), without the pool's round trip. Another stream
   or size or tag, a block with tracked uses, a full cache, a closed stream, a
   dead context, or memory events being recorded (statistics, history: the
   pool's events stay exact): the pool, as before. ``flush()``, ``close()``,
@@ -190,10 +190,10 @@ class DeferredGuardResource(GuardCore, DebugGuardResource):
         self._reuse = isinstance(upstream, PoolResource)
         self._formatted: dict[int, tuple] = {}
         self._held_exit: dict[int, _Entry] = {}  # left the quarantine, check queued, not yet upstream
-        # The ready cache: (stream, user bytes) -> pool blocks that left the quarantine with
-        # their check and repair queued on that stream, kept from the pool (at most
-        # ``ready_limit`` bytes with their guards): an allocation of the same size on the
-        # same stream takes one as it is, without the pool's round trip or a memset.
+        # The ready cache: (stream, user bytes, tag) -> pool blocks that left the quarantine
+        # with their check and repair queued on that stream, kept from the pool (at most
+        # ``ready_limit`` bytes with their guards): an allocation of the same size and tag
+        # on the same stream takes one as it is, without the pool's round trip or a memset.
         self._ready: dict[tuple, list] = {}
         self._ready_bytes = 0
         self.ready_limit = ready_limit

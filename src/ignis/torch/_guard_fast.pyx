@@ -793,10 +793,13 @@ cdef class GuardCore(GuardBase):
         rec = _HIST["recorder"]
         ready = (fmt is not None and self.ready_limit > 0 and not self._closed and rec is None
                  and pool_direct(mr, "allocate") and pool_direct(mr, "deallocate"))
+        failure = None
         if self._ready_stale:  # a stream closed since: its ready blocks go back to the pool
             self._ready_stale = False
-            self._release_ready(True)
-        failure = None
+            try:
+                self._release_ready(True)
+            except BaseException as exc:  # kept in the cache; these entries still go on below
+                failure = exc
         for e in entries:
             up = e.up
             b = e.block
