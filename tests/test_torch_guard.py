@@ -342,6 +342,7 @@ def test_a_pool_refusing_a_closed_streams_ready_block_loses_nothing(small_quaran
     t.synchronize()
     pool.reap_pending()
     assert pool.bytes_outstanding == 0
+    t.close()
 
 
 def test_a_failing_flush_still_hands_the_ready_cache_back(small_quarantine, streams, backend):
