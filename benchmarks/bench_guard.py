@@ -60,34 +60,47 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 
 
 # -- children ------------------------------------------------------------------------------
-def child_pair(guard: bool, opts: str = "{}") -> dict:
-    import torch
-    if guard:
-        from ignis.torch import _guard
-        _guard.use_guard(**json.loads(opts))
-    out = {}
-    for label, n in (("4KiB", 1024), ("1MiB", 1 << 18)):
-        for _ in range(2000):
-            t = torch.empty(n, device="cuda")
-            del t
-        torch.cuda.synchronize()
-        reps = []
-        N = 5000
-        for _ in range(9):
-            t0 = time.perf_counter()
-            for _ in range(N):
-                t = torch.empty(n, device="cuda")
-                del t
-            reps.append((time.perf_counter() - t0) / N * 1e6)
-            torch.cuda.synchronize()
-        out[label] = statistics.median(reps)
-    if guard:
-        out["checks"] = _guard.guard_stats(0)
-        out["problems"] = len(_guard.check(raise_=False)) + len(_guard.reports())
-    return out
-
-
 _PAIR_SIZES = {"4KiB": 1024, "1MiB": 1 << 18}  # float32 elements
+
+
+def _pair_setup(guard: bool, opts: str):
+    """torch, and the guard's module under ``use_guard(**opts)`` (None for the caching allocator)."""
+    import torch
+    if not guard:
+        return torch, None
+    from ignis.torch import _guard
+    _guard.use_guard(**json.loads(opts))
+    return torch, _guard
+
+
+def _pairs(torch, n: int, reps: int) -> tuple[float, float]:
+    """``reps`` pairs of ``torch.empty(n)`` and its free: wall and CPU (thread) µs per pair.
+    Waits for the device after the timing, so no queued work spills into what follows."""
+    t0, c0 = time.perf_counter(), time.thread_time()
+    for _ in range(reps):
+        t = torch.empty(n, device="cuda")
+        del t
+    dt, dc = time.perf_counter() - t0, time.thread_time() - c0
+    torch.cuda.synchronize()
+    return dt / reps * 1e6, dc / reps * 1e6
+
+
+def _guard_numbers(_guard) -> dict:
+    if _guard is None:
+        return {}
+    return {"checks": _guard.guard_stats(0), "problems": len(_guard.check(raise_=False)) + len(_guard.reports())}
+
+
+def child_pair(guard: bool, opts: str = "{}") -> dict:
+    """The pair in one process: 9 repeats of 5000 per size, their median (the method before
+    paired rounds; ``scripts/gpu_guard_compare.sh`` runs it)."""
+    torch, _guard = _pair_setup(guard, opts)
+    out = {}
+    for label, n in _PAIR_SIZES.items():
+        _pairs(torch, n, 2000)
+        out[label] = statistics.median(_pairs(torch, n, 5000)[0] for _ in range(9))
+    out.update(_guard_numbers(_guard))
+    return out
 
 
 def child_pair_server(guard: bool, opts: str = "{}") -> None:
@@ -96,37 +109,20 @@ def child_pair_server(guard: bool, opts: str = "{}") -> None:
     answers ``REP <µs per pair> <CPU µs per pair>``; ``stats`` answers the guard's numbers,
     ``quit`` ends it. Each repeat waits for the device at its end (outside its timing), so
     no queued work spills into the other contender's repeat."""
-    import torch
-    _guard = None
-    if guard:
-        from ignis.torch import _guard
-        _guard.use_guard(**json.loads(opts))
+    torch, _guard = _pair_setup(guard, opts)
     reps = int(os.environ.get("PAIR_REP", "3000"))
     for n in _PAIR_SIZES.values():
-        for _ in range(2000):
-            t = torch.empty(n, device="cuda")
-            del t
-    torch.cuda.synchronize()
+        _pairs(torch, n, 2000)
     print("READY", flush=True)
     for line in sys.stdin:
         cmd = line.strip()
         if cmd == "quit":
             break
         if cmd == "stats":
-            out = {}
-            if _guard is not None:
-                out["checks"] = _guard.guard_stats(0)
-                out["problems"] = len(_guard.check(raise_=False)) + len(_guard.reports())
-            print("RESULT " + json.dumps(out), flush=True)
+            print("RESULT " + json.dumps(_guard_numbers(_guard)), flush=True)
             continue
-        n = _PAIR_SIZES[cmd]
-        t0, c0 = time.perf_counter(), time.thread_time()
-        for _ in range(reps):
-            t = torch.empty(n, device="cuda")
-            del t
-        dt, dc = time.perf_counter() - t0, time.thread_time() - c0
-        torch.cuda.synchronize()
-        print(f"REP {dt / reps * 1e6} {dc / reps * 1e6}", flush=True)
+        us, cpu_us = _pairs(torch, _PAIR_SIZES[cmd], reps)
+        print(f"REP {us} {cpu_us}", flush=True)
 
 
 def paired_pairs(rounds: int, opts: str = "{}") -> dict:

@@ -69,6 +69,7 @@ cdef class GuardCore(GuardBase):
     cdef DeviceBlock _allocate(self, object nbytes, object stream, object tag, object frames)
     cdef int _free_fast(self, DeviceBlock block, bint poisoned) except -1
     cdef bint _ready_ok(self, object stream) except -1
+    cdef Py_ssize_t _held_n(self, object nbytes) except -1
     cdef DeviceBlock _take_ready(self, object stream, object nbytes, object tag)
     cdef bint _keep_ready(self, DeviceBlock up, object nbytes, object tag, bint force) except -1
 

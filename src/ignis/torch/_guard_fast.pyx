@@ -204,6 +204,13 @@ extern "C" __global__ void ignis_guard_check(const u64* __restrict__ jobs, u64* 
 }
 """
 
+cdef inline bint _untracked_on(DeviceBlock up, object st):
+    """``up`` carries no hazard record of a tracked use: its last writer is its own stream
+    ``st``, with no event and no readers (every framework tensor: the framework orders its
+    own work). Such a block needs no wait before its poison, nor before a reuse on ``st``."""
+    return up._write_stream is st and not up._write_event and up._readers is None
+
+
 # -- the record of one allocation ---------------------------------------------------------------------
 cdef class _Entry(_Guarded):
     """The guard's record of one allocation, plus the streams ``record_stream`` named
@@ -551,9 +558,10 @@ cdef class GuardCore(GuardBase):
         if frames is None and self.capture_stacks:
             frames = capture_c(1, self.stack_depth)  # frame 1: the caller (this code has no frames)
         total = nbytes + 2 * g
+        rec = _HIST["recorder"]
         up = None
         if self._ready_bytes:
-            if _HIST["recorder"] is not None:  # recording: every block through the pool, for exact events
+            if rec is not None:  # recording: every block through the pool, for exact events
                 self._release_ready()
             elif self._ready_ok(stream):
                 up = self._take_ready(stream, nbytes, tag)
@@ -593,7 +601,6 @@ cdef class GuardCore(GuardBase):
             self._live_bytes += n
         finally:
             lock_give(lk)
-        rec = _HIST["recorder"]
         if rec is not None:
             rec("alloc", self, ptr, nbytes, block.alloc_stream, block)
         return block
@@ -619,6 +626,10 @@ cdef class GuardCore(GuardBase):
         return (not s._closed and not self._closed and (sg is gen or sg == gen) and (cg is gen or cg == gen)
                 and s.device is self.device)
 
+    cdef inline Py_ssize_t _held_n(self, object nbytes) except -1:
+        """The bytes a block of ``nbytes`` user bytes holds with its guards."""
+        return <Py_ssize_t>nbytes + 2 * self.canary_bytes
+
     cdef DeviceBlock _take_ready(self, object stream, object nbytes, object tag):
         """A pool block of the ready cache for ``nbytes`` user bytes with ``tag`` on
         ``stream`` (it left the quarantine with its check and repair queued on that stream,
@@ -632,7 +643,7 @@ cdef class GuardCore(GuardBase):
             lst = self._ready.get(key)
             if lst:
                 up = <DeviceBlock>lst.pop()
-                self._ready_bytes -= <Py_ssize_t>nbytes + 2 * self.canary_bytes
+                self._ready_bytes -= self._held_n(nbytes)
                 if not lst:
                     del self._ready[key]
         finally:
@@ -655,7 +666,7 @@ cdef class GuardCore(GuardBase):
                 ready = {k: v for k, v in self._ready.items() if (<Stream>k[0])._closed}
                 for k, v in ready.items():
                     del self._ready[k]
-                    self._ready_bytes -= len(<list>v) * (<Py_ssize_t>k[1] + 2 * self.canary_bytes)
+                    self._ready_bytes -= len(<list>v) * self._held_n(k[1])
             else:
                 ready, self._ready, self._ready_bytes = self._ready, {}, 0
         finally:
@@ -685,7 +696,7 @@ cdef class GuardCore(GuardBase):
         the ready cache, if it fits its bound and the guard is open (``force``: whatever the
         bound, for a block the pool refused); False if not (the caller returns it upstream)."""
         cdef ResourceLock lk = self._lock
-        cdef Py_ssize_t held = <Py_ssize_t>nbytes + 2 * self.canary_bytes
+        cdef Py_ssize_t held = self._held_n(nbytes)
         cdef list lst
         lock_take(lk)
         try:
@@ -736,8 +747,7 @@ cdef class GuardCore(GuardBase):
         if (type(st) is not Stream or e.rs is not None or (<Stream>st)._closed or self._closed
                 or held > max_bytes or max_count == 0
                 or (gen is not self._generation and gen != self._generation)
-                or up._write_stream is not st or up._write_event or up._readers is not None
-                or self._live.get(ptr) is not e):
+                or not _untracked_on(up, st) or self._live.get(ptr) is not e):
             self.deallocate(block, foreign=True)
             return 0
         s = <Stream>st
@@ -806,8 +816,7 @@ cdef class GuardCore(GuardBase):
             try:
                 if up.state is _LIVE_STATE:
                     st = up.alloc_stream
-                    if not (ready and type(st) is Stream and not (<Stream>st)._closed
-                            and up._write_stream is st and not up._write_event and up._readers is None
+                    if not (ready and type(st) is Stream and not (<Stream>st)._closed and _untracked_on(up, st)
                             and self._keep_ready(up, b.requested, b.tag, False)):
                         pool_deallocate(mr, up)
                         if fmt is not None:
