@@ -69,7 +69,8 @@ from ..memory.resource import ReentrantLock
 from .frames import capture_frames, format_frames, sites
 
 __all__ = ["Sanitizer", "sanitizer", "enable", "disable", "enabled", "is_enabled", "reports", "pack_items",
-           "unpack_items", "UninitializedReadError", "READ", "WRITE", "OUTPUT", "NO_INIT_CHECK", "PINNED", "HOST"]
+           "unpack_items", "UninitializedReadError", "READ", "WRITE", "OUTPUT", "NO_INIT_CHECK", "PINNED", "MAYBE_WRITE",
+           "HOST"]
 
 
 def _frames() -> tuple:
@@ -79,11 +80,13 @@ def _frames() -> tuple:
     return capture_frames(1)
 
 
-# Mode bits of a foreign access (``foreign_access`` items).
-READ, WRITE, OUTPUT, NO_INIT_CHECK, PINNED = 1, 2, 4, 8, 16
+# Mode bits of a foreign access (``foreign_access`` items). ``MAYBE_WRITE``: the operation may
+# have written the bytes (a schema that does not say): they count as written afterwards, with
+# no write record (a read's races are checked as a read's).
+READ, WRITE, OUTPUT, NO_INIT_CHECK, PINNED, MAYBE_WRITE = 1, 2, 4, 8, 16, 32
 # The same bits for the checks themselves: C integers in the compiled build (sanitizer.pxd),
 # so testing an item's mode makes no Python object.
-_R, _W, _O, _NI, _P = READ, WRITE, OUTPUT, NO_INIT_CHECK, PINNED
+_R, _W, _O, _NI, _P, _MW = READ, WRITE, OUTPUT, NO_INIT_CHECK, PINNED, MAYBE_WRITE
 HOST = None  # the stream of an access the host makes itself (a CPU op on pinned memory)
 _INF = float("inf")
 _ADDR_END = 1 << 63  # addresses are C long longs in the records
@@ -833,7 +836,7 @@ class Sanitizer:
                 if w is not None and mode & _R and not mode & _NI and not _covered(w, lo - b, hi - b):
                     found = (found or []) + [(ext, rec)]
                 recs.append(rec)
-                if w is not None and write:
+                if w is not None and (write or mode & _MW):
                     if written is None:
                         written = []
                     written.append((ext, lo - b, hi - b))

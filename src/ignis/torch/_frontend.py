@@ -31,6 +31,18 @@ Design:
   ``record_stream`` is an op, seen here. The callbacks cannot raise into the
   program (PyTorch logs and drops their exceptions): in raise mode an error
   found there is raised by the next op.
+- Collectives (``torch.distributed`` on NCCL: ``c10d`` ops and the functional
+  collectives) are bracketed: the front end hears of the op's start and end, and
+  the event records and waits PyTorch's trace reports in between tell where the
+  communication ran: ProcessGroupNCCL makes its own stream wait for an event on
+  the issuing stream, launches, and records its end event there; a synchronous
+  call runs on the issuing stream itself. At the end the op's buffers are read
+  and written on that stream (roles from ``_ops``'s table), ordered after the
+  issuing stream's work before the call, and the end events recorded inside the
+  op are taken again so that they cover the access: ``Work.wait()`` (an event
+  wait on the caller's stream) orders what follows it. The buffers count as
+  ``record_stream``'d on the communication stream: PyTorch keeps them alive until
+  the collective is done (stashed or record_stream'd), so their frees wait for it.
 - Pinned host memory: the host side of a ``non_blocking`` copy is an access on
   the copy's stream; afterwards, a CPU op on those bytes is an access by the
   host, checked like any other until a synchronization retires the copy.
@@ -52,7 +64,9 @@ threads inherit it); the observer sees every thread's.
 
 from __future__ import annotations
 
+import itertools
 import os
+import threading
 import weakref
 from operator import attrgetter
 from typing import Any, Callable
@@ -65,7 +79,7 @@ from .._types import Access
 from ..safety.frames import add_library_dir
 from ..safety.sanitizer import HOST, NO_INIT_CHECK, OUTPUT, PINNED, READ, WRITE, Sanitizer, unpack_items
 from ..safety.sanitizer import _frames as _san_frames
-from ._ops import SPECS, OpSpec, classify
+from ._ops import BROADCAST, P2P, REDUCE, SPECS, OpSpec, classify, flatten
 
 __all__ = ["TorchFrontEnd"]
 
@@ -128,6 +142,33 @@ def _after(first: Callable[[], Any], fn: Callable) -> Callable:
         first()
         fn(*args)
     return cb
+
+
+_FAKE_EVENTS = itertools.count(-1, -1)  # the front end's own event keys (no real handle is negative)
+
+
+class _Bracket:
+    """A collective in flight on one thread: its spec, its issuing stream, the user's frames at
+    the call, and the event records and waits seen inside it (``(kind, event, stream)``)."""
+
+    __slots__ = ("spec", "stream", "frames", "log")
+
+    def __init__(self, spec: OpSpec, stream: int, frames: Any) -> None:
+        self.spec, self.stream, self.frames = spec, stream, frames
+        self.log: list[tuple[str, int, int]] = []
+
+
+def _arg(spec: OpSpec, args: tuple, kwargs: dict | None, name: str) -> Any:
+    """The argument ``name`` of one call of ``spec``'s op (None when it has none)."""
+    schema = getattr(spec.op, "_schema", None)
+    if schema is None:
+        return None
+    for i, a in enumerate(schema.arguments):
+        if a.name == name:
+            if i < len(args):
+                return args[i]
+            return kwargs.get(name) if kwargs else None
+    return None
 
 
 class _Mode(TorchDispatchMode):
@@ -194,6 +235,10 @@ class TorchFrontEnd:
         self._callbacks: list[tuple[Any, Callable]] = []
         self._storages: dict[int, weakref.ref] = {}
         self._handles: dict[tuple, int] = {}
+        # Collectives in flight on each thread (its id -> a stack of brackets), and the
+        # communication streams already named in reports.
+        self._brackets: dict[int, list[_Bracket]] = {}
+        self._comm_streams: set[int] = set()
 
     @property
     def ops(self) -> int:
@@ -288,6 +333,8 @@ class TorchFrontEnd:
         """Ops with more to them than their schema: record_stream, copies, resize_."""
         kw = kwargs or {}
         kind = spec.special
+        if kind == "collective":
+            return self.collective(spec, args, kw)
         pre = None
         if kind == "resize" and self._is_dev(args[0]):
             t = args[0]
@@ -392,6 +439,151 @@ class TorchFrontEnd:
                                                        device_type=device_type).cuda_stream
         return h
 
+    # -- collectives -------------------------------------------------------------------
+    def collective(self, spec: OpSpec, args: tuple, kwargs: dict | None) -> Any:
+        """Run a collective (the dispatch mode's way) between its bracket's start and end."""
+        b = self._coll_begin(spec, flatten(args, []))
+        try:
+            out = spec.call(*args, **kwargs) if kwargs else spec.call(*args)
+        except BaseException:
+            self._coll_end(b, None, None, None)
+            raise
+        self._coll_end(b, args, kwargs, out)
+        return out
+
+    def _coll_begin(self, spec: OpSpec, tensors: list, stream: int | None = None) -> "_Bracket | None":
+        """Open a collective's bracket on this thread (None when it has no tensor of the device)."""
+        dev = next((t for t in tensors if self._is_dev(t)), None)
+        if dev is None:
+            return None
+        b = _Bracket(spec, self.stream_of(dev) if stream is None else stream, capture_stack())
+        self._brackets.setdefault(threading.get_ident(), []).append(b)
+        return b
+
+    def _coll_note(self, kind: str, event: int, stream: int) -> None:
+        """An event record ("r") or wait ("w") seen inside an open bracket of this thread."""
+        stack = self._brackets.get(threading.get_ident())
+        if stack:
+            stack[-1].log.append((kind, event, stream))
+
+    def _on_event_record(self, event: int, stream: int) -> None:
+        if self._brackets:
+            self._coll_note("r", event, stream)
+        self.san.on_event_record(event, stream)
+
+    def _on_event_wait(self, event: int, stream: int) -> None:
+        if self._brackets:
+            self._coll_note("w", event, stream)
+        self.san.on_event_wait(event, stream)
+
+    def _coll_end(self, b: "_Bracket | None", args: tuple | None, kwargs: dict | None, out: Any) -> None:
+        """Close a bracket; with ``args`` (the op returned), apply the collective's accesses."""
+        if b is None:
+            return
+        tid = threading.get_ident()
+        stack = self._brackets.get(tid)
+        if stack and b in stack:
+            stack.remove(b)
+        if not stack:
+            self._brackets.pop(tid, None)
+        if args is None:
+            return  # it failed: nothing was launched that Ignis could account for
+        spec, issue, san = b.spec, b.stream, self.san
+        # The communication stream: one that waited inside the op for an event recorded on the
+        # issuing stream inside it (ProcessGroupNCCL's syncStream); none: the issuing stream.
+        marks = {ev for k, ev, st in b.log if k == "r" and st == issue}
+        comm = next((st for k, ev, st in b.log if k == "w" and ev in marks and st != issue), issue)
+        before = self._coll_items(spec, spec.issue, args, kwargs, out)
+        during = self._coll_items(spec, spec.comm, args, kwargs, out)
+        self._ops += 1
+        if before:
+            san.foreign_access(issue, spec.name, b.frames, before)
+        if comm != issue:
+            if comm not in self._comm_streams:
+                self._comm_streams.add(comm)
+                san.set_stream_label(comm, f"the communication stream {comm:#x}")
+            key = next(_FAKE_EVENTS)  # the communication stream is after all the op queued on the issuing one
+            san.on_event_record(key, issue)
+            san.on_event_wait(key, comm)
+            san.on_event_destroyed(key)
+        if during:
+            san.foreign_access(comm, spec.name, b.frames, during)
+            if comm != issue:
+                for it in during:
+                    san.extent_record_stream(it[0], comm)
+        for k, ev, st in b.log:  # the op's end events: taken again, so that a wait on them covers it
+            if k == "r" and st == comm:
+                san.on_event_record(ev, comm)
+
+    def _coll_items(self, spec: OpSpec, roles: tuple, args: tuple, kwargs: dict | None, out: Any) -> list:
+        items: list = []
+        if not roles:
+            return items
+        live = self.san._live
+        is_dev = self._is_dev
+        for role in roles:
+            mode = role.mode
+            tensors = flatten(role.value(args, kwargs, out, spec.multi), [])
+            if mode == P2P:
+                ops = _arg(spec, args, kwargs, "op_list") or ()
+                modes = [READ if "send" in str(o) else WRITE for o in ops]
+            elif mode < 0:
+                modes = [self._rooted(spec, args, kwargs, mode)] * len(tensors)
+            else:
+                modes = [mode] * len(tensors)
+            for t, m in zip(tensors, modes):
+                if isinstance(t, Tensor) and is_dev(t):
+                    it = _item(t, m, live)
+                    if it is not None:
+                        items.append(it)
+        return items
+
+    @staticmethod
+    def _rooted(spec: OpSpec, args: tuple, kwargs: dict | None, mode: int) -> int:
+        """A rooted collective's mode for this rank (``BROADCAST``, ``REDUCE``); both ways, without
+        the uninitialized-read check, where the rank or root cannot be told."""
+        root = _arg(spec, args, kwargs, "root_rank")
+        if root is None:
+            root = _arg(spec, args, kwargs, "src")
+        rank = None
+        try:
+            group = _arg(spec, args, kwargs, "process_group")
+            if group is not None:
+                if not hasattr(group, "rank"):  # the dispatcher's boxed form of a ProcessGroup
+                    group = torch._C._distributed_c10d.ProcessGroup.unbox(group)
+                rank = group.rank()
+            else:
+                name = _arg(spec, args, kwargs, "group_name")
+                if name is not None:
+                    from torch.distributed.distributed_c10d import _resolve_process_group
+                    rank = _resolve_process_group(name).rank()
+        except Exception:  # a group Python cannot ask: both ways
+            rank = None
+        if rank is None or root is None:
+            return READ | WRITE | NO_INIT_CHECK
+        if mode == BROADCAST:
+            return READ if rank == root else WRITE
+        return READ | WRITE if rank == root else READ  # REDUCE
+
+    def _observed_collective(self, index: int, phase: int, args: tuple | None, outs: tuple | None, device: int,
+                             sid: int) -> None:
+        """The observer's collective: its start (phase 0), its end (1), or its failure (2)."""
+        try:
+            spec = self._obs_specs[index]
+            if phase == 0:
+                b = _Bracket(spec, self._obs_stream(device, sid), capture_stack())
+                self._brackets.setdefault(threading.get_ident(), []).append(b)
+                return
+            stack = self._brackets.get(threading.get_ident())
+            b = next((x for x in reversed(stack) if x.spec is spec), None) if stack else None
+            if phase == 1 and outs is not None:
+                out = outs[0] if len(outs) == 1 and not spec.multi else tuple(outs)
+                self._coll_end(b, tuple(args or ()), None, out)
+            else:
+                self._coll_end(b, None, None, None)
+        except IgnisError as e:
+            self.pending.append(e)
+
     def declare(self, t: torch.Tensor, access: Access, stream: Any, op: str) -> None:
         """An access the dispatcher cannot see (``ignis.torch.use``)."""
         mode = (READ if access.reads else 0) | (WRITE if access.writes else 0)
@@ -424,6 +616,8 @@ class TorchFrontEnd:
         self._obs_specs.append(spec)
         if spec.special == "record_stream":
             return (4, index, (), (), returns, spec.name)  # handed over as integers
+        if spec.special == "collective":
+            return (5, index, (), (), returns, spec.name)
         if spec.special is not None:
             if spec.special == "to_copy":
                 names = [a.name for a in op._schema.arguments]
@@ -511,8 +705,8 @@ class TorchFrontEnd:
         import torch.cuda._gpu_trace as gt
         san = self.san
         table = [(gt.EventDeletionCallbacks, san.on_event_destroyed),
-                 (gt.EventRecordCallbacks, san.on_event_record),
-                 (gt.EventWaitCallbacks, san.on_event_wait),
+                 (gt.EventRecordCallbacks, self._on_event_record),  # (a collective's bracket notes them)
+                 (gt.EventWaitCallbacks, self._on_event_wait),
                  (gt.MemoryAllocationCallbacks, self._on_alloc),
                  (gt.MemoryDeallocationCallbacks, san.extent_freed),
                  (gt.DeviceSynchronizationCallbacks, san.on_device_synchronize),
@@ -570,6 +764,7 @@ class TorchFrontEnd:
                     raise RuntimeError("ignis.torch: another front end observes PyTorch's ops already; disable it first")
                 if rc != 0:  # the direct path's callables were refused: a bug of this package
                     raise RuntimeError(f"ignis.torch: the op observer refused to start (status {rc})")
+                lib.ignis_obs_set_collective(self._observed_collective)
                 self._obs = lib
         self.engine = engine
         if self._cuda and _raw_stream is not None:

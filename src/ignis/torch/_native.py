@@ -89,6 +89,8 @@ def _load(path: str) -> ctypes.PyDLL:
     lib.ignis_obs_start.restype = ctypes.c_int
     lib.ignis_obs_stop.argtypes = []
     lib.ignis_obs_stop.restype = None
+    lib.ignis_obs_set_collective.argtypes = [ctypes.py_object]
+    lib.ignis_obs_set_collective.restype = ctypes.c_int
     lib.ignis_obs_host_check.argtypes = [ctypes.c_int]
     lib.ignis_obs_host_check.restype = None
     lib.ignis_obs_synced.argtypes = []

@@ -8,7 +8,8 @@
 // packed: one call into Python per op, with no Python frame of the front end's between.
 // (An op with host tensors while pinned memory is tracked, and ops with more to them
 // than their schema, go through the front end: ``TorchFrontEnd._observed`` and
-// ``_observed_special``.) That replaces the TorchDispatchMode's Python handler, which
+// ``_observed_special``; a collective goes to ``_observed_collective`` at its start and end,
+// with its arguments and outputs as Python objects.) That replaces the TorchDispatchMode's Python handler, which
 // boxes every argument into Python objects and runs the op again below itself.
 //
 // What is seen matches the dispatch mode's view: the outermost op the front end does
@@ -28,8 +29,15 @@
 #include <ATen/record_function.h>
 #include <c10/core/impl/DeviceGuardImplInterface.h>
 #include <c10/util/SmallVector.h>
+#include <pybind11/pybind11.h>
+#include <torch/csrc/Export.h>
 #include <torch/csrc/Stream.h>
 #include <torch/csrc/autograd/python_variable.h>
+
+namespace torch::jit {
+// libtorch_python's conversion of any IValue (lists of lists, a ProcessGroup, a Work) to Python.
+TORCH_PYTHON_API pybind11::object toPyObject(c10::IValue ivalue);
+}  // namespace torch::jit
 
 #include <cxxabi.h>
 
@@ -46,8 +54,9 @@ namespace {
 
 // Kinds of op (mode bits: the same values as ignis.safety.sanitizer's READ, WRITE, OUTPUT, ...).
 // RECORD_STREAM: Tensor.record_stream, handed over as integers (its storage and the stream)
-// instead of as Python objects.
-enum Kind : int { INACTIVE = 0, PASS = 1, REGULAR = 2, SPECIAL = 3, RECORD_STREAM = 4 };
+// instead of as Python objects. COLLECTIVE: the front end hears of its start too (the stream it
+// runs on is told by the event waits inside it), and of its end even when it fails.
+enum Kind : int { INACTIVE = 0, PASS = 1, REGULAR = 2, SPECIAL = 3, RECORD_STREAM = 4, COLLECTIVE = 5 };
 constexpr int WRITE_BIT = 2;  // sanitizer.WRITE: such an argument is measured after the op (out= may resize it)
 
 struct Arg {
@@ -108,6 +117,8 @@ std::unordered_map<std::pair<const char *, const char *>, Spec *, KeyHash> g_spe
 PyObject *g_classify = nullptr;    // (name, overload) -> (kind, index, inputs, outputs, returns, name)
 PyObject *g_on_op = nullptr;       // (index, items, host, device, stream id, synced); items packed (bytes)
 PyObject *g_on_special = nullptr;  // (index, args, output, device, stream id, synced, pre)
+PyObject *g_on_collective = nullptr;  // (index, phase, args, outputs, device, stream id): phase 0 at the
+                                      // start (args and outputs None), 1 at a good end, 2 at a failed one
 // The direct path (all None when the front end's _observed is to see every op, as a test's does):
 PyObject *g_san = nullptr;         // the Sanitizer: its foreign_access(stream handle, op name, frames, items,
                                    // synced) and extent_record_stream(storage base, stream handle), called
@@ -225,11 +236,34 @@ void add_value(Ctx *c, const c10::IValue &v, int mode) {
   }
 }
 
+// The device index of the first tensor of this backend in ``v`` (lists and lists of lists
+// searched; 0 for the host's tensors in the front end's test mode), or -1.
+int device_of(const c10::IValue &v) {
+  if (v.isTensor()) {
+    const at::Tensor &t = v.toTensor();
+    return t.defined() && t.device().type() == g_dev ? std::max<int>(0, t.device().index()) : -1;
+  }
+  if (v.isTensorList()) {
+    for (const at::Tensor &t : v.toTensorList().vec())
+      if (t.defined() && t.device().type() == g_dev) return std::max<int>(0, t.device().index());
+    return -1;
+  }
+  if (v.isList()) {
+    for (const c10::IValue &e : v.toListRef()) {
+      int d = device_of(e);
+      if (d >= 0) return d;
+    }
+  }
+  return -1;
+}
+
 Spec g_pass{PASS};          // a record that is not an op (the autograd engine's node ranges, a
                             // custom Function's apply): what runs inside it is seen on its own
 Spec g_inactive{INACTIVE};  // an op met while the observer stops
 
 Spec *classify_slow(const at::RecordFunction &fn, const char *name, const char *overload);
+long long stream_id(int device);
+void call_collective(Ctx *c, int phase, const std::vector<c10::IValue> *outs, long long sid);
 
 // A thread's own small cache in front of the locked table (the same ops, over and over).
 // Only ops are cached: their names live as long as their schemas, so a pointer names one op.
@@ -355,6 +389,14 @@ std::unique_ptr<at::ObserverContext> start_op(const at::RecordFunction &fn) {
           c->rs_type = (int)st.device_type();
           c->device = t.device().index();
         }
+      }
+    } else if (spec->kind == COLLECTIVE) {
+      c->args.assign(inputs.begin(), inputs.end());
+      for (const auto &v : c->args)
+        if ((c->device = device_of(v)) >= 0) break;
+      if (c->device >= 0) {  // (a collective of host tensors only: not this backend's to check)
+        InPython py;
+        call_collective(c.get(), 0, nullptr, stream_id(c->device));
       }
     } else if (spec->kind == SPECIAL) {
       c->args.assign(inputs.begin(), inputs.end());
@@ -510,6 +552,49 @@ void sanitizer_failed(PyObject *fn, PyObject *pending, PyObject *error_type) {
   if (PyErr_Occurred()) PyErr_WriteUnraisable(fn);
 }
 
+// A collective's start (phase 0) or end (1: it returned, 2: it failed) to the front end (the GIL
+// held): its arguments and outputs go over as Python objects (a ProcessGroup, lists of lists).
+void call_collective(Ctx *c, int phase, const std::vector<c10::IValue> *outs, long long sid) {
+  PyObject *fn = g_on_collective;
+  if (fn == nullptr || c->generation != g_generation.load()) return;
+  Py_INCREF(fn);
+  auto convert = [](const std::vector<c10::IValue> &vs) -> PyObject * {
+    PyObject *t = PyTuple_New((Py_ssize_t)vs.size());
+    for (size_t i = 0; t != nullptr && i < vs.size(); i++) {
+      PyObject *o = nullptr;
+      try {
+        o = torch::jit::toPyObject(vs[i]).release().ptr();
+      } catch (pybind11::error_already_set &e) {
+        e.restore();
+        PyErr_Clear();
+      } catch (...) {
+      }
+      if (o == nullptr) o = (Py_INCREF(Py_None), Py_None);  // a value Python cannot hold: not a tensor
+      PyTuple_SET_ITEM(t, i, o);
+    }
+    return t;
+  };
+  PyObject *argv[6] = {PyLong_FromLong(c->spec->index), PyLong_FromLong(phase), nullptr, nullptr,
+                       PyLong_FromLong(c->device), PyLong_FromLongLong(sid)};
+  if (phase == 1) {
+    argv[2] = convert(c->args);
+    argv[3] = outs != nullptr ? convert(*outs) : (Py_INCREF(Py_None), Py_None);
+  } else {
+    argv[2] = (Py_INCREF(Py_None), Py_None);
+    argv[3] = (Py_INCREF(Py_None), Py_None);
+  }
+  bool ok = true;
+  for (auto *a : argv) ok = ok && a != nullptr;
+  PyObject *r = ok ? PyObject_Vectorcall(fn, argv, 6, nullptr) : nullptr;
+  if (r == nullptr) {
+    g_errors++;
+    if (PyErr_Occurred()) PyErr_WriteUnraisable(fn);
+  }
+  Py_XDECREF(r);
+  for (auto *a : argv) Py_XDECREF(a);
+  Py_DECREF(fn);
+}
+
 // A strong reference for the span of a call (a stop on another thread, while the call runs
 // Python code, may drop the global one).
 struct Held {
@@ -560,6 +645,12 @@ void call_sanitizer(Ctx *c, long long sid, bool synced) {
 void end_op(const at::RecordFunction &fn, Ctx *c) {
   Spec *spec = c->spec;
   const auto &outs = fn.outputs();
+  if (spec->kind == COLLECTIVE) {
+    if (c->device < 0) return;
+    InPython py;
+    call_collective(c, spec->returns > 0 && outs.empty() ? 2 : 1, &outs, stream_id(c->device));
+    return;
+  }
   if (spec->returns > 0 && outs.empty()) return;  // nothing came back: the op failed
   bool synced = g_epoch.load(std::memory_order_relaxed) != c->epoch;
   if (spec->kind == REGULAR) {
@@ -608,7 +699,17 @@ void on_end(const at::RecordFunction &fn, at::ObserverContext *oc) {
   t_depth--;
   auto *c = static_cast<Ctx *>(oc);
   if (c->spec->kind == INACTIVE || !g_on.load(std::memory_order_relaxed) || finalizing()) return;
-  if (std::uncaught_exceptions() > c->unwinding) return;  // the op is throwing: it did nothing to report
+  if (std::uncaught_exceptions() > c->unwinding) {  // the op is throwing: it did nothing to report
+    if (c->spec->kind == COLLECTIVE && c->device >= 0) {  // (the front end closes what it opened)
+      try {
+        InPython py;
+        call_collective(c, 2, nullptr, 0);
+      } catch (...) {
+        g_errors++;
+      }
+    }
+    return;
+  }
   try {
     end_op(fn, c);
   } catch (abi::__forced_unwind &) {
@@ -695,7 +796,19 @@ IGNIS_API void ignis_obs_stop(void) {
   Py_CLEAR(g_classify);
   Py_CLEAR(g_on_op);
   Py_CLEAR(g_on_special);
+  Py_CLEAR(g_on_collective);
   clear_direct();
+}
+
+// The front end's callable for collectives (see g_on_collective); set after ignis_obs_start, cleared
+// by ignis_obs_stop. Returns 0, or -1 when not observing.
+IGNIS_API int ignis_obs_set_collective(PyObject *fn) {
+  if (!g_on.load()) return -1;
+  Py_INCREF(fn);
+  PyObject *old = g_on_collective;
+  g_on_collective = fn;
+  Py_XDECREF(old);
+  return 0;
 }
 
 // Host tensors' accesses are collected too (pinned memory is tracked).
