@@ -14,6 +14,11 @@
 - ``--leaks``: every array is tracked with its allocation site; arrays still
   alive once the script's globals are gone are reported as leaks.
 
+Under ``torchrun`` or ``ignis launch`` (``WORLD_SIZE`` above 1) the ranks'
+reports are merged into one (``ignis.cli.ranks``): each block once, prefixed
+with its ranks, and a line per rank; ``--report-dir`` keeps each rank's whole
+report in a file of its own.
+
 Exit status: the script's own if it failed, else 1 when any problem was
 found, else 0. ``add_parser(subparsers)`` adds the command; ``run_script`` runs
 a script under the checks (the command calls it).
@@ -23,6 +28,7 @@ from __future__ import annotations
 
 import argparse
 import gc
+import io
 import os
 import runpy
 import sys
@@ -30,13 +36,14 @@ import traceback
 from typing import Any, TextIO
 
 from ..units import format_bytes as _fmt_bytes
+from .ranks import Report, deliver
 
 __all__ = ["run_script", "add_parser"]
 
 
 def run_script(script: str, argv: list[str], *, sanitize: bool = False, guard: bool = False,
                leaks: bool = False, ordering: str | None = None, leak_threshold: float = 0.0,
-               out: TextIO | None = None) -> int:
+               out: TextIO | None = None, report_dir: str | None = None) -> int:
     """Run ``script`` as ``__main__`` under the checks asked for, then print the report
     (see the module's description for what each check does).
 
@@ -53,6 +60,8 @@ def run_script(script: str, argv: list[str], *, sanitize: bool = False, guard: b
         leak_threshold: with ``leaks``, report arrays older than this many seconds.
         out: where the report (and the script's traceback, if it fails) is written (default:
             ``sys.stderr`` as it is at the call).
+        report_dir: also write the report to a file in this folder (``rank<R>.txt`` for a rank
+            of a distributed run, else ``report.txt``).
 
     Returns:
         The exit status: the script's own if it failed, else 1 when a problem was
@@ -92,6 +101,7 @@ def run_script(script: str, argv: list[str], *, sanitize: bool = False, guard: b
     sys.argv = [script, *argv]
     sys.path.insert(0, os.path.dirname(os.path.abspath(script)))
     left: Any = None
+    failure: str | None = None
     try:
         left = runpy.run_path(script, run_name="__main__")
     except SystemExit as e:
@@ -101,6 +111,7 @@ def run_script(script: str, argv: list[str], *, sanitize: bool = False, guard: b
         status = 1
         if isinstance(e, ig.IgnisError):
             problems += 1
+            failure = f"{type(e).__name__} (its traceback is above)"
     finally:
         sys.argv, sys.path[:] = old_argv, old_path
     if sanitize:
@@ -108,14 +119,23 @@ def run_script(script: str, argv: list[str], *, sanitize: bool = False, guard: b
     left = None
     gc.collect()
 
-    print("\n== ignis run report ==", file=out)
+    report = Report()
+    if failure is not None:
+        report.add(f"the script stopped with {failure}", problem=True)
     if tguard is not None:
-        problems += tguard.finish(out)
+        buf = io.StringIO()
+        problems += tguard.finish(buf)
+        report.add(buf.getvalue(), problem=bool(tguard.reports()))
     if sanitize:
         reports = ig.sanitizer.reports()
         problems += len(reports)
-        print(ig.sanitizer.sanitizer.summary(), file=out)
-        _stop_torch(out)
+        lines = ig.sanitizer.sanitizer.summary().split("\n--- ")
+        report.add(lines[0])
+        for block in lines[1:]:
+            report.add("--- " + block, problem=True)
+        buf = io.StringIO()
+        _stop_torch(buf)
+        report.add(buf.getvalue())
         ig.sanitizer.sanitizer.clear()
         ig.sanitizer.disable()
     if leaks:
@@ -123,24 +143,26 @@ def run_script(script: str, argv: list[str], *, sanitize: bool = False, guard: b
         live = [r for r in rows if not r["freed"]]
         if live:
             problems += len(live)
-            print(f"leaks: {len(live)} array(s) still alive after the script finished:", file=out)
+            lines = [f"leaks: {len(live)} array(s) still alive after the script finished:"]
             for r in live:
-                print(f"  NvArray#{r['array_id']} {list(r['shape'])} {r['dtype']} {_fmt_bytes(r['nbytes'])} "
-                      f"owner={r['owner']} tag={r['tag']!r} age={r['age_ms']} ms", file=out)
+                lines.append(f"  NvArray#{r['array_id']} {list(r['shape'])} {r['dtype']} {_fmt_bytes(r['nbytes'])} "
+                             f"owner={r['owner']} tag={r['tag']!r} age={r['age_ms']} ms")
                 if r.get("site"):
-                    print("    allocated at:\n" + "\n".join("    " + ln for ln in r["site"].splitlines()),
-                          file=out)
+                    lines.append("    allocated at:\n" + "\n".join("    " + ln for ln in r["site"].splitlines()))
+            report.add("\n".join(lines), problem=True)
         else:
             held = {i: ig.get_current_resource(i).memory_numbers()["live_bytes"] for i in range(ig.device_count())}
             held = {i: n for i, n in held.items() if n}
             if held:  # no array, yet memory is still allocated: blocks taken from a resource directly
                 problems += 1
                 where = ", ".join(f"{_fmt_bytes(n)} on device {i}" for i, n in held.items())
-                print(f"leaks: no array is still alive, but {where} are still allocated outside arrays "
-                      "(blocks from resource.allocate() never deallocated)", file=out)
+                report.add(f"leaks: no array is still alive, but {where} are still allocated outside arrays "
+                           "(blocks from resource.allocate() never deallocated)", problem=True)
             else:
-                print("leaks: none", file=out)
-    print(_summary(ig), file=out)
+                report.add("leaks: none")
+    report.add(_summary(ig))
+    report.problems = problems
+    deliver(report, out, report_dir)
     if status:
         return status
     return 1 if problems else 0
@@ -176,7 +198,7 @@ def _summary(ig: Any) -> str:
 def _command(args: argparse.Namespace) -> int:
     """``ignis run``: ``run_script`` with the parsed flags."""
     return run_script(args.script, args.args, sanitize=args.sanitize, guard=args.guard, leaks=args.leaks,
-                      ordering=args.ordering, leak_threshold=args.leak_threshold)
+                      ordering=args.ordering, leak_threshold=args.leak_threshold, report_dir=args.report_dir)
 
 
 def add_parser(subparsers: Any) -> argparse.ArgumentParser:
@@ -197,6 +219,8 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
                           "with --sanitize checks the script's synchronization instead of supplying it)")
     run.add_argument("--leak-threshold", type=float, default=0.0, metavar="SECONDS",
                      help="only report arrays older than this (default 0)")
+    run.add_argument("--report-dir", default=None, metavar="DIR",
+                     help="also write the report to DIR (rank<R>.txt for each rank of a distributed run)")
     run.add_argument("script", help="the Python script to run")
     run.add_argument("args", nargs=argparse.REMAINDER, help="arguments for the script")
     run.set_defaults(func=_command)
