@@ -188,6 +188,7 @@ def test_guard_finds_the_overrun(tmp_path):
     p = run(tmp_path, OVERRUN, "--guard")
     assert p.returncode == 1, p.stdout + p.stderr
     assert "OutOfBoundsError" in p.stderr and "activations" in p.stderr
+    assert p.stderr.count("OutOfBoundsError") == 1, p.stderr  # the report, not the report and again at exit
 
 
 def test_ignis_sanitize_env_also_turns_on_the_pytorch_front_end():

@@ -683,7 +683,12 @@ def finish(out: Any = None) -> int:
                   file=out)
     if _s.guards or _s.problems:
         print(summary(), file=out)
-    return len(reports())
+    global _printed
+    _printed = len(reports())
+    return _printed
+
+
+_printed = 0  # problems the report of ``finish`` showed (exit prints only newer ones)
 
 
 def _print_at_exit() -> None:
@@ -691,7 +696,7 @@ def _print_at_exit() -> None:
         if _s.guards:
             for g in list(_s.guards.values()):
                 g.check(raise_=False)
-        if _s.problems:
+        if len(reports()) > _printed:  # (what finish() showed is not printed twice)
             print(summary(), file=sys.stderr)
     except Exception:
         pass
