@@ -90,6 +90,7 @@ cdef class Sanitizer:
     cdef public list _grave_starts
     cdef public long long _grave_max
     cdef public set pinned
+    cdef public dict _capturing, _cap_events, _captured, _free_sites
     cdef public long long checked, checked_foreign
 
     cdef long long _sid(self, object handle) except -1

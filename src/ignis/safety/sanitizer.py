@@ -39,6 +39,18 @@ Design:
 - Uninitialized reads: an extent first seen as an op's output keeps the set of
   byte ranges written since its allocation; a read of bytes outside it is
   reported with the allocation site.
+- CUDA graphs: while a stream captures (``capture_begin``), an access queued on it,
+  or on a stream that joined the capture by waiting for an event recorded on a
+  capturing stream, is recorded into the capture instead of checked: nothing runs
+  then. Memory first seen as an output inside the capture is the graph's (its
+  private pool: freed and reused within the capture without a word). At
+  ``capture_end`` the records become one replay (each range once; a read of bytes
+  the graph itself wrote earlier skips the uninitialized-read check), and the
+  graph's memory still allocated starts a fresh lifetime that its replays write.
+  Each ``replay`` checks that every other block the graph touches still holds the
+  lifetime (generation) it held at capture (a block freed or reallocated since is
+  reported with the capture's site, the replay's and the free's or new owner's),
+  then applies the replay as one access on the replay stream.
 - Stacks are captured as (code, line) pairs, formatted only for a report.
   Reports are grouped by kind and the pair of sites, with a count.
 - Modes: ``raise`` (an error at the second access) or ``collect`` (reports
@@ -49,6 +61,7 @@ from __future__ import annotations
 
 import atexit
 import itertools
+import os
 import struct
 import sys
 from bisect import bisect_left, bisect_right, insort
@@ -66,7 +79,7 @@ from ..memory import ordering as _ord
 from .._types import Access
 from ..memory.block import DeviceBlock
 from ..memory.resource import ReentrantLock
-from .frames import capture_frames, format_frames, sites
+from .frames import capture_frames, format_frames, resolve, sites
 
 __all__ = ["Sanitizer", "sanitizer", "enable", "disable", "enabled", "is_enabled", "reports", "pack_items",
            "unpack_items", "UninitializedReadError", "READ", "WRITE", "OUTPUT", "NO_INIT_CHECK", "PINNED", "MAYBE_WRITE",
@@ -260,6 +273,19 @@ def _covered(written: list[tuple[int, int]], lo: int, hi: int) -> bool:
     return a > 0 and written[a - 1][1] >= hi
 
 
+def _covered_ranges(ranges: list, lo: int, hi: int) -> bool:
+    """Whether [lo, hi) lies within the union of ``ranges`` (unsorted (lo, hi) pairs)."""
+    pos = lo
+    for a, b in sorted(ranges):
+        if a > pos:
+            break
+        if b > pos:
+            pos = b
+        if pos >= hi:
+            return True
+    return pos >= hi
+
+
 def _mark(ext: _Extent, lo: int, hi: int) -> int:
     """Add [lo, hi) (relative to the base) to the written ranges, merging neighbours."""
     w = ext.written
@@ -310,6 +336,31 @@ def _insert_sorted(starts: list[tuple[int, int]], key: tuple[int, int]) -> int:
             b = m
     starts.insert(a, key)
     return 0
+
+
+class _Capture:
+    """A CUDA graph's accesses: while it captures, and after (its replay).
+
+    ``streams``: the stream identities capturing into it; ``records``: (op, frames, items)
+    in capture order; ``mine``: bases of the graph's own memory (first seen as an output
+    inside the capture) -> size, those still allocated; ``private``: every such base;
+    ``gens``: other bases -> (the extent's generation at capture, or None when it had none
+    there, and the address's last generation then); ``plan``: the replay's items; ``site``:
+    the capture's top user frame, as reports name the graph."""
+
+    __slots__ = ("streams", "records", "mine", "private", "gens", "frames", "plan", "site", "open", "freed")
+
+    def __init__(self, frames: Any) -> None:
+        self.streams: set[int] = set()
+        self.records: list[tuple[str, Any, list]] = []
+        self.mine: dict[int, int] = {}
+        self.private: set[int] = set()
+        self.gens: dict[int, tuple[Any, int]] = {}
+        self.frames = frames
+        self.plan: list[tuple] = []
+        self.site = ""
+        self.open = True
+        self.freed: dict[int, Any] = {}   # base -> frames of its free since the capture (when seen)
 
 
 class Sanitizer:
@@ -363,6 +414,10 @@ class Sanitizer:
         self._grave_starts: list[tuple[int, int]] = []
         self._grave_max = 0
         self.pinned: set[int] = set()              # bases of pinned host extents with records
+        self._capturing: dict[int, _Capture] = {}  # stream identity -> the CUDA graph it captures into
+        self._cap_events: dict[int, _Capture] = {} # events recorded on capturing streams -> their capture
+        self._captured: dict[int, int] = {}        # bases graphs touch -> how many graphs (frees note their stack)
+        self._free_sites: dict[tuple, Any] = {}    # (base, generation) -> the frames of its free (captured bases)
         self.checked = 0
         self.checked_foreign = 0
 
@@ -426,10 +481,17 @@ class Sanitizer:
 
     # -- trace handlers: the backend's trace registry and the front ends call these --
     def on_event_record(self, event: int, stream: int) -> None:
-        """``event`` was recorded on ``stream``: it snapshots the stream's clock."""
+        """``event`` was recorded on ``stream``: it snapshots the stream's clock (on a capturing
+        stream it is a node of the graph: a stream that waits for it joins the capture)."""
         self._lock.take()
         try:
-            self._events[event] = dict(self._vc_of(self._sid(stream)))
+            sid = self._sid(stream)
+            if self._capturing and sid in self._capturing:
+                self._cap_events[event] = self._capturing[sid]
+                return
+            if self._cap_events:
+                self._cap_events.pop(event, None)
+            self._events[event] = dict(self._vc_of(sid))
         finally:
             self._lock.give()
 
@@ -437,6 +499,14 @@ class Sanitizer:
         """``on_stream_wait_event`` in PyTorch's trace argument order (PyTorch's callback)."""
         self._lock.take()
         try:
+            if self._cap_events:
+                cap = self._cap_events.get(event)
+                if cap is not None:
+                    if cap.open:  # a fork of the capture: this stream captures into it too
+                        sid = self._sid(stream)
+                        cap.streams.add(sid)
+                        self._capturing[sid] = cap
+                    return
             snap = self._events.get(event)
             if snap:
                 vc = self._vc_of(self._sid(stream))
@@ -633,8 +703,14 @@ class Sanitizer:
             old = self._live.pop(base, None)
             if old is not None and old.end is not None:  # its free was not seen: retire it quietly
                 self._retire(old, None)
+            sid = self._sid(stream)
+            if self._capturing and sid in self._capturing:  # the graph's private pool
+                cap = self._capturing[sid]
+                cap.private.add(base)
+                cap.mine[base] = 0
+                return
             gen = self._gen_at[base] = self._gen_at.get(base, 0) + 1
-            self._live[base] = _Extent(base, None, gen, self._sid(stream))
+            self._live[base] = _Extent(base, None, gen, sid)
 
     def extent_freed(self, base: int) -> None:
         """The allocator took ``base`` back (a free ordered on its allocation stream):
@@ -648,9 +724,16 @@ class Sanitizer:
         """``extent_freed``'s work, under the lock: (conflict, the free's record) if it races."""
         self._lock.take()
         try:
+            if self._capturing:
+                for cap in self._capturing.values():
+                    if base in cap.private:  # freed into the graph's pool, within the capture
+                        cap.mine.pop(base, None)
+                        return None
             ext = self._live.get(base)
             if ext is None or ext.pinned:
                 return None
+            if self._captured and base in self._captured:  # a graph replays on it: keep the free's site
+                self._free_sites[(base, ext.gen)] = self.capture()
             del self._live[base]
             if ext.end is None:  # never seen by an access (a library's workspace)
                 return None
@@ -793,6 +876,9 @@ class Sanitizer:
         self._lock.take()
         try:
             sid = self._sid(stream)
+            if self._capturing and sid in self._capturing:  # queued into a CUDA graph: nothing runs now
+                self._capture_op(self._capturing[sid], op, frames, unpack_items(items) if packed else list(items))
+                return None
             vc = self._clock[sid]
             if self._seen.get(sid) != self._host_version:
                 self._vc_of(sid)
@@ -888,6 +974,149 @@ class Sanitizer:
         conflict = self._find_conflict(rec, vc, False)
         self._insert(rec, key)
         return None if conflict is None else (conflict, rec)
+
+    # -- CUDA graphs ----------------------------------------------------------------
+    def capture_begin(self, stream: int, frames: Any = None) -> _Capture:
+        """``stream`` starts capturing a CUDA graph (``frames``: the capture's site): from now
+        on what is queued on it is recorded into the returned capture (see the module's
+        description), until ``capture_end``."""
+        with self._lock:
+            sid = self._sid(stream)
+            if sid in self._capturing:
+                raise ValueError(f"ignis sanitizer: stream {stream:#x} is capturing already")
+            cap = _Capture(frames)
+            cap.streams.add(sid)
+            where = resolve(frames)
+            if where:
+                cap.site = f"{os.path.basename(where[0][0])}:{where[0][1]}"
+            self._capturing[sid] = cap
+            return cap
+
+    def capture_end(self, stream: int) -> _Capture | None:
+        """``stream``'s capture ended: returns it, made ready to replay (None when the stream
+        was not capturing)."""
+        with self._lock:
+            sid = self._sids.get(stream)
+            cap = self._capturing.get(sid) if sid is not None else None
+            if cap is None:
+                return None
+            for s in cap.streams:
+                self._capturing.pop(s, None)
+            for e in [e for e, c in self._cap_events.items() if c is cap]:
+                del self._cap_events[e]
+            cap.open = False
+            self._plan(cap, sid)
+            return cap
+
+    def _capture_op(self, cap: _Capture, op: str, frames: Any, items: list) -> None:
+        for it in items:
+            base, size, mode = it[0], it[1], it[6]
+            if mode & _O and not mode & _P and base not in cap.gens:
+                if base not in cap.private:
+                    cap.private.add(base)
+                cap.mine[base] = max(size, cap.mine.get(base, 0))
+            elif base in cap.private:
+                if base in cap.mine and size > cap.mine[base]:
+                    cap.mine[base] = size
+            elif base not in cap.gens:
+                ext = self._live.get(base)
+                gen = ext.gen if ext is not None and ext.end is not None else None
+                cap.gens[base] = (gen, self._gen_at.get(base, 0))
+        cap.records.append((op, frames, items))
+
+    def _plan(self, cap: _Capture, sid: int) -> None:
+        """The replay of a capture: each range once, in capture order; a read of bytes the graph
+        wrote before it skips the uninitialized-read check. Then the graph's memory still
+        allocated starts a fresh lifetime (its replays write it)."""
+        written: dict[int, list] = {}
+        seen: set = set()
+        plan: list[tuple] = []
+        for op, frames, items in cap.records:
+            marks = []
+            for base, size, lo, hi, per, ch, mode in items:
+                mine = base in cap.private
+                w = written.get(base)
+                if mode & _R and not mode & _NI and w is not None and _covered_ranges(w, lo, hi):
+                    mode |= _NI
+                if not mine:
+                    mode &= ~_O
+                key = (base, lo, hi, per, ch, mode)
+                if key not in seen and mode & (_R | _W | _O | _MW):
+                    seen.add(key)
+                    plan.append((base, size, lo, hi, per, ch, mode))
+                if mode & (_W | _MW):
+                    marks.append((base, lo, hi))
+            for base, lo, hi in marks:
+                written.setdefault(base, []).append((lo, hi))
+        cap.plan = plan
+        cap.records = []  # (the plan is all a replay needs)
+        for base in cap.gens:
+            self._captured[base] = self._captured.get(base, 0) + 1
+        for base, size in cap.mine.items():  # the graph's own memory: garbage until the first replay
+            if not size:
+                continue
+            old = self._live.pop(base, None)
+            if old is not None and old.end is not None:
+                self._retire(old, None)
+            gen = self._gen_at[base] = self._gen_at.get(base, 0) + 1
+            ext = _Extent(base, base + size, gen, sid)
+            ext.written = []
+            ext.frames = cap.frames
+            ext.op = f"the capture of the CUDA graph at {cap.site}" if cap.site else "a CUDA graph's capture"
+            ext.recs = []
+            self._live[base] = ext
+
+    def replay(self, cap: _Capture, stream: int, frames: Any = None) -> None:
+        """The graph ``cap`` is replayed on ``stream`` (``frames``: the replay's site): every block
+        it touches outside its own memory must hold the lifetime it held at capture; then its
+        accesses are made on ``stream``."""
+        if cap.open or not cap.plan:
+            return
+        bad: list[tuple] = []
+        with self._lock:
+            live, gen_at = self._live, self._gen_at
+            for base, (gen, at) in cap.gens.items():
+                ext = live.get(base)
+                if gen is not None:
+                    if ext is None or ext.gen != gen:
+                        bad.append((base, gen, ext))
+                elif gen_at.get(base, 0) != at:
+                    bad.append((base, at, ext))
+        label = f"a replay of the CUDA graph captured at {cap.site}" if cap.site else "a CUDA graph replay"
+        items = cap.plan
+        if bad:
+            gone = {b for b, _, _ in bad}
+            items = [it for it in items if it[0] not in gone]
+            for base, gen, ext in bad:
+                self._replay_after_free(cap, base, gen, ext, frames, label)
+        if items:
+            self.foreign_access(stream, label, frames, items)
+
+    def _replay_after_free(self, cap: _Capture, base: int, gen: int, ext: Any, frames: Any, label: str) -> None:
+        used = next((it for it in cap.plan if it[0] == base), None)
+        lo, hi = (used[2] - base, used[3] - base) if used is not None else (0, 0)
+        free_frames = self._free_sites.get((base, gen))
+        if ext is not None and ext.end is not None:
+            now = (f"reallocated to another tensor since (its new lifetime, generation {ext.gen}, began with "
+                   f"{ext.op})")
+            other = {"kind": "allocation", "op": ext.op, "block": base, "generation": ext.gen,
+                     "stack": format_frames(ext.frames) if ext.frames is not None else "  (stack not captured)"}
+        else:
+            now = "freed since"
+            other = {"kind": "free", "op": "free", "block": base, "generation": gen,
+                     "stack": format_frames(free_frames) if free_frames is not None else "  (stack not captured)"}
+        replayed = {"kind": "replay", "op": label, "block": base, "generation": gen, "range": (lo, hi),
+                    "stack": format_frames(frames) if frames is not None else "  (stack not captured)",
+                    "capture_stack": format_frames(cap.frames) if cap.frames is not None else "  (stack not captured)"}
+        detail = (f"{label} touches bytes [{lo}, {hi}) of block {base:#x} (generation {gen} when captured), "
+                  f"which was {now}: the graph's kernels still use the old address\n"
+                  f"captured at:\n{replayed['capture_stack']}\n"
+                  f"replayed at:\n{replayed['stack']}\n"
+                  f"{'freed at' if other['kind'] == 'free' else 'new owner allocated at'}:\n{other['stack']}\n"
+                  "fix: keep every tensor a graph reads or writes alive and in place while the graph may be "
+                  "replayed (copy new data into the captured tensors instead of replacing them)")
+        err = RaceError(detail, first=other, second=replayed, kind="use after free by a CUDA graph replay")
+        self._report(err, ("graph replay after free", cap.site, sites(frames), other["kind"]))
 
     # -- reports -------------------------------------------------------------------
     def _race(self, first: _Rec, rec: _Rec) -> None:

@@ -53,9 +53,15 @@ Design:
   ``PURE_PYTHON_MODULES``). What remains per op is the observer's one call into
   Python (or the dispatch mode's Python handler) and PyTorch's trace callbacks.
 
-Not seen (nothing goes through the dispatcher): kernels inside ``torch.compile``d
-regions and CUDA graphs, Triton kernels, raw extension kernels called without
-an op schema, library-internal workspaces, and CPU reads of pinned memory
+- CUDA graphs (``_graphs``): what is queued on a capturing stream is recorded into
+  the graph and applied at each replay, on the replay stream; a replay that
+  touches a block freed or reallocated since the capture is reported.
+- Triton kernels (``_triton``: Inductor's and a user's ``@triton.jit``) are seen at
+  launch: the tensors they take are read and written as the kernel does, on the
+  launch stream.
+
+Not seen (nothing goes through the dispatcher): raw extension kernels called
+without an op schema, library-internal workspaces, and CPU reads of pinned memory
 through ``numpy()`` or the buffer protocol. Declare such uses with
 ``ignis.torch.use(tensor, access, stream=...)``. With the dispatch mode, ops of
 other threads are seen only if the mode is entered there (the autograd engine's
@@ -79,6 +85,7 @@ from .._types import Access
 from ..safety.frames import add_library_dir
 from ..safety.sanitizer import HOST, NO_INIT_CHECK, OUTPUT, PINNED, READ, WRITE, Sanitizer, unpack_items
 from ..safety.sanitizer import _frames as _san_frames
+from . import _graphs, _hook, _triton
 from ._ops import BROADCAST, P2P, REDUCE, SPECS, OpSpec, classify, flatten
 
 __all__ = ["TorchFrontEnd"]
@@ -584,6 +591,42 @@ class TorchFrontEnd:
         except IgnisError as e:
             self.pending.append(e)
 
+    # -- Triton kernels ---------------------------------------------------------------
+    def _triton_launch(self, kernel: Any, stream: Any, args: tuple) -> None:
+        """A Triton kernel's launch (``_triton``): its tensor arguments' accesses on ``stream``."""
+        roles = kernel.__dict__.get("_ignis_roles")
+        if roles is None:
+            src = getattr(kernel, "src", None)
+            fn = getattr(src, "fn", None)
+            names = list(getattr(fn, "arg_names", None) or [f"arg{i}" for i in range(len(args))])
+            asm = getattr(kernel, "asm", None) or {}
+            try:
+                ttir = asm.get("ttir") if hasattr(asm, "get") else None
+            except Exception:  # an IR Triton cannot give back here: every argument as unknown
+                ttir = None
+            roles = kernel.__dict__["_ignis_roles"] = _triton.kernel_roles(names, ttir)
+        items: list = []
+        live = self.san._live
+        dev = None
+        for i, a in enumerate(args):
+            if i < len(roles) and roles[i] and isinstance(a, Tensor) and self._is_dev(a):
+                it = _item(a, roles[i], live)
+                if it is not None:
+                    items.append(it)
+                    dev = a
+        if dev is None:
+            return
+        if stream is None or not isinstance(stream, int):
+            stream = self.stream_of(dev)
+        self._ops += 1
+        try:
+            self.san.foreign_access(stream, f"triton kernel {getattr(kernel, 'name', '?')}", capture_stack(), items)
+        except IgnisError as e:  # (raise mode: Triton's launcher must not be unwound; the next op raises it)
+            self.pending.append(e)
+
+    def _install_triton(self, module: Any = None) -> None:
+        _triton.install(self._triton_launch)
+
     def declare(self, t: torch.Tensor, access: Access, stream: Any, op: str) -> None:
         """An access the dispatcher cannot see (``ignis.torch.use``)."""
         mode = (READ if access.reads else 0) | (WRITE if access.writes else 0)
@@ -776,6 +819,9 @@ class TorchFrontEnd:
                     self._obs.ignis_obs_stop()
                     self._obs = None
                 raise
+        if self._cuda and _raw_stream is not None:
+            _graphs.install(self.san, lambda: _raw_stream(torch.cuda.current_device()), capture_stack)
+            _hook.when_imported("triton", self._install_triton)
         if engine == "mode":
             self._mode = _Mode(self)
             self._mode.__enter__()
@@ -800,6 +846,9 @@ class TorchFrontEnd:
             self._ops += self._obs.ignis_obs_take_ops()
             self._obs = None
         self._remove_trace()
+        _graphs.uninstall()
+        _hook.forget("triton")
+        _triton.uninstall()
         if self.note in self.san.notes:
             self.san.notes.remove(self.note)
         if self.engine == "observer" and self.pending:

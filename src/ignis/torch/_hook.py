@@ -12,7 +12,7 @@ import importlib.util
 import sys
 from typing import Any
 
-__all__ = ["enable_on_import", "remove"]
+__all__ = ["enable_on_import", "remove", "when_imported", "forget"]
 
 
 class _TorchFinder(importlib.abc.MetaPathFinder):
@@ -52,3 +52,41 @@ def enable_on_import(mode: str = "collect") -> None:
 def remove() -> None:
     """Withdraw a finder that is still waiting."""
     sys.meta_path[:] = [f for f in sys.meta_path if not isinstance(f, _TorchFinder)]
+
+
+class _AfterImport(importlib.abc.MetaPathFinder):
+    """Calls ``fn(module)`` right after ``name`` is imported (once), then steps aside."""
+
+    def __init__(self, name: str, fn: Any) -> None:
+        self.name, self.fn = name, fn
+
+    def find_spec(self, fullname: str, path: Any, target: Any = None) -> Any:
+        if fullname != self.name:
+            return None
+        forget(self.name)
+        spec = importlib.util.find_spec(fullname)
+        loader = getattr(spec, "loader", None)
+        if loader is None or not hasattr(loader, "exec_module"):
+            return spec
+        run, fn = loader.exec_module, self.fn
+
+        def exec_module(module: Any) -> None:
+            run(module)
+            fn(module)
+
+        loader.exec_module = exec_module
+        return spec
+
+
+def when_imported(name: str, fn: Any) -> None:
+    """``fn(module)`` now if ``name`` is imported already, else right after its import."""
+    if name in sys.modules:
+        fn(sys.modules[name])
+        return
+    forget(name)
+    sys.meta_path.insert(0, _AfterImport(name, fn))
+
+
+def forget(name: str) -> None:
+    """Withdraw a ``when_imported`` for ``name`` that is still waiting."""
+    sys.meta_path[:] = [f for f in sys.meta_path if not (isinstance(f, _AfterImport) and f.name == name)]
