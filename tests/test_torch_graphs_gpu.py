@@ -1,0 +1,112 @@
+"""CUDA graphs, torch.compile and Triton on a GPU: each program in ``tests/graph_zoo`` runs
+unmodified, plain and under ``ignis run --sanitize`` (the observer; the correct ones with the
+dispatch mode too) and ``--guard``. Correct programs: silent, the same result as plain. Bugs:
+reported with both stacks. The guard: a Triton kernel's overrun inside a graph replay reported
+once, with the tensor's allocation site.
+
+Set ``IGNIS_ZOO_LOG=FILE`` to append each run's output there.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import os
+import re
+import subprocess
+import sys
+import threading
+import time
+
+import pytest
+
+pytestmark = pytest.mark.gpu
+torch = pytest.importorskip("torch", reason="PyTorch is not installed (the ignis[torch] extra)")
+pytest.importorskip("triton", reason="Triton is not installed")
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+ZOO = os.path.join(ROOT, "tests", "graph_zoo")
+from helpers import IMPORT_ROOT  # noqa: E402
+
+# program -> (kind, a line of the earlier access's stack, a line of the later access's stack)
+BUGS = {
+    "bug_triton_race.py": ("read-after-write race", "launch(x, y)", "total = y.sum()"),
+    "bug_graph_output_race.py": ("read-after-write race", "g.replay()", "total = y.sum()"),
+    "bug_graph_replay_after_free.py": ("use after free by a CUDA graph replay", "y = x * 2", "g.replay()"),
+}
+CORRECT = ["ok_graph_doc.py", "ok_graphed_callables.py", "ok_compile_reduce_overhead.py",
+           "ok_inductor_side_stream.py", "ok_triton_ordered.py"]
+
+
+def run(program: str, *flags: str, engine: str = "observer") -> subprocess.CompletedProcess:
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([IMPORT_ROOT, ZOO, os.environ.get("PYTHONPATH", "")]),
+               IGNIS_BACKEND="cuda", IGNIS_TORCH_ENGINE=engine)
+    cmd = [sys.executable] + (["-m", "ignis", "run", *flags] if flags else []) + [os.path.join(ZOO, program)]
+    t = time.perf_counter()
+    p = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=400, cwd=ZOO)
+    log = os.environ.get("IGNIS_ZOO_LOG")
+    if log:
+        with _lock, open(log, "a") as f:
+            f.write(f"\n\n######## $ IGNIS_TORCH_ENGINE={engine} ignis run {' '.join(flags)} {program} -> exit "
+                    f"{p.returncode} ({time.perf_counter() - t:.1f} s)\n{p.stdout}\n{p.stderr}")
+    return p
+
+
+_lock = threading.Lock()
+
+
+@pytest.fixture(scope="module")
+def runs() -> dict[tuple, subprocess.CompletedProcess]:
+    from ignis.torch._native import observer, observer_error
+    assert observer() is not None, observer_error()
+    jobs = [(p, (), "observer") for p in CORRECT]
+    jobs += [(p, ("--sanitize",), "observer") for p in CORRECT + sorted(BUGS)]
+    jobs += [(p, ("--sanitize",), "mode") for p in CORRECT]
+    jobs += [(p, ("--guard",), "observer") for p in CORRECT + ["guard_triton_overrun_in_graph.py"]]
+    with concurrent.futures.ThreadPoolExecutor(max_workers=8) as pool:
+        return dict(zip(jobs, pool.map(lambda j: run(j[0], *j[1], engine=j[2]), jobs)))
+
+
+def result(p: subprocess.CompletedProcess) -> list[float]:
+    m = re.search(r"ZOO result (.*)", p.stdout)
+    assert m, p.stdout[-2000:] + p.stderr[-4000:]
+    return [float(v) for v in m.group(1).split()]
+
+
+def report(p: subprocess.CompletedProcess) -> str:
+    assert "== ignis run report ==" in p.stderr, p.stderr[-4000:]
+    return p.stderr.split("== ignis run report ==")[1]
+
+
+@pytest.mark.parametrize("program", CORRECT)
+@pytest.mark.parametrize("flag,engine", [("--sanitize", "observer"), ("--sanitize", "mode"), ("--guard", "observer")])
+def test_correct_programs_are_silent_with_the_same_result(runs, program, flag, engine):
+    plain, checked = runs[(program, (), "observer")], runs[(program, (flag,), engine)]
+    assert plain.returncode == 0, plain.stderr[-4000:]
+    text = report(checked)
+    assert checked.returncode == 0, text
+    assert "no problems found" in text
+    assert result(checked) == pytest.approx(result(plain), rel=1e-4)
+
+
+@pytest.mark.parametrize("program", sorted(BUGS))
+def test_each_bug_is_reported_with_both_stacks(runs, program):
+    kind, first, second = BUGS[program]
+    p = runs[(program, ("--sanitize",), "observer")]
+    text = report(p)
+    assert p.returncode == 1, text
+    blocks = re.split(r"\n--- \d+: ", text)[1:]
+    assert any(kind in b and first in b and second in b for b in blocks), text
+
+
+def test_triton_kernels_are_seen_in_a_compiled_model(runs):
+    text = report(runs[("ok_inductor_side_stream.py", ("--sanitize",), "observer")])
+    n = int(re.search(r"(\d+) op\(s\) on CUDA tensors checked", text).group(1))
+    assert n >= 12, text  # 6 steps, each at least its Triton kernels and the sum
+
+
+def test_the_guard_reports_a_triton_overrun_inside_a_graph_replay_once(runs):
+    p = runs[("guard_triton_overrun_in_graph.py", ("--guard",), "observer")]
+    text = report(p)
+    assert p.returncode == 1, text
+    assert (p.stdout + p.stderr).count("OutOfBoundsError") == 1, p.stderr
+    assert "a write past the end of a 4096-byte tensor" in text and "SITE:y" in text
