@@ -121,11 +121,11 @@ _RANK_SCRIPT = textwrap.dedent("""
     seen = []
     real = san.foreign_access
 
-    def watch(stream, op, frames, items, synced=False):
+    def watch(stream, op, frames, items, synced=False, library=-1):
         its = unpack_items(items) if isinstance(items, bytes) else items
         if "c10d" in op:
             seen.append([op, sorted([m, hi - lo] for b, _, lo, hi, _, _, m in its)])
-        return real(stream, op, frames, items, synced)
+        return real(stream, op, frames, items, synced, library)
 
     san.foreign_access = watch
     fe.enable()

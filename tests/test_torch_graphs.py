@@ -118,7 +118,8 @@ def test_a_replay_after_an_input_was_freed_is_reported_with_three_sites():
     [e] = g.reports
     assert e.kind == "use after free by a CUDA graph replay"
     assert "reallocated to another tensor" in str(e) and "aten::empty" in str(e)
-    assert "cap = self.san.capture_begin" in e.second["capture_stack"]
+    assert 'self.op(CAP, "aten::mul.Tensor"' in e.second["capture_stack"]      # the captured op that used x
+    assert e.second["captured_op"] == "aten::mul.Tensor"
     assert "g.san.replay(cap, S0" in e.second["stack"]
 
 
@@ -245,3 +246,49 @@ def test_a_kernel_without_readable_ir_counts_as_reading_and_maybe_writing_every_
     assert kernel_roles(["a", "b"], None) == [UNKNOWN, UNKNOWN]
     assert kernel_roles(["a", "b"], "not an IR") == [UNKNOWN, UNKNOWN]
     assert UNKNOWN == READ | NO_INIT_CHECK | MAYBE_WRITE
+
+
+def test_graphs_sharing_a_pool_use_each_others_memory_without_reports():
+    # make_graphed_callables: the backward graph reads what the forward graph left in their
+    # common pool; that memory's frees and the forward's replays that write it again are the pool's.
+    g = Graphs()
+    g.op(S0, "aten::fill_.Scalar", acc(X, WRITE | OUTPUT))
+    g.wait_stream(CAP, S0)
+    fwd = g.san.capture_begin(CAP, capture_frames(1))
+    g.op(CAP, "aten::mm", acc(X, READ), acc(Y, WRITE | OUTPUT))      # an activation in the pool
+    g.san.capture_end(CAP)
+    bwd = g.san.capture_begin(CAP, capture_frames(1))
+    g.op(CAP, "aten::mm", acc(Y, READ), acc(Z, WRITE | OUTPUT))
+    g.san.capture_end(CAP)
+    g.san.extent_freed(Y)                                            # dropped by Python: back to the pool
+    for _ in range(2):
+        g.san.replay(fwd, S0, capture_frames(1))
+        g.san.replay(bwd, S0, capture_frames(1))
+    g.op(S0, "aten::sum", acc(Z, READ))
+    assert g.reports == []
+
+
+def test_memory_a_library_allocates_and_reads_itself_is_not_an_uninitialized_read(tmp_path):
+    from ignis.safety.frames import add_library_dir
+    lib = tmp_path / "somelib"
+    lib.mkdir()
+    (lib / "warmup.py").write_text(
+        "from ignis.safety.frames import capture_frames\n"
+        "def op(san, stream, name, *items):\n"
+        "    san.foreign_access(stream, name, capture_frames(1), list(items))\n")
+    add_library_dir(str(lib))
+    import importlib.util
+    spec = importlib.util.spec_from_file_location("somelib_warmup", lib / "warmup.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    g = Graphs()
+    mod.op(g.san, S0, "aten::empty_like", acc(X, OUTPUT))            # the library's placeholder
+    mod.op(g.san, S0, "aten::mm", acc(X, READ), acc(Y, WRITE | OUTPUT))  # its warm-up reads it on purpose
+    assert g.reports == []
+    g.san.extent_freed(X)
+    g.san.foreign_access(S0, "aten::empty_like", capture_frames(1), [acc(X, OUTPUT)])  # a user's placeholder...
+    mod.op(g.san, S0, "aten::mm", acc(X, READ), acc(Z, WRITE | OUTPUT))  # ...read by the library: reported
+    g.op(S0, "aten::sum", acc(W, OUTPUT))
+    g.op(S0, "aten::sum", acc(W, READ))                              # the user's own read of the user's: reported
+    kinds = [type(e).__name__ for e in g.reports]
+    assert kinds == ["UninitializedReadError", "UninitializedReadError"], g.reports

@@ -31,7 +31,7 @@ from helpers import IMPORT_ROOT  # noqa: E402
 BUGS = {
     "bug_triton_race.py": ("read-after-write race", "launch(x, y)", "total = y.sum()"),
     "bug_graph_output_race.py": ("read-after-write race", "g.replay()", "total = y.sum()"),
-    "bug_graph_replay_after_free.py": ("use after free by a CUDA graph replay", "y = x * 2", "g.replay()"),
+    "bug_graph_replay_after_free.py": ("use after free by a CUDA graph replay", "    y = x * 2", "g.replay()"),
 }
 CORRECT = ["ok_graph_doc.py", "ok_graphed_callables.py", "ok_compile_reduce_overhead.py",
            "ok_inductor_side_stream.py", "ok_triton_ordered.py"]

@@ -76,7 +76,7 @@ def run_script(script: str, argv: list[str], *, sanitize: bool = False, guard: b
     launcher = os.path.abspath(sys.argv[0]) if sys.argv and sys.argv[0] else ""
     if os.path.isfile(launcher) and os.path.abspath(script) != launcher:
         from ..safety.frames import add_library_dir
-        add_library_dir(launcher)  # the `ignis` command's own file is not the user's code
+        add_library_dir(launcher, machinery=True)  # the `ignis` command's own file is not the user's code
     problems = 0
     tguard: Any = None
     if guard:

@@ -60,13 +60,15 @@ cdef extern from *:
     """
     int ignis_frame_lasti(PyFrameObject *frame)  # the frame's last instruction; < 0: none yet
 
-__all__ = ["capture_frames", "format_frames", "add_library_dir", "is_user_file", "resolve", "sites", "MAX_FRAMES"]
+__all__ = ["capture_frames", "format_frames", "add_library_dir", "is_user_file", "resolve", "sites", "MAX_FRAMES",
+           "last_from_library"]
 
 _PKG_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 MAX_FRAMES = 6
 
 # Ignis, and the standard library's wrappers that stand between the user's code and a call
 _library: list[str] = [_PKG_DIR + os.sep] + [os.path.abspath(m.__file__) for m in (runpy, contextlib, threading)]
+_machinery: list[str] = list(_library)  # passed over without counting as a library's code
 
 
 # -- two tables in C, read on every capture without making a Python object ----------------------
@@ -169,7 +171,9 @@ cdef void _code_insert(PyObject *code, int user) noexcept:
 
 
 cdef int _user_code(PyObject *code) except -1:
-    """1 if ``code`` is the user's, 0 if not (decided once per code object)."""
+    """What ``code`` is (decided once per code object): 1 the user's, 0 a library's (one
+    registered with ``add_library_dir``), 2 Ignis's own or the interpreter's machinery
+    (``runpy``, ``contextlib``, ``threading``, frozen importlib), which is passed over."""
     cdef Py_ssize_t i
     cdef int u
     if _code_cap:
@@ -178,17 +182,33 @@ cdef int _user_code(PyObject *code) except -1:
             if _codes[i].code == code:
                 return _codes[i].user
             i = (i + 1) & (_code_cap - 1)
-    u = 1 if is_user_file((<object>code).co_filename) else 0  # Python: the tables may change meanwhile
+    u = _file_kind((<object>code).co_filename)  # Python: the tables may change meanwhile
     _code_put(code, u)
     return u
 
 
-def add_library_dir(path: str) -> None:
-    """Leave frames of code under ``path`` out of captured stacks (a library, not the user's code)."""
+# Whether the innermost frame of the last capture that is not Ignis's own nor the interpreter's
+# machinery is a library's (set by every walk, read right after it: ``last_from_library``).
+cdef bint _from_lib = False
+
+
+cpdef bint last_from_library():
+    """Whether the last capture was made from a library's code (its innermost frame, Ignis's own
+    and the interpreter's machinery passed over, is a registered library's): memory such code
+    allocates and reads is its own business (the sanitizer skips its uninitialized-read check
+    for it). Read it right after the capture, on the same thread."""
+    return _from_lib
+
+
+def add_library_dir(path: str, *, machinery: bool = False) -> None:
+    """Leave frames of code under ``path`` out of captured stacks (a library, not the user's code).
+    ``machinery``: code that only runs the user's (a launcher), passed over like Ignis's own."""
     p = os.path.abspath(path)
     p = p if os.path.isfile(p) else p + os.sep
     if p not in _library:
         _library.append(p)
+        if machinery:
+            _machinery.append(p)
         _forget_codes()
         _forget_stacks()
 
@@ -271,14 +291,22 @@ cdef tuple _walk_c(PyObject *start, Py_ssize_t skip, Py_ssize_t limit):
     cdef uint64_t h
     cdef _StackSlot *slot
     cdef bint same
+    cdef int kind
+    cdef bint first = True
+    global _from_lib
     if limit > _KEY_FRAMES or limit <= 0:
         return _walk_plain(start, skip, limit)
     f = _skip_frames(start, skip)
+    _from_lib = False
     try:
         while f != NULL and n < limit:
             code = <PyObject *>PyFrame_GetCode(<PyFrameObject *>f)
             Py_DECREF(<object>code)  # the frame keeps its code alive
-            if _user_code(code):  # (may raise: ``f`` is still released below)
+            kind = _user_code(code)  # (may raise: ``f`` is still released below)
+            if first and kind != 2:
+                _from_lib = kind == 0
+                first = False
+            if kind == 1:
                 codes[n] = code
                 lastis[n] = ignis_frame_lasti(<PyFrameObject *>f)
                 back = <PyObject *>PyFrame_GetBack(<PyFrameObject *>f)
@@ -361,11 +389,19 @@ cdef tuple _walk_plain(PyObject *start, Py_ssize_t skip, Py_ssize_t limit):
     cdef PyObject *back
     cdef PyObject *code
     cdef list out = []
+    cdef int kind
+    cdef bint first = True
+    global _from_lib
+    _from_lib = False
     try:
         while f != NULL and len(out) < limit:
             code = <PyObject *>PyFrame_GetCode(<PyFrameObject *>f)
             Py_DECREF(<object>code)
-            if _user_code(code):
+            kind = _user_code(code)
+            if first and kind != 2:
+                _from_lib = kind == 0
+                first = False
+            if kind == 1:
                 out.append((<object>code, PyFrame_GetLineNumber(<PyFrameObject *>f)))
             back = <PyObject *>PyFrame_GetBack(<PyFrameObject *>f)
             Py_DECREF(<object>f)
@@ -379,6 +415,13 @@ def is_user_file(filename: str) -> bool:
     """Whether code in ``filename`` is the program's own (not Ignis, a registered library
     or the interpreter's machinery)."""
     return not (filename.startswith("<frozen ") or any(filename.startswith(p) for p in _library))
+
+
+def _file_kind(filename: str) -> int:
+    """1 the user's file, 0 a library's, 2 Ignis's or the interpreter's machinery (see _user_code)."""
+    if filename.startswith("<frozen ") or any(filename.startswith(p) for p in _machinery):
+        return 2
+    return 0 if any(filename.startswith(p) for p in _library) else 1
 
 
 def resolve(frames: Any) -> list[tuple[str, int, str]]:

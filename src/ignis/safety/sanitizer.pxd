@@ -33,6 +33,7 @@ cdef class _Extent:
     cdef public object written, frames, op, rs
     cdef public bint pinned
     cdef public long long hv
+    cdef public bint lib
 
 
 cpdef bint _disjoint(_Rec r, long long lo, long long hi, long long per, long long ch) except -1
@@ -91,6 +92,7 @@ cdef class Sanitizer:
     cdef public long long _grave_max
     cdef public set pinned
     cdef public dict _capturing, _cap_events, _captured, _free_sites
+    cdef public set _graph_mem
     cdef public long long checked, checked_foreign
 
     cdef long long _sid(self, object handle) except -1
@@ -113,6 +115,6 @@ cdef class Sanitizer:
                    ext=_Extent, rec=_Rec, recs=list, conflict=_Rec, mode=cython.longlong, per=cython.longlong,
                    ch=cython.longlong, write=bint, written=list, found=list, packed=bint, n=Py_ssize_t,
                    k=Py_ssize_t, buf=cython.p_char, p=cython.p_longlong, bad=bint, b=cython.longlong)
-    cdef list _foreign(self, object stream, str op, object frames, object items, bint synced)
+    cdef list _foreign(self, object stream, str op, object frames, object items, bint synced, bint from_lib=*)
     cdef _Extent _first_sight(self, _Extent ext, object base, object size, long long mode, long long sid,
                               object frames, str op)

@@ -79,7 +79,7 @@ from ..memory import ordering as _ord
 from .._types import Access
 from ..memory.block import DeviceBlock
 from ..memory.resource import ReentrantLock
-from .frames import capture_frames, format_frames, resolve, sites
+from .frames import capture_frames, format_frames, last_from_library, resolve, sites
 
 __all__ = ["Sanitizer", "sanitizer", "enable", "disable", "enabled", "is_enabled", "reports", "pack_items",
            "unpack_items", "UninitializedReadError", "READ", "WRITE", "OUTPUT", "NO_INIT_CHECK", "PINNED", "MAYBE_WRITE",
@@ -161,7 +161,7 @@ class _Extent:
     written (or its history is unknown), else the sorted disjoint byte ranges
     (relative to ``base``) written since the allocation."""
 
-    __slots__ = ("base", "end", "gen", "sid", "recs", "written", "frames", "op", "rs", "pinned", "hv")
+    __slots__ = ("base", "end", "gen", "sid", "recs", "written", "frames", "op", "rs", "pinned", "hv", "lib")
 
     def __init__(self, base: int, end: int | None, gen: int, sid: int) -> None:
         self.base, self.end, self.gen, self.sid = base, end, gen, sid
@@ -172,6 +172,7 @@ class _Extent:
         self.rs: set[int] | None = None   # record_stream streams of this lifetime
         self.pinned = False
         self.hv = -1                       # the host clock's version when records were last pruned
+        self.lib = False                   # a library's code allocated it (see foreign_access)
 
 
 def _race_kind(first: str, second: str, same_gen: bool) -> str:
@@ -348,7 +349,7 @@ class _Capture:
     there, and the address's last generation then); ``plan``: the replay's items; ``site``:
     the capture's top user frame, as reports name the graph."""
 
-    __slots__ = ("streams", "records", "mine", "private", "gens", "frames", "plan", "site", "open", "freed")
+    __slots__ = ("streams", "records", "mine", "private", "gens", "frames", "plan", "site", "open", "first")
 
     def __init__(self, frames: Any) -> None:
         self.streams: set[int] = set()
@@ -360,7 +361,7 @@ class _Capture:
         self.plan: list[tuple] = []
         self.site = ""
         self.open = True
-        self.freed: dict[int, Any] = {}   # base -> frames of its free since the capture (when seen)
+        self.first: dict[int, tuple] = {}  # base -> (op, frames) of the captured op that used it first
 
 
 class Sanitizer:
@@ -418,6 +419,7 @@ class Sanitizer:
         self._cap_events: dict[int, _Capture] = {} # events recorded on capturing streams -> their capture
         self._captured: dict[int, int] = {}        # bases graphs touch -> how many graphs (frees note their stack)
         self._free_sites: dict[tuple, Any] = {}    # (base, generation) -> the frames of its free (captured bases)
+        self._graph_mem: set[int] = set()          # bases of any graph's private pool (graphs may share a pool)
         self.checked = 0
         self.checked_foreign = 0
 
@@ -708,6 +710,7 @@ class Sanitizer:
                 cap = self._capturing[sid]
                 cap.private.add(base)
                 cap.mine[base] = 0
+                self._graph_mem.add(base)
                 return
             gen = self._gen_at[base] = self._gen_at.get(base, 0) + 1
             self._live[base] = _Extent(base, None, gen, sid)
@@ -731,6 +734,11 @@ class Sanitizer:
                         return None
             ext = self._live.get(base)
             if ext is None or ext.pinned:
+                return None
+            if self._graph_mem and base in self._graph_mem:
+                # A graph's pool keeps its memory for its graphs (their replays write it in their
+                # stream's order): nothing to check, no lifetime to hand on.
+                del self._live[base]
                 return None
             if self._captured and base in self._captured:  # a graph replays on it: keep the free's site
                 self._free_sites[(base, ext.gen)] = self.capture()
@@ -830,7 +838,8 @@ class Sanitizer:
         ext = self._live.get(base)
         return ext is not None and ext.end is not None
 
-    def foreign_access(self, stream: Any, op: str, frames: Any, items: list | bytes, synced: bool = False) -> None:
+    def foreign_access(self, stream: Any, op: str, frames: Any, items: list | bytes, synced: bool = False,
+                       library: int = -1) -> None:
         """One operation's accesses to foreign memory, queued on ``stream`` (a handle;
         ``HOST`` for the host itself). Each item is ``(base, size, lo, hi, period, chunk,
         mode)``: the extent's base and size (size is read only when the extent is new),
@@ -839,8 +848,11 @@ class Sanitizer:
         ``items`` is a list of such tuples, or ``bytes`` holding them packed
         (``pack_items``: seven native int64s each, read in place when compiled).
         ``synced``: the host waited for the stream inside the operation (``.item()``), after
-        its work was queued: the host clock covers it."""
-        found = self._foreign(stream, op, frames, items, synced)
+        its work was queued: the host clock covers it. ``library``: 1 when a library's code made
+        the operation, 0 when not, -1 (default): as the capture of ``frames`` found
+        (``frames.last_from_library``): memory a library allocated and reads itself is not checked
+        for uninitialized reads (its warm-ups read placeholders on purpose)."""
+        found = self._foreign(stream, op, frames, items, synced, last_from_library() if library < 0 else library)
         if found:
             for first, rec in found:
                 if isinstance(first, _Extent):
@@ -848,7 +860,8 @@ class Sanitizer:
                 else:
                     self._race(first, rec)
 
-    def _foreign(self, stream: Any, op: str, frames: Any, items: list | bytes, synced: bool) -> list | None:
+    def _foreign(self, stream: Any, op: str, frames: Any, items: list | bytes, synced: bool,
+                 from_lib: bool = False) -> list | None:
         """``foreign_access``'s checks, under the lock: the problems found, for reporting after."""
         packed = type(items) is bytes
         if packed and not _COMPILED:
@@ -898,6 +911,8 @@ class Sanitizer:
                 ext = live.get(base)
                 if ext is None or ext.end is None:
                     ext = self._first_sight(ext, base, size, mode, sid, frames, op)
+                    if ext is not None and mode & _O:
+                        ext.lib = from_lib
                     if ext is None:  # inside an Ignis block: checked there
                         c = self._on_block(sid, label, ep, vc, lo, hi, per, ch, mode, op, frames)
                         if c is not None:
@@ -919,7 +934,8 @@ class Sanitizer:
                     if conflict is not None:
                         found = (found or []) + [(conflict, rec)]
                 w = ext.written
-                if w is not None and mode & _R and not mode & _NI and not _covered(w, lo - b, hi - b):
+                if (w is not None and mode & _R and not mode & _NI and not (from_lib and ext.lib)
+                        and not _covered(w, lo - b, hi - b)):
                     found = (found or []) + [(ext, rec)]
                 recs.append(rec)
                 if w is not None and (write or mode & _MW):
@@ -1011,14 +1027,17 @@ class Sanitizer:
     def _capture_op(self, cap: _Capture, op: str, frames: Any, items: list) -> None:
         for it in items:
             base, size, mode = it[0], it[1], it[6]
+            if base not in cap.first:
+                cap.first[base] = (op, frames)
             if mode & _O and not mode & _P and base not in cap.gens:
                 if base not in cap.private:
                     cap.private.add(base)
+                    self._graph_mem.add(base)
                 cap.mine[base] = max(size, cap.mine.get(base, 0))
             elif base in cap.private:
                 if base in cap.mine and size > cap.mine[base]:
                     cap.mine[base] = size
-            elif base not in cap.gens:
+            elif base not in cap.gens and base not in self._graph_mem:
                 ext = self._live.get(base)
                 gen = ext.gen if ext is not None and ext.end is not None else None
                 cap.gens[base] = (gen, self._gen_at.get(base, 0))
@@ -1090,7 +1109,7 @@ class Sanitizer:
             for base, gen, ext in bad:
                 self._replay_after_free(cap, base, gen, ext, frames, label)
         if items:
-            self.foreign_access(stream, label, frames, items)
+            self.foreign_access(stream, label, frames, items, library=0)
 
     def _replay_after_free(self, cap: _Capture, base: int, gen: int, ext: Any, frames: Any, label: str) -> None:
         used = next((it for it in cap.plan if it[0] == base), None)
@@ -1105,12 +1124,14 @@ class Sanitizer:
             now = "freed since"
             other = {"kind": "free", "op": "free", "block": base, "generation": gen,
                      "stack": format_frames(free_frames) if free_frames is not None else "  (stack not captured)"}
+        cop, cframes = cap.first.get(base, (label, cap.frames))
         replayed = {"kind": "replay", "op": label, "block": base, "generation": gen, "range": (lo, hi),
                     "stack": format_frames(frames) if frames is not None else "  (stack not captured)",
-                    "capture_stack": format_frames(cap.frames) if cap.frames is not None else "  (stack not captured)"}
+                    "captured_op": cop,
+                    "capture_stack": format_frames(cframes) if cframes is not None else "  (stack not captured)"}
         detail = (f"{label} touches bytes [{lo}, {hi}) of block {base:#x} (generation {gen} when captured), "
                   f"which was {now}: the graph's kernels still use the old address\n"
-                  f"captured at:\n{replayed['capture_stack']}\n"
+                  f"captured ({cop}) at:\n{replayed['capture_stack']}\n"
                   f"replayed at:\n{replayed['stack']}\n"
                   f"{'freed at' if other['kind'] == 'free' else 'new owner allocated at'}:\n{other['stack']}\n"
                   "fix: keep every tensor a graph reads or writes alive and in place while the graph may be "

@@ -82,7 +82,7 @@ from torch.utils._python_dispatch import TorchDispatchMode, _get_current_dispatc
 
 from ..errors import IgnisError
 from .._types import Access
-from ..safety.frames import add_library_dir
+from ..safety.frames import add_library_dir, last_from_library
 from ..safety.sanitizer import HOST, NO_INIT_CHECK, OUTPUT, PINNED, READ, WRITE, Sanitizer, unpack_items
 from ..safety.sanitizer import _frames as _san_frames
 from . import _graphs, _hook, _triton
@@ -158,10 +158,11 @@ class _Bracket:
     """A collective in flight on one thread: its spec, its issuing stream, the user's frames at
     the call, and the event records and waits seen inside it (``(kind, event, stream)``)."""
 
-    __slots__ = ("spec", "stream", "frames", "log")
+    __slots__ = ("spec", "stream", "frames", "lib", "log")
 
     def __init__(self, spec: OpSpec, stream: int, frames: Any) -> None:
         self.spec, self.stream, self.frames = spec, stream, frames
+        self.lib = int(last_from_library())  # (read right after ``frames`` were captured)
         self.log: list[tuple[str, int, int]] = []
 
 
@@ -504,7 +505,7 @@ class TorchFrontEnd:
         during = self._coll_items(spec, spec.comm, args, kwargs, out)
         self._ops += 1
         if before:
-            san.foreign_access(issue, spec.name, b.frames, before)
+            san.foreign_access(issue, spec.name, b.frames, before, False, b.lib)
         if comm != issue:
             if comm not in self._comm_streams:
                 self._comm_streams.add(comm)
@@ -514,7 +515,7 @@ class TorchFrontEnd:
             san.on_event_wait(key, comm)
             san.on_event_destroyed(key)
         if during:
-            san.foreign_access(comm, spec.name, b.frames, during)
+            san.foreign_access(comm, spec.name, b.frames, during, False, b.lib)
             if comm != issue:
                 for it in during:
                     san.extent_record_stream(it[0], comm)
@@ -626,6 +627,11 @@ class TorchFrontEnd:
 
     def _install_triton(self, module: Any = None) -> None:
         _triton.install(self._triton_launch)
+        try:  # Inductor's generated modules run the kernels: a library's code, not the user's
+            from torch._inductor.runtime.cache_dir_utils import cache_dir
+            add_library_dir(cache_dir())
+        except Exception:  # an Inductor without it: its frames show in stacks
+            pass
 
     def declare(self, t: torch.Tensor, access: Access, stream: Any, op: str) -> None:
         """An access the dispatcher cannot see (``ignis.torch.use``)."""
