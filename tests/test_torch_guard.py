@@ -1034,3 +1034,38 @@ def test_zoo_training_loop_same_loss_and_no_report():
     assert "ZOO guarded True" in guarded.stdout and "ZOO guarded False" in plain.stdout
     assert re.search(r"ZOO memory_allocated [1-9]", guarded.stdout)  # answered by Ignis's statistics
     assert re.search(r"ZOO snapshot blocks [1-9]", guarded.stdout)
+
+
+# -- CUDA graphs: a capturing stream's memory is its graph pool's, unguarded -----------------------
+def test_a_capturing_streams_memory_is_its_graph_pools_and_nothing_is_queued_on_it(guard, streams, dev):
+    s, other = streams[0], streams[1]
+    made = []
+
+    def graph_memory(device, size):  # what _guard._graph_memory does with the driver
+        ptr = dev.backend.mem_alloc(0, max(512, size))
+        made.append(ptr)
+        return ptr
+
+    tg._s.graph_alloc = graph_memory
+    outside = alloc(1024, s)                       # a guarded block of the stream, before the capture
+    _fast.graph_begin(0, s.handle, (1, 0))
+    jobs = guard._checker.jobs
+    p = alloc(4096, s)                             # inside the capture: the pool's, unguarded
+    assert p not in tg._s.blocks and tg._s.graph_blocks[p] == (0, (1, 0), 4096)
+    free(p, 4096, s)                               # freed inside the capture: kept for the pool
+    assert alloc(4096, s) == p and len(made) == 1  # the pool takes it again
+    q = alloc(2048, other)                         # another stream: guarded as ever
+    assert q in tg._s.blocks
+    free(outside, 1024, s)                         # a guarded block of the capturing stream: waits
+    assert outside in tg._s.blocks and tg._s.after_capture and guard._checker.jobs == jobs
+    _fast.graph_end(0, s.handle)
+    assert outside not in tg._s.blocks and not tg._s.after_capture   # freed (and poisoned) now
+    r = alloc(4096, s)                             # after the capture: guarded again, not the pool's memory
+    assert r in tg._s.blocks and r != p
+    free(r, 4096, s)
+    free(q, 2048, other)
+    free(p, 4096, s)                               # the graph's memory never goes to the guard's pool
+    assert tg._s.graph_free[(0, (1, 0))][4096] == [p] and p not in tg._s.blocks
+    assert tg.check(raise_=False) == [] and tg.reports() == []
+    for ptr in made:
+        dev.backend.mem_free(0, ptr)

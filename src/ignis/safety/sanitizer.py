@@ -349,7 +349,8 @@ class _Capture:
     there, and the address's last generation then); ``plan``: the replay's items; ``site``:
     the capture's top user frame, as reports name the graph."""
 
-    __slots__ = ("streams", "records", "mine", "private", "gens", "frames", "plan", "site", "open", "first")
+    __slots__ = ("streams", "records", "mine", "private", "gens", "frames", "plan", "site", "open", "first",
+                 "recorded")
 
     def __init__(self, frames: Any) -> None:
         self.streams: set[int] = set()
@@ -362,6 +363,7 @@ class _Capture:
         self.site = ""
         self.open = True
         self.first: dict[int, tuple] = {}  # base -> (op, frames) of the captured op that used it first
+        self.recorded = 0                   # accesses recorded while it captured
 
 
 class Sanitizer:
@@ -1042,6 +1044,7 @@ class Sanitizer:
                 gen = ext.gen if ext is not None and ext.end is not None else None
                 cap.gens[base] = (gen, self._gen_at.get(base, 0))
         cap.records.append((op, frames, items))
+        cap.recorded += len(items)
 
     def _plan(self, cap: _Capture, sid: int) -> None:
         """The replay of a capture: each range once, in capture order; a read of bytes the graph

@@ -592,6 +592,25 @@ class TorchFrontEnd:
         except IgnisError as e:
             self.pending.append(e)
 
+    # -- CUDA graphs (``_graphs`` tells the front end of their capture and replays) ---------
+    def graph_begin(self, graph: Any, stream: int) -> None:
+        graph.__dict__["_ignis_graph"] = self.san.capture_begin(stream, capture_stack())
+
+    def graph_end(self, graph: Any, stream: int) -> None:
+        if self.san.capture_end(stream) is None:
+            graph.__dict__.pop("_ignis_graph", None)
+
+    def graph_replay(self, graph: Any, stream: int) -> None:
+        cap = graph.__dict__.get("_ignis_graph")
+        if cap is not None:
+            try:
+                self.san.replay(cap, stream, capture_stack())
+            except IgnisError as e:  # raise mode: found in PyTorch's call; the next op raises it
+                self.pending.append(e)
+
+    def graph_reset(self, graph: Any) -> None:
+        graph.__dict__.pop("_ignis_graph", None)
+
     # -- Triton kernels ---------------------------------------------------------------
     def _triton_launch(self, kernel: Any, stream: Any, args: tuple) -> None:
         """A Triton kernel's launch (``_triton``): its tensor arguments' accesses on ``stream``."""
@@ -826,7 +845,7 @@ class TorchFrontEnd:
                     self._obs = None
                 raise
         if self._cuda and _raw_stream is not None:
-            _graphs.install(self.san, lambda: _raw_stream(torch.cuda.current_device()), capture_stack)
+            _graphs.add_listener(self)
             _hook.when_imported("triton", self._install_triton)
         if engine == "mode":
             self._mode = _Mode(self)
@@ -852,7 +871,7 @@ class TorchFrontEnd:
             self._ops += self._obs.ignis_obs_take_ops()
             self._obs = None
         self._remove_trace()
-        _graphs.uninstall()
+        _graphs.remove_listener(self)
         _hook.forget("triton")
         _triton.uninstall()
         if self.note in self.san.notes:

@@ -1,28 +1,58 @@
-"""CUDA graphs under the PyTorch front end: their capture and replays, which PyTorch's trace
-does not report.
+"""CUDA graphs' capture and replays, which PyTorch's trace does not report, for the sanitizer's
+front end and the guard.
 
-While the front end runs, ``torch.cuda.CUDAGraph``'s ``capture_begin``, ``capture_end``,
-``replay`` and ``reset`` are wrapped (every way to capture goes through them:
-``torch.cuda.graph``, ``make_graphed_callables``, the CUDA graph trees of
-``torch.compile(mode="reduce-overhead")``): the sanitizer records what is queued on the
-capturing stream into the graph (``Sanitizer.capture_begin`` / ``capture_end``) and applies
-it at each replay, on the replay stream (``Sanitizer.replay``). The wrappers call PyTorch's
-own methods first and are taken out again when the front end stops.
+While a listener is registered (``add_listener``), ``torch.cuda.CUDAGraph``'s ``capture_begin``,
+``capture_end``, ``replay`` and ``reset`` are wrapped (every way to capture goes through them:
+``torch.cuda.graph``, ``make_graphed_callables``, the CUDA graphs of ``torch.compile``): each
+calls PyTorch's own method, then tells every listener, in the order they were added (a
+capture's end is told even when PyTorch's capture_end fails). The wrappers are taken out
+again when the last listener goes (``remove_listener``).
+
+A listener has ``graph_begin(graph, stream)``, ``graph_end(graph, stream)``,
+``graph_replay(graph, stream)`` and ``graph_reset(graph)``: ``stream`` is the raw handle of
+the stream that captured (its current stream at ``capture_begin``) or replays.
 """
 
 from __future__ import annotations
 
-from typing import Any, Callable
+from typing import Any
 
-__all__ = ["install", "uninstall"]
+__all__ = ["add_listener", "remove_listener", "listeners"]
 
 _NAMES = ("capture_begin", "capture_end", "replay", "reset")
 _saved: dict[str, Any] = {}
+_listeners: list[Any] = []
 
 
-def install(san: Any, stream_now: Callable[[], int], frames: Callable[[], Any]) -> None:
-    """Wrap the graph class's methods (``stream_now()``: the raw handle of the current CUDA
-    stream; ``frames()``: the user's stack)."""
+def listeners() -> list[Any]:
+    """The listeners registered now."""
+    return list(_listeners)
+
+
+def add_listener(listener: Any) -> None:
+    """Tell ``listener`` of every capture and replay from now on (the graph class's methods are
+    wrapped while any listener is registered)."""
+    if listener in _listeners:
+        return
+    _listeners.append(listener)
+    if len(_listeners) == 1:
+        _wrap()
+
+
+def remove_listener(listener: Any) -> None:
+    """Stop telling ``listener``; the last one to go puts the graph class's methods back."""
+    if listener in _listeners:
+        _listeners.remove(listener)
+    if not _listeners:
+        _unwrap()
+
+
+def _stream_now() -> int:
+    import torch
+    return torch._C._cuda_getCurrentRawStream(torch.cuda.current_device())
+
+
+def _wrap() -> None:
     import torch
     G = torch.cuda.graphs.CUDAGraph
     if _saved:
@@ -33,9 +63,10 @@ def install(san: Any, stream_now: Callable[[], int], frames: Callable[[], Any]) 
 
     def capture_begin(self: Any, *args: Any, **kwargs: Any) -> None:
         orig["capture_begin"](self, *args, **kwargs)
-        h = stream_now()
+        h = _stream_now()
         self.__dict__["_ignis_stream"] = h
-        self.__dict__["_ignis_graph"] = san.capture_begin(h, frames())
+        for li in list(_listeners):
+            li.graph_begin(self, h)
 
     def capture_end(self: Any, *args: Any, **kwargs: Any) -> None:
         try:
@@ -43,29 +74,30 @@ def install(san: Any, stream_now: Callable[[], int], frames: Callable[[], Any]) 
         finally:
             h = self.__dict__.pop("_ignis_stream", None)
             if h is not None:
-                cap = san.capture_end(h)
-                if cap is None:
-                    self.__dict__.pop("_ignis_graph", None)
+                for li in list(_listeners):
+                    li.graph_end(self, h)
 
     def replay(self: Any, *args: Any, **kwargs: Any) -> None:
         orig["replay"](self, *args, **kwargs)
-        cap = self.__dict__.get("_ignis_graph")
-        if cap is not None:
-            san.replay(cap, stream_now(), frames())
+        if _listeners:
+            h = _stream_now()
+            for li in list(_listeners):
+                li.graph_replay(self, h)
 
     def reset(self: Any, *args: Any, **kwargs: Any) -> None:
         orig["reset"](self, *args, **kwargs)
-        self.__dict__.pop("_ignis_graph", None)
+        for li in list(_listeners):
+            li.graph_reset(self)
 
     _saved.update(own)
+    _saved["_wrapped"] = True
     for n, fn in (("capture_begin", capture_begin), ("capture_end", capture_end), ("replay", replay),
                   ("reset", reset)):
         fn.__name__ = fn.__qualname__ = n
         setattr(G, n, fn)
 
 
-def uninstall() -> None:
-    """Put the graph class's methods back."""
+def _unwrap() -> None:
     if not _saved:
         return
     import torch

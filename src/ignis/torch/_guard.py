@@ -648,6 +648,9 @@ def summary() -> str:
         for i, e in enumerate(probs, 1):
             n = getattr(e, "count", 1)
             lines.append(f"--- {i}: {type(e).__name__}{f' (seen {n} times)' if n > 1 else ''}: {e}")
+    note = _graph_note()
+    if note:
+        lines.insert(1, note)
     return "\n".join(lines)
 
 
@@ -781,6 +784,7 @@ def use_guard(**options: Any) -> None:
         if opts["record_stream"]:
             _hook_record_stream(torch)
         _hook_syncs(torch)
+        _hook_graphs(torch)
         if opts["patch_memory_stats"]:
             _patch_memory_views(torch)
         _at_exit()
@@ -832,6 +836,87 @@ def _hook_record_stream(torch: Any) -> None:
         warnings.simplefilter("ignore")
         lib.impl("record_stream", record_stream, "CUDA")
     _s.lib = lib
+
+
+# -- CUDA graphs ----------------------------------------------------------------------------------
+_graph_new = [0, 0]  # graph memory the guard made: allocations, bytes (none of it is guarded)
+
+
+def _graph_memory(device: int, size: int) -> int:
+    """New device memory for a CUDA graph's pool (``_State.graph_alloc``), taken while its stream
+    captures: the driver's allocation, in the relaxed capture mode (as PyTorch's own allocator
+    does), so that a capture does not refuse it."""
+    from cuda.bindings import driver as cu
+    n = max(512, (int(size) + 511) // 512 * 512)
+    err, old = cu.cuThreadExchangeStreamCaptureMode(cu.CUstreamCaptureMode.CU_STREAM_CAPTURE_MODE_RELAXED)
+    try:
+        err, ptr = cu.cuMemAlloc(n)
+    finally:
+        cu.cuThreadExchangeStreamCaptureMode(old)
+    if err != cu.CUresult.CUDA_SUCCESS:
+        raise GuardError(f"allocating {n} bytes for a CUDA graph's pool on device {device} failed: {err.name}")
+    _graph_new[0] += 1
+    _graph_new[1] += n
+    return int(ptr)
+
+
+class _GraphListener:
+    """The guard's part in a CUDA graph's capture (``_graphs``): while a stream captures, what it
+    allocates is its graph pool's memory, unguarded (see ``_guard_fast._State``)."""
+
+    def graph_begin(self, graph: Any, stream: int) -> None:
+        import torch
+        dev = torch.cuda.current_device()
+        graph.__dict__["_ignis_guard_device"] = dev
+        _fast.graph_begin(dev, stream, tuple(graph.pool()))
+
+    def graph_end(self, graph: Any, stream: int) -> None:
+        dev = graph.__dict__.pop("_ignis_guard_device", None)
+        if dev is not None:
+            _fast.graph_end(dev, stream)
+
+    def graph_replay(self, graph: Any, stream: int) -> None:
+        pass
+
+    def graph_reset(self, graph: Any) -> None:
+        pass
+
+
+_GRAPHS = _GraphListener()
+
+
+def _no_graph_trees(config: Any) -> None:
+    """Under the guard, torch.compile's CUDA graph trees are off: they ask the allocator about its
+    pools (checkPoolLiveAllocations, checkpoint states), which an allocator PyTorch lets Ignis
+    install cannot answer; ``mode="reduce-overhead"`` then captures each graph with a private pool
+    of its own (that path the guard serves)."""
+    if getattr(config.triton, "cudagraph_trees", False):
+        config.triton.cudagraph_trees = False
+        _graph_trees_off[0] = True
+
+
+_graph_trees_off = [False]
+
+
+def _graph_note() -> str:
+    """The summary's line on what CUDA graphs left unguarded ("" when no graph was captured)."""
+    if not _graph_new[0] and not _graph_trees_off[0]:
+        return ""
+    parts = []
+    if _graph_new[0]:
+        parts.append(f"{_graph_new[0]} allocation(s) ({_graph_new[1] / 2**20:.1f} MiB) of CUDA graphs' pools were "
+                     "not guarded (a graph's memory is written by its replays: no canaries, no poison)")
+    if _graph_trees_off[0]:
+        parts.append("torch.compile's CUDA graph trees were off (mode='reduce-overhead' captured each graph with "
+                     "a pool of its own)")
+    return "ignis guard: " + "; ".join(parts)
+
+
+def _hook_graphs(torch: Any) -> None:
+    from . import _graphs, _hook
+    _s.graph_alloc = _graph_memory
+    _graphs.add_listener(_GRAPHS)
+    _hook.when_imported("torch._inductor.config", _no_graph_trees)
 
 
 def _hook_syncs(torch: Any) -> None:

@@ -93,3 +93,8 @@ cdef class _State:
     cdef public object saved
     cdef public set rs_ptrs
     cdef public object tag
+    cdef public dict capturing      # (device, stream handle) -> the graph pool it allocates into
+    cdef public dict graph_blocks   # user pointer -> (device, pool, size) of CUDA graphs' memory
+    cdef public dict graph_free     # (device, pool) -> {size: [pointers]} freed graph memory
+    cdef public list after_capture  # frees of guarded blocks of a capturing stream, until it ends
+    cdef public object graph_alloc  # (device, size) -> a pointer: memory for a graph (_guard.py)

@@ -864,7 +864,13 @@ cdef class _State:
     ``guards``: device ordinal -> DeferredGuardResource; ``streams``: (device, handle) ->
     adopted Stream; ``blocks``: user pointer -> DeviceBlock of the live guarded blocks;
     ``rs_ptrs``: live blocks that ``record_stream`` named another stream for; ``tls.busy``:
-    this thread is inside the allocator; ``deferred``: frees that arrived meanwhile."""
+    this thread is inside the allocator; ``deferred``: frees that arrived meanwhile.
+    CUDA graphs (``_guard._GraphListener``): ``capturing``: the streams capturing now, with the
+    pool each allocates into; ``graph_blocks``: the graphs' memory, unguarded (its bytes are
+    written by every replay, so it cannot hold poison or go to the quarantine, and stream
+    work queued while capturing would be captured); freed, it stays its pool's
+    (``graph_free``) for the pool's later allocations, never handed to anyone else;
+    ``after_capture``: frees of guarded blocks of a capturing stream, done when it ends."""
 
     # Fields: see _guard_fast.pxd.
 
@@ -888,6 +894,11 @@ cdef class _State:
         self.saved = {}
         self.rs_ptrs = set()
         self.tag = "torch"
+        self.capturing = {}
+        self.graph_blocks = {}
+        self.graph_free = {}
+        self.after_capture = []
+        self.graph_alloc = None
 
 
 _s = _State()
@@ -924,6 +935,14 @@ cdef object _alloc_c(object size, object device, object handle, object tag, obje
         if found is None:
             found = _make_guard(device)
         g = <GuardCore?>found
+        if st.capturing:
+            pool = st.capturing.get((device, handle))
+            if pool is not None:  # a CUDA graph's capture: memory of its pool, unguarded
+                ptr = _graph_alloc(st, device, pool, size)
+                chk = _ORD["checker"]
+                if chk is not None and hasattr(chk, "extent_allocated"):
+                    chk.extent_allocated(ptr, handle)
+                return ptr
         s = st.streams.get((device, handle))
         if s is None:
             s = _make_stream(device, handle, owner)
@@ -952,6 +971,20 @@ def _free(ptr: int, size: int, device: int, handle: int, poisoned: bool = False)
     _free_c(ptr, size, device, handle, poisoned)
 
 
+cdef object _graph_alloc(_State st, object device, object pool, object size):
+    """Memory of a CUDA graph's pool: a block its pool freed before, of the same size, or new."""
+    free = st.graph_free.get((device, pool))
+    if free:
+        ptrs = free.get(size)
+        if ptrs:
+            ptr = ptrs.pop()
+            st.graph_blocks[ptr] = (device, pool, size)
+            return ptr
+    ptr = st.graph_alloc(device, size)
+    st.graph_blocks[ptr] = (device, pool, size)
+    return ptr
+
+
 cdef int _free_c(object ptr, object size, object device, object handle, object poisoned) except -1:
     global ignis_guard_busy
     cdef _State st = _st
@@ -960,6 +993,18 @@ cdef int _free_c(object ptr, object size, object device, object handle, object p
         return 0
     ignis_guard_busy = 1
     try:
+        if st.graph_blocks:
+            gb = st.graph_blocks.pop(ptr, None)
+            if gb is not None:  # back to its graph's pool (a later capture there may take it)
+                st.graph_free.setdefault((gb[0], gb[1]), {}).setdefault(gb[2], []).append(ptr)
+                chk = _ORD["checker"]
+                if chk is not None and hasattr(chk, "extent_freed"):
+                    chk.extent_freed(ptr)
+                return 0
+        if st.capturing and (device, handle) in st.capturing and ptr in st.blocks:
+            # Its check and poison would be queued on a capturing stream (captured, not run): after.
+            st.after_capture.append((ptr, size, device, handle, poisoned))
+            return 0
         blk = st.blocks.pop(ptr, None)
         if blk is None:
             return 0  # not ours (allocated before the guard was installed)
@@ -977,6 +1022,21 @@ cdef int _free_c(object ptr, object size, object device, object handle, object p
         if st.deferred:
             _drain_deferred()
     return 0
+
+
+def graph_begin(device: int, stream: int, pool: object) -> None:
+    """``stream`` of ``device`` starts capturing a CUDA graph that allocates into ``pool``."""
+    _st.capturing[(device, stream)] = pool
+
+
+def graph_end(device: int, stream: int) -> None:
+    """``stream``'s capture ended: the frees of guarded blocks that waited for it are done now."""
+    if _st.capturing.pop((device, stream), None) is None:
+        return
+    waiting = [f for f in _st.after_capture if (f[2], f[3]) == (device, stream)]
+    _st.after_capture = [f for f in _st.after_capture if (f[2], f[3]) != (device, stream)]
+    for ptr, size, dev, handle, poisoned in waiting:
+        _free_c(ptr, size, dev, handle, poisoned)
 
 
 def _drain_deferred() -> None:
@@ -1087,6 +1147,8 @@ cdef bint _poison_here(void *ptr, Py_ssize_t size, int device, void *stream, obj
     try:
         if key not in _tg_blocks or (_tg_rs is not None and key in _tg_rs):
             return False
+        if _st.capturing and (device, <uintptr_t>stream) in _st.capturing:
+            return False  # (a capturing stream: the memset would be captured; the free waits)
     except BaseException:
         return False
     with nogil:
