@@ -1069,3 +1069,38 @@ def test_a_capturing_streams_memory_is_its_graph_pools_and_nothing_is_queued_on_
     assert tg.check(raise_=False) == [] and tg.reports() == []
     for ptr in made:
         dev.backend.mem_free(0, ptr)
+
+
+def test_a_block_freed_while_another_stream_is_current_is_poisoned_at_its_streams_next_work(guard, streams):
+    # PyTorch hands a freed block only to its own stream's later work (FSDP2 frees gradients of its
+    # reduce-scatter stream from the default stream while the optimizer may still read them): the
+    # guard's poison, a write, waits for that point too.
+    s, other = streams[0], streams[1]
+    p = alloc(4096, s)
+    write(p, b"\x11" * 4096, s)
+    tg._s.current_stream = lambda device: other.handle      # the program's current stream: not s
+    try:
+        free(p, 4096, s)
+        assert read(p, 4096, s) == b"\x11" * 4096          # not poisoned yet
+        assert guard._unpoisoned_n == 1
+        q = alloc(256, s)                                   # s's next work: the poison goes first
+        assert guard._unpoisoned_n == 0
+        assert read(p, 4096, s) == bytes([POISON]) * 4096
+        free(q, 256, s)
+    finally:
+        tg._s.current_stream = None
+    guard.flush()
+    assert tg.reports() == []
+
+
+def test_a_late_poison_is_queued_before_the_checks_that_read_it(guard, streams):
+    s, other = streams[0], streams[1]
+    ptrs = [alloc(512, s) for _ in range(3)]
+    tg._s.current_stream = lambda device: other.handle
+    try:
+        for p in ptrs:
+            free(p, 512, s)
+    finally:
+        tg._s.current_stream = None
+    assert guard.flush(raise_=False) == []                  # the exit checks find the poison in place
+    assert guard._unpoisoned_n == 0 and tg.reports() == []

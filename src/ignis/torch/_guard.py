@@ -198,6 +198,10 @@ class DeferredGuardResource(GuardCore, DebugGuardResource):
         self._ready_bytes = 0
         self.ready_limit = ready_limit
         self._ready_stale = False  # a stream closed: its ready blocks go back at the next release
+        # Blocks freed from another stream than theirs (see _guard_fast's free): their poison
+        # waits for their stream's next allocation or check, as a reuse would.
+        self._unpoisoned: dict = {}
+        self._unpoisoned_n = 0
         add_close_hook(self._note_stream_close)
         self._rs_event = 0
         self._checker = _Checker(self)
@@ -779,6 +783,7 @@ def use_guard(**options: Any) -> None:
                              f"({e}). Call it before any CUDA work, or use `ignis run --guard`") from e
         _s.saved["allocator"] = alloc  # keeps the library's handle alive
         _s.torch = True
+        _s.current_stream = torch._C._cuda_getCurrentRawStream
         _bind_poison(mod, opts, entry_points)
         add_library_dir(os.path.dirname(torch.__file__))
         if opts["record_stream"]:

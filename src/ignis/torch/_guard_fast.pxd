@@ -65,9 +65,12 @@ cdef class GuardCore(GuardBase):
     cdef public Py_ssize_t _ready_bytes
     cdef public Py_ssize_t ready_limit
     cdef public bint _ready_stale
+    cdef public dict _unpoisoned          # stream -> [(ptr, user bytes)] freed, poison not queued yet
+    cdef public Py_ssize_t _unpoisoned_n
 
     cdef DeviceBlock _allocate(self, object nbytes, object stream, object tag, object frames)
-    cdef int _free_fast(self, DeviceBlock block, bint poisoned) except -1
+    cdef int _free_fast(self, DeviceBlock block, bint poisoned, bint later=*) except -1
+    cdef int _poison_due(self, object stream) except -1
     cdef bint _ready_ok(self, object stream) except -1
     cdef Py_ssize_t _held_n(self, object nbytes) except -1
     cdef DeviceBlock _take_ready(self, object stream, object nbytes, object tag)
@@ -98,3 +101,4 @@ cdef class _State:
     cdef public dict graph_free     # (device, pool) -> {size: [pointers]} freed graph memory
     cdef public list after_capture  # frees of guarded blocks of a capturing stream, until it ends
     cdef public object graph_alloc  # (device, size) -> a pointer: memory for a graph (_guard.py)
+    cdef public object current_stream  # (device) -> the raw handle of the thread's current stream

@@ -396,9 +396,13 @@ cdef class _Checker:
                 self.launch(s)
 
     def launch(self, stream: Stream) -> None:
-        """Queue the pending jobs of ``stream`` as one or more batches on it."""
+        """Queue the pending jobs of ``stream`` as one or more batches on it (after the poison
+        still due there: the checks read it)."""
         cdef list items
+        cdef GuardCore g = self.g
         with self.lock:
+            if g._unpoisoned_n:
+                g._poison_due(stream)
             items = self.pending.pop(stream, None)
             while items:
                 part, items = items[:C_CAP], items[C_CAP:]
@@ -557,6 +561,8 @@ cdef class GuardCore(GuardBase):
             self._check_alive()
         if frames is None and self.capture_stacks:
             frames = capture_c(1, self.stack_depth)  # frame 1: the caller (this code has no frames)
+        if self._unpoisoned_n:
+            self._poison_due(stream)
         total = nbytes + 2 * g
         rec = _HIST["recorder"]
         up = None
@@ -723,7 +729,17 @@ cdef class GuardCore(GuardBase):
             return
         self._free_fast(<DeviceBlock>block, poisoned)
 
-    cdef int _free_fast(self, DeviceBlock block, bint poisoned) except -1:
+    cdef int _poison_due(self, object stream) except -1:
+        """Queue the poison of ``stream``'s blocks that were freed from another stream (now: in
+        stream order before this stream's new work or the check of their bytes)."""
+        cdef list due = self._unpoisoned.pop(stream, None)
+        if due:
+            self._unpoisoned_n -= len(due)
+            for ptr, n in due:
+                fill_bytes_c(self._backend, ptr, self.poison, n, (<Stream>stream).handle)
+        return 0
+
+    cdef int _free_fast(self, DeviceBlock block, bint poisoned, bint later=False) except -1:
         cdef _Entry e
         cdef DeviceBlock up
         cdef Stream s
@@ -771,7 +787,17 @@ cdef class GuardCore(GuardBase):
         finally:
             lock_give(lk)
         block.state = _QUARANTINED
-        if not poisoned:
+        if later:
+            # Freed from another stream than its own: work of other streams may still read it
+            # (PyTorch hands a freed block only to its own stream's later work, which the
+            # program orders after those reads): the poison waits for that point.
+            lst = self._unpoisoned.get(s)
+            if lst is None:
+                self._unpoisoned[s] = [(ptr, n)]
+            else:
+                lst.append((ptr, n))
+            self._unpoisoned_n += 1
+        elif not poisoned:
             fill_bytes_c(self._backend, ptr, self.poison, n, s.handle)
         rec = _HIST["recorder"]
         if rec is not None:
@@ -899,6 +925,7 @@ cdef class _State:
         self.graph_free = {}
         self.after_capture = []
         self.graph_alloc = None
+        self.current_stream = None
 
 
 _s = _State()
@@ -985,7 +1012,8 @@ cdef object _graph_alloc(_State st, object device, object pool, object size):
     return ptr
 
 
-cdef int _free_c(object ptr, object size, object device, object handle, object poisoned) except -1:
+cdef int _free_c(object ptr, object size, object device, object handle, object poisoned,
+                 bint later=False) except -1:
     global ignis_guard_busy
     cdef _State st = _st
     if ignis_guard_busy:  # a free from inside the allocator (the garbage collector): later
@@ -1016,7 +1044,7 @@ cdef int _free_c(object ptr, object size, object device, object handle, object p
         chk = _ORD["checker"]
         if chk is not None and hasattr(chk, "extent_freed"):
             chk.extent_freed(ptr)
-        (<GuardCore?>g)._free_fast(<DeviceBlock?>blk, poisoned)
+        (<GuardCore?>g)._free_fast(<DeviceBlock?>blk, poisoned, later)
     finally:
         ignis_guard_busy = 0
         if st.deferred:
@@ -1215,9 +1243,13 @@ cdef void _entry_free(void *ptr, Py_ssize_t size, int device, void *stream) noex
     err = None
     try:
         key = <uintptr_t>ptr
-        poisoned = _poison_here(ptr, size, device, stream, key)
+        # Freed while another stream than the block's is current: its poison waits (see
+        # GuardCore._free_fast); else it is queued now, here, in C.
+        cur = _st.current_stream
+        later = cur is not None and cur(device) != <uintptr_t>stream
+        poisoned = False if later else _poison_here(ptr, size, device, stream, key)
         if fn is _FREE:
-            _free_c(key, size, device, <uintptr_t>stream, poisoned)
+            _free_c(key, size, device, <uintptr_t>stream, poisoned, later)
         else:
             fn(key, size, device, <uintptr_t>stream, poisoned)
     except BaseException as exc:
