@@ -292,3 +292,21 @@ def test_memory_a_library_allocates_and_reads_itself_is_not_an_uninitialized_rea
     g.op(S0, "aten::sum", acc(W, READ))                              # the user's own read of the user's: reported
     kinds = [type(e).__name__ for e in g.reports]
     assert kinds == ["UninitializedReadError", "UninitializedReadError"], g.reports
+
+
+def test_memory_a_graph_trees_warm_up_allocates_into_the_pool_is_the_pools():
+    # CUDA graph trees warm up outside a capture with allocations routed into the graphs' pool
+    # (_cuda_beginAllocate*ToPool); a graph captured later uses that memory, which the trees free
+    # and hand out again in the pool: not a replay after free.
+    g = Graphs()
+    g.san.pool_begin()
+    g.op(S0, "aten::mm", acc(X, OUTPUT | WRITE))                     # warm-up output, in the pool
+    g.san.pool_end()
+    g.wait_stream(CAP, S0)
+    cap = g.san.capture_begin(CAP, capture_frames(1))
+    g.op(CAP, "aten::mm", acc(X, READ), acc(Y, WRITE | OUTPUT))
+    g.san.capture_end(CAP)
+    g.san.extent_freed(X)                                            # the trees drop it; the pool keeps it
+    g.op(S0, "aten::empty", acc(X, OUTPUT))
+    g.san.replay(cap, S0, capture_frames(1))
+    assert g.reports == []

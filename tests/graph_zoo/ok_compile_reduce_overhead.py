@@ -1,23 +1,32 @@
 """Correct: torch.compile(mode="reduce-overhead") (CUDA graph trees): an inference loop, and a
-training loop whose compiled model's forward and backward run as graphs (each step marked)."""
+training loop (the compiled forward and its backward run as graphs; each step marked; the
+gradients set to None between steps, as graph outputs are not to be accumulated into)."""
 import torch
 import torch.nn as nn
 
 torch.manual_seed(0)
-model = nn.Sequential(nn.Linear(64, 128), nn.GELU(), nn.Linear(128, 64)).cuda()
-cmodel = torch.compile(model, mode="reduce-overhead")
-
+net = nn.Sequential(nn.Linear(64, 128), nn.GELU(), nn.Linear(128, 64)).cuda()
+infer = torch.compile(net, mode="reduce-overhead")
 total = 0.0
 with torch.no_grad():
     for i in range(6):
-        out = cmodel(torch.randn(32, 64, device="cuda"))
+        out = infer(torch.randn(32, 64, device="cuda"))
         total += out.relu().sum().item()
 
+model = nn.Sequential(nn.Linear(64, 128), nn.GELU(), nn.Linear(128, 64)).cuda()
 opt = torch.optim.SGD(model.parameters(), lr=0.01)
+
+
+@torch.compile(mode="reduce-overhead")
+def forward_loss(x):
+    return model(x).square().mean()
+
+
 for i in range(5):
     torch.compiler.cudagraph_mark_step_begin()
-    opt.zero_grad(set_to_none=False)
-    loss = cmodel(torch.randn(32, 64, device="cuda")).square().mean()
+    loss = forward_loss(torch.randn(32, 64, device="cuda"))
     loss.backward()
     opt.step()
-print("ZOO result", total, loss.item())
+    opt.zero_grad(set_to_none=True)
+    last = loss.item()
+print("ZOO result", total, last)

@@ -93,6 +93,7 @@ cdef class Sanitizer:
     cdef public set pinned
     cdef public dict _capturing, _cap_events, _captured, _free_sites
     cdef public set _graph_mem
+    cdef public dict _pool_threads
     cdef public long long checked, checked_foreign
 
     cdef long long _sid(self, object handle) except -1

@@ -64,6 +64,7 @@ import itertools
 import os
 import struct
 import sys
+import threading
 from bisect import bisect_left, bisect_right, insort
 from contextlib import contextmanager
 from typing import Any, Callable, Iterator
@@ -422,6 +423,7 @@ class Sanitizer:
         self._captured: dict[int, int] = {}        # bases graphs touch -> how many graphs (frees note their stack)
         self._free_sites: dict[tuple, Any] = {}    # (base, generation) -> the frames of its free (captured bases)
         self._graph_mem: set[int] = set()          # bases of any graph's private pool (graphs may share a pool)
+        self._pool_threads: dict[int, int] = {}    # threads allocating into a graph pool (outside a capture)
         self.checked = 0
         self.checked_foreign = 0
 
@@ -716,6 +718,8 @@ class Sanitizer:
                 return
             gen = self._gen_at[base] = self._gen_at.get(base, 0) + 1
             self._live[base] = _Extent(base, None, gen, sid)
+            if self._pool_threads and threading.get_ident() in self._pool_threads:
+                self._graph_mem.add(base)
 
     def extent_freed(self, base: int) -> None:
         """The allocator took ``base`` back (a free ordered on its allocation stream):
@@ -965,7 +969,10 @@ class Sanitizer:
                 gen = self._gen_at[base] = gen + 1
             ext = self._live[base] = _Extent(base, None, gen, sid)
             if mode & _O and self.outputs_fresh and not mode & _P:  # allocated by this op
-                ext.written = []
+                if self._pool_threads and threading.get_ident() in self._pool_threads:
+                    self._graph_mem.add(base)  # into a graph's pool (a graph tree's warm-up)
+                if not (self._graph_mem and base in self._graph_mem):  # (a pool's bytes: its graphs')
+                    ext.written = []
                 ext.frames, ext.op = frames, op
             else:
                 ext.op = "memory allocated before the sanitizer started, or by another library"
@@ -1009,6 +1016,23 @@ class Sanitizer:
                 cap.site = f"{os.path.basename(where[0][0])}:{where[0][1]}"
             self._capturing[sid] = cap
             return cap
+
+    def pool_begin(self) -> None:
+        """This thread allocates into a CUDA graph pool from now on, outside a capture (CUDA
+        graph trees' warm-up): memory first seen as an output here is a graph pool's."""
+        with self._lock:
+            t = threading.get_ident()
+            self._pool_threads[t] = self._pool_threads.get(t, 0) + 1
+
+    def pool_end(self) -> None:
+        """The end of this thread's ``pool_begin``."""
+        with self._lock:
+            t = threading.get_ident()
+            n = self._pool_threads.get(t, 0) - 1
+            if n > 0:
+                self._pool_threads[t] = n
+            else:
+                self._pool_threads.pop(t, None)
 
     def capture_end(self, stream: int) -> _Capture | None:
         """``stream``'s capture ended: returns it, made ready to replay (None when the stream

@@ -611,6 +611,12 @@ class TorchFrontEnd:
     def graph_reset(self, graph: Any) -> None:
         graph.__dict__.pop("_ignis_graph", None)
 
+    def pool_begin(self, device: Any, pool: Any) -> None:
+        self.san.pool_begin()
+
+    def pool_end(self, device: Any, pool: Any) -> None:
+        self.san.pool_end()
+
     # -- Triton kernels ---------------------------------------------------------------
     def _triton_launch(self, kernel: Any, stream: Any, args: tuple) -> None:
         """A Triton kernel's launch (``_triton``): its tensor arguments' accesses on ``stream``."""

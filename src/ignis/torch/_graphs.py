@@ -10,17 +10,30 @@ again when the last listener goes (``remove_listener``).
 
 A listener has ``graph_begin(graph, stream)``, ``graph_end(graph, stream)``,
 ``graph_replay(graph, stream)`` and ``graph_reset(graph)``: ``stream`` is the raw handle of
-the stream that captured (its current stream at ``capture_begin``) or replays.
+the stream that captured (its current stream at ``capture_begin``) or replays; the pool the
+capture allocates into is ``pool_of(graph)``. Also ``pool_begin(device, pool)`` and
+``pool_end(device, pool)``: this thread (or its current stream) allocates into a graph pool
+outside a capture (PyTorch's ``_cuda_beginAllocate*ToPool``, as CUDA graph trees do for their
+warm-up runs).
 """
 
 from __future__ import annotations
 
 from typing import Any
 
-__all__ = ["add_listener", "remove_listener", "listeners"]
+__all__ = ["add_listener", "remove_listener", "listeners", "pool_of"]
 
 _NAMES = ("capture_begin", "capture_end", "replay", "reset")
+_POOL_BEGINS = ("_cuda_beginAllocateToPool", "_cuda_beginAllocateCurrentThreadToPool",
+                "_cuda_beginAllocateCurrentStreamToPool")
 _saved: dict[str, Any] = {}
+_saved_c: dict[str, Any] = {}
+
+
+def pool_of(graph: Any) -> Any:
+    """The pool a graph's capture allocates into: the ``pool`` it was given, else its own."""
+    pool = graph.__dict__.get("_ignis_pool")
+    return tuple(pool) if pool is not None else ("graph", id(graph))
 _listeners: list[Any] = []
 
 
@@ -63,6 +76,7 @@ def _wrap() -> None:
 
     def capture_begin(self: Any, *args: Any, **kwargs: Any) -> None:
         orig["capture_begin"](self, *args, **kwargs)
+        self.__dict__["_ignis_pool"] = kwargs.get("pool", args[0] if args else None)
         h = _stream_now()
         self.__dict__["_ignis_stream"] = h
         for li in list(_listeners):
@@ -89,6 +103,21 @@ def _wrap() -> None:
         for li in list(_listeners):
             li.graph_reset(self)
 
+    C = torch._C
+    for name in _POOL_BEGINS:
+        fn = getattr(C, name, None)
+        if fn is not None:
+            _saved_c[name] = fn
+            setattr(C, name, _pool_begin(fn))
+    end = getattr(C, "_cuda_endAllocateToPool", None)
+    if end is not None:
+        _saved_c["_cuda_endAllocateToPool"] = end
+
+        def end_allocate_to_pool(device: Any, pool: Any) -> None:
+            end(device, pool)
+            for li in list(_listeners):
+                li.pool_end(device, pool)
+        C._cuda_endAllocateToPool = end_allocate_to_pool
     _saved.update(own)
     _saved["_wrapped"] = True
     for n, fn in (("capture_begin", capture_begin), ("capture_end", capture_end), ("replay", replay),
@@ -97,10 +126,21 @@ def _wrap() -> None:
         setattr(G, n, fn)
 
 
+def _pool_begin(fn: Any) -> Any:
+    def begin_allocate_to_pool(device: Any, pool: Any, *args: Any, **kwargs: Any) -> None:
+        fn(device, pool, *args, **kwargs)
+        for li in list(_listeners):
+            li.pool_begin(device, pool)
+    return begin_allocate_to_pool
+
+
 def _unwrap() -> None:
     if not _saved:
         return
     import torch
+    for name, fn in _saved_c.items():
+        setattr(torch._C, name, fn)
+    _saved_c.clear()
     G = torch.cuda.graphs.CUDAGraph
     for n in _NAMES:
         own = _saved.pop(n, None)

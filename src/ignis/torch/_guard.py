@@ -873,7 +873,8 @@ class _GraphListener:
         import torch
         dev = torch.cuda.current_device()
         graph.__dict__["_ignis_guard_device"] = dev
-        _fast.graph_begin(dev, stream, tuple(graph.pool()))
+        from ._graphs import pool_of
+        _fast.graph_begin(dev, stream, pool_of(graph))
 
     def graph_end(self, graph: Any, stream: int) -> None:
         dev = graph.__dict__.pop("_ignis_guard_device", None)
@@ -884,6 +885,12 @@ class _GraphListener:
         pass
 
     def graph_reset(self, graph: Any) -> None:
+        pass
+
+    def pool_begin(self, device: Any, pool: Any) -> None:
+        pass  # (graph trees, the user of these outside a capture, are off under the guard)
+
+    def pool_end(self, device: Any, pool: Any) -> None:
         pass
 
 
