@@ -29,7 +29,6 @@ from __future__ import annotations
 import gc
 import operator
 from collections import deque
-import sys
 import weakref
 from typing import TYPE_CHECKING, Any
 
@@ -243,7 +242,7 @@ class _ReturnWhenCollected:
         self.mr, self.block = mr, block
 
     def __del__(self) -> None:
-        if sys.is_finalizing():
+        if ignis_finalizing():  # a C test: this module's globals may be cleared by now
             return
         if _in_gc[0]:
             _deferred.append((self.mr, self.block, None))
