@@ -38,8 +38,8 @@ from .. import backends
 from .. import dtypes as _dt
 from ..dtypes import DType
 from ..errors import (DoubleFreeError, MemoryContractViolation, OutOfBoundsError, ReadOnlyError,
-                       UseAfterFreeError)
-from .._types import Access
+                       StaleHandleError, UseAfterFreeError)
+from .._types import MAX_EXTENT, MAX_NDIM, Access, shape_problem
 from ..memory import DeviceMemoryResource, current, get_current_resource
 from ..memory.types import UNTAGGED
 from ..memory.block import DeviceBlock
@@ -140,6 +140,19 @@ def _numel(shape: tuple[int, ...]) -> int:
     for d in shape:
         n *= d
     return n
+
+
+def _check_fits(shape: tuple[int, ...], dt: DType) -> None:
+    """Refuse a shape that the formats arrays are exported to cannot describe
+    (``ignis._types.shape_problem``: too many dimensions, or an extent past 2**63 - 1 bytes)."""
+    problem = shape_problem(shape, dt.itemsize)
+    if problem is not None:
+        raise ValueError(f"shape {shape} of {dt.name} cannot be an array: {problem}")
+
+
+# An int shape at most this spans an extent DLPack can describe for every dtype (items are 8 bytes
+# at most; the bound leaves room): the constructor takes it without the full check.
+cdef object _INT_SHAPE_MAX = MAX_EXTENT // 16
 
 
 _fast = [None]  # (backend, device, stream, mr, generation, resource epoch) for device 0 defaults
@@ -472,7 +485,7 @@ cdef class NvArray:
         self._freed = True  # until memory is in hand, so __del__ does nothing
         if _DEFERRED:
             drain_deferred()
-        if type(shape) is int and shape >= 0:
+        if type(shape) is int and shape >= 0 and shape <= _INT_SHAPE_MAX:
             numel = shape
             shape = (shape,)
         else:
@@ -505,6 +518,8 @@ cdef class NvArray:
                 mr = get_current_resource(dev)
             tracks = mr.supports_block_use_tracking
         nbytes = numel * dt.itemsize
+        if nbytes > MAX_EXTENT or (numel == 0 and len(shape) > 1) or len(shape) > MAX_NDIM:
+            _check_fits(shape, dt)
         _identify(self, shape, dt, dev, stream, owner, numel, nbytes, mr)
         self._base = self._views = self._pinned = self._keepalive = self._gate = self._exports = None
         if nbytes:
@@ -1148,6 +1163,7 @@ cdef class NvArray:
         if _numel(new) != self.numel:
             raise ValueError(f"cannot reshape {self.shape} ({self.numel} elements) into {new} "
                              f"({_numel(new)} elements)")
+        _check_fits(new, self.dtype)
         return self._view(new, 0)
 
     def __getitem__(self, key: Any) -> "NvArray":
