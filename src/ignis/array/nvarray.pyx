@@ -115,6 +115,33 @@ _LOCKS = tuple(ResourceLock() for _ in range(64))
 cdef inline ResourceLock _stripe(NvArray a):
     """The stripe lock of ``a`` (by its id)."""
     return <ResourceLock>_LOCKS[(<Py_ssize_t>a.id) & 63]
+
+
+cdef inline bint _in_context(NvArray a) except -1:
+    """``a`` was made in its device's current context: no ``Device.rebuild()`` (nor fork)
+    since. Its own stream was made with it, so it carries the context generation the memory
+    belongs to."""
+    st = a.stream
+    g = a.device.state.generation
+    sg = (<_Stream>st)._generation if type(st) is _Stream else st._generation
+    return sg is g or sg == g
+
+
+cdef inline bint _plain_on(NvArray a, object stream) except -1:
+    """``a`` needs no check beyond those of ``stream`` (which every tracked use makes before
+    its handle reaches the driver): not freed, not a view, no gate, and made in the context
+    ``stream`` belongs to. False sends the caller to ``_check_live``, the full check."""
+    if a._freed is not False or a._base is not None or a._gate is not None:
+        return False
+    st = a.stream
+    if st is stream:
+        return True
+    if type(st) is _Stream and type(stream) is _Stream:
+        return (<_Stream>st)._generation is (<_Stream>stream)._generation \
+            or (<_Stream>st)._generation == (<_Stream>stream)._generation
+    return _in_context(a)
+
+
 _READ, _WRITE, _RW = Access.READ, Access.WRITE, Access.READ_WRITE
 
 
@@ -364,7 +391,7 @@ class _TrackedAccess:
         self.entered = True
         uses, by, op, s = self.uses, self.by, self.op, self.stream
         for a, acc, _, _ in uses:  # (1) every array may be touched, by this owner
-            if a._freed or a._base is not None or a._gate is not None:
+            if a._freed is not False or a._base is not None or a._gate is not None or not _in_context(a):
                 a._check_live("use", acc, op)
             if by == DEFAULT_OWNER:
                 owner = a._root().owner
@@ -604,7 +631,7 @@ cdef class NvArray:
         """The device address (for FFI). Raises ``UseAfterFreeError`` if the array was freed.
 
         Taking the address is not a tracked use: queue work on it inside ``use()``."""
-        if self._freed:
+        if self._freed is not False or not _in_context(self):
             self._check_live("take the device pointer of")
         return self._ptr
 
@@ -664,9 +691,13 @@ cdef class NvArray:
 
     # -- liveness and tracked use ------------------------------------------------
     def _check_live(self, what: str = "use", access: Access | None = None, op: str | None = None) -> None:
-        """Raise unless this array may be touched: not freed, no freed base, and every gate
-        on the way to the root passed (read-only memory refuses an ``access`` that writes; a
-        failed operation's target refuses everything)."""
+        """Raise unless this array may be touched: not freed, no freed base, made in its
+        device's current context (no ``Device.rebuild()`` since: the memory is gone and its
+        addresses may belong to new arrays), and every gate on the way to the root passed
+        (read-only memory refuses an ``access`` that writes; a failed operation's target
+        refuses everything). Every operation that takes an array passes here before it
+        touches the array's memory (the tracked use, ``begin_use``, sends it here whenever
+        its fast test does not vouch for the array)."""
         a = self
         while a is not None:
             if a._freed:
@@ -675,9 +706,25 @@ cdef class NvArray:
                                             generation=self.generation, ptr=self._ptr)
                 raise UseAfterFreeError(f"cannot {what} NvArray#{self.id}: its base NvArray#{a.id} was freed",
                                         array_id=self.id, generation=self.generation, ptr=self._ptr)
+            a = a._base
+        if not _in_context(self):
+            self._stale(what)
+        a = self
+        while a is not None:
             if a._gate is not None:
                 a._gate.check(self, op or what, access)
             a = a._base
+
+    def _stale(self, what: str) -> None:
+        """Raise the error for an array made before its device's context was rebuilt (or in
+        the parent of a forked process)."""
+        dev = self.device
+        state = dev.state
+        if state.forked_from is not None:
+            raise dev.backend.forked_error(f"{what} NvArray#{self.id}")
+        raise StaleHandleError("context rebuilt", what=f"NvArray#{self.id}", op=what,
+                               generation=self.stream._generation, current_generation=state.generation,
+                               device_id=dev.ordinal)
 
     @property
     def readonly(self) -> bool:
@@ -725,7 +772,7 @@ cdef class NvArray:
             StreamMisuseError: the array's resource cannot track cross-stream uses and
                 ``stream`` is not the block's own.
             ClosedError: the stream was closed.
-            StaleHandleError: the stream predates a context rebuild.
+            StaleHandleError: the array or the stream predates a context rebuild (on entry).
         """
         cdef TrackedUse u = TrackedUse.__new__(TrackedUse)
         u.array = self
@@ -789,7 +836,7 @@ cdef class NvArray:
             StreamMisuseError: the array's resource cannot track cross-stream uses and
                 ``stream`` is not the block's own.
             ClosedError: the stream was closed.
-            StaleHandleError: the stream predates a context rebuild.
+            StaleHandleError: the array or the stream predates a context rebuild.
 
         Example::
 
@@ -812,7 +859,7 @@ cdef class NvArray:
         released. Two views of one root acquire it once.
 
         Args:
-            uses: ``(array, mode)`` or ``(array, mode, offset, nbytes)`` for each use, as the
+            uses: ``(NvArray, mode)`` or ``(NvArray, mode, offset, nbytes)`` for each use, as the
                 arguments of ``access``. ``mode=None`` holds the array for ``by`` with the
                 others but makes no tracked use of it: the caller orders its work on it
                 itself (for memory whose resource cannot track, waited for on its stream).
@@ -1509,7 +1556,7 @@ cdef inline bint _stream_ok(object stream) except -1:
 
 cdef int begin_use(NvArray arr, object stream, object access, object op, Py_ssize_t off,
                    Py_ssize_t n) except -1:
-    if arr._freed is not False or arr._base is not None or arr._gate is not None:
+    if not _plain_on(arr, stream):
         arr._check_live("use", access, op)
     chk = _ORD["checker"]
     block = arr._block

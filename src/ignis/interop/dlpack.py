@@ -60,7 +60,8 @@ def from_dlpack(x: Any, *, stream: Stream | None = None, owner: str = "compute")
     is this function.
 
     Args:
-        x: an object with ``__dlpack__`` (or ``__cuda_array_interface__``).
+        x: an object with ``__dlpack__`` (or ``__cuda_array_interface__``); an ``NvArray``
+            is returned as it is, once checked (not freed, not stale).
         stream: the new array's stream, the one the producer orders its work before;
             None: the device's default stream.
         owner: the new array's owner name (default ``"compute"``).
@@ -70,11 +71,15 @@ def from_dlpack(x: Any, *, stream: Stream | None = None, owner: str = "compute")
         ValueError: the tensor is not contiguous, not on a CUDA device (on the cuda
             backend), or of a dtype Ignis does not know.
         UnsupportedError: on the emulated backend, a tensor that is not in host memory.
+        UseAfterFreeError: ``x`` is an ``NvArray`` that was freed.
+        StaleHandleError: ``x`` is an ``NvArray`` made before a context rebuild, or the device
+            is shut down.
     """
     from ..array import NvArray
     from ..array.nvarray import _ReadOnly
 
     if isinstance(x, NvArray):
+        x._check_live("adopt")  # freed, or made before a context rebuild: refused, not passed on
         return x
     if not hasattr(x, "__dlpack__"):
         if hasattr(x, "__cuda_array_interface__"):
