@@ -427,6 +427,28 @@ def test_gpuref_stale_after_rebuild_and_shutdown():
         d.state.accepting_ops = True
 
 
+@pytest.mark.parametrize("which", ["device 0 (cached defaults)", "last device"])
+def test_factories_on_a_shut_down_device_raise_at_once(which):
+    """An array made after Device.shutdown() used to be returned, and every use of it then gave
+    rebuild advice that rebuild() does not honour. The factory refuses, saying why."""
+    d = ig.Device(0) if which.startswith("device 0") else ig.Device(ig.device_count() - 1)
+    kw = {} if d.ordinal == 0 else {"device": d}
+    ig.zeros(4, **kw)  # the defaults are cached while the device works
+    d.shutdown()
+    try:
+        makers = [lambda: ig.zeros(4, **kw), lambda: ig.empty(0, **kw), lambda: ig.full((2, 2), 1.0, **kw),
+                  lambda: ig.from_numpy(np.ones(3), **kw), lambda: ig.NvArray(8, **kw)]
+        if d.ordinal == 0 and d.backend.host_memory:  # adopts on the current device (device 0)
+            makers.append(lambda: ig.from_dlpack(np.ones(3, np.float32)))
+        for make in makers:
+            with pytest.raises(ig.StaleHandleError, match="shutting down") as ei:
+                make()
+            assert ei.value.reason == "device shutting down"
+            assert "Device.shutdown()" in str(ei.value) and "rebuil" not in str(ei.value), str(ei.value)
+    finally:
+        d.state.accepting_ops = True  # restore for other tests
+
+
 def test_gpuref_keeps_memory_alive():
     r = ig.full(8, 3.0).ref()
     gc.collect()

@@ -167,7 +167,12 @@ class StaleHandleError(IgnisError):
         msg = f"cannot {op} stale {what}: {reason}" if op else f"stale {what}: {reason}"
         if generation is not None and current_generation is not None:
             msg += f" (made at context generation {generation}, device {device_id} is now at {current_generation})"
-        msg += "; memory from before a context rebuild is gone: allocate again on the rebuilt device"
+        if reason == "device shutting down":
+            # rebuild() does not undo a shutdown: no advice to rebuild here
+            msg += ("; Device.shutdown() was called, so the device accepts no new work for the rest of this "
+                    "process (no allocation, stream or use)")
+        else:
+            msg += "; memory from before a context rebuild is gone: allocate again on the rebuilt device"
         super().__init__(
             msg,
             reason=reason,

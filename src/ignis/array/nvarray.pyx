@@ -329,7 +329,10 @@ cdef inline tuple _defaults_cached():
         return None
     t = <tuple>f
     st = t[2]
-    if t[0] is not _BACKENDS["_backend"] or t[5] != _CURRENT["epoch"] or t[1].state.generation != t[4]:
+    if t[0] is not _BACKENDS["_backend"] or t[5] != _CURRENT["epoch"]:
+        return None
+    state = t[1].state
+    if state.generation != t[4] or not state.accepting_ops:
         return None
     if (<_Stream>st)._closed if type(st) is _Stream else st._closed:
         return None
@@ -527,9 +530,11 @@ cdef class NvArray:
         if owner is not DEFAULT_OWNER and owner != DEFAULT_OWNER:
             validate_owner(owner)
         if stream is None and mr is None and (device is None or device == 0) and not _OVERRIDES[0]:
-            f = _defaults_cached()
+            f = _defaults_cached()  # None unless the device accepts work (not shut down)
             if f is None:
                 f = _defaults()
+                if not (<tuple>f)[0].state.accepting_ops:
+                    (<tuple>f)[0]._check_usable("allocate an array")
             dev, stream, mr, tracks = f
         else:
             if stream is not None:
@@ -541,6 +546,8 @@ cdef class NvArray:
             else:
                 dev = _rt_current.current_device() if device is None else Device(device)
                 stream = _rt_current.current_stream(dev)
+            if not dev.state.accepting_ops:
+                dev._check_usable("allocate an array")
             if mr is None:
                 mr = get_current_resource(dev)
             tracks = mr.supports_block_use_tracking

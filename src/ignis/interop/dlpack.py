@@ -95,12 +95,14 @@ def from_dlpack(x: Any, *, stream: Stream | None = None, owner: str = "compute")
             raise UnsupportedError(f"importing DLPack device type {dev_type}", backend.name,
                                    "this backend adopts CPU tensors only")
         device = current_device()
+        device._check_usable("adopt an array")
         kwargs: dict[str, Any] = {}
     else:
         if dev_type != KDL_CUDA:
             raise ValueError(f"from_dlpack: the tensor lives on DLPack device type {dev_type}, not on a CUDA "
                              "device; copy it with ig.from_numpy / ig.asarray instead")
         device = Device(dev_id)
+        device._check_usable("adopt an array")
         kwargs = {"stream": (stream if stream is not None else device.default_stream).handle}
     try:
         capsule = x.__dlpack__(max_version=(1, 1), **kwargs)
@@ -179,6 +181,7 @@ def _from_cai(x: Any, owner: str) -> "NvArray":
     ptr = int(cai["data"][0])
     shape = tuple(int(d) for d in cai["shape"])
     device = current_device()  # the interface names no device: CUDA's current one, as CuPy takes it
+    device._check_usable("adopt an array")
     s = device.default_stream
     if cai.get("stream") not in (None, -1, 1, 2):
         ev = device.backend.event_create(device.ordinal, False)
