@@ -104,6 +104,22 @@ def test_stream_must_be_a_stream(mr):
         mr.allocate(64, "stream0")
 
 
+@pytest.mark.parametrize("bad", [None, 42, "a block"])
+def test_deallocate_of_anything_but_a_block_is_a_type_error(mr, bad):
+    with pytest.raises(TypeError, match="DeviceBlock"):
+        mr.deallocate(bad)
+
+
+@pytest.mark.parametrize("kind", ["vmm", "guard"])
+def test_deallocate_of_anything_but_a_block_is_a_type_error_in_the_other_resources(dev, kind):
+    mr = ig.VmmResource(dev) if kind == "vmm" else ig.DebugGuardResource(ig.PoolResource(device=dev))
+    blk = mr.allocate(512)
+    for bad in (None, 42):
+        with pytest.raises(TypeError, match="DeviceBlock"):
+            mr.deallocate(bad)
+    mr.deallocate(blk)  # the resource was left as it was
+
+
 def test_foreign_block_is_refused(dev, streams):
     a, b = make(dev, "pool_direct"), make(dev, "pool_direct")
     blk = a.allocate(64, streams[0])

@@ -694,8 +694,8 @@ cdef class DeviceMemoryResource:
 
     def _unregister(self, block: DeviceBlock) -> None:
         """Lock held: check ``block`` is live here (else the right error) and forget it."""
-        if self._live.get(block.ptr) is not block:
-            self._check_dealloc(block, self._live)
+        if type(block) is not DeviceBlock or self._live.get(block.ptr) is not block:
+            self._check_dealloc(block, self._live)  # raises: not a block, freed, or not from here
         del self._live[block.ptr]
         self._bytes -= block.bytes
 
