@@ -223,3 +223,25 @@ def test_leaks_never_say_none_while_memory_is_still_allocated(tmp_path):
                          capture_output=True, text=True, timeout=120)
     assert out.returncode == 1, out.stderr
     assert "leaks: none" not in out.stderr and "4.0 KiB on device 0 are still allocated outside arrays" in out.stderr
+
+
+WRITE_AFTER_FREE_THEN_CLOSE = """
+import ignis as ig
+d = ig.Device(0)
+s = d.create_stream()
+x = ig.zeros(1024, stream=s, tag="scratch")
+ptr = x.device_ptr
+x.free()                                    # poisoned, quarantined; its check waits in s's batch
+d.backend.memset_d8_async(ptr, 7, 16, s.handle)   # a write through a stale pointer
+s.synchronize()
+s.close()                                   # the stream of the pending check is gone
+print("script done")
+"""
+
+
+def test_guard_final_check_survives_a_closed_stream(tmp_path):
+    p = run(tmp_path, WRITE_AFTER_FREE_THEN_CLOSE, "--guard")
+    assert p.returncode == 1, p.stdout + p.stderr
+    report = p.stderr.split("== ignis run report ==")[1]
+    assert "UseAfterFreeError" in report and "written after it was freed" in report, report
+    assert "no problems found" not in report and "failed" not in report, report

@@ -396,10 +396,15 @@ cdef class _Checker:
                 self.launch(s)
 
     def launch(self, stream: Stream) -> None:
-        """Queue the pending jobs of ``stream`` as one or more batches on it."""
+        """Queue the pending jobs of ``stream`` as one or more batches on it; where it was
+        closed since they were queued, on the device's default stream after a device
+        synchronization (its work is done, and the jobs must still run: they are checks)."""
         cdef list items
         with self.lock:
             items = self.pending.pop(stream, None)
+            if items and (<Stream>stream)._closed:
+                self.backend.device_synchronize(self.device.ordinal)
+                stream = self.device.default_stream
             while items:
                 part, items = items[:C_CAP], items[C_CAP:]
                 self._launch(stream, part)
@@ -478,8 +483,9 @@ cdef class _Checker:
             self.launch_all()
             q = self.inflight
             while q:
-                b = q.popleft()
-                self.backend.event_synchronize(b.slot.event)
+                b = q[0]
+                self.backend.event_synchronize(b.slot.event)  # a failed wait leaves it in flight
+                q.popleft()
                 self._harvest(b)
 
     def _harvest(self, _Batch batch) -> None:
