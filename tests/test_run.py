@@ -225,6 +225,27 @@ def test_leaks_never_say_none_while_memory_is_still_allocated(tmp_path):
     assert "leaks: none" not in out.stderr and "4.0 KiB on device 0 are still allocated outside arrays" in out.stderr
 
 
+USE_AFTER_FREE = """
+import ignis as ig
+x = ig.zeros(256)
+x.free()
+ig.kernels.fill(x, 1.0)   # UseAfterFreeError: the check stops the script
+"""
+
+
+@pytest.mark.parametrize("flags", [("--sanitize",), ()])
+def test_an_error_the_checks_raised_is_a_problem_in_the_report(tmp_path, flags):
+    """A script that dies of UseAfterFreeError: the report counts it and shows it, and never
+    says "no problems found"."""
+    p = run(tmp_path, USE_AFTER_FREE, *flags)
+    assert p.returncode == 1, p.stdout + p.stderr
+    report = p.stderr.split("== ignis run report ==")[1]
+    assert "no problems found" not in report, report
+    assert "UseAfterFreeError" in report and "it was freed" in report, report
+    if flags:
+        assert "ignis sanitizer: 1 problem(s) found" in report and "raised to the program" in report
+
+
 WRITE_AFTER_FREE_THEN_CLOSE = """
 import ignis as ig
 d = ig.Device(0)

@@ -92,6 +92,7 @@ def run_script(script: str, argv: list[str], *, sanitize: bool = False, guard: b
     sys.argv = [script, *argv]
     sys.path.insert(0, os.path.dirname(os.path.abspath(script)))
     left: Any = None
+    raised: list[BaseException] = []  # the error Ignis's checks raised to the script: a problem found
     try:
         left = runpy.run_path(script, run_name="__main__")
     except SystemExit as e:
@@ -100,7 +101,7 @@ def run_script(script: str, argv: list[str], *, sanitize: bool = False, guard: b
         traceback.print_exc(file=out)
         status = 1
         if isinstance(e, ig.IgnisError):
-            problems += 1
+            raised.append(e)
     finally:
         sys.argv, sys.path[:] = old_argv, old_path
     if sanitize:
@@ -109,12 +110,17 @@ def run_script(script: str, argv: list[str], *, sanitize: bool = False, guard: b
     gc.collect()
 
     print("\n== ignis run report ==", file=out)
+    problems += len(raised)
+    if raised and not sanitize:  # the sanitizer's summary shows it with its own
+        e = raised[0]
+        print(f"ignis run: the script stopped on an error Ignis's checks raised (a problem found): "
+              f"{type(e).__name__}: {e}", file=out)
     if tguard is not None:
         problems += tguard.finish(out)
     if sanitize:
         reports = ig.sanitizer.reports()
         problems += len(reports)
-        print(ig.sanitizer.sanitizer.summary(), file=out)
+        print(ig.sanitizer.sanitizer.summary(raised), file=out)
         _stop_torch(out)
         ig.sanitizer.sanitizer.clear()
         ig.sanitizer.disable()
