@@ -266,3 +266,20 @@ def test_guard_final_check_survives_a_closed_stream(tmp_path):
     report = p.stderr.split("== ignis run report ==")[1]
     assert "UseAfterFreeError" in report and "written after it was freed" in report, report
     assert "no problems found" not in report and "failed" not in report, report
+
+
+GLOBAL_AND_A_FUNCTION = """
+import ignis as ig
+weights = ig.zeros(1024)       # a global; the module's function below makes a reference cycle
+def total():
+    return weights.nbytes
+print("script done", total())
+"""
+
+
+def test_leaks_passes_a_correct_script_whose_globals_the_collector_frees(tmp_path):
+    """The script's globals die in a reference cycle (a function's __globals__): the cyclic
+    collector frees the array, and its memory must be back before the report reads the figures."""
+    p = run(tmp_path, GLOBAL_AND_A_FUNCTION, "--leaks")
+    assert p.returncode == 0, p.stdout + p.stderr
+    assert "leaks: none" in p.stderr and "live 0 B" in p.stderr.split("device 0:")[1].splitlines()[0], p.stderr

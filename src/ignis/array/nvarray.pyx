@@ -208,7 +208,8 @@ def _release(mr: Any, block: Any, pinned: Any) -> None:
 
 
 def drain_deferred() -> None:
-    """Return memory of arrays the garbage collector found in reference cycles."""
+    """Return memory of arrays the garbage collector found in reference cycles (deferred to a
+    safe point: the next array creation or free, ``ig.synchronize()``, the end of ``ignis run``)."""
     while _deferred:
         try:
             mr, block, pinned = _deferred.popleft()

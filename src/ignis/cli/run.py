@@ -108,6 +108,8 @@ def run_script(script: str, argv: list[str], *, sanitize: bool = False, guard: b
         _settle_torch()  # the script is over: what its globals free now cannot race its own work
     left = None
     gc.collect()
+    from ..array.nvarray import drain_deferred
+    drain_deferred()  # what the collector freed goes back now, before the figures are read
 
     print("\n== ignis run report ==", file=out)
     problems += len(raised)
