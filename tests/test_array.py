@@ -73,7 +73,8 @@ def test_the_largest_accepted_empty_shape_round_trips(tmp_path):
     from ignis._types import MAX_EXTENT, MAX_NDIM
     shape = (0, MAX_EXTENT // 4)
     a = ig.empty(shape, "float32")
-    assert np.from_dlpack(a).shape == shape
+    if a.device.backend.host_memory:  # the emulator exports CPU tensors, which NumPy imports
+        assert np.from_dlpack(a).shape == shape
     assert ig.empty((0,), "float32").reshape(*shape).shape == shape
     many = ig.empty((1,) * (MAX_NDIM - 1) + (0,), "float32")
     path = tmp_path / "edge.safetensors"

@@ -352,8 +352,11 @@ def _scene_extras(sc: Scene) -> None:
     def communicator():
         if not comms:
             from ignis.collective.launch import free_port
-            comms.append(ig.collective.init_process_group(rank=0, world_size=1, master_port=free_port(),
-                                                          timeout=10, device=sc.dev))
+            try:
+                comms.append(ig.collective.init_process_group(rank=0, world_size=1, master_port=free_port(),
+                                                              timeout=10, device=sc.dev))
+            except (ImportError, ig.CollectiveError, ig.UnsupportedError) as e:  # no NCCL on this GPU host
+                pytest.skip(f"no one-rank process group here: {type(e).__name__}: {e}")
         return comms[0]
 
     sc.sock, sc.communicator = sock, communicator

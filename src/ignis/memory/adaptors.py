@@ -13,10 +13,11 @@ methods so forwarding costs nothing).
 A failing upstream allocation leaves every adaptor's counters as they were.
 
 Closing: ``ResourceAdaptor.allocate`` refuses a closed adaptor (``ClosedError``) before
-asking its upstream for anything, then calls the adaptor's own ``_allocate_open``; an
-adaptor adds its work there, never by overriding ``allocate``. A block the upstream gave
-is handed back if the adaptor's own step then fails (a log that cannot be written), so
-nothing is lost. Deallocation works after ``close()``, as the contract says.
+asking its upstream for anything, then calls the adaptor's own ``_allocate_open``; the
+adaptors here add their work there, not by overriding ``allocate`` (the debug guards,
+which replace the allocation itself, make the same check first in theirs). A block the
+upstream gave is handed back if the adaptor's own step then fails (a log that cannot be
+written), so nothing is lost. Deallocation works after ``close()``, as the contract says.
 """
 
 from __future__ import annotations
