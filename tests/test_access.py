@@ -194,6 +194,18 @@ def test_unknown_owner_and_shared_array_are_refused(dev):
     x.decref()
 
 
+@pytest.mark.parametrize("op", ["acquire", "release", "assert_owner", "track", "untrack", "holding"])
+def test_the_contract_refuses_what_is_not_an_array(op):
+    """A NumPy array (or anything else) is a clear TypeError, not an AttributeError from inside."""
+    c = ig.contract
+    call = {"acquire": lambda x: c.acquire(x, "io"), "release": lambda x: c.release(x, "io"),
+            "assert_owner": lambda x: c.assert_owner(x, "io"), "track": c.track, "untrack": c.untrack,
+            "holding": lambda x: c.holding(x, "io").__enter__()}[op]
+    for bad in (np.zeros(3), None, "array"):
+        with pytest.raises(TypeError, match=f"contract.{'acquire' if op == 'holding' else op} takes an NvArray"):
+            call(bad)
+
+
 def test_a_view_is_held_through_its_root(dev):
     x = ig.zeros((4, 8))
     row = x[1]

@@ -50,6 +50,39 @@ def test_bad_shapes_are_clear(shape):
         ig.empty(shape)
 
 
+@pytest.mark.parametrize("shape,dtype", [
+    ((0, 2**63), "float32"), ((2**63, 0), "uint8"), ((0, 2**64 + 5), "int8"),
+    ((0, 2**62, 4), "float32"),       # each dimension fits int64, the first stride does not
+    ((0, 2**61), "float32"),          # 2**63 bytes: one past the extent every format can describe
+    ((1,) * 64 + (0,), "float32"),    # more dimensions than NumPy (and a safetensors reader) takes
+    (2**63, "uint8"),
+])
+def test_shapes_the_export_formats_cannot_describe_are_refused(shape, dtype):
+    """A zero dimension used to let any other through: DLPack export then wrapped the shape and
+    the safetensors reader refused the file the saver wrote. Every dimension must fit the
+    formats arrays are exported to, also where the array holds no bytes."""
+    with pytest.raises(ValueError, match="cannot be an array"):
+        ig.empty(shape, dtype)
+    a = ig.empty((0,), dtype)
+    with pytest.raises(ValueError, match="cannot be an array"):
+        a.reshape(*shape) if isinstance(shape, tuple) else a.reshape(shape, 0)
+
+
+def test_the_largest_accepted_empty_shape_round_trips(tmp_path):
+    """At the limit: every dimension and stride fits int64, DLPack consumers and the loader agree."""
+    from ignis._types import MAX_EXTENT, MAX_NDIM
+    shape = (0, MAX_EXTENT // 4)
+    a = ig.empty(shape, "float32")
+    if a.device.backend.host_memory:  # the emulator exports CPU tensors, which NumPy imports
+        assert np.from_dlpack(a).shape == shape
+    assert ig.empty((0,), "float32").reshape(*shape).shape == shape
+    many = ig.empty((1,) * (MAX_NDIM - 1) + (0,), "float32")
+    path = tmp_path / "edge.safetensors"
+    ig.io.save_safetensors({"a": a, "many": many}, path)
+    back = ig.io.load_safetensors(path)
+    assert back["a"].shape == shape and back["many"].shape == many.shape
+
+
 def test_bad_dtype_lists_valid_names():
     with pytest.raises(ValueError) as ei:
         ig.empty(3, "float128")
@@ -393,6 +426,28 @@ def test_gpuref_stale_after_rebuild_and_shutdown():
             r2.access()
     finally:
         d.state.accepting_ops = True
+
+
+@pytest.mark.parametrize("which", ["device 0 (cached defaults)", "last device"])
+def test_factories_on_a_shut_down_device_raise_at_once(which):
+    """An array made after Device.shutdown() used to be returned, and every use of it then gave
+    rebuild advice that rebuild() does not honour. The factory refuses, saying why."""
+    d = ig.Device(0) if which.startswith("device 0") else ig.Device(ig.device_count() - 1)
+    kw = {} if d.ordinal == 0 else {"device": d}
+    ig.zeros(4, **kw)  # the defaults are cached while the device works
+    d.shutdown()
+    try:
+        makers = [lambda: ig.zeros(4, **kw), lambda: ig.empty(0, **kw), lambda: ig.full((2, 2), 1.0, **kw),
+                  lambda: ig.from_numpy(np.ones(3), **kw), lambda: ig.NvArray(8, **kw)]
+        if d.ordinal == 0 and d.backend.host_memory:  # adopts on the current device (device 0)
+            makers.append(lambda: ig.from_dlpack(np.ones(3, np.float32)))
+        for make in makers:
+            with pytest.raises(ig.StaleHandleError, match="shutting down") as ei:
+                make()
+            assert ei.value.reason == "device shutting down"
+            assert "Device.shutdown()" in str(ei.value) and "rebuil" not in str(ei.value), str(ei.value)
+    finally:
+        d.state.accepting_ops = True  # restore for other tests
 
 
 def test_gpuref_keeps_memory_alive():

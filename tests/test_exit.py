@@ -69,3 +69,56 @@ def test_exit_with_exported_tensors_still_held():
     assert p.returncode == 0 and "ready" in p.stdout, (p.returncode, p.stderr[-3000:])
     for bad in ("Error in sys.excepthook", "Exception ignored", "Fatal Python error", "Traceback"):
         assert bad not in p.stderr, p.stderr[-3000:]
+
+
+
+# What interpreter exit does to a module (in an order that depends on what was imported):
+# every global becomes None. An atexit handler registered first runs last, after Ignis's
+# own; the streams kept in ``builtins`` die after it, while the interpreter finalizes.
+CLEARED = r"""
+import atexit
+import builtins
+import sys
+
+import ignis as ig
+
+
+def clear_globals():
+    d = vars(sys.modules["ignis.runtime.stream"])
+    for k in list(d):
+        if not k.startswith("__"):
+            d[k] = None
+
+
+atexit.register(clear_globals)
+builtins._ignis_late = [ig.Device(0).create_stream(), ig.Device(0).create_stream()]  # still open
+print("ready", flush=True)
+"""
+
+
+def _clean_exit(args: list, env: dict) -> subprocess.CompletedProcess:
+    p = subprocess.run(args, capture_output=True, text=True, env=env, timeout=300)
+    assert p.returncode == 0, (p.returncode, p.stdout[-3000:], p.stderr[-3000:])
+    for bad in ("Error in sys.excepthook", "Exception ignored", "Fatal Python error", "Traceback"):
+        assert bad not in p.stderr, p.stderr[-3000:]
+    return p
+
+
+def test_a_stream_that_dies_after_its_module_was_cleared_exits_cleanly():
+    """A compiled finalizer runs after its module's globals were cleared when something outside
+    Ignis keeps its object to the end: it must test finalization itself (a C call), not through
+    ``sys`` (None by then: "Error in sys.excepthook" at the end of a full test run)."""
+    env = dict(os.environ, IGNIS_BACKEND=get_backend().name)
+    env["PYTHONPATH"] = IMPORT_ROOT + os.pathsep + env.get("PYTHONPATH", "")
+    p = _clean_exit([sys.executable, "-X", "faulthandler", "-c", CLEARED], env)
+    assert "ready" in p.stdout
+
+
+def test_a_pytest_session_ends_with_its_summary_line():
+    """The reported case: the model test after another test file, in one pytest process."""
+    here = os.path.dirname(os.path.abspath(__file__))
+    env = dict(os.environ)
+    p = _clean_exit([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider",
+                     os.path.join(here, "test_array.py") + "::test_untracked_resource_only_on_own_stream",
+                     os.path.join(here, "test_memory_model.py")], env)
+    assert p.stdout.rstrip().splitlines()[-1].startswith("3 passed"), p.stdout[-2000:]

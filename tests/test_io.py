@@ -150,6 +150,51 @@ def test_views_are_aligned_and_keep_the_allocation_alive(tmp_path):
     assert outstanding() == before
 
 
+def test_save_through_a_symlink_writes_the_file_it_names(tmp_path):
+    """The finished file is renamed over the path: through a link, the file the link names
+    is the one replaced, and the link stays a link (a dangling one: its file is created)."""
+    a = ig.from_numpy(np.arange(8, dtype=np.float32))
+    target = tmp_path / "data" / "model.safetensors"
+    target.parent.mkdir()
+    target.write_bytes(b"old contents")
+    link = tmp_path / "model.safetensors"
+    link.symlink_to(target)
+    ig.io.save_safetensors({"a": a}, link)
+    assert link.is_symlink() and os.readlink(link) == str(target)
+    np.testing.assert_array_equal(ig.io.load_safetensors(target)["a"].to_numpy(), np.arange(8))
+    dangling = tmp_path / "later.safetensors"
+    dangling.symlink_to(tmp_path / "data" / "later.safetensors")
+    ig.io.save_safetensors({"a": a}, dangling)
+    assert dangling.is_symlink() and (tmp_path / "data" / "later.safetensors").is_file()
+    assert sorted(os.listdir(tmp_path / "data")) == ["later.safetensors", "model.safetensors"]  # no temp left
+
+
+@pytest.mark.parametrize("kind", ["fifo", "link to a character device", "directory"])
+def test_save_refuses_a_path_that_is_no_regular_file(tmp_path, kind):
+    """Renaming the finished file over a special file would replace it: refused before anything
+    is written, the special file left as it was."""
+    import stat
+    a = ig.from_numpy(np.arange(8, dtype=np.float32))
+    path = tmp_path / "out.safetensors"
+    if kind == "fifo":
+        os.mkfifo(path)
+        check = stat.S_ISFIFO
+    elif kind == "directory":
+        path.mkdir()
+        check = stat.S_ISDIR
+    else:
+        if not os.path.exists("/dev/null"):
+            pytest.skip("no /dev/null")
+        path.symlink_to("/dev/null")
+        check = stat.S_ISCHR
+    with pytest.raises(OSError, match="a save writes a whole file"):
+        ig.io.save_safetensors({"a": a}, path)
+    assert check(os.stat(path).st_mode)
+    assert kind != "link to a character device" or path.is_symlink()
+    assert os.listdir(tmp_path) == ["out.safetensors"]  # no temporary file left behind
+    assert a.owner == "compute"
+
+
 def test_empty_file_and_no_tensors(tmp_path, stnp):
     path = tmp_path / "empty.safetensors"
     ig.io.save_safetensors({}, path)

@@ -104,6 +104,73 @@ def test_stream_must_be_a_stream(mr):
         mr.allocate(64, "stream0")
 
 
+@pytest.mark.parametrize("bad", [None, 42, "a block"])
+def test_deallocate_of_anything_but_a_block_is_a_type_error(mr, bad):
+    with pytest.raises(TypeError, match="DeviceBlock"):
+        mr.deallocate(bad)
+
+
+@pytest.mark.parametrize("kind", ["vmm", "guard"])
+def test_deallocate_of_anything_but_a_block_is_a_type_error_in_the_other_resources(dev, kind):
+    mr = ig.VmmResource(dev) if kind == "vmm" else ig.DebugGuardResource(ig.PoolResource(device=dev))
+    blk = mr.allocate(512)
+    for bad in (None, 42):
+        with pytest.raises(TypeError, match="DeviceBlock"):
+            mr.deallocate(bad)
+    mr.deallocate(blk)  # the resource was left as it was
+
+
+# -- closed adaptors ---------------------------------------------------------------
+ADAPTOR_FACTORIES = {
+    ig.ResourceAdaptor: lambda up, tmp: ig.ResourceAdaptor(up),
+    ig.BudgetResource: lambda up, tmp: ig.BudgetResource(up, 1 << 30),
+    ig.LoggingResource: lambda up, tmp: ig.LoggingResource(up, tmp / "log.csv"),
+    ig.StatisticsResource: lambda up, tmp: ig.StatisticsResource(up),
+    ig.TrackingResource: lambda up, tmp: ig.TrackingResource(up, capture_stacks=True),
+    ig.DebugGuardResource: lambda up, tmp: ig.DebugGuardResource(up),
+}
+# Every adaptor Ignis exports (a new one without a factory above fails the test below).
+ADAPTOR_CLASSES = [c for c in (getattr(ig.memory, n) for n in ig.memory.__all__)
+                   if isinstance(c, type) and issubclass(c, ig.ResourceAdaptor)]
+
+
+@pytest.mark.parametrize("cls", ADAPTOR_CLASSES, ids=lambda c: c.__name__)
+def test_a_closed_adaptor_refuses_before_asking_its_upstream(dev, tmp_path, cls):
+    """``close()`` documents ClosedError: an adaptor must refuse before its upstream hands it a
+    block (a LoggingResource used to take one, then fail on its closed log and lose it)."""
+    assert cls in ADAPTOR_FACTORIES, f"{cls.__name__}: add a factory to ADAPTOR_FACTORIES"
+    up = ig.StatisticsResource(ig.PoolResource(device=dev))
+    mr = ADAPTOR_FACTORIES[cls](up, tmp_path)
+    kept = mr.allocate(4096)
+    mr.close()
+    asked = up.statistics.count.total
+    with pytest.raises(ig.ClosedError):
+        mr.allocate(10 << 20)
+    assert up.statistics.count.total == asked, "the closed adaptor asked its upstream for memory"
+    mr.deallocate(kept)  # live blocks can still be given back
+    assert up.statistics.bytes.value == 0 and up.statistics.count.value == 0
+
+
+def test_logging_gives_the_block_back_when_its_log_closes_during_the_allocation(dev, tmp_path):
+    """The log closed between the upstream's allocation and the log line: the block goes back
+    upstream and ClosedError is raised, nothing leaks."""
+    class ClosesTheLog(ig.ResourceAdaptor):  # an upstream whose allocation the log's close() overtakes
+        log = None
+
+        def _allocate_open(self, nbytes, stream, tag):
+            block = super()._allocate_open(nbytes, stream, tag)
+            self.log.close()
+            return block
+
+    stats = ig.StatisticsResource(ig.PoolResource(device=dev))
+    up = ClosesTheLog(stats)
+    up.log = log = ig.LoggingResource(up, tmp_path / "log.csv")
+    with pytest.raises(ig.ClosedError):
+        log.allocate(10 << 20)
+    assert stats.statistics.count.total == 1 and stats.statistics.bytes.value == 0  # taken, and given back
+    assert (tmp_path / "log.csv").read_text().splitlines() == [",".join(ig.memory.adaptors.LOG_HEADER)]
+
+
 def test_foreign_block_is_refused(dev, streams):
     a, b = make(dev, "pool_direct"), make(dev, "pool_direct")
     blk = a.allocate(64, streams[0])

@@ -224,3 +224,63 @@ def test_leaks_never_say_none_while_memory_is_still_allocated(tmp_path):
                          capture_output=True, text=True, timeout=120)
     assert out.returncode == 1, out.stderr
     assert "leaks: none" not in out.stderr and "4.0 KiB on device 0 are still allocated outside arrays" in out.stderr
+
+
+USE_AFTER_FREE = """
+import ignis as ig
+x = ig.zeros(256)
+x.free()
+ig.kernels.fill(x, 1.0)   # UseAfterFreeError: the check stops the script
+"""
+
+
+@pytest.mark.parametrize("flags", [("--sanitize",), ()])
+def test_an_error_the_checks_raised_is_a_problem_in_the_report(tmp_path, flags):
+    """A script that dies of UseAfterFreeError: the report counts it and shows it, and never
+    says "no problems found"."""
+    p = run(tmp_path, USE_AFTER_FREE, *flags)
+    assert p.returncode == 1, p.stdout + p.stderr
+    report = p.stderr.split("== ignis run report ==")[1]
+    assert "no problems found" not in report, report
+    assert "UseAfterFreeError" in report and "it was freed" in report, report
+    if flags:
+        assert "ignis sanitizer: 1 problem(s) found" in report and "raised to the program" in report
+
+
+WRITE_AFTER_FREE_THEN_CLOSE = """
+import ignis as ig
+d = ig.Device(0)
+s = d.create_stream()
+x = ig.zeros(1024, stream=s, tag="scratch")
+ptr = x.device_ptr
+x.free()                                    # poisoned, quarantined; its check waits in s's batch
+d.backend.memset_d8_async(ptr, 7, 16, s.handle)   # a write through a stale pointer
+s.synchronize()
+s.close()                                   # the stream of the pending check is gone
+print("script done")
+"""
+
+
+def test_guard_final_check_survives_a_closed_stream(tmp_path):
+    p = run(tmp_path, WRITE_AFTER_FREE_THEN_CLOSE, "--guard")
+    assert p.returncode == 1, p.stdout + p.stderr
+    report = p.stderr.split("== ignis run report ==")[1]
+    assert "UseAfterFreeError" in report and "written after it was freed" in report, report
+    assert "no problems found" not in report and "failed" not in report, report
+
+
+GLOBAL_AND_A_FUNCTION = """
+import ignis as ig
+weights = ig.zeros(1024)       # a global; the module's function below makes a reference cycle
+def total():
+    return weights.nbytes
+print("script done", total())
+"""
+
+
+def test_leaks_passes_a_correct_script_whose_globals_the_collector_frees(tmp_path):
+    """The script's globals die in a reference cycle (a function's __globals__): the cyclic
+    collector frees the array, and its memory must be back before the report reads the figures."""
+    p = run(tmp_path, GLOBAL_AND_A_FUNCTION, "--leaks")
+    assert p.returncode == 0, p.stdout + p.stderr
+    assert "leaks: none" in p.stderr and "live 0 B" in p.stderr.split("device 0:")[1].splitlines()[0], p.stderr

@@ -718,3 +718,68 @@ def test_a_reused_resource_id_keeps_the_new_resources_frames(dev):
         mr.close()
     finally:
         ig.record_memory_history(False, clear_history=True)
+
+
+# -- snapshots are untrusted input --------------------------------------------------------------
+
+class _RunsCode:
+    """Unpickling this calls ``fn(*args)``: what a crafted "snapshot" does."""
+
+    def __init__(self, fn, *args):
+        self.fn, self.args = fn, args
+
+    def __reduce__(self):
+        return self.fn, self.args
+
+
+def _crafted(tmp_path, protocol: int, marker) -> str:
+    payload = {"segments": [], "device_traces": [[{"action": "alloc", "frames": [_RunsCode(
+        os.system, f"touch {marker}")]}]]}
+    path = tmp_path / f"crafted{protocol}.pickle"
+    path.write_bytes(pickle.dumps(payload, protocol=protocol))
+    return str(path)
+
+
+@pytest.mark.parametrize("protocol", range(pickle.HIGHEST_PROTOCOL + 1))
+def test_a_snapshot_that_names_code_is_refused_before_it_runs(tmp_path, protocol):
+    marker = tmp_path / "ran"
+    path = _crafted(tmp_path, protocol, marker)
+    readers = [ig.telemetry.load_snapshot]
+    if HAVE_MATPLOTLIB:  # without it, plot_timeline refuses before it reads anything
+        readers.append(lambda p: ig.plot_timeline(p, tmp_path / "x.png"))
+    for read in readers:
+        with pytest.raises(ValueError, match="not a memory snapshot.*posix.system|not a memory snapshot.*os.system"):
+            read(path)
+    assert not marker.exists(), "unpickling the file ran its code"
+    for other in (pickle.dumps(_RunsCode(eval, "1"), protocol=protocol),      # any name at all
+                  pickle.dumps({"segments": [_RunsCode(set, ())]}, protocol=protocol)[:-3]):   # cut short
+        bad = tmp_path / "other.pickle"
+        bad.write_bytes(other)
+        with pytest.raises(ValueError, match="not a memory snapshot"):
+            ig.telemetry.load_snapshot(bad)
+
+
+@pytest.mark.parametrize("protocol", range(2, pickle.HIGHEST_PROTOCOL + 1))
+def test_plain_snapshots_still_load(tmp_path, protocol):
+    snap = {"segments": [{"blocks": [{"size": 512, "state": "active_allocated", "tag": "kv"}], "total_size": 512}],
+            "device_traces": [[{"action": "alloc", "addr": 1 << 40, "size": 512, "frames": [],
+                                "ignis": (1, 2.5, None, True, b"\x00", {3}, frozenset({4}))}]]}
+    path = tmp_path / "plain.pickle"
+    path.write_bytes(pickle.dumps(snap, protocol=protocol))
+    assert ig.telemetry.load_snapshot(path) == snap
+
+
+@pytest.mark.parametrize("action", ["summary", "plot"])
+def test_cli_snapshot_commands_refuse_a_crafted_pickle(tmp_path, action):
+    from helpers import IMPORT_ROOT
+    marker = tmp_path / "ran"
+    path = _crafted(tmp_path, pickle.DEFAULT_PROTOCOL, marker)
+    env = dict(os.environ, PYTHONPATH=IMPORT_ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    import subprocess
+    args = [sys.executable, "-m", "ignis", "snapshot", action, path]
+    if action == "plot":
+        args += ["-o", str(tmp_path / "out.png")]
+    p = subprocess.run(args, capture_output=True, text=True, env=env, timeout=120)
+    expected = "not a memory snapshot" if action == "summary" or HAVE_MATPLOTLIB else "matplotlib"
+    assert p.returncode == 1 and expected in p.stderr, p.stdout + p.stderr
+    assert not marker.exists(), "the snapshot command ran the file's code"

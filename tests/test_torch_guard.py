@@ -1104,3 +1104,39 @@ def test_a_late_poison_is_queued_before_the_checks_that_read_it(guard, streams):
         tg._s.current_stream = None
     assert guard.flush(raise_=False) == []                  # the exit checks find the poison in place
     assert guard._unpoisoned_n == 0 and tg.reports() == []
+
+
+# -- the final check ----------------------------------------------------------------------
+def test_the_final_check_runs_the_checks_of_a_closed_stream(guard, dev):
+    """A block freed on a stream queues its check in that stream's batch; the program then
+    writes into it and closes the stream. The final check still runs that batch (on the default
+    stream, after the device's work) and finds the write."""
+    import io as _io
+    s = dev.create_stream()
+    blk = guard.allocate(1024, s)  # as an Ignis array on s allocates under ``ignis run --guard``
+    guard.deallocate(blk)
+    dev.backend.memset_d8_async(blk.ptr, 7, 16, s.handle)  # a write after free
+    s.synchronize()
+    s.close()
+    out = _io.StringIO()
+    n = tg.finish(out)
+    text = out.getvalue()
+    assert n >= 1 and "UseAfterFreeError" in text and "written after it was freed" in text, text
+    assert "failed" not in text and "no problems found" not in text, text
+
+
+def test_a_failed_step_of_the_final_check_does_not_skip_the_rest(guard, streams, backend):
+    """The flush's wait fails: that is reported and counted, and the check after it still runs
+    and reads the batch the failed wait left in flight."""
+    import io as _io
+    s = streams[0]
+    p = alloc(1024, s)
+    free(p, 1024, s)
+    s.device.backend.memset_d8_async(p, 7, 16, s.handle)
+    backend.inject_fault("event_synchronize", nth=1)
+    out = _io.StringIO()
+    n = tg.finish(out)
+    text = out.getvalue()
+    assert "final flush of the quarantine on device 0 failed" in text, text
+    assert "UseAfterFreeError" in text and "written after it was freed" in text, text
+    assert n >= 2 and "no problems found" not in text

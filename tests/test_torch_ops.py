@@ -343,6 +343,16 @@ def test_declared_uses_for_kernels_the_dispatcher_cannot_see(traced, monkeypatch
     assert "igt.use(x" in e.second["stack"]
 
 
+def test_a_declared_use_with_an_unknown_access_is_refused_with_the_sanitizer_off(monkeypatch):
+    import ignis.torch as igt
+    monkeypatch.setattr(igt, "_fe", None)  # the front end is off: nothing is checked or recorded
+    x = torch.zeros(4)
+    with pytest.raises(ValueError, match="unknown access 'explode'"):
+        igt.use(x, "explode")
+    with igt.use(x, "read") as t:  # a valid one passes the tensor through
+        assert t is x
+
+
 # -- entry points --------------------------------------------------------------------------------
 
 def test_importing_ignis_torch_imports_nothing_and_costs_nothing():

@@ -151,6 +151,7 @@ class StaleHandleError(IgnisError):
         generation: the context generation the handle was made at, if known.
         current_generation: the device's generation now, if known.
         device_id: the device's ordinal, if known.
+        op: what was refused (``"use"``, ``"save"``...), if said.
     """
 
     def __init__(
@@ -161,11 +162,17 @@ class StaleHandleError(IgnisError):
         generation: int | None = None,
         current_generation: int | None = None,
         device_id: int | None = None,
+        op: str | None = None,
     ) -> None:
-        msg = f"stale {what}: {reason}"
+        msg = f"cannot {op} stale {what}: {reason}" if op else f"stale {what}: {reason}"
         if generation is not None and current_generation is not None:
             msg += f" (made at context generation {generation}, device {device_id} is now at {current_generation})"
-        msg += "; memory from before a context rebuild is gone: allocate again on the rebuilt device"
+        if reason == "device shutting down":
+            # rebuild() does not undo a shutdown: no advice to rebuild here
+            msg += ("; Device.shutdown() was called, so the device accepts no new work for the rest of this "
+                    "process (no allocation, stream or use)")
+        else:
+            msg += "; memory from before a context rebuild is gone: allocate again on the rebuilt device"
         super().__init__(
             msg,
             reason=reason,
@@ -173,6 +180,7 @@ class StaleHandleError(IgnisError):
             generation=generation,
             current_generation=current_generation,
             device_id=device_id,
+            op=op,
         )
 
 

@@ -11,7 +11,7 @@ import numpy as np
 
 from .. import dtypes as _dt
 from .launch import launch
-from .nvarray import NvArray, empty
+from .nvarray import NvArray, drain_deferred, empty
 
 __all__ = ["NvArray", "launch", "empty", "zeros", "ones", "full", "empty_like", "zeros_like", "ones_like",
            "full_like", "from_numpy", "synchronize"]
@@ -147,6 +147,10 @@ def full_like(a: NvArray, value: Any, dtype: Any = None, **kw: Any) -> NvArray:
 def synchronize(device: Any = None) -> None:
     """Wait on the host until all work queued on ``device`` (default: the current device) has finished.
 
+    First, the memory of arrays that the cyclic garbage collector freed goes back to its
+    resources (the collector defers it to a safe point: this is one, as are the next array
+    creation and free), so the resources' figures are true afterwards.
+
     Args:
         device: an ``ig.Device`` or ordinal; None for the current device.
 
@@ -155,6 +159,7 @@ def synchronize(device: Any = None) -> None:
         DriverError: queued work failed (the driver's error for it).
     """
     from ..runtime import Device, current_device
+    drain_deferred()
     (current_device() if device is None else Device(device)).synchronize()
 
 

@@ -29,7 +29,6 @@ from __future__ import annotations
 import gc
 import operator
 from collections import deque
-import sys
 import weakref
 from typing import TYPE_CHECKING, Any
 
@@ -39,8 +38,8 @@ from .. import backends
 from .. import dtypes as _dt
 from ..dtypes import DType
 from ..errors import (DoubleFreeError, MemoryContractViolation, OutOfBoundsError, ReadOnlyError,
-                       UseAfterFreeError)
-from .._types import Access
+                       StaleHandleError, UseAfterFreeError)
+from .._types import MAX_EXTENT, MAX_NDIM, Access, shape_problem
 from ..memory import DeviceMemoryResource, current, get_current_resource
 from ..memory.types import UNTAGGED
 from ..memory.block import DeviceBlock
@@ -116,6 +115,33 @@ _LOCKS = tuple(ResourceLock() for _ in range(64))
 cdef inline ResourceLock _stripe(NvArray a):
     """The stripe lock of ``a`` (by its id)."""
     return <ResourceLock>_LOCKS[(<Py_ssize_t>a.id) & 63]
+
+
+cdef inline bint _in_context(NvArray a) except -1:
+    """``a`` was made in its device's current context: no ``Device.rebuild()`` (nor fork)
+    since. Its own stream was made with it, so it carries the context generation the memory
+    belongs to."""
+    st = a.stream
+    g = a.device.state.generation
+    sg = (<_Stream>st)._generation if type(st) is _Stream else st._generation
+    return sg is g or sg == g
+
+
+cdef inline bint _plain_on(NvArray a, object stream) except -1:
+    """``a`` needs no check beyond those of ``stream`` (which every tracked use makes before
+    its handle reaches the driver): not freed, not a view, no gate, and made in the context
+    ``stream`` belongs to. False sends the caller to ``_check_live``, the full check."""
+    if a._freed is not False or a._base is not None or a._gate is not None:
+        return False
+    st = a.stream
+    if st is stream:
+        return True
+    if type(st) is _Stream and type(stream) is _Stream:
+        return (<_Stream>st)._generation is (<_Stream>stream)._generation \
+            or (<_Stream>st)._generation == (<_Stream>stream)._generation
+    return _in_context(a)
+
+
 _READ, _WRITE, _RW = Access.READ, Access.WRITE, Access.READ_WRITE
 
 
@@ -141,6 +167,19 @@ def _numel(shape: tuple[int, ...]) -> int:
     for d in shape:
         n *= d
     return n
+
+
+def _check_fits(shape: tuple[int, ...], dt: DType) -> None:
+    """Refuse a shape that the formats arrays are exported to cannot describe
+    (``ignis._types.shape_problem``: too many dimensions, or an extent past 2**63 - 1 bytes)."""
+    problem = shape_problem(shape, dt.itemsize)
+    if problem is not None:
+        raise ValueError(f"shape {shape} of {dt.name} cannot be an array: {problem}")
+
+
+# An int shape at most this spans an extent DLPack can describe for every dtype (items are 8 bytes
+# at most; the bound leaves room): the constructor takes it without the full check.
+cdef object _INT_SHAPE_MAX = MAX_EXTENT // 16
 
 
 _fast = [None]  # (backend, device, stream, mr, generation, resource epoch) for device 0 defaults
@@ -169,7 +208,8 @@ def _release(mr: Any, block: Any, pinned: Any) -> None:
 
 
 def drain_deferred() -> None:
-    """Return memory of arrays the garbage collector found in reference cycles."""
+    """Return memory of arrays the garbage collector found in reference cycles (deferred to a
+    safe point: the next array creation or free, ``ig.synchronize()``, the end of ``ignis run``)."""
     while _deferred:
         try:
             mr, block, pinned = _deferred.popleft()
@@ -243,7 +283,7 @@ class _ReturnWhenCollected:
         self.mr, self.block = mr, block
 
     def __del__(self) -> None:
-        if sys.is_finalizing():
+        if ignis_finalizing():  # a C test: this module's globals may be cleared by now
             return
         if _in_gc[0]:
             _deferred.append((self.mr, self.block, None))
@@ -290,7 +330,10 @@ cdef inline tuple _defaults_cached():
         return None
     t = <tuple>f
     st = t[2]
-    if t[0] is not _BACKENDS["_backend"] or t[5] != _CURRENT["epoch"] or t[1].state.generation != t[4]:
+    if t[0] is not _BACKENDS["_backend"] or t[5] != _CURRENT["epoch"]:
+        return None
+    state = t[1].state
+    if state.generation != t[4] or not state.accepting_ops:
         return None
     if (<_Stream>st)._closed if type(st) is _Stream else st._closed:
         return None
@@ -352,7 +395,7 @@ class _TrackedAccess:
         self.entered = True
         uses, by, op, s = self.uses, self.by, self.op, self.stream
         for a, acc, _, _ in uses:  # (1) every array may be touched, by this owner
-            if a._freed or a._base is not None or a._gate is not None:
+            if a._freed is not False or a._base is not None or a._gate is not None or not _in_context(a):
                 a._check_live("use", acc, op)
             if by == DEFAULT_OWNER:
                 owner = a._root().owner
@@ -473,7 +516,7 @@ cdef class NvArray:
         self._freed = True  # until memory is in hand, so __del__ does nothing
         if _DEFERRED:
             drain_deferred()
-        if type(shape) is int and shape >= 0:
+        if type(shape) is int and shape >= 0 and shape <= _INT_SHAPE_MAX:
             numel = shape
             shape = (shape,)
         else:
@@ -488,9 +531,11 @@ cdef class NvArray:
         if owner is not DEFAULT_OWNER and owner != DEFAULT_OWNER:
             validate_owner(owner)
         if stream is None and mr is None and (device is None or device == 0) and not _OVERRIDES[0]:
-            f = _defaults_cached()
+            f = _defaults_cached()  # None unless the device accepts work (not shut down)
             if f is None:
                 f = _defaults()
+                if not (<tuple>f)[0].state.accepting_ops:
+                    (<tuple>f)[0]._check_usable("allocate an array")
             dev, stream, mr, tracks = f
         else:
             if stream is not None:
@@ -502,10 +547,14 @@ cdef class NvArray:
             else:
                 dev = _rt_current.current_device() if device is None else Device(device)
                 stream = _rt_current.current_stream(dev)
+            if not dev.state.accepting_ops:
+                dev._check_usable("allocate an array")
             if mr is None:
                 mr = get_current_resource(dev)
             tracks = mr.supports_block_use_tracking
         nbytes = numel * dt.itemsize
+        if nbytes > MAX_EXTENT or (numel == 0 and len(shape) > 1) or len(shape) > MAX_NDIM:
+            _check_fits(shape, dt)
         _identify(self, shape, dt, dev, stream, owner, numel, nbytes, mr)
         self._base = self._views = self._pinned = self._keepalive = self._gate = self._exports = None
         if nbytes:
@@ -590,7 +639,7 @@ cdef class NvArray:
         """The device address (for FFI). Raises ``UseAfterFreeError`` if the array was freed.
 
         Taking the address is not a tracked use: queue work on it inside ``use()``."""
-        if self._freed:
+        if self._freed is not False or not _in_context(self):
             self._check_live("take the device pointer of")
         return self._ptr
 
@@ -650,9 +699,13 @@ cdef class NvArray:
 
     # -- liveness and tracked use ------------------------------------------------
     def _check_live(self, what: str = "use", access: Access | None = None, op: str | None = None) -> None:
-        """Raise unless this array may be touched: not freed, no freed base, and every gate
-        on the way to the root passed (read-only memory refuses an ``access`` that writes; a
-        failed operation's target refuses everything)."""
+        """Raise unless this array may be touched: not freed, no freed base, made in its
+        device's current context (no ``Device.rebuild()`` since: the memory is gone and its
+        addresses may belong to new arrays), and every gate on the way to the root passed
+        (read-only memory refuses an ``access`` that writes; a failed operation's target
+        refuses everything). Every operation that takes an array passes here before it
+        touches the array's memory (the tracked use, ``begin_use``, sends it here whenever
+        its fast test does not vouch for the array)."""
         a = self
         while a is not None:
             if a._freed:
@@ -661,9 +714,25 @@ cdef class NvArray:
                                             generation=self.generation, ptr=self._ptr)
                 raise UseAfterFreeError(f"cannot {what} NvArray#{self.id}: its base NvArray#{a.id} was freed",
                                         array_id=self.id, generation=self.generation, ptr=self._ptr)
+            a = a._base
+        if not _in_context(self):
+            self._stale(what)
+        a = self
+        while a is not None:
             if a._gate is not None:
                 a._gate.check(self, op or what, access)
             a = a._base
+
+    def _stale(self, what: str) -> None:
+        """Raise the error for an array made before its device's context was rebuilt (or in
+        the parent of a forked process)."""
+        dev = self.device
+        state = dev.state
+        if state.forked_from is not None:
+            raise dev.backend.forked_error(f"{what} NvArray#{self.id}")
+        raise StaleHandleError("context rebuilt", what=f"NvArray#{self.id}", op=what,
+                               generation=self.stream._generation, current_generation=state.generation,
+                               device_id=dev.ordinal)
 
     @property
     def readonly(self) -> bool:
@@ -711,7 +780,7 @@ cdef class NvArray:
             StreamMisuseError: the array's resource cannot track cross-stream uses and
                 ``stream`` is not the block's own.
             ClosedError: the stream was closed.
-            StaleHandleError: the stream predates a context rebuild.
+            StaleHandleError: the array or the stream predates a context rebuild (on entry).
         """
         cdef TrackedUse u = TrackedUse.__new__(TrackedUse)
         u.array = self
@@ -775,7 +844,7 @@ cdef class NvArray:
             StreamMisuseError: the array's resource cannot track cross-stream uses and
                 ``stream`` is not the block's own.
             ClosedError: the stream was closed.
-            StaleHandleError: the stream predates a context rebuild.
+            StaleHandleError: the array or the stream predates a context rebuild.
 
         Example::
 
@@ -798,7 +867,7 @@ cdef class NvArray:
         released. Two views of one root acquire it once.
 
         Args:
-            uses: ``(array, mode)`` or ``(array, mode, offset, nbytes)`` for each use, as the
+            uses: ``(NvArray, mode)`` or ``(NvArray, mode, offset, nbytes)`` for each use, as the
                 arguments of ``access``. ``mode=None`` holds the array for ``by`` with the
                 others but makes no tracked use of it: the caller orders its work on it
                 itself (for memory whose resource cannot track, waited for on its stream).
@@ -1149,6 +1218,7 @@ cdef class NvArray:
         if _numel(new) != self.numel:
             raise ValueError(f"cannot reshape {self.shape} ({self.numel} elements) into {new} "
                              f"({_numel(new)} elements)")
+        _check_fits(new, self.dtype)
         return self._view(new, 0)
 
     def __getitem__(self, key: Any) -> "NvArray":
@@ -1494,7 +1564,7 @@ cdef inline bint _stream_ok(object stream) except -1:
 
 cdef int begin_use(NvArray arr, object stream, object access, object op, Py_ssize_t off,
                    Py_ssize_t n) except -1:
-    if arr._freed is not False or arr._base is not None or arr._gate is not None:
+    if not _plain_on(arr, stream):
         arr._check_live("use", access, op)
     chk = _ORD["checker"]
     block = arr._block

@@ -101,7 +101,7 @@ def run_script(script: str, argv: list[str], *, sanitize: bool = False, guard: b
     sys.argv = [script, *argv]
     sys.path.insert(0, os.path.dirname(os.path.abspath(script)))
     left: Any = None
-    failure: str | None = None
+    raised: list[BaseException] = []  # the error Ignis's checks raised to the script: a problem found
     try:
         left = runpy.run_path(script, run_name="__main__")
     except SystemExit as e:
@@ -110,18 +110,22 @@ def run_script(script: str, argv: list[str], *, sanitize: bool = False, guard: b
         traceback.print_exc(file=out)
         status = 1
         if isinstance(e, ig.IgnisError):
-            problems += 1
-            failure = f"{type(e).__name__} (its traceback is above)"
+            raised.append(e)
     finally:
         sys.argv, sys.path[:] = old_argv, old_path
     if sanitize:
         _settle_torch()  # the script is over: what its globals free now cannot race its own work
     left = None
     gc.collect()
+    from ..array.nvarray import drain_deferred
+    drain_deferred()  # what the collector freed goes back now, before the figures are read
 
     report = Report()
-    if failure is not None:
-        report.add(f"the script stopped with {failure}", problem=True)
+    problems += len(raised)
+    if raised and not sanitize:  # the sanitizer's summary shows it with its own
+        e = raised[0]
+        report.add(f"ignis run: the script stopped on an error Ignis's checks raised (a problem found): "
+                   f"{type(e).__name__}: {e}", problem=True)
     if tguard is not None:
         buf = io.StringIO()
         problems += tguard.finish(buf)
@@ -129,7 +133,7 @@ def run_script(script: str, argv: list[str], *, sanitize: bool = False, guard: b
     if sanitize:
         reports = ig.sanitizer.reports()
         problems += len(reports)
-        lines = ig.sanitizer.sanitizer.summary().split("\n--- ")
+        lines = ig.sanitizer.sanitizer.summary(raised).split("\n--- ")
         report.add(lines[0])
         for block in lines[1:]:
             report.add("--- " + block, problem=True)

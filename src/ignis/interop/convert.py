@@ -30,8 +30,11 @@ def asarray(obj: Any, *, dtype: Any = None, **kw: Any) -> NvArray:
         ValueError: ``dtype`` differs from an NvArray's dtype, or is unknown.
         TypeError: as ``ig.from_dlpack``, for an object it adopts.
         OutOfMemoryError: as ``ig.from_numpy``, for host data.
+        UseAfterFreeError: ``obj`` is an ``NvArray`` that was freed.
+        StaleHandleError: ``obj`` is an ``NvArray`` made before a context rebuild.
     """
     if isinstance(obj, NvArray):
+        obj._check_live("take as an array")  # freed, or made before a context rebuild: refused
         if dtype is not None and _dt.dtype(dtype) is not obj.dtype:
             raise ValueError(f"asarray: array is {obj.dtype.name}, not {_dt.dtype(dtype).name}; "
                              "dtype conversion needs a copy")

@@ -60,7 +60,8 @@ def from_dlpack(x: Any, *, stream: Stream | None = None, owner: str = "compute")
     is this function.
 
     Args:
-        x: an object with ``__dlpack__`` (or ``__cuda_array_interface__``).
+        x: an object with ``__dlpack__`` (or ``__cuda_array_interface__``); an ``NvArray``
+            is returned as it is, once checked (not freed, not stale).
         stream: the new array's stream, the one the producer orders its work before;
             None: the device's default stream.
         owner: the new array's owner name (default ``"compute"``).
@@ -70,11 +71,15 @@ def from_dlpack(x: Any, *, stream: Stream | None = None, owner: str = "compute")
         ValueError: the tensor is not contiguous, not on a CUDA device (on the cuda
             backend), or of a dtype Ignis does not know.
         UnsupportedError: on the emulated backend, a tensor that is not in host memory.
+        UseAfterFreeError: ``x`` is an ``NvArray`` that was freed.
+        StaleHandleError: ``x`` is an ``NvArray`` made before a context rebuild, or the device
+            is shut down.
     """
     from ..array import NvArray
     from ..array.nvarray import _ReadOnly
 
     if isinstance(x, NvArray):
+        x._check_live("adopt")  # freed, or made before a context rebuild: refused, not passed on
         return x
     if not hasattr(x, "__dlpack__"):
         if hasattr(x, "__cuda_array_interface__"):
@@ -90,12 +95,14 @@ def from_dlpack(x: Any, *, stream: Stream | None = None, owner: str = "compute")
             raise UnsupportedError(f"importing DLPack device type {dev_type}", backend.name,
                                    "this backend adopts CPU tensors only")
         device = current_device()
+        device._check_usable("adopt an array")
         kwargs: dict[str, Any] = {}
     else:
         if dev_type != KDL_CUDA:
             raise ValueError(f"from_dlpack: the tensor lives on DLPack device type {dev_type}, not on a CUDA "
                              "device; copy it with ig.from_numpy / ig.asarray instead")
         device = Device(dev_id)
+        device._check_usable("adopt an array")
         kwargs = {"stream": (stream if stream is not None else device.default_stream).handle}
     try:
         capsule = x.__dlpack__(max_version=(1, 1), **kwargs)
@@ -174,6 +181,7 @@ def _from_cai(x: Any, owner: str) -> "NvArray":
     ptr = int(cai["data"][0])
     shape = tuple(int(d) for d in cai["shape"])
     device = current_device()  # the interface names no device: CUDA's current one, as CuPy takes it
+    device._check_usable("adopt an array")
     s = device.default_stream
     if cai.get("stream") not in (None, -1, 1, 2):
         ev = device.backend.event_create(device.ordinal, False)

@@ -57,6 +57,8 @@ import numpy as np
 
 from .. import dtypes as _dt
 from ..dtypes import DType
+from .._types import MAX_EXTENT
+from .._types import MAX_NDIM as _MAX_NDIM
 from ..errors import SafetensorsError
 
 __all__ = ["SafetensorsError", "TensorEntry", "Header", "MAX_HEADER_SIZE", "MAX_DEPTH", "MAX_NDIM",
@@ -65,8 +67,8 @@ __all__ = ["SafetensorsError", "TensorEntry", "Header", "MAX_HEADER_SIZE", "MAX_
 MAX_HEADER_SIZE = 100_000_000
 METADATA_KEY = "__metadata__"
 MAX_DEPTH = 127                     # serde_json's recursion limit, as the reference applies it
-MAX_NDIM = 64 if int(np.__version__.split(".")[0]) >= 2 else 32   # NumPy's NPY_MAXDIMS
-_MAX_BYTES = (1 << 63) - 1          # NumPy's limit on any array's extent in bytes
+MAX_NDIM = _MAX_NDIM                # NumPy's NPY_MAXDIMS, the arrays' own limit (ignis._types)
+_MAX_BYTES = MAX_EXTENT             # NumPy's limit on any array's extent in bytes, the arrays' too
 _U64 = (1 << 64) - 1
 _I64_MIN = -(1 << 63)
 _SURROGATE_ESCAPE = re.compile(r"\\u[dD][89a-fA-F]")

@@ -11,6 +11,11 @@ Design:
   than the ring, whatever the model's size.
 - The file is written under a temporary name in the same directory and
   renamed over ``path`` when complete: a failed save leaves ``path`` as it was.
+  A ``path`` that is a symbolic link is followed: the file it names is the one
+  written (under a temporary name beside it), and the link stays a link. A
+  path that names anything but a regular file (a character device, a FIFO, a
+  directory, a socket) is refused before anything is written: renaming over it
+  would replace it with a regular file.
 
 Rules:
 - Ownership: every array is acquired for ``"io"`` before the first byte moves
@@ -23,8 +28,10 @@ Rules:
 
 from __future__ import annotations
 
+import errno
 import itertools
 import os
+import stat
 from typing import Any, Mapping
 
 from ..array import NvArray
@@ -85,9 +92,11 @@ def save_safetensors(arrays: Mapping[str, NvArray], path: "str | os.PathLike[str
     Raises:
         MemoryContractViolation: an array is held by another layer (nothing is written).
         UseAfterFreeError: an array was freed.
-        OSError: the file cannot be written (``path`` is left as it was).
+        StaleHandleError: an array was made before its device's context was rebuilt.
+        OSError: the file cannot be written, or ``path`` names something other than a regular
+            file (a device, a FIFO, a directory); ``path`` is left as it was.
     """
-    path = os.fspath(path)
+    path = _destination(os.fspath(path))
     opts = options if options is not None else PipelineOptions()
     if not isinstance(opts, PipelineOptions):
         raise TypeError(f"options must be a PipelineOptions, got {type(options).__name__}")
@@ -120,6 +129,27 @@ def save_safetensors(arrays: Mapping[str, NvArray], path: "str | os.PathLike[str
                 waited.add(id(a.stream))
                 stream.wait(a.stream)
         _write(path, header, chunks, file_size, stream, opts, progress)
+
+
+def _destination(path: str) -> str:
+    """The regular file a save to ``path`` writes: ``path``, or the file its symbolic links
+    name (which need not exist yet). Anything else is refused, since the finished file is
+    renamed over it."""
+    target = os.path.realpath(path)  # every link followed; a dangling one: the path it names
+    try:
+        st = os.stat(target)  # a link loop raises ELOOP here
+    except FileNotFoundError:
+        return target
+    if stat.S_ISREG(st.st_mode):
+        return target
+    kind = ("a directory" if stat.S_ISDIR(st.st_mode) else "a character device" if stat.S_ISCHR(st.st_mode)
+            else "a block device" if stat.S_ISBLK(st.st_mode) else "a FIFO" if stat.S_ISFIFO(st.st_mode)
+            else "a socket" if stat.S_ISSOCK(st.st_mode) else "not a regular file")
+    via = f" (through the link {path})" if target != os.path.abspath(path) else ""
+    raise OSError(errno.EISDIR if stat.S_ISDIR(st.st_mode) else errno.EINVAL,
+                  f"cannot save safetensors to {target}{via}: it is {kind}, and a save writes a whole "
+                  "file and renames it over the path, which would replace it; give the path of a regular "
+                  "file (or of one to create)", path)
 
 
 def _write(path: str, header: bytes, chunks: Any, file_size: int, stream: Stream, opts: PipelineOptions,

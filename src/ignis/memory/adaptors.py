@@ -11,6 +11,13 @@ methods so forwarding costs nothing).
   stack that made each, and a readable report.
 
 A failing upstream allocation leaves every adaptor's counters as they were.
+
+Closing: ``ResourceAdaptor.allocate`` refuses a closed adaptor (``ClosedError``) before
+asking its upstream for anything, then calls the adaptor's own ``_allocate_open``; the
+adaptors here add their work there, not by overriding ``allocate`` (the debug guards,
+which replace the allocation itself, make the same check first in theirs). A block the
+upstream gave is handed back if the adaptor's own step then fails (a log that cannot be
+written), so nothing is lost. Deallocation works after ``close()``, as the contract says.
 """
 
 from __future__ import annotations
@@ -64,14 +71,25 @@ class ResourceAdaptor(DeviceMemoryResource):
         self.record_block_use = upstream.record_block_use
 
     def allocate(self, nbytes: int, stream: Stream | None = None, tag: str = UNTAGGED) -> DeviceBlock:
-        """The upstream's ``allocate(nbytes, stream, tag)``, with its errors (see
-        ``DeviceMemoryResource.allocate``).
+        """The upstream's ``allocate(nbytes, stream, tag)`` through this adaptor's own step
+        (``_allocate_open``), with their errors (see ``DeviceMemoryResource.allocate``).
 
         Args:
             nbytes: the size in bytes, at least 1.
             stream: the ``Stream`` the allocation is ordered on; None for the default stream.
             tag: a label shown in logs, statistics and reports.
+
+        Raises:
+            ClosedError: the adaptor was closed (nothing is asked of the upstream).
+            StaleHandleError: the adaptor predates a context rebuild.
         """
+        if self._closed or self._generation != self.device.state.generation:
+            self._check_alive()
+        return self._allocate_open(nbytes, stream, tag)
+
+    def _allocate_open(self, nbytes: int, stream: Stream | None, tag: str) -> DeviceBlock:
+        """``allocate`` once the adaptor is known open: what an adaptor adds to the upstream's
+        allocation (here: nothing)."""
         return self.upstream.allocate(nbytes, stream, tag)
 
     def deallocate(self, block: DeviceBlock) -> None:
@@ -146,19 +164,9 @@ class BudgetResource(ResourceAdaptor):
         """Bytes left in the budget: ``limit_bytes - used_bytes``."""
         return self.limit_bytes - self._used
 
-    def allocate(self, nbytes: int, stream: Stream | None = None, tag: str = UNTAGGED) -> DeviceBlock:
+    def _allocate_open(self, nbytes: int, stream: Stream | None, tag: str) -> DeviceBlock:
         """The upstream's allocation (with its errors), unless ``nbytes`` exceeds the
-        remaining budget.
-
-        Args:
-            nbytes: the size in bytes, at least 1.
-            stream: the ``Stream`` the allocation is ordered on; None for the default stream.
-            tag: a label shown in logs, statistics and reports.
-
-        Raises:
-            OutOfBudgetError: ``nbytes`` is more than ``remaining_bytes`` (nothing is asked of
-                the upstream).
-        """
+        remaining budget: then ``OutOfBudgetError`` (nothing is asked of the upstream)."""
         with self._lock:
             remaining = self.limit_bytes - self._used
             if type(nbytes) is int and nbytes > remaining:
@@ -229,36 +237,41 @@ class LoggingResource(ResourceAdaptor):
         t = time.time()
         return time.strftime("%H:%M:%S", time.localtime(t)) + f".{int((t % 1) * 1e6):06d}"
 
-    def _write(self, action: str, ptr: int, size: int, stream: Stream | None, tag: str, gen: Any) -> None:
+    def _write(self, action: str, ptr: int, size: int, stream: Stream | None, tag: str, gen: Any) -> bool:
+        """Log one line; False (nothing written) once ``close()`` closed the log."""
         row = [threading.get_ident(), self._now(), action, f"{ptr:#x}", size,
                f"{stream.handle:#x}" if stream is not None else "0x0"]
         if self.extra_columns:
             row += [tag, gen]
         with self._lock:
+            if self._closed:
+                return False
             self._writer.writerow(row)
             if self.auto_flush:
                 self._file.flush()
+        return True
 
-    def allocate(self, nbytes: int, stream: Stream | None = None, tag: str = UNTAGGED) -> DeviceBlock:
+    def _allocate_open(self, nbytes: int, stream: Stream | None, tag: str) -> DeviceBlock:
         """The upstream's allocation, logged as ``allocate`` (or ``allocate failure`` when the
         upstream raises a ``MemoryError``, such as ``OutOfMemoryError``, which is re-raised).
-
-        Args:
-            nbytes: the size in bytes, at least 1.
-            stream: the ``Stream`` the allocation is ordered on; None for the default stream.
-            tag: a label shown in logs, statistics and reports.
-        """
+        If the line cannot be written (the log was closed meanwhile, or the write failed), the
+        block goes back upstream and the error is raised: no block leaves unlogged."""
         try:
             block = self.upstream.allocate(nbytes, stream, tag)
         except MemoryError:
             s = stream if isinstance(stream, Stream) else None
             self._write("allocate failure", 0, nbytes if isinstance(nbytes, int) else 0, s, tag, "")
             raise
-        self._write("allocate", block.ptr, block.requested, block.alloc_stream, tag, block.generation)
+        try:
+            if not self._write("allocate", block.ptr, block.requested, block.alloc_stream, tag, block.generation):
+                self._check_alive()  # closed while the upstream allocated: ClosedError
+        except BaseException:
+            self.upstream.deallocate(block)
+            raise
         return block
 
     def deallocate(self, block: DeviceBlock) -> None:
-        """The upstream's deallocation, then a ``free`` line.
+        """The upstream's deallocation, then a ``free`` line (none once the log is closed).
 
         Args:
             block: a LIVE block allocated through this adaptor.
@@ -267,19 +280,22 @@ class LoggingResource(ResourceAdaptor):
         self._write("free", block.ptr, block.requested, block.alloc_stream, block.tag, block.generation)
 
     def flush(self) -> None:
-        """Write the buffered lines out."""
+        """Write the buffered lines out (nothing once closed)."""
         with self._lock:
-            self._file.flush()
+            if not self._closed:
+                self._file.flush()
 
     def close(self) -> None:
-        """Close the log file it opened (or flush a stream it was given), then refuse
-        further allocations."""
+        """Refuse further allocations, then close the log file it opened (or flush a stream
+        it was given). Frees after this are not logged. Idempotent."""
         with self._lock:
+            if self._closed:
+                return
+            super().close()
             if self._owns_file and not self._file.closed:
                 self._file.close()
             elif not self._owns_file:
                 self._file.flush()
-        super().close()
 
 
 @dataclass
@@ -366,7 +382,8 @@ class StatisticsResource(ResourceAdaptor):
         self._stack: list[Statistics] = [Statistics()]
         self._by_tag: dict[str, Statistics] = {}
 
-    def allocate(self, nbytes: int, stream: Stream | None = None, tag: str = UNTAGGED) -> DeviceBlock:
+    def _allocate_open(self, nbytes: int, stream: Stream | None, tag: str) -> DeviceBlock:
+        """The upstream's allocation, counted."""
         block = self.upstream.allocate(nbytes, stream, tag)
         n = block.requested
         with self._lock:
@@ -458,9 +475,10 @@ class TrackingResource(ResourceAdaptor):
         self._lock = threading.Lock()
         self._outstanding: dict[int, tuple[DeviceBlock, Any]] = {}
 
-    def allocate(self, nbytes: int, stream: Stream | None = None, tag: str = UNTAGGED) -> DeviceBlock:
+    def _allocate_open(self, nbytes: int, stream: Stream | None, tag: str) -> DeviceBlock:
+        """The upstream's allocation, kept as outstanding (with its stack, if asked)."""
         block = self.upstream.allocate(nbytes, stream, tag)
-        stack = traceback.extract_stack(limit=16)[:-1] if self.capture_stacks else None
+        stack = traceback.extract_stack(limit=17)[:-2] if self.capture_stacks else None
         with self._lock:
             self._outstanding[block.ptr] = (block, stack)
         return block

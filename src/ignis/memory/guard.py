@@ -164,11 +164,17 @@ def _target(target: Any, stream: Stream | None) -> tuple[int, int, Stream]:
 def first_poisoned_offset(target: Any, stream: Stream | None = None, *, poison: int = 0xA5) -> int | None:
     """The offset of the first byte of ``target`` that still holds ``poison``, or ``None``.
 
-    ``target``: a ``DeviceBlock`` (its requested bytes), a ``(ptr, nbytes)`` pair or
-    an ``NvArray``. The bytes are read on ``stream`` (default: the block's or array's
-    stream, else device 0's default stream) after the work queued there, and the
-    host waits. Order writes made on other streams before calling. A single data
-    byte may equal the poison by chance; look at the offsets you expect written."""
+    The bytes are read on ``stream`` after the work queued there, and the host waits.
+    Order writes made on other streams before calling. A single data byte may equal the
+    poison by chance; look at the offsets you expect written.
+
+    Args:
+        target: a ``DeviceBlock`` (its requested bytes), a ``(ptr, nbytes)`` pair or an
+            ``NvArray`` (refused if freed or stale, as its ``device_ptr`` is).
+        stream: the stream to read on; None for the block's or array's stream, else
+            device 0's default stream.
+        poison: the poison byte value (default 0xA5).
+    """
     ptr, nbytes, s = _target(target, stream)
     hit = _scan(s.device.backend, ptr, nbytes, s, _byte("poison", poison), True)
     return None if hit is None else hit[0]

@@ -694,8 +694,8 @@ cdef class DeviceMemoryResource:
 
     def _unregister(self, block: DeviceBlock) -> None:
         """Lock held: check ``block`` is live here (else the right error) and forget it."""
-        if self._live.get(block.ptr) is not block:
-            self._check_dealloc(block, self._live)
+        if type(block) is not DeviceBlock or self._live.get(block.ptr) is not block:
+            self._check_dealloc(block, self._live)  # raises: not a block, freed, or not from here
         del self._live[block.ptr]
         self._bytes -= block.bytes
 
@@ -825,6 +825,17 @@ cdef class TrackedResource(DeviceMemoryResource):
         self.cross_stream_waits += 1
         return event
 
+    def _check_block_context(self, block: "DeviceBlock | BlockId") -> None:
+        """Raise ``StaleHandleError`` when this resource (so ``block``) belongs to a context that
+        was rebuilt since: its addresses may now be another allocation's."""
+        state = self.device.state
+        if state.generation != self._generation:
+            if state.forked_from is not None:
+                raise self._backend.forked_error(f"use block {block.ptr:#x}")
+            raise StaleHandleError("context rebuilt", what=f"block {block.ptr:#x} of {type(self).__name__}",
+                                   generation=self._generation, current_generation=state.generation,
+                                   device_id=self.device.ordinal)
+
     def _resolve(self, block: "DeviceBlock | BlockId") -> DeviceBlock:
         b = self._live.get(block.ptr)
         if b is None or b.generation != block.generation:
@@ -866,6 +877,8 @@ cdef class TrackedResource(DeviceMemoryResource):
         g = s.device.state.generation
         if s._closed or (s._generation is not g and s._generation != g):
             s._check()  # a closed or stale stream: its handle must not reach the driver
+        if self._generation is not g and self._generation != g:
+            self._check_block_context(block)  # a block of a rebuilt context: its memory is gone
         lock_take(lk)
         try:
             b = self._live.get((<DeviceBlock>block).ptr if type(block) is DeviceBlock else block.ptr)

@@ -124,6 +124,8 @@ def release_mapped_block(mr: Any, block: DeviceBlock, on_unmapped: "Callable[[],
     and one already unmapped stays counted in ``mr._unmapped``; either way a later call
     finishes it. ``mr`` provides ``_lock``, ``_unmapped``, ``_bytes``, ``_unregister``,
     ``_relive``, ``_reset_record_after_release`` and ``_sanitize_free``."""
+    if not isinstance(block, DeviceBlock):
+        mr._check_dealloc(block, mr._live)  # raises TypeError
     with mr._lock:
         stale = mr.device.state.generation != mr._generation
         if mr._unmapped and mr._unmapped.get(block.ptr) is block:

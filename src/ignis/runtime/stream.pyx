@@ -10,12 +10,13 @@ and that its device's context has not been rebuilt since it was made.
 from __future__ import annotations
 
 import itertools
-import sys
 import weakref
 from typing import TYPE_CHECKING, Callable
 
 from ..errors import ClosedError, StaleHandleError
 from .event import Event
+
+from .._cpython cimport ignis_finalizing
 
 if TYPE_CHECKING:
     from .device import Device
@@ -251,7 +252,9 @@ cdef class Stream:
             owned, closed = self._owned, self._closed
         except AttributeError:  # __init__ refused its arguments: there is nothing to destroy
             return
-        if owned and not closed and not sys.is_finalizing():
+        # ignis_finalizing() is a C test: at interpreter exit this module's globals (``sys``
+        # among them) may be cleared before the last streams die.
+        if owned and not closed and not ignis_finalizing():
             try:
                 self.close()
             except Exception:

@@ -68,6 +68,14 @@ def validate_owner(owner: Any) -> str:
     return owner
 
 
+def _as_array(array: Any, op: str) -> SafeArray:
+    """``array`` if it is an array the contract can hold (an ``NvArray``), else a ``TypeError``."""
+    if not callable(getattr(type(array), "_root", None)) or not hasattr(array, "owner"):
+        raise TypeError(f"contract.{op} takes an NvArray, got {type(array).__name__}; device memory "
+                        "from elsewhere is adopted with ig.asarray / ig.from_dlpack first")
+    return array
+
+
 class MemoryContract:
     """Ownership of arrays passed between layers.
 
@@ -99,13 +107,15 @@ class MemoryContract:
             True.
 
         Raises:
+            TypeError: ``array`` is not an NvArray.
             ValueError: ``by`` is not a registered owner.
             UseAfterFreeError: ``array`` was freed.
+            StaleHandleError: ``array`` was made before its device's context was rebuilt.
             MemoryContractViolation: ``by`` already holds it (double acquire), another layer
                 holds it, or it is shared (``ref_count > 1``).
         """
         validate_owner(by)
-        view, array = array, array._root()
+        view, array = array, _as_array(array, "acquire")._root()
         with self._lock, array._lock:
             view._check_live("acquire")
             cur = array.owner
@@ -135,11 +145,12 @@ class MemoryContract:
             True.
 
         Raises:
+            TypeError: ``array`` is not an NvArray.
             ValueError: ``by`` is not a registered owner.
             MemoryContractViolation: ``array`` is not held by ``by``.
         """
         validate_owner(by)
-        array = array._root()
+        array = _as_array(array, "release")._root()
         with self._lock, array._lock:
             if array.owner != by:
                 raise MemoryContractViolation(
@@ -156,11 +167,12 @@ class MemoryContract:
             owner: the expected owner name.
 
         Raises:
+            TypeError: ``array`` is not an NvArray.
             ValueError: ``owner`` is not a registered owner.
             MemoryContractViolation: the array has another owner.
         """
         validate_owner(owner)
-        actual = array._root().owner
+        actual = _as_array(array, "assert_owner")._root().owner
         if actual != owner:
             raise MemoryContractViolation(f"NvArray#{array.id} expected owner {owner!r}, actual {actual!r}",
                                           array_id=array.id, owner=actual, caller=owner)
@@ -191,6 +203,7 @@ class MemoryContract:
         Args:
             array: the ``NvArray`` to track.
         """
+        _as_array(array, "track")
         frames = capture_frames(3) if self.capture_sites else ()
         with self._lock:
             if array.id not in self._tracked:
@@ -202,6 +215,7 @@ class MemoryContract:
         Args:
             array: the ``NvArray`` to forget.
         """
+        _as_array(array, "untrack")
         with self._lock:
             self._tracked.pop(array.id, None)
 

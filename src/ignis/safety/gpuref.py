@@ -48,11 +48,15 @@ class GpuRef(Generic[_A]):
     process-local: share memory between processes with ``ig.ipc.export``).
     ``len(ref)`` is the array's number of elements.
 
-    ``NvArray.ref()`` is the usual way to make one: it first checks that the
-    array is live. Thread-safe.
+    ``NvArray.ref()`` is the usual way to make one. Thread-safe.
 
     Args:
         array: the ``NvArray`` the handle is for.
+
+    Raises:
+        TypeError: ``array`` is not an array.
+        UseAfterFreeError: the array was freed.
+        StaleHandleError: the array was made before its device's context was rebuilt.
 
     Example::
 
@@ -67,6 +71,10 @@ class GpuRef(Generic[_A]):
     __slots__ = ("_array", "_state", "_generation", "_device_id", "_last_write", "_lock")
 
     def __init__(self, array: _A) -> None:
+        check = getattr(array, "_check_live", None)
+        if check is None:
+            raise TypeError(f"a GpuRef is made for an NvArray, got {type(array).__name__}")
+        check("take a GpuRef to")  # freed, or made before a context rebuild: no handle to it
         state = array.device.state
         self._array = array
         self._state = weakref.ref(state)

@@ -67,7 +67,7 @@ import sys
 import threading
 from bisect import bisect_left, bisect_right, insort
 from contextlib import contextmanager
-from typing import Any, Callable, Iterator
+from typing import Any, Callable, Iterator, Sequence
 
 try:  # compiled, this is Cython's; as plain Python, its shadow module if installed (not required)
     import cython
@@ -1253,22 +1253,31 @@ class Sanitizer:
             self._groups = {}
             return out
 
-    def summary(self) -> str:
-        """What was checked and what was found, one report per pair of sites."""
+    def summary(self, raised: "Sequence[BaseException]" = ()) -> str:
+        """What was checked and what was found, one report per pair of sites.
+
+        Args:
+            raised: errors that Ignis's checks raised to the program instead of reporting
+                them here (a use after free stops the program in any mode); each is a problem
+                found, counted and shown after the collected reports.
+        """
         checked = f"{self.checked} accesses checked"
         if self.checked_foreign:
             checked = f"{self.checked} Ignis accesses and {self.checked_foreign} foreign accesses checked"
+        found = [*self.reports, *raised]
         lines = []
-        if not self.reports:
+        if not found:
             lines.append(f"ignis sanitizer: no problems found ({checked})")
         else:
-            total = sum(getattr(e, "count", 1) for e in self.reports)
-            lines.append(f"ignis sanitizer: {len(self.reports)} problem(s) found ({total} report(s), grouped by "
-                         f"the pair of sites; {checked})")
+            total = sum(getattr(e, "count", 1) for e in found)
+            note = f", {len(raised)} raised to the program" if raised else ""
+            lines.append(f"ignis sanitizer: {len(found)} problem(s) found ({total} report(s), grouped by "
+                         f"the pair of sites{note}; {checked})")
         lines += [n() for n in self.notes]
-        for i, e in enumerate(self.reports, 1):
+        for i, e in enumerate(found, 1):
             n = getattr(e, "count", 1)
-            lines.append(f"--- {i}: {type(e).__name__}{f' (seen {n} times)' if n > 1 else ''}: {e}")
+            how = " (raised to the program)" if i > len(self.reports) else ""
+            lines.append(f"--- {i}: {type(e).__name__}{how}{f' (seen {n} times)' if n > 1 else ''}: {e}")
         return "\n".join(line for line in lines if line)
 
     def _print_at_exit(self) -> None:

@@ -367,14 +367,64 @@ def dump_snapshot(path: "str | os.PathLike[str]" = "ignis_snapshot.pickle", devi
     return path
 
 
+def _latin1_bytes(text: Any, encoding: Any) -> bytes:
+    """What protocol 2's ``_codecs.encode(text, "latin1")`` makes of bytes, and nothing else."""
+    if type(text) is not str or encoding != "latin1":
+        raise pickle.UnpicklingError("it calls _codecs.encode other than to rebuild bytes")
+    return text.encode("latin1")
+
+
+class _SnapshotUnpickler(pickle.Unpickler):
+    """Reads only what a snapshot holds: dicts, lists, tuples, sets, strings, bytes, numbers,
+    booleans and None. A pickle that names any class or function (the way a crafted pickle
+    runs code) is refused before that name is looked up, so nothing in the file runs."""
+
+    # The names pickle protocols 2 and 3 use to rebuild a set, and protocol 2 bytes (protocol
+    # 4 has opcodes for both); bytes through a function that only turns latin-1 text into bytes.
+    _ALLOWED = {("builtins", "set"): set, ("builtins", "frozenset"): frozenset,
+                ("__builtin__", "set"): set, ("__builtin__", "frozenset"): frozenset,  # protocols 0 to 2
+                ("_codecs", "encode"): lambda text, encoding="utf-8": _latin1_bytes(text, encoding)}
+
+    def find_class(self, module: str, name: str) -> Any:
+        found = self._ALLOWED.get((module, name))
+        if found is None:
+            raise pickle.UnpicklingError(
+                f"it names {module}.{name}, and a memory snapshot holds only plain containers and scalars "
+                "(dicts, lists, tuples, strings, numbers); it was not read, since unpickling it could run code")
+        return found
+
+    def persistent_load(self, pid: Any) -> Any:
+        raise pickle.UnpicklingError("it holds a persistent reference, which a memory snapshot never does")
+
+
 def load_snapshot(path: "str | os.PathLike[str]") -> dict[str, Any]:
-    """Read a snapshot pickle (Ignis's or PyTorch's). Only open files you trust:
-    unpickling runs code."""
-    with open(os.fspath(path), "rb") as f:
-        data = pickle.load(f)
+    """Read a snapshot pickle (Ignis's or PyTorch's).
+
+    Snapshot files are untrusted input: a pickle can name any function to call while it
+    is read, so only the plain containers and scalars a snapshot is made of are admitted
+    (``dict``, ``list``, ``tuple``, ``set``, ``str``, ``bytes``, numbers, ``bool``, ``None``);
+    a file naming anything else is refused before it can run code.
+
+    Args:
+        path: the snapshot file.
+
+    Raises:
+        ValueError: the file is not a memory snapshot: not a pickle, a pickle that names a
+            class or function, or no ``segments``.
+        OSError: the file cannot be read.
+    """
+    p = os.fspath(path)
+    with open(p, "rb") as f:
+        try:
+            data = _SnapshotUnpickler(f).load()
+        except pickle.UnpicklingError as e:
+            raise ValueError(f"{p} is not a memory snapshot: {e}") from None
+        except (EOFError, ValueError, TypeError, IndexError, KeyError, AttributeError, OverflowError) as e:
+            raise ValueError(f"{p} is not a memory snapshot (not a readable pickle: {type(e).__name__}: "
+                             f"{e})") from None
     if isinstance(data, list):  # an old PyTorch dump: segments only
         data = {"segments": data, "device_traces": []}
     if not isinstance(data, dict) or "segments" not in data:
-        raise ValueError(f"{os.fspath(path)} is not a memory snapshot (no 'segments')")
+        raise ValueError(f"{p} is not a memory snapshot (no 'segments')")
     data.setdefault("device_traces", [])
     return data

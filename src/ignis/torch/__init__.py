@@ -110,8 +110,7 @@ def sanitize(mode: str = "raise", *, engine: str | None = None) -> Iterator["San
             sanitizer.mode = prev_mode
 
 
-@contextmanager
-def use(tensor: Any, access: Any = "read_write", *, stream: Any = None, op: str = "declared use") -> Iterator[Any]:
+def use(tensor: Any, access: Any = "read_write", *, stream: Any = None, op: str = "declared use") -> Any:
     """Declare that work the dispatcher cannot see touches ``tensor``: a Triton or raw
     extension kernel, a ``torch.compile``d region, a CUDA graph replay. The access
     (``"read"``, ``"write"`` or ``"read_write"``) is checked and recorded on ``stream``
@@ -120,10 +119,18 @@ def use(tensor: Any, access: Any = "read_write", *, stream: Any = None, op: str 
 
         with ignis.torch.use(out, "write", stream=s):
             my_triton_kernel[grid](out, ...)
+
+    Raises:
+        ValueError: ``access`` names no access (at the call, whether or not the sanitizer is on).
     """
+    from .._types import Access
+    return _declared_use(tensor, Access.parse(access), stream, op)
+
+
+@contextmanager
+def _declared_use(tensor: Any, access: Any, stream: Any, op: str) -> Iterator[Any]:
     if _fe is not None:
-        from .._types import Access
-        _fe.declare(tensor, Access.parse(access), stream, op)
+        _fe.declare(tensor, access, stream, op)
     yield tensor
 
 

@@ -638,13 +638,18 @@ def clear_reports() -> list[IgnisError]:
         return out
 
 
-def summary() -> str:
-    """What the guards checked and found (this module's list)."""
+def summary(failed_steps: int = 0) -> str:
+    """What the guards checked and found (this module's list); ``failed_steps``: steps of a
+    final check that failed (``finish``), which leave the run unable to say all is well."""
     jobs = sum(g._checker.jobs for g in _s.guards.values())
     probs = reports()
     lines = []
+    if failed_steps:
+        lines.append(f"ignis guard: {failed_steps} step(s) of the final check failed (above): what they were "
+                     "to check is unchecked")
     if not probs:
-        lines.append(f"ignis guard: no problems found ({jobs} checks of {_count_allocs()} allocations)")
+        if not failed_steps:
+            lines.append(f"ignis guard: no problems found ({jobs} checks of {_count_allocs()} allocations)")
     else:
         total = sum(getattr(e, "count", 1) for e in probs)
         lines.append(f"ignis guard: {len(probs)} problem(s) found ({total} report(s), grouped by kind and "
@@ -678,21 +683,25 @@ def check(*, raise_: bool = True) -> list[IgnisError]:
 
 def finish(out: Any = None) -> int:
     """At the end of a run: flush every quarantine and check everything; print this
-    module's reports (``out``, default stderr). Returns the number of problems in
-    this module's list (the sanitizer's are its own)."""
+    module's reports (``out``, default stderr). Each step runs whatever the one before
+    did: a step that fails is reported and counted as a problem (the run cannot say
+    nothing was found), and the next one still runs. Returns the number of problems in
+    this module's list (the sanitizer's are its own) plus the steps that failed."""
     out = out or sys.stderr
+    failed = 0
     for g in list(_s.guards.values()):
-        try:
-            g.flush(raise_=False)
-            g.check(raise_=False)
-        except Exception as e:
-            print(f"ignis guard: the final check on device {g.device.ordinal} failed: {type(e).__name__}: {e}",
-                  file=out)
+        for step, run in (("flush of the quarantine", g.flush), ("check", g.check)):
+            try:
+                run(raise_=False)
+            except Exception as e:
+                failed += 1
+                print(f"ignis guard: the final {step} on device {g.device.ordinal} failed (counted as a "
+                      f"problem: what it was to check is unchecked): {type(e).__name__}: {e}", file=out)
     if _s.guards or _s.problems:
-        print(summary(), file=out)
+        print(summary(failed), file=out)
     global _printed
     _printed = len(reports())
-    return _printed
+    return _printed + failed
 
 
 _printed = 0  # problems the report of ``finish`` showed (exit prints only newer ones)

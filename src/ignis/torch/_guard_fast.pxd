@@ -70,7 +70,7 @@ cdef class GuardCore(GuardBase):
 
     cdef DeviceBlock _allocate(self, object nbytes, object stream, object tag, object frames)
     cdef int _free_fast(self, DeviceBlock block, bint poisoned, bint later=*) except -1
-    cdef int _poison_due(self, object stream) except -1
+    cdef int _poison_due(self, object stream, object target=*) except -1
     cdef bint _ready_ok(self, object stream) except -1
     cdef Py_ssize_t _held_n(self, object nbytes) except -1
     cdef DeviceBlock _take_ready(self, object stream, object nbytes, object tag)

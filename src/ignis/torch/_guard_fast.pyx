@@ -396,17 +396,23 @@ cdef class _Checker:
                 self.launch(s)
 
     def launch(self, stream: Stream) -> None:
-        """Queue the pending jobs of ``stream`` as one or more batches on it (after the poison
-        still due there: the checks read it)."""
+        """Queue the pending jobs of ``stream`` as one or more batches on it, after the poison
+        still due there (the checks read it); where it was closed since they were queued, on
+        the device's default stream after a device synchronization (its work is done, and the
+        jobs must still run: they are checks)."""
         cdef list items
         cdef GuardCore g = self.g
         with self.lock:
-            if g._unpoisoned_n:
-                g._poison_due(stream)
             items = self.pending.pop(stream, None)
+            target = stream
+            if (<Stream>stream)._closed and (items or (g._unpoisoned_n and stream in g._unpoisoned)):
+                self.backend.device_synchronize(self.device.ordinal)
+                target = self.device.default_stream
+            if g._unpoisoned_n:
+                g._poison_due(stream, target)
             while items:
                 part, items = items[:C_CAP], items[C_CAP:]
-                self._launch(stream, part)
+                self._launch(target, part)
 
     cdef int _launch(self, object stream, list items) except -1:
         cdef GuardCore g = self.g
@@ -482,8 +488,9 @@ cdef class _Checker:
             self.launch_all()
             q = self.inflight
             while q:
-                b = q.popleft()
-                self.backend.event_synchronize(b.slot.event)
+                b = q[0]
+                self.backend.event_synchronize(b.slot.event)  # a failed wait leaves it in flight
+                q.popleft()
                 self._harvest(b)
 
     def _harvest(self, _Batch batch) -> None:
@@ -729,14 +736,16 @@ cdef class GuardCore(GuardBase):
             return
         self._free_fast(<DeviceBlock>block, poisoned)
 
-    cdef int _poison_due(self, object stream) except -1:
+    cdef int _poison_due(self, object stream, object target=None) except -1:
         """Queue the poison of ``stream``'s blocks that were freed from another stream (now: in
-        stream order before this stream's new work or the check of their bytes)."""
+        stream order before this stream's new work or the check of their bytes), on ``target``
+        (default: ``stream`` itself)."""
         cdef list due = self._unpoisoned.pop(stream, None)
         if due:
             self._unpoisoned_n -= len(due)
+            h = (<Stream>(stream if target is None else target)).handle
             for ptr, n in due:
-                fill_bytes_c(self._backend, ptr, self.poison, n, (<Stream>stream).handle)
+                fill_bytes_c(self._backend, ptr, self.poison, n, h)
         return 0
 
     cdef int _free_fast(self, DeviceBlock block, bint poisoned, bint later=False) except -1:
