@@ -43,19 +43,24 @@ class Report:
     problems: int = 0
 
     def add(self, text: str, problem: bool = False) -> None:
+        """Add a block of ``text`` (a problem's when ``problem``); an empty one is left out."""
         text = text.rstrip("\n")
         if text:
             self.blocks.append((text, problem))
 
     def text(self) -> str:
+        """The whole report, as one rank prints it."""
         return "\n".join(t for t, _ in self.blocks)
 
     def verdict(self) -> str:
+        """"N problem(s) found" or "no problems found"."""
         return f"{self.problems} problem(s) found" if self.problems else "no problems found"
 
 
 @dataclass(frozen=True)
 class RankInfo:
+    """This process's rank and local rank, and the sizes of the world and of its host's part."""
+
     rank: int
     local_rank: int
     world: int
