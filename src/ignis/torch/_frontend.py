@@ -10,7 +10,8 @@ Design:
     (``capture_stack``) and hands the byte ranges to the sanitizer's
     ``foreign_access`` itself, once per checked op (record_stream to its
     ``extent_record_stream``); ops with host tensors while pinned memory is tracked
-    come to ``_observed``, and copies and ``resize_`` to ``_observed_special``. The
+    come to ``_observed``, and copies with a host side and ``resize_`` to
+    ``_observed_special`` (a copy between device tensors goes the direct way). The
     default in collect mode (``ignis run --sanitize``). It cannot raise inside an op:
     in raise mode what it finds is raised when checking stops.
   - the dispatch mode (``_Mode``, a ``TorchDispatchMode``): sees every aten op below
@@ -697,6 +698,9 @@ class TorchFrontEnd:
                 names = [a.name for a in op._schema.arguments]
                 if "non_blocking" in names:
                     self._obs_nb[index] = names.index("non_blocking")
+            if spec.special in ("copy", "to_copy"):  # between device tensors: a regular op's roles (C++)
+                return (3, index, tuple((pos, mode, many) for pos, _, mode, many in spec.inputs), spec.outputs,
+                        returns, spec.name)
             return (3, index, (), (), returns, spec.name)
         if not spec.active:
             return (0, index, (), (), returns, spec.name)
