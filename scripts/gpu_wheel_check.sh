@@ -17,8 +17,9 @@
 #   3. the suite's backend tests (tests/test_cuda_backend.py, tests/test_cudriver.py, copied
 #      beside it) pass against the installed wheel.
 # --build-here (no wheel for this Python): builds one from this repository with this machine's
-# setuptools (>= 77) and Cython (>= 3.3.1), `pip wheel . --no-deps --no-build-isolation` (there is
-# no registry here for an isolated build's requirements), and says so. Writes its log to
+# setuptools (>= 77) and Cython (>= 3.3.1), or those carried in .whl/ (scripts/gpu_build_tools.sh),
+# `pip wheel . --no-deps --no-build-isolation` (there is no registry here for an isolated build's
+# requirements), and says so. Writes its log to
 # ${OUT:-out}/gpu_wheel_check.log; exits non-zero at the first failing step.
 set -uo pipefail
 
@@ -56,13 +57,9 @@ echo "== the wheel"
 if [[ "${1:-}" == "--build-here" ]]; then
     echo "no isolated build possible here (no registry for its build requirements): building with this"
     echo "machine's setuptools and Cython: pip wheel . --no-deps --no-build-isolation"
-    "$py" - <<'PY' || fail "this machine's setuptools or Cython is too old to build Ignis"
-import importlib.metadata as md, re
-def v(name):
-    return tuple(int(x) for x in re.findall(r"\d+", md.version(name))[:3])
-assert v("setuptools") >= (77,), f"setuptools {md.version('setuptools')} < 77 (project.license is an SPDX string)"
-assert v("Cython") >= (3, 3, 1), f"Cython {md.version('Cython')} < 3.3.1"
-PY
+    # shellcheck source=scripts/gpu_build_tools.sh
+    source "$repo/scripts/gpu_build_tools.sh" || fail "no Cython >= 3.3.1 and setuptools >= 77 to build with"
+    "$py" -c "import Cython, setuptools; print('building with Cython', Cython.__version__, 'and setuptools', setuptools.__version__)"
     wheel_dir="$work/wheel"
     rm -rf "$repo/build"
     "$py" -m pip wheel "$repo" --no-deps --no-build-isolation -w "$wheel_dir" || fail "the wheel did not build"
