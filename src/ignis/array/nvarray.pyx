@@ -760,7 +760,7 @@ cdef class NvArray:
         """Record the use just queued on ``stream`` (after ``_begin``)."""
         end_use(self, stream, access)
 
-    def use(self, stream=None, access=_RW):
+    def use(self, stream: Stream | None = None, access: "Access | str" = _RW) -> "TrackedUse":
         """Use the raw pointer in foreign work (PyTorch, CuPy, Triton, custom CUDA)
         queued on ``stream`` inside the ``with`` block: the waits it needs are
         queued before, and the use is recorded after. The block gives the device address.
@@ -1614,15 +1614,15 @@ cdef class TrackedUse:
     cdef readonly object stream
     cdef readonly object access
 
-    def __enter__(self):
+    def __enter__(self) -> int:
         a = self.array
         begin_use(a, self.stream, self.access, "use()", 0, -1)
         return a._ptr
 
-    def __exit__(self, *exc):
+    def __exit__(self, *exc: object) -> None:
         end_use(self.array, self.stream, self.access)
 
-    def __repr__(self):
+    def __repr__(self) -> str:
         return f"<use of NvArray#{self.array.id} ({self.access.name.lower()}) on stream #{self.stream.id}>"
 
 
