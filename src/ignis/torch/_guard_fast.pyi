@@ -5,6 +5,12 @@ from ..memory.guard_base import GuardBase
 from ..runtime.stream import Stream
 __all__ = ['GuardCore', 'torch_guard_bind', 'torch_guard_poison']
 
+def graph_begin(device: int, stream: int, pool: object) -> None:
+    ...
+
+def graph_end(device: int, stream: int) -> None:
+    ...
+
 def torch_guard_bind(alloc: object, free: object) -> tuple:
     ...
 
