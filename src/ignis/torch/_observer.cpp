@@ -642,6 +642,25 @@ void call_sanitizer(Ctx *c, long long sid, bool synced) {
   Py_DECREF(h);
 }
 
+// The op's fresh outputs (its spec's), after its inputs' items: an output that aliases an input
+// the schema does not annotate is that input's access, not a second one.
+void add_outputs(Ctx *c, Spec *spec, const std::vector<c10::IValue> &outs) {
+  size_t nin = c->items.size();
+  for (const Arg &a : spec->out) {
+    if (a.pos >= (int)outs.size()) continue;
+    size_t before = c->items.size();
+    add_value(c, outs[a.pos], a.mode);
+    for (size_t k = before; k < c->items.size();) {
+      bool alias = false;
+      for (size_t j = 0; j < nin && !alias; j++) alias = c->items[j].base == c->items[k].base;
+      if (alias)
+        c->items.erase(c->items.begin() + (long)k);
+      else
+        k++;
+    }
+  }
+}
+
 // Whether every tensor among ``c``'s arguments and ``outs`` is this backend's (no host side).
 bool on_device_only(Ctx *c, const std::vector<c10::IValue> &outs) {
   auto dev_only = [](const c10::IValue &v) {
@@ -675,20 +694,7 @@ void end_op(const at::RecordFunction &fn, Ctx *c) {
   bool synced = g_epoch.load(std::memory_order_relaxed) != c->epoch;
   if (spec->kind == REGULAR) {
     for (auto &w : c->late) add_value(c, w.first, w.second);  // after the op: out= may have resized them
-    size_t nin = c->items.size();
-    for (const Arg &a : spec->out) {
-      if (a.pos >= (int)outs.size()) continue;
-      size_t before = c->items.size();
-      add_value(c, outs[a.pos], a.mode);
-      for (size_t k = before; k < c->items.size();) {  // an alias of an input the schema does not annotate
-        bool alias = false;
-        for (size_t j = 0; j < nin && !alias; j++) alias = c->items[j].base == c->items[k].base;
-        if (alias)
-          c->items.erase(c->items.begin() + (long)k);
-        else
-          k++;
-      }
-    }
+    add_outputs(c, spec, outs);
     if (c->items.empty() && c->host.empty()) {
       g_cpu_ops.fetch_add(1, std::memory_order_relaxed);
       return;
@@ -700,20 +706,7 @@ void end_op(const at::RecordFunction &fn, Ctx *c) {
     // nothing host-side to it, so its roles are a regular op's and it goes the direct way.
     for (const Arg &a : spec->in)
       if (a.pos < (int)c->args.size()) add_value(c, c->args[a.pos], a.mode);
-    size_t nin = c->items.size();
-    for (const Arg &a : spec->out) {
-      if (a.pos >= (int)outs.size()) continue;
-      size_t before = c->items.size();
-      add_value(c, outs[a.pos], a.mode);
-      for (size_t k = before; k < c->items.size();) {
-        bool alias = false;
-        for (size_t j = 0; j < nin && !alias; j++) alias = c->items[j].base == c->items[k].base;
-        if (alias)
-          c->items.erase(c->items.begin() + (long)k);
-        else
-          k++;
-      }
-    }
+    add_outputs(c, spec, outs);
     if (c->items.empty()) return;
     if (c->device < 0) c->device = std::max<int>(0, device_of(c->args.empty() ? c10::IValue() : c->args[0]));
     long long sid = stream_id(c->device);
