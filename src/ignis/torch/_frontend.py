@@ -622,7 +622,7 @@ class TorchFrontEnd:
     def _triton_launch(self, kernel: Any, stream: Any, args: tuple) -> None:
         """A Triton kernel's launch (``_triton``): its tensor arguments' accesses on ``stream``."""
         roles = kernel.__dict__.get("_ignis_roles")
-        if roles is None:
+        if roles is None:  # (index, mode) of each argument that may be a buffer, found once per kernel
             src = getattr(kernel, "src", None)
             fn = getattr(src, "fn", None)
             names = list(getattr(fn, "arg_names", None) or [f"arg{i}" for i in range(len(args))])
@@ -631,13 +631,16 @@ class TorchFrontEnd:
                 ttir = asm.get("ttir") if hasattr(asm, "get") else None
             except Exception:  # an IR Triton cannot give back here: every argument as unknown
                 ttir = None
-            roles = kernel.__dict__["_ignis_roles"] = _triton.kernel_roles(names, ttir)
+            roles = kernel.__dict__["_ignis_roles"] = tuple(
+                (i, m) for i, m in enumerate(_triton.kernel_roles(names, ttir)) if m)
         items: list = []
         live = self.san._live
         dev = None
-        for i, a in enumerate(args):
-            if i < len(roles) and roles[i] and isinstance(a, Tensor) and self._is_dev(a):
-                it = _item(a, roles[i], live)
+        n = len(args)
+        for i, mode in roles:
+            a = args[i] if i < n else None
+            if isinstance(a, Tensor) and self._is_dev(a):
+                it = _item(a, mode, live)
                 if it is not None:
                     items.append(it)
                     dev = a
