@@ -759,9 +759,44 @@ def worker_nccl_roots(_comm: None, args: argparse.Namespace) -> int:
     ck.eq("the watchdog aborted NCCL", np.array([api.aborted]), np.array([True]))
     comm.close()
     return ck.done(f"nccl-roots-{args.mode}")
+def worker_nccl_gives_up(comm: "ig.collective.Communicator", args: argparse.Namespace) -> int:
+    """(``--fake``) Both ranks' all_reduce waits in "NCCL"; rank 0 alone gets an NCCL error. It tells
+    rank 1 that it gives up before it aborts, so rank 1 fails at once (not at its time-out), naming
+    rank 0 and the cause, and poisons its own target. Rank 0 stays until rank 1 has seen it: only
+    its goodbye on failure can have told rank 1."""
+    r = comm.rank
+    ck = _Checker(r)
+    api = args.api
+    comm.barrier()
+    api.hang = True
+    x = ig.full(64, 1.0, "float32", device=comm.device)
+    comm.all_reduce(x)  # all_reduce #2, stuck on both ranks
+    t0 = time.monotonic()
+    if r == 0:
+        api.error = "unhandled system error (ncclSystemError)"
+    while comm.error is None and time.monotonic() - t0 < args.timeout + 5:
+        time.sleep(0.01)
+    took = time.monotonic() - t0
+    err = comm.error
+    print(f"LEARNED after {took:.2f}s: {err!r}")
+    if err is None:
+        return ck.done("gives-up") or 1
+    if r == 0:
+        ck.eq("rank 0: NCCL's error", np.array([err.kind]), np.array(["nccl"]))
+        _wait_flag(args.flag, limit=args.timeout)
+    else:
+        ck.eq("rank 1: rank 0 gave up", np.array([err.kind, err.rank], dtype=object),
+              np.array(["peer_failed", 0], dtype=object))
+        ck.eq("rank 1: at once", np.array([took < args.timeout / 2]), np.array([True]))
+        ck.eq("rank 1: the cause", np.array(["ncclSystemError" in str(err)]), np.array([True]))
+        Path(args.flag).touch()
+    ck.raises("the target", CollectiveError, lambda: x.to_numpy(), "all_reduce #2")
+    return ck.done("gives-up")
+
+
 WORKERS = {"ops": worker_ops, "ownership": worker_ownership, "die": worker_die, "hang": worker_hang,
            "mismatch": worker_mismatch, "poison": worker_poison, "poison_race": worker_poison_race,
-           "roots": worker_roots, "nccl_roots": worker_nccl_roots}
+           "roots": worker_roots, "nccl_roots": worker_nccl_roots, "nccl_gives_up": worker_nccl_gives_up}
 SELF_INIT = {"nccl_roots"}  # build their own communicator
 
 
@@ -1303,6 +1338,12 @@ def test_nccl_engine_failed_collective_poisons_what_it_was_to_write(mode, status
     rc, out = _launch(2, "poison", "--fake", "--mode", mode, "--flag", str(tmp_path / "go"), "--timeout", t)
     assert f"[rank 0] OK poison-{mode}" in out, out
     assert rc == status, out
+
+
+def test_nccl_engine_rank_that_gives_up_tells_the_others_first(tmp_path):
+    rc, out = _launch(2, "nccl_gives_up", "--fake", "--flag", str(tmp_path / "seen"), "--timeout", "20")
+    assert rc == 0, out
+    assert out.count("OK gives-up") == 2, out
 
 
 def test_nccl_engine_read_queued_before_the_failure_never_returns_stale_data(tmp_path):

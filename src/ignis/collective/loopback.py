@@ -524,16 +524,21 @@ class LoopbackEngine:
         if self._listener is not None:
             self._listener.close()
 
-    def abort(self) -> None:
-        """Tell every peer why this rank gives up (after a failure), and close the mesh."""
+    def abort(self, why: str | None = None) -> None:
+        """Tell every peer why this rank gives up (``why``, default: the communicator's failure),
+        and close the mesh. Idempotent."""
+        if self._closed and why is None:
+            return
         self._closed = True
-        err = self.health.error
-        why = json.dumps({"tag": _BYE, "why": err.message if err is not None else "aborted"}).encode()
+        err = self.health.error or self.health.claimed
+        if why is None:
+            why = err.message if err is not None else "aborted"
+        bye = json.dumps({"tag": _BYE, "why": why}).encode()
         for peer in self._peers.values():
             try:
                 peer.sock.settimeout(1.0)
                 with peer.send_lock:
-                    peer.sock.sendall(_FRAME.pack(_MAGIC, len(why), 0) + why)
+                    peer.sock.sendall(_FRAME.pack(_MAGIC, len(bye), 0) + bye)
                 peer.sock.shutdown(socket.SHUT_RDWR)
             except OSError:
                 pass

@@ -246,7 +246,7 @@ class OpMatcher:
         self._final: dict[int, tuple[int, int, int]] = {}  # q -> (collectives, sends to me, receives from me) at its goodbye
         self._handled: set[int] = set()           # peers whose departure was dealt with
         self._cond = threading.Condition()        # gates wait on it
-        self._work = threading.Lock()             # one cycle at a time
+        self._work = threading.RLock()            # one cycle at a time (a failure found in one flushes)
         self._stop = False
         self._released = False                    # gates no longer wait (the communicator failed or closed)
         self._thread: threading.Thread | None = None
@@ -269,12 +269,16 @@ class OpMatcher:
         t = self._thread
         if t is not None and t is not threading.current_thread():
             t.join(2.0)
+        self.flush()
+        self.release_gates(None)
+
+    def flush(self) -> None:
+        """Ship what was logged and not shipped yet (best effort: a peer gone hears nothing)."""
         with self._work:
             try:
                 self._ship()
-            except Exception:  # a peer already gone: nothing to tell it
+            except Exception:
                 pass
-        self.release_gates(None)
 
     def confirm(self, timeout: float) -> None:
         """Return once every call logged so far agrees with every other rank's (``synchronize()``

@@ -31,7 +31,10 @@ Design:
   rank, a mismatch, an NCCL error, the stream's own failure) first poisons what
   the unfinished calls were to write (``Health``'s first hook), so that a later
   access raises ``CollectiveError`` instead of reading what the aborted kernels
-  left behind, then calls ``ncclCommAbort``. The abort runs on a thread of its
+  left behind, then tells the other ranks it gives up (a goodbye saying why on
+  the checker mesh: their calls that wait for this rank fail at once, and their
+  own aborts close the connections NCCL's abort here may wait for), then calls
+  ``ncclCommAbort``. The abort runs on a thread of its
   own (it sets the abort flag first, so the kernels return at once, then may
   wait on peers and on the device while it frees the communicator), and a
   failure path waits for it at most ``_ABORT_WAIT`` seconds; from the driver's
@@ -667,6 +670,14 @@ class NcclEngine:
                     pass
 
     def _on_failure(self, err: BaseException) -> None:
+        """The first failure, after the poison: tell the other ranks that this one gives up (its last
+        descriptors, then a goodbye saying why, on the checker mesh), so they fail at once instead of
+        at their time-out, and abort NCCL. The goodbye goes first: NCCL's abort can wait until the
+        peers' connections close, which their own aborts do."""
+        if self.matcher is not None:
+            self.matcher.flush()
+        if self.checker is not None:
+            self.checker.abort(getattr(err, "message", None) or str(err))
         # On the driver's host-function thread (a gate) no CUDA call may be made, and NCCL's abort
         # may wait for the device, which waits for that very host function: never wait there.
         self._abort(wait=not getattr(_in_host_fn, "on", False))
