@@ -549,10 +549,18 @@ class NcclEngine:
         Rooted operations wait on the stream, behind a gate, until the ranks agree on them."""
         api, h, st = self.api, self.handle, stream.handle
         grouped = len(ops) > 1
-        gate = None
-        if self.matcher is not None and (any(op.name in _ROOTED for op in ops) if grouped else ops[0].name in _ROOTED):
-            gate = Gate(self.matcher, self.issued + 1, self._run_gate)
-            stream.launch_host_func(gate)
+        match = self._match
+        if match is not None:
+            gate = None
+            if any(op.name in _ROOTED for op in ops) if grouped else ops[0].name in _ROOTED:
+                gate = Gate(self.matcher, self.issued + 1, self._run_gate)  # type: ignore[arg-type]
+                stream.launch_host_func(gate)
+            # Logged before NCCL is called: a call that blocks in NCCL (its connections to a peer that
+            # never makes the matching call are set up there) is still compared, and a mismatch
+            # aborts NCCL, which lets it return.
+            match((ops, gate, targets))
+            if gate is not None:
+                self.matcher.wake()  # type: ignore[union-attr]
         try:
             if grouped:
                 api.group_start()
@@ -572,10 +580,6 @@ class NcclEngine:
             self._flight.append((ticket, ops[0], targets))
             if not self._unwatched_at:
                 self._unwatched_at = _monotonic()
-        if self._match is not None:
-            self._match((ops, gate, targets))
-            if gate is not None:
-                self.matcher.wake()
         if targets:
             claimed = self.health.claimed
             if claimed is not None:  # the first failure's hooks may have missed this call
