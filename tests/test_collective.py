@@ -4,7 +4,12 @@ Multi-rank tests start real processes with ``ig.collective.launch`` running
 this file as a script (``python test_collective.py WORKER``); each worker
 checks its own results exactly and prints ``OK <worker>``, so a failing rank
 says what it saw. On the emulated backend (loopback TCP) they run anywhere;
-the ``gpu`` tests run the same workers on two GPUs through NCCL.
+the ``gpu`` tests run the same workers on two GPUs through NCCL. With
+``--fake``, a worker's group is the NCCL engine over fake bindings
+(``FakeNccl``: its all_reduce can wait on the stream until the abort, as an NCCL
+kernel waits for a peer), with the real rendezvous, checker mesh, call matcher
+and watchdog, so the NCCL engine's failure paths run anywhere too. A worker
+that hangs prints every thread's stack and exits (``faulthandler``).
 """
 
 from __future__ import annotations
