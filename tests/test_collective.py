@@ -799,9 +799,34 @@ def worker_nccl_gives_up(comm: "ig.collective.Communicator", args: argparse.Name
     return ck.done("gives-up")
 
 
+def worker_nccl_early(comm: "ig.collective.Communicator", args: argparse.Namespace) -> int:
+    """(``--fake``) Rank 0's send finishes before rank 1 makes the matching receive (NCCL may finish
+    a send into the peer's buffers): rank 0's synchronize() confirms what rank 1 has made so far
+    and returns, without waiting for rank 1 to make its call; the receive is compared later."""
+    r = comm.rank
+    ck = _Checker(r)
+    comm.barrier()
+    x = ig.full(16, 1.0, "float32", device=comm.device)
+    if r == 0:
+        t0 = time.monotonic()
+        comm.send(x, 1)
+        comm.synchronize()
+        took = time.monotonic() - t0
+        ck.eq(f"rank 0's synchronize did not wait for rank 1's receive ({took:.2f} s)", np.array([took < 1.5]),
+              np.array([True]))
+    else:
+        time.sleep(3.0)
+        comm.recv(x, 0)
+        comm.synchronize()
+    comm.barrier()
+    ck.eq("no failure", np.array([comm.error is None]), np.array([True]))
+    return ck.done("early")
+
+
 WORKERS = {"ops": worker_ops, "ownership": worker_ownership, "die": worker_die, "hang": worker_hang,
            "mismatch": worker_mismatch, "poison": worker_poison, "poison_race": worker_poison_race,
-           "roots": worker_roots, "nccl_roots": worker_nccl_roots, "nccl_gives_up": worker_nccl_gives_up}
+           "roots": worker_roots, "nccl_roots": worker_nccl_roots, "nccl_gives_up": worker_nccl_gives_up,
+           "nccl_early": worker_nccl_early}
 SELF_INIT = {"nccl_roots"}  # build their own communicator
 
 
@@ -1343,6 +1368,12 @@ def test_nccl_engine_failed_collective_poisons_what_it_was_to_write(mode, status
     rc, out = _launch(2, "poison", "--fake", "--mode", mode, "--flag", str(tmp_path / "go"), "--timeout", t)
     assert f"[rank 0] OK poison-{mode}" in out, out
     assert rc == status, out
+
+
+def test_nccl_engine_synchronize_never_waits_for_a_peer_to_make_its_call():
+    rc, out = _launch(2, "nccl_early", "--fake", "--timeout", "20")
+    assert rc == 0, out
+    assert out.count("OK early") == 2, out
 
 
 def test_nccl_engine_rank_that_gives_up_tells_the_others_first(tmp_path):

@@ -264,6 +264,12 @@ class LoopbackEngine:
             msg = self._inbox.pop((q, tag), None)
         return None if msg is None else msg[0]
 
+    def peek(self, q: int, tag: str) -> dict[str, Any] | None:
+        """Rank ``q``'s message ``tag`` if it arrived (left in the inbox; a later one replaces it)."""
+        with self._cond:
+            msg = self._inbox.get((q, tag))
+        return None if msg is None else msg[0]
+
     def departed(self, q: int) -> tuple[Any, bool]:
         """``(bye, eof)`` of rank ``q``: its goodbye (True, or the reason it gave up, a str; False
         if none came) and whether its connection ended."""

@@ -25,8 +25,10 @@ Design:
   the call was queued: a mismatched call that NCCL completes without a hang can
   be read before the failure is known (milliseconds later).
 - ``synchronize()`` (so ``barrier()``) also confirms: once the stream has
-  finished, it asks the peers to ship at once and waits until every call made so
-  far agrees, so a mismatch that NCCL completed without a hang raises there.
+  finished, it asks the ranks whose descriptors it lacks to ship what they
+  logged, waits for their answers (one round trip; never for a rank to make a
+  call) and compares, so a mismatch that NCCL completed without a hang raises
+  there.
 - Rooted operations (broadcast, reduce) are gated: the engine queues a host
   function (``Gate``) before their NCCL call, which waits until every rank's
   descriptors up to them have arrived and agree, so NCCL runs them only then
@@ -249,6 +251,7 @@ class OpMatcher:
         self._work = threading.RLock()            # one cycle at a time (a failure found in one flushes)
         self._stop = False
         self._released = False                    # gates no longer wait (the communicator failed or closed)
+        self._asked = 0                           # requests to ship sent by confirm()
         self._thread: threading.Thread | None = None
 
     # -- the calling thread ---------------------------------------------------------------
@@ -281,32 +284,43 @@ class OpMatcher:
                 pass
 
     def confirm(self, timeout: float) -> None:
-        """Return once every call logged so far agrees with every other rank's (``synchronize()``
-        asks, after the stream finished: then the peers made their matching calls, and are asked to
-        ship them now), or the communicator failed, or ``timeout`` seconds passed (a peer that
-        sends nothing is the watchdog's business)."""
+        """Compare every call the other ranks have made so far with this rank's (``synchronize()``
+        asks, once the stream finished): each rank still behind is asked to ship what it logged
+        and answers at once, after its descriptors; so this waits one round trip, never for a
+        rank to make a call (a send, or a broadcast's root, may finish before the peer made its
+        half). Returns early if the communicator fails, a rank leaves, or ``timeout`` passes."""
         deadline = time.monotonic() + timeout
-        asked: set[int] = set()
+        with self._work:
+            self._cycle()
+            behind = [q for q in self.peers if self._behind(q)]
+        if not behind:
+            return
+        self._asked += 1
+        ask = self._asked
+        waiting = set()
+        for q in behind:
+            try:
+                self.mesh.post(q, {"tag": "ship", "ask": ask})
+                waiting.add(q)
+            except CollectiveError:  # q is gone: its departure is dealt with in the cycle
+                pass
         seen = 0
-        while self.health.claimed is None and not self._stop:
-            with self._work:
-                self._cycle()
-                behind = [q for q in self.peers if self._coll.compared[q] < self._coll.made
-                          or self._sends[q].compared[q] < self._sends[q].made
-                          or self._recvs[q].compared[q] < self._recvs[q].made]
-            if not behind or self.health.claimed is not None:
-                return
-            for q in behind:
-                if q not in asked:
-                    asked.add(q)
-                    try:
-                        self.mesh.post(q, {"tag": "ship"})  # wakes q's matcher, which ships what it logged
-                    except CollectiveError:  # q is gone: its departure is dealt with in the cycle
-                        pass
+        while waiting and self.health.claimed is None:
+            for q in list(waiting):
+                hdr = self.mesh.peek(q, "shipped")
+                if (hdr is not None and hdr.get("ask", 0) >= ask) or any(self.mesh.departed(q)):
+                    waiting.discard(q)
             left = deadline - time.monotonic()
-            if left <= 0:
-                return
+            if not waiting or left <= 0:
+                break
             seen = self.mesh.wait_news(seen, min(left, _BUSY))
+        with self._work:
+            self._cycle()
+
+    def _behind(self, q: int) -> bool:
+        """Whether calls of this rank wait for rank ``q``'s descriptors."""
+        return (self._coll.compared[q] < self._coll.made or self._sends[q].compared[q] < self._sends[q].made
+                or self._recvs[q].compared[q] < self._recvs[q].made)
 
     # -- gates (the driver's host-function thread) -------------------------------------------
     def wait_agreed(self, gate: Gate) -> None:
@@ -362,14 +376,19 @@ class OpMatcher:
                 self.health.fail(err)
 
     def _cycle(self) -> bool:
-        """Take new calls, ship them, take what the peers shipped, compare, see who left. Returns
-        whether anything waits (to look again soon)."""
+        """Take new calls, ship them (and answer requests to: after them), take what the peers
+        shipped, compare, see who left. Returns whether anything waits (to look again soon)."""
+        asks = [(q, req) for q in self.peers if (req := self.mesh.take(q, "ship")) is not None]
         self._ship()
+        for q, req in asks:  # behind the descriptors just shipped, on the same connection
+            try:
+                self.mesh.post(q, {"tag": "shipped", "ask": req.get("ask", 0)})
+            except CollectiveError:
+                pass
         if self.health.claimed is not None:
             return False
         for q in self.peers:
             self._take(q)
-            self.mesh.take(q, "ship")  # a request to ship now (confirm): what this cycle just did
         for chan in self._channels():
             found = chan.compare(self.rank)
             if found is not None:

@@ -49,7 +49,8 @@ Design:
   mismatch fails the communicator on every rank, naming the ranks and both
   calls, and a rank that closed its communicator without making a call this
   rank made fails that call at once. The calling thread pays one deque
-  append. Rooted operations (broadcast, reduce) are also gated: a host
+  append; ``synchronize()`` compares what the others made before it (one
+  round trip, ``confirm``). Rooted operations (broadcast, reduce) are also gated: a host
   function queued before their NCCL call waits until every rank agrees, so
   NCCL runs them only then (the stream pays one round trip on them).
 """
