@@ -418,7 +418,7 @@ def worker_mismatch(comm: "ig.collective.Communicator", args: argparse.Namespace
                 x = ig.full(64, r + 1, "int32", device=dev)
             comm.all_reduce(x)
             wrote.append(x)
-        elif mode == "p2p-sizes":         # rank 0 sends 8 elements, rank 1 receives 9
+        elif mode == "p2p-sizes":         # rank 0 sends 64 elements, rank 1 receives 9
             if r == 0:
                 comm.send(x, 1)
                 read.append((x, float(r + 1)))
@@ -429,16 +429,27 @@ def worker_mismatch(comm: "ig.collective.Communicator", args: argparse.Namespace
         else:
             raise ValueError(mode)
         comm.synchronize()
+        # NCCL may finish a mismatched call without the peer's half (a send into the peer's buffers;
+        # a fake call always): then the matcher reports the mismatch by itself, a moment later.
+        while comm.error is None and time.monotonic() - t0 < args.timeout / 2:
+            time.sleep(0.01)
+        err = comm.error
     except CollectiveError as e:
-        took = time.monotonic() - t0
-        print(f"CAUGHT kind={e.kind} rank={e.rank} took={took:.2f}s: {e}")
+        err = e
+    took = time.monotonic() - t0
+    if err is None:
+        ck.failures.append("no error")
+    else:
+        print(f"CAUGHT kind={err.kind} rank={err.rank} took={took:.2f}s: {err}")
         ck.count += 1
-        if e.kind != "mismatch" or e.rank in (None, r) or not 0 <= e.rank < w or e.this_rank != r:
-            ck.failures.append(f"expected a mismatch naming another rank, got kind={e.kind} rank={e.rank}: {e}")
+        # With three ranks, one may learn of it from a rank that found it first and left meanwhile
+        # (its goodbye carries the mismatch).
+        relayed = err.kind == "peer_failed" and "(a different" in str(err)
+        if (err.kind != "mismatch" and not relayed) or err.rank in (None, r) or not 0 <= err.rank < w \
+                or err.this_rank != r:
+            ck.failures.append(f"expected a mismatch naming another rank, got kind={err.kind} rank={err.rank}: {err}")
         if took > args.timeout / 2:
             ck.failures.append(f"the mismatch took {took:.1f} s to be found: the time-out found it, not a check")
-    else:
-        ck.failures.append("no error")
     for a in wrote:
         ck.raises("what the call was to write", CollectiveError, lambda: a.to_numpy(), "was to write it")
     for a, value in read:
@@ -907,7 +918,7 @@ def test_hanging_rank_times_out_naming_it():
 def test_mismatched_calls_are_refused_on_every_rank_and_poison_only_their_targets(world, mode):
     rc, out = _launch(world, "mismatch", "--mode", mode, "--timeout", "20")
     assert rc == 0, out
-    assert out.count("CAUGHT kind=mismatch") == world, out
+    assert out.count("CAUGHT kind=") == world, out
     if "bcast" in mode:
         assert "broadcast" in out and "all_reduce" in out, out
 

@@ -27,8 +27,10 @@ Design:
 - ``synchronize()`` (so ``barrier()``) also confirms: once the stream has
   finished, it asks the ranks whose descriptors it lacks to ship what they
   logged, waits for their answers (one round trip; never for a rank to make a
-  call) and compares, so a mismatch that NCCL completed without a hang raises
-  there.
+  call) and compares, so a mismatched collective that NCCL completed without a
+  hang raises there (it finished only once every rank had launched its half,
+  which each logged before). A send that finished into the peer's buffers
+  before the peer made its receive is compared when the receive comes.
 - Rooted operations (broadcast, reduce) are gated: the engine queues a host
   function (``Gate``) before their NCCL call, which waits until every rank's
   descriptors up to them have arrived and agree, so NCCL runs them only then
