@@ -11,7 +11,8 @@ Design:
   (``ignis-nccl-match-R``) turns them into descriptors (operation, dtype, count,
   root, reduction), ships them in batches to every other rank over the checker
   mesh (the loopback transport's TCP connections, set up with the
-  communicator), every few milliseconds while calls come, and compares what
+  communicator), every few milliseconds while calls come, run-length encoded
+  (a loop of equal calls is one descriptor and a count), and compares what
   the others ship with its own, position by position, as NCCL pairs them: the
   n-th collective of each rank; the n-th send to rank q with q's n-th receive
   from this rank, and the other way.
