@@ -258,6 +258,8 @@ class CudaBackend(CudaVmm, Backend):
         self._host: dict[int, np.ndarray] = {}  # pinned address -> the process memory behind it
         self._portable = int(cu.CU_MEMHOSTREGISTER_PORTABLE)
         self._not_registered = int(cu.CUresult.CUDA_ERROR_HOST_MEMORY_NOT_REGISTERED)
+        self._peer_enabled_already = int(cu.CUresult.CUDA_ERROR_PEER_ACCESS_ALREADY_ENABLED)
+        self._can_access_peer: dict[tuple[int, int], bool] = {}  # (ordinal, peer) -> cuDeviceCanAccessPeer
         self._non_blocking = int(cu.CUstream_flags.CU_STREAM_NON_BLOCKING)
         self._no_timing = int(cu.CUevent_flags.CU_EVENT_DISABLE_TIMING)
         # bound driver entry points (hot paths)
@@ -408,6 +410,26 @@ class CudaBackend(CudaVmm, Backend):
             self._raise_host_errors(errors, "cuCtxSynchronize")
         if self._trace:
             emit(self._trace, "on_device_synchronize", ordinal)
+
+    def device_can_access_peer(self, ordinal: int, peer: int) -> bool:
+        """cuDeviceCanAccessPeer (asked once per pair: a property of the machine)."""
+        key = (ordinal, peer)
+        can = self._can_access_peer.get(key)
+        if can is None:
+            a = _check(cu.cuDeviceGet(ordinal), "cuDeviceGet")[1]
+            b = _check(cu.cuDeviceGet(peer), "cuDeviceGet")[1]
+            can = ordinal != peer and bool(_check(cu.cuDeviceCanAccessPeer(a, b), "cuDeviceCanAccessPeer")[1])
+            self._can_access_peer[key] = can
+        return can
+
+    def enable_peer_access(self, ordinal: int, peer: int) -> None:
+        """cuCtxEnablePeerAccess from ``ordinal``'s primary context to ``peer``'s; access
+        enabled already (CUDA_ERROR_PEER_ACCESS_ALREADY_ENABLED) is success."""
+        self._enter(ordinal)
+        other = self._devs.get(peer) or self._retain(peer)
+        res = cu.cuCtxEnablePeerAccess(other.ctx, 0)
+        if res[0] and int(res[0]) != self._peer_enabled_already:
+            raise _error(res[0], "cuCtxEnablePeerAccess")
 
     # -- devices -----------------------------------------------------------
     def device_count(self) -> int:
@@ -561,6 +583,13 @@ class CudaBackend(CudaVmm, Backend):
     def memcpy_dtod_async(self, dst: int, src: int, nbytes: int, stream: int) -> None:
         s = self._enter_stream(stream)
         _check(self._cuMemcpyDtoDAsync(dst, src, nbytes, s), "cuMemcpyDtoDAsync")
+
+    def memcpy_peer_async(self, dst: int, dst_ordinal: int, src: int, src_ordinal: int, nbytes: int,
+                          stream: int) -> None:
+        s = self._enter_stream(stream)
+        dctx = (self._devs.get(dst_ordinal) or self._retain(dst_ordinal)).ctx
+        sctx = (self._devs.get(src_ordinal) or self._retain(src_ordinal)).ctx
+        _check(cu.cuMemcpyPeerAsync(dst, dctx, src, sctx, nbytes, s), "cuMemcpyPeerAsync")
 
     def memset_d8_async(self, ptr: int, value: int, nbytes: int, stream: int) -> None:
         s = self._enter_stream(stream)
