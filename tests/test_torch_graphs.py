@@ -335,3 +335,16 @@ def test_a_triton_launch_is_the_accesses_its_ir_says_on_the_launch_stream():
     fe._triton_launch(kernel, 0x77, (x, y, idx, 256, 256))           # the roles are found once
     assert got[0] == (0x77, "triton kernel gather_add", [(READ, 0), (READ, 0), (WRITE, 0)])
     assert got[1] == got[0] and len(kernel.__dict__["_ignis_roles"]) == 3
+
+
+def test_a_graph_whose_capturer_keeps_its_inputs_in_place_checks_no_generation():
+    g = Graphs()
+    g.op(S0, "aten::fill_.Scalar", acc(X, WRITE | OUTPUT))
+    g.wait_stream(CAP, S0)
+    cap = g.san.capture_begin(CAP, capture_frames(1), managed=True)   # CUDA graph trees
+    g.op(CAP, "aten::mm", acc(X, READ), acc(Y, WRITE | OUTPUT))
+    g.san.capture_end(CAP)
+    g.san.extent_freed(X)
+    g.op(S0, "aten::copy_", acc(X, WRITE | OUTPUT))                    # the trees' own new input there
+    g.san.replay(cap, S0, capture_frames(1))
+    assert g.reports == []
