@@ -53,6 +53,7 @@ LAYERS: dict[str, int] = {
     "ignis.telemetry": 7,
     # the command line: the ignis/cli/ package
     "ignis.cli": CLI, "ignis.__main__": CLI,
+    "ignis.pytest_plugin": CLI,  # pytest's entry into the command line's checks (ignis.cli.checks)
 }
 FACADE = "ignis"  # the public facade: it may import anything; below the cli, nothing may import it
 

@@ -12,9 +12,10 @@
 ``start()`` turns them on; ``take()`` returns the problems found since the previous
 ``take()`` (the guards checked first, so a damaged canary is seen now): the pytest
 plugin calls it after each phase of each test, so each report goes with the test
-that caused it. ``settle()`` waits for the GPU work the program left queued;
-``finish()`` runs the final checks (the guard's quarantine flushed and checked) and
-stops everything, returning the report's sections.
+that caused it, and ``take_final()`` at the end (the guards' quarantines flushed
+first). ``settle()`` waits for the GPU work the program left queued;
+``finish_guard()`` is ``ignis run``'s final check of the guard, with its section of
+the report; ``stop()`` turns the sanitizer and the PyTorch front end off.
 
 Reports from the sanitizer and the guard are grouped by kind and sites, each with a
 count; ``take()`` starts the grouping afresh, so one test's reports never hide in
@@ -75,6 +76,20 @@ class Checks:
             from ignis.safety.sanitizer import sanitizer
             found += sanitizer.clear()
         return found
+
+    def take_final(self) -> tuple[list[Any], list[str]]:
+        """The last ``take()``, after the guards' quarantines are flushed (each block's poison
+        and canaries checked as it leaves): the problems, and a line for each step of that
+        flush that failed (what it was to check is unchecked)."""
+        failed: list[str] = []
+        if self._tguard is not None:
+            for ordinal, g in sorted(self._tguard.guards().items()):
+                try:
+                    g.flush(raise_=False)
+                except Exception as e:
+                    failed.append(f"the guard's flush of the quarantine on device {ordinal}: "
+                                  f"{type(e).__name__}: {e}")
+        return self.take(), failed
 
     def settle(self) -> None:
         """Wait for the GPU work PyTorch still has queued (the program is over: what is freed
