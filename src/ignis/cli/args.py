@@ -2,7 +2,7 @@
 errors show that command's usage), argument types (``ordinal``, a device ordinal;
 ``positive_int``; ``int_arg`` to make others) and ``file_problem`` (why a path given
 as an input file cannot be read: the commands exit 2 with it, as Python does for a
-missing script)."""
+missing script); ``os_error_text``, an ``OSError`` as a plain line)."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ import argparse
 import os
 from typing import Any, Callable, Sequence
 
-__all__ = ["Parser", "int_arg", "ordinal", "positive_int", "file_problem", "MISSING_FILE_STATUS"]
+__all__ = ["Parser", "int_arg", "ordinal", "positive_int", "file_problem", "os_error_text", "MISSING_FILE_STATUS"]
 
 MISSING_FILE_STATUS = 2  # an input file that is missing or not a file (Python's status for a missing script)
 
@@ -76,3 +76,10 @@ def file_problem(path: str, what: str = "file") -> str | None:
     if os.path.lexists(path):
         return f"{path} is not a regular file (a {what} was expected)"
     return f"no such {what}: {path}"
+
+
+def os_error_text(e: OSError) -> str:
+    """An ``OSError`` as one plain line ("cannot read x: Permission denied"), without the
+    ``[Errno N]`` of its ``str()``."""
+    what = e.strerror or type(e).__name__
+    return f"cannot read {e.filename}: {what}" if e.filename else what
