@@ -699,3 +699,34 @@ def test_copy_is_a_new_array_with_the_same_contents():
     assert b is not a and b.device_ptr != a.device_ptr and b.shape == a.shape and b.dtype is a.dtype
     a[0] = 100
     assert b.to_numpy().tolist() == [0, 1, 2, 3, 4]
+
+
+def test_kernels_copy_says_a_shape_mismatch_is_one():
+    dst, src = ig.zeros(3), ig.full(4, 1.0)
+    with pytest.raises(ValueError, match=r"shapes do not match: dst \(3,\) has 3 element\(s\), src \(4,\) has 4"):
+        ig.kernels.copy(dst, src)
+    with pytest.raises(ValueError, match=r"n=4 must be between 0 and the smaller array's size"):
+        ig.kernels.copy(dst, src, 4)
+    assert not dst.to_numpy().any()
+    ig.kernels.copy(dst, src, 3)                      # the first three: fine
+    ig.kernels.copy(ig.zeros((2, 2)), src)            # as many elements, another shape: a flat copy
+    assert dst.to_numpy().tolist() == [1.0, 1.0, 1.0]
+
+
+@pytest.mark.parametrize("dtype", ["float32", "int32", "bfloat16", "uint8"])
+def test_builtin_kernels_are_named_by_their_dtype(dtype):
+    assert ig.kernels.kernel("fill", dtype).name == f"ignis_fill_{dtype}"
+    assert ig.kernels.kernel("copy", ig.dtype(dtype)).name == f"ignis_copy_{dtype}"
+    assert ig.kernels.kernel("fill", ig.dtype(dtype).itemsize).name.startswith("ignis_fill_uint")  # by size: bits
+    with ig.sanitizer.enabled("collect") as san, ig.ordering("manual"):
+        d = ig.Device(0)
+        a, b = d.create_stream(), d.create_stream()
+        x, y = ig.empty(16, dtype, stream=a), ig.empty(16, dtype, stream=b)
+        d.synchronize()
+        ig.kernels.fill(x, 1, stream=a)
+        ig.kernels.copy(y, x, stream=b)
+        d.synchronize()
+        [e] = san.clear()
+        assert e.first["op"] == f"ignis_fill_{dtype}" and e.second["op"] == f"ignis_copy_{dtype}"
+        a.close()
+        b.close()

@@ -31,7 +31,9 @@ if TYPE_CHECKING:
     from ..safety.sanitizer import Sanitizer
     from ._frontend import TorchFrontEnd
 
-__all__ = ["sanitize", "enable", "disable", "is_enabled", "use", "front_end"]
+__all__ = ["sanitize", "enable", "disable", "is_enabled", "use", "front_end",
+           # the debug guard as PyTorch's allocator (``_guard``, imported when one is asked for)
+           "use_guard", "check", "reports", "summary", "guard_stats", "GuardError"]
 
 _fe: "TorchFrontEnd | None" = None
 
@@ -132,6 +134,11 @@ def _declared_use(tensor: Any, access: Any, stream: Any, op: str) -> Iterator[An
     if _fe is not None:
         _fe.declare(tensor, access, stream, op)
     yield tensor
+
+
+def __dir__() -> list[str]:
+    # the package's API (the guard's names included), not the names it imports
+    return sorted(__all__)
 
 
 def __getattr__(name: str) -> Any:
