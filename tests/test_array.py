@@ -730,3 +730,24 @@ def test_builtin_kernels_are_named_by_their_dtype(dtype):
         assert e.first["op"] == f"ignis_fill_{dtype}" and e.second["op"] == f"ignis_copy_{dtype}"
         a.close()
         b.close()
+
+
+def test_a_stream_of_another_device_is_refused_before_the_driver_sees_it():
+    if ig.device_count() < 2:
+        pytest.skip("needs two devices")
+    a = ig.zeros(3)
+    other = ig.Device(1).create_stream()
+    try:
+        for use in (lambda: a.to_numpy(stream=other), lambda: a.fill_(1.0, stream=other),
+                    lambda: a.from_host([1, 2, 3], stream=other), lambda: a.access(other, "read").__enter__()):
+            with pytest.raises(ValueError, match=r"memory of device 0 .* cannot be used on .* a stream of device 1: "
+                                                 r"use a stream of device 0"):
+                use()
+        assert a.to_numpy().tolist() == [0.0, 0.0, 0.0]   # nothing written, nothing left half-done
+    finally:
+        other.close()
+
+
+def test_a_shape_too_large_for_any_memory_says_so():
+    with pytest.raises(ValueError, match=r"cannot be an array: it is too large: .* \(8 EiB\)"):
+        ig.empty((1 << 62, 1 << 62))

@@ -783,3 +783,19 @@ def test_cli_snapshot_commands_refuse_a_crafted_pickle(tmp_path, action):
     expected = "not a memory snapshot" if action == "summary" or HAVE_MATPLOTLIB else "matplotlib"
     assert p.returncode == 1 and expected in p.stderr, p.stdout + p.stderr
     assert not marker.exists(), "the snapshot command ran the file's code"
+
+
+def test_a_peak_asked_for_before_statistics_are_on_says_how_to_get_it():
+    assert not ig.telemetry.stats_enabled()
+    stats = ig.memory_stats()
+    with pytest.raises(KeyError, match=r"'allocated_bytes.all.peak': peaks and running totals are counted only "
+                                       r"while statistics are on: call ig.telemetry.enable_stats\(\)"):
+        stats["allocated_bytes.all.peak"]
+    with pytest.raises(KeyError, match="^'no.such.key'$"):
+        stats["no.such.key"]
+    assert stats.get("allocated_bytes.all.peak", 0) == 0 and isinstance(stats, dict)
+    ig.telemetry.enable_stats()
+    try:
+        assert ig.memory_stats()["allocated_bytes.all.peak"] >= 0
+    finally:
+        ig.telemetry.disable_stats()

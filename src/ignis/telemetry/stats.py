@@ -52,7 +52,7 @@ from . import _hook
 from ._resources import ACTIVE, INACTIVE, SMALL_MAX, SMALL_SEGMENT, Roles, is_small, layout, roles
 
 __all__ = ["memory_stats", "memory_summary", "reset_peak_stats", "enable_stats", "disable_stats",
-           "stats_enabled", "STATS", "POOLS", "format_bytes"]
+           "stats_enabled", "MemoryStats", "STATS", "POOLS", "format_bytes"]
 
 STATS = ("allocation", "allocated_bytes", "requested_bytes", "active", "active_bytes", "segment",
          "reserved_bytes")
@@ -328,18 +328,33 @@ def _resolve(device: "Device | int | None", resource: DeviceMemoryResource | Non
     return roles(get_current_resource(device))
 
 
+class MemoryStats(dict):
+    """``memory_stats``'s answer: a plain ``dict`` of ints, except that asking for a peak or
+    a running total (``"....peak"``, ``.allocated``, ``.freed``) while statistics are off
+    raises a ``KeyError`` that says how to turn them on, rather than a bare one."""
+
+    def __missing__(self, key: Any) -> int:
+        if isinstance(key, str):
+            stat, _, metric = key.rpartition(".")
+            if metric in ("peak", "allocated", "freed") and f"{stat}.current" in self:
+                raise KeyError(f"{key!r}: peaks and running totals are counted only while statistics are on: "
+                               "call ig.telemetry.enable_stats() (or set IGNIS_MEMORY_STATS=1) before the work "
+                               f"to measure; the current value is {stat + '.current'!r}")
+        raise KeyError(key)
+
+
 def memory_stats(device: "Device | int | None" = None, *, resource: DeviceMemoryResource | None = None
-                 ) -> dict[str, int]:
+                 ) -> MemoryStats:
     """Statistics of the memory of ``device``'s current resource (or of ``resource``),
     as a flat dict (keys in the module docstring, PyTorch's layout). Current values
     are always there; ``peak``, ``allocated`` and ``freed`` only while
-    ``enable_stats()`` is on."""
+    ``enable_stats()`` is on (asked for while it is off, a ``KeyError`` says so)."""
     ro = _resolve(device, resource)
     c = _census(ro.allocator)
     t = _tally_of(ro.allocator) if _enabled else None
     if t is not None:
         _drain(t)
-    out: dict[str, int] = {}
+    out = MemoryStats()
     with _lock:
         for si, stat in enumerate(STATS):
             for k, pool in enumerate(POOLS):
