@@ -601,7 +601,7 @@ def test_cli_snapshot_and_replay(dev, streams, recording, tmp_path, capsys):
     else:
         assert rc == 1 and "pip install" in err
     rc, _, err = run_cli(["snapshot", "plot", str(tmp_path / "missing.pickle")], capsys)
-    assert rc == 1 and "no such snapshot file" in err
+    assert rc == 2 and "no such snapshot file" in err  # a missing input file: 2, as for ignis run
 
     log = tmp_path / "rmm.csv"
     log.write_text(RMM_LOG)
@@ -614,7 +614,7 @@ def test_cli_snapshot_and_replay(dev, streams, recording, tmp_path, capsys):
     with pytest.raises(SystemExit):
         run_cli(["replay", str(log), "--budget", "lots"], capsys)
     rc, _, err = run_cli(["replay", str(tmp_path / "nope.csv")], capsys)
-    assert rc == 1 and "no such log file" in err
+    assert rc == 2 and "no such log file" in err
     release(mr, keep)
 
 
