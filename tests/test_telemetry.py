@@ -814,3 +814,49 @@ def test_cli_bench_without_a_gpu_runs_what_applies_and_succeeds(tmp_path, capsys
     assert rc == 0, out
     assert runs["ipc"]["status"] == "ok", (tmp_path / "ipc.log").read_text()
     assert runs["torch_sanitizer"]["status"] == "skipped: needs a CUDA GPU"
+
+
+def test_the_tours_memory_table_shows_what_happened_and_one_reserved_peak(tmp_path):
+    """The table lists only rows with something in them; the snapshot the tour writes (and the
+    timeline drawn from it) has the table's reserved peak, not another one."""
+    from ignis.cli.tour import tour
+    from ignis.telemetry.plot import timeline
+    from ignis.telemetry.snapshot import load_snapshot
+    from ignis.units import parse_bytes
+    out = io.StringIO()
+    assert tour(out, out_dir=str(tmp_path)) == 0, out.getvalue()
+    text = out.getvalue()
+    table = text.split("4. memory summary of the tour:")[1].split("5. snapshot")[0]
+    rows = [ln for ln in table.splitlines() if ln.strip().startswith("| ") and ln.count("|") == 6
+            and "Metric" not in ln]
+    assert rows and "from large pool" not in table and "from small pool" not in table, table
+    for ln in rows:
+        cells = [c.strip() for c in ln.strip().strip("|").split("|")[1:]]
+        assert any(c not in ("0", "0 B", "-") for c in cells), f"an all-zero row: {ln}"
+    reserved = next(ln for ln in rows if "Reserved memory" in ln)
+    peak = parse_bytes(reserved.strip().strip("|").split("|")[2].strip().replace(" ", ""))
+    snap = load_snapshot(tmp_path / "tour-snapshot.pickle")
+    assert max(timeline(snap, device=0)["reserved"]) == peak, (peak, table)
+
+
+def test_memory_summary_abbreviated_leaves_out_pools_and_empty_rows(dev, collecting):
+    mr = pool_stack(dev)
+    blk = mr.allocate(1000, tag="kv")
+    full = ig.memory_summary(resource=mr)
+    short = ig.memory_summary(resource=mr, abbreviated=True)
+    assert "from small pool" in full and "from small pool" not in short
+    assert "Allocated memory" in short and "kv" in short and len(short.splitlines()) < len(full.splitlines()) - 20
+    for ln in short.splitlines():
+        cells = [c.strip() for c in ln.strip().strip("|").split("|")[1:]]
+        if len(cells) == 4 and "Cur Usage" not in cells:
+            assert any(c not in ("0", "0 B", "-") for c in cells), f"an all-zero row: {ln}"
+    mr.deallocate(blk)
+
+
+def test_demo_help_describes_the_whole_demo():
+    from ignis.cli import build_parser
+    demo = next(a for a in build_parser()._actions if a.dest == "command").choices["demo"]
+    text = " ".join(demo.format_help().split())
+    for part in ("host -> device -> device -> host", "double free", "safetensors", "KV cache", "race",
+                 "use after free", "stale handle", "out-of-bounds", "leak", "memory summary", "snapshot", "timeline"):
+        assert part in text, part

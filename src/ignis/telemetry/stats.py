@@ -411,7 +411,7 @@ def reset_peak_stats(device: "Device | int | None" = None, *, resource: DeviceMe
 
 
 def memory_summary(device: "Device | int | None" = None, *, resource: DeviceMemoryResource | None = None,
-                   max_tags: int = 8) -> str:
+                   max_tags: int = 8, abbreviated: bool = False) -> str:
     """A readable table of ``memory_stats`` (the ``max_tags`` largest tags by current bytes).
 
     Args:
@@ -419,6 +419,8 @@ def memory_summary(device: "Device | int | None" = None, *, resource: DeviceMemo
             ordinal); None for the current device.
         resource: a resource to describe instead of the device's current one.
         max_tags: how many tags to list.
+        abbreviated: only the totals (no large / small pool rows, as PyTorch's
+            ``abbreviated``), and none of the rows that are zero throughout.
 
     Raises:
         TypeError: ``resource`` is not a DeviceMemoryResource.
@@ -455,9 +457,15 @@ def memory_summary(device: "Device | int | None" = None, *, resource: DeviceMemo
                                   ("Active allocs", "active", False),
                                   ("Segments (reserved)", "segment", False),
                                   ("Non-releasable allocs", "inactive_split", False)):
+        if abbreviated:
+            if any(s.get(f"{stat}.all.{m}") for m in ("current", "peak", "allocated", "freed")):
+                lines.append(cells(label, f"{stat}.all", as_bytes))
+            continue
         lines.append(cells(label, f"{stat}.all", as_bytes))
         for pool, name in (("large_pool", "from large pool"), ("small_pool", "from small pool")):
             lines.append(cells(f"      {name}", f"{stat}.{pool}", as_bytes))
+        lines.append(rule())
+    if abbreviated:
         lines.append(rule())
     tags = sorted({k.split(".tag:", 1)[1].rsplit(".", 1)[0] for k in s if ".tag:" in k},
                   key=lambda tg: -s[f"allocated_bytes.tag:{tg}.current"])
