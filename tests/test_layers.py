@@ -41,7 +41,7 @@ LAYER_NAMES = {FOUNDATION: "foundation", 0: "backends", 1: "runtime", 2: "memory
 LAYERS: dict[str, int] = {
     # foundation: imports nothing above itself
     "ignis.errors": FOUNDATION, "ignis.dtypes": FOUNDATION, "ignis.units": FOUNDATION,
-    "ignis._types": FOUNDATION, "ignis._version": FOUNDATION,
+    "ignis._types": FOUNDATION, "ignis._version": FOUNDATION, "ignis._environment": FOUNDATION,
     "ignis._cpython": FOUNDATION,  # CPython helpers the compiled modules cimport (a .pxd alone)
     "ignis.backends": 0,
     "ignis.runtime": 1,

@@ -1549,7 +1549,9 @@ cdef class NvArray:
         if self._gate is not None or self._base is not None:
             self._check_live("copy to the host", _READ, "device-to-host copy")
 
-    to_host = to_numpy
+    def to_host(self, *, stream: Stream | None = None) -> np.ndarray:
+        """The same as ``to_numpy()``: a copy in a new NumPy array (waits for the copy)."""
+        return self.to_numpy(stream=stream)
 
     def tolist(self) -> Any:
         """The values as nested Python lists (``to_numpy().tolist()``; waits for the copy)."""

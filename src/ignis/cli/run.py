@@ -16,6 +16,7 @@ checks and report at exit.
   arrays still alive once the script's globals are gone are leaks (problems);
   arrays the globals still held are listed as such (freed with them, not
   problems). Both are grouped by allocation site.
+
 (``ignis.cli.checks`` turns them on and off; the pytest plugin uses the same.)
 
 The script runs as Python runs it: ``__main__`` with an absolute ``__file__``,

@@ -8,7 +8,7 @@ streams, frees while another stream still uses the memory (a missing
 owner's last use finished), reads of bytes nothing wrote since ``torch.empty``,
 host writes of pinned memory an async copy may still read, and the same for
 tensors shared with Ignis through DLPack. Reports come through
-``ignis.sanitizer.reports()`` with both Python stacks.
+``ignis.sanitizer.reports()`` with both Python stacks::
 
     with ignis.torch.sanitize():          # raise at the second access
         train()
@@ -17,9 +17,14 @@ tensors shared with Ignis through DLPack. Reports come through
 Importing this package costs nothing and imports no PyTorch: the op observer (or
 the dispatch mode) and the trace callbacks run only between ``enable()`` and
 ``disable()``; see ``enable`` for the two engines.
-Work the dispatcher never sees (``torch.compile``d regions, Triton and raw
-extension kernels, CUDA graphs) is declared with ``use()``; see
+Work the dispatcher never sees (regions compiled with ``torch.compile``, Triton
+and raw extension kernels, CUDA graphs) is declared with ``use()``; see
 ``ignis.torch._frontend`` for what is and is not seen.
+
+The debug guard as PyTorch's CUDA allocator (canaries, poison, quarantine) is
+here too: ``use_guard()`` before the first CUDA tensor, then ``check()``,
+``reports()`` and ``summary()`` (``ignis run --guard`` installs it in an
+unmodified program).
 """
 
 from __future__ import annotations
