@@ -345,7 +345,19 @@ def test_a_directory_is_not_a_script(tmp_path, capsys):
     from ignis.cli import main
     assert main(["run", str(tmp_path)]) == 2
     err = capsys.readouterr().err
-    assert err.strip() == f"ignis run: {tmp_path} is a directory, not a script", err
+    assert err.strip() == f"ignis run: {tmp_path} is a directory with no __main__.py, not a script", err
+
+
+def test_a_folder_or_zip_with_a_main_runs_as_python_runs_it(tmp_path):
+    import zipfile
+    app = tmp_path / "app"
+    app.mkdir()
+    (app / "__main__.py").write_text("import sys\nprint('main of', __name__, sys.argv[1:])\n")
+    with zipfile.ZipFile(tmp_path / "app.pyz", "w") as z:
+        z.write(app / "__main__.py", "__main__.py")
+    for target in ("app", "app.pyz"):
+        p = run_in(tmp_path, target, "x")
+        assert p.returncode == 0 and p.stdout.strip() == "main of __main__ ['x']", p.stdout + p.stderr
 
 
 LEAKS_AND_GLOBALS = """

@@ -49,6 +49,7 @@ import runpy
 import sys
 import traceback
 import types
+import zipfile
 from typing import Any, Callable, TextIO
 
 from ..units import format_bytes as _fmt_bytes
@@ -85,15 +86,23 @@ def run_script(script: str, argv: list[str], *, sanitize: bool = False, guard: b
 
     Returns:
         The exit status: the script's own if it failed (130 for ``KeyboardInterrupt``), else
-        1 when a problem was found, else 0; 2 when ``script`` is not a file; 1 when it does
-        not compile (reported as Python reports it, with no report: nothing ran).
+        1 when a problem was found, else 0; 2 when ``script`` is not a file (nor, as Python
+        also runs, a folder or zip archive with a ``__main__.py``); 1 when it does not
+        compile (reported as Python reports it, with no report: nothing ran).
     """
     out = sys.stderr if out is None else out
+    path = os.path.abspath(script)
+    flags = Checks(sanitize=sanitize, guard=guard, leaks=leaks, ordering=ordering)
+    if os.path.isfile(os.path.join(path, "__main__.py")) or (os.path.isfile(path) and zipfile.is_zipfile(path)):
+        # a folder or a zip archive with a __main__.py: Python runs that, and so does this
+        return _run(lambda: runpy.run_path(path, run_name="__main__"), [script, *argv], path, flags,
+                    leak_threshold, out, report_dir)
     problem = file_problem(script, "script")
     if problem:
+        if os.path.isdir(script):
+            problem = f"{script} is a directory with no __main__.py, not a script"
         print(f"ignis run: {problem}", file=out)
         return MISSING_FILE_STATUS
-    path = os.path.abspath(script)
     try:
         with io.open_code(path) as f:
             code = compile(f.read(), path, "exec", dont_inherit=True)
@@ -115,8 +124,7 @@ def run_script(script: str, argv: list[str], *, sanitize: bool = False, guard: b
                 sys.modules["__main__"] = saved
         return main.__dict__
 
-    return _run(execute, [script, *argv], os.path.dirname(path), Checks(
-        sanitize=sanitize, guard=guard, leaks=leaks, ordering=ordering), leak_threshold, out, report_dir)
+    return _run(execute, [script, *argv], os.path.dirname(path), flags, leak_threshold, out, report_dir)
 
 
 def run_module(module: str, argv: list[str], *, sanitize: bool = False, guard: bool = False,
