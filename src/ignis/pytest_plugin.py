@@ -97,7 +97,10 @@ class IgnisChecks:
     def pytest_runtest_makereport(self, item: Any, call: Any) -> Any:
         """Fail the phase that just ran with the problems found during it."""
         outcome = yield
-        found = self.checks.take()
+        try:
+            found = self.checks.take()
+        except Exception as e:  # a check that cannot run: this phase cannot be said clean
+            found = [e]
         if not found:
             return
         rep = outcome.get_result()
@@ -122,9 +125,15 @@ class IgnisChecks:
         checks.settle()
         gc.collect()
         drain_deferred()
-        self.at_end, self.end_failures = checks.take_final()
+        try:
+            self.at_end, self.end_failures = checks.take_final()
+        except Exception as e:
+            self.end_failures.append(f"{type(e).__name__}: {e}")
         buf = io.StringIO()
-        checks.stop(buf)
+        try:
+            checks.stop(buf)
+        except Exception as e:
+            buf.write(f"{type(e).__name__}: {e}\n")
         self.end_failures += [ln for ln in buf.getvalue().splitlines() if ln]
         if (self.at_end or self.end_failures) and session.exitstatus == pytest.ExitCode.OK:
             session.exitstatus = pytest.ExitCode.TESTS_FAILED
