@@ -92,10 +92,10 @@ def run_script(script: str, argv: list[str], *, sanitize: bool = False, guard: b
     """
     out = sys.stderr if out is None else out
     path = os.path.abspath(script)
-    flags = Checks(sanitize=sanitize, guard=guard, leaks=leaks, ordering=ordering)
+    checks = Checks(sanitize=sanitize, guard=guard, leaks=leaks, ordering=ordering)
     if os.path.isfile(os.path.join(path, "__main__.py")) or (os.path.isfile(path) and zipfile.is_zipfile(path)):
         # a folder or a zip archive with a __main__.py: Python runs that, and so does this
-        return _run(lambda: runpy.run_path(path, run_name="__main__"), [script, *argv], path, flags,
+        return _run(lambda: runpy.run_path(path, run_name="__main__"), [script, *argv], path, checks,
                     leak_threshold, out, report_dir)
     problem = file_problem(script, "script")
     if problem:
@@ -112,9 +112,10 @@ def run_script(script: str, argv: list[str], *, sanitize: bool = False, guard: b
     _not_the_users(sys.argv[0] if sys.argv else "", path)
 
     def execute() -> dict[str, Any]:
-        main = types.ModuleType("__main__")
-        main.__dict__.update(__file__=path, __cached__=None, __builtins__=builtins, __loader__=None,
-                             __spec__=None, __package__=None)
+        from importlib.machinery import SourceFileLoader
+        main = types.ModuleType("__main__")  # as Python makes it for a script
+        main.__dict__.update(__file__=path, __cached__=None, __builtins__=builtins,
+                             __loader__=SourceFileLoader("__main__", path), __spec__=None, __package__=None)
         saved = sys.modules.get("__main__")
         sys.modules["__main__"] = main
         try:
@@ -124,7 +125,7 @@ def run_script(script: str, argv: list[str], *, sanitize: bool = False, guard: b
                 sys.modules["__main__"] = saved
         return main.__dict__
 
-    return _run(execute, [script, *argv], os.path.dirname(path), flags, leak_threshold, out, report_dir)
+    return _run(execute, [script, *argv], os.path.dirname(path), checks, leak_threshold, out, report_dir)
 
 
 def run_module(module: str, argv: list[str], *, sanitize: bool = False, guard: bool = False,
