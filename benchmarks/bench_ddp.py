@@ -21,7 +21,9 @@ import socket
 import statistics
 import subprocess
 import sys
-import time
+
+from _steps import median_step_ms
+from bench_models import build
 
 HERE = os.path.abspath(__file__)
 
@@ -29,47 +31,20 @@ HERE = os.path.abspath(__file__)
 def child(steps: int, warm: int) -> None:
     import torch
     import torch.distributed as dist
-    import torch.nn as nn
     from torch.nn.parallel import DistributedDataParallel as DDP
 
     rank = int(os.environ["RANK"])
     torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", rank)))
     dist.init_process_group("nccl", device_id=torch.device("cuda", torch.cuda.current_device()))
-    torch.manual_seed(0)
     try:
-        import torchvision
-        model = torchvision.models.resnet18(num_classes=100).cuda().to(memory_format=torch.channels_last)
-        x = torch.randn(32, 3, 64, 64, device="cuda").to(memory_format=torch.channels_last)
-        what = "torchvision ResNet-18, batch 32 at 64x64, AMP, channels_last"
+        import torchvision  # noqa: F401
+        model, what = "resnet", "torchvision ResNet-18, batch 32 at 64x64, AMP, channels_last"
     except ImportError:
-        model = nn.Sequential(nn.Flatten(), nn.Linear(3 * 64 * 64, 1024), nn.ReLU(), nn.Linear(1024, 100)).cuda()
-        x = torch.randn(32, 3, 64, 64, device="cuda")
-        what = "an MLP, batch 32, AMP"
-    y = torch.randint(0, 100, (32,), device="cuda")
-    ddp = DDP(model)
-    opt = torch.optim.SGD(ddp.parameters(), lr=0.01, momentum=0.9)
-    scaler = torch.amp.GradScaler()
-    loss_fn = nn.CrossEntropyLoss()
-
-    def step() -> None:
-        opt.zero_grad(set_to_none=True)
-        with torch.autocast("cuda", dtype=torch.bfloat16):
-            loss = loss_fn(ddp(x), y)
-        scaler.scale(loss).backward()
-        scaler.step(opt)
-        scaler.update()
-
-    for _ in range(warm):
-        step()
-    torch.cuda.synchronize()
-    times = []
-    for _ in range(steps):
-        t = time.perf_counter()
-        step()
-        torch.cuda.synchronize()
-        times.append(time.perf_counter() - t)
+        model, what = "gpt2", "a transformers GPT-2 from a config, bf16 autocast, AdamW"
+    step = build(model, wrap=lambda m: DDP(m))
+    ms = median_step_ms(step, steps, warm)
     if rank == 0:
-        print(f"BENCH_STEP_MS {statistics.median(times) * 1e3:.3f}")
+        print(f"BENCH_STEP_MS {ms:.3f}")
         print(f"BENCH_MODEL {what}")
     dist.barrier()
     dist.destroy_process_group()

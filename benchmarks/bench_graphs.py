@@ -24,6 +24,8 @@ import subprocess
 import sys
 import time
 
+from _steps import median_step_ms
+
 HERE = os.path.abspath(__file__)
 
 
@@ -56,7 +58,7 @@ def replay_bench(n_ops: int, reps: int, rounds: int) -> None:
         torch.cuda.synchronize()
         return dt / n
 
-    san = igt.enable("collect")
+    igt.enable("collect")
     g = torch.cuda.CUDAGraph()
     with torch.cuda.graph(g):
         body()
@@ -98,16 +100,7 @@ def child(steps: int, warm: int) -> None:
         model(x).square().mean().backward()
         opt.step()
 
-    for _ in range(warm):
-        step()
-    torch.cuda.synchronize()
-    times = []
-    for _ in range(steps):
-        t = time.perf_counter()
-        step()
-        torch.cuda.synchronize()
-        times.append(time.perf_counter() - t)
-    print(f"BENCH_STEP_MS {statistics.median(times) * 1e3:.3f}")
+    print(f"BENCH_STEP_MS {median_step_ms(step, steps, warm):.3f}")
 
 
 def contender(name: str, steps: int, warm: int) -> float:

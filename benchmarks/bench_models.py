@@ -30,18 +30,21 @@ import shutil
 import statistics
 import subprocess
 import sys
-import time
+
+from _steps import median_step_ms
 
 HERE = os.path.abspath(__file__)
 
 
-def build(name: str):
+def build(name: str, wrap=None):
+    """A training step of model ``name`` (``wrap``: what wraps the model, e.g. DDP)."""
     import torch
     import torch.nn as nn
     torch.manual_seed(0)
+    wrap = wrap or (lambda m: m)
     if name == "resnet":
         import torchvision
-        model = torchvision.models.resnet18(num_classes=100).cuda().to(memory_format=torch.channels_last)
+        model = wrap(torchvision.models.resnet18(num_classes=100).cuda().to(memory_format=torch.channels_last))
         x = torch.randn(32, 3, 64, 64, device="cuda").to(memory_format=torch.channels_last)
         y = torch.randint(0, 100, (32,), device="cuda")
         opt = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
@@ -59,7 +62,7 @@ def build(name: str):
     if name == "gpt2":
         from transformers import GPT2Config, GPT2LMHeadModel
         cfg = GPT2Config(n_layer=2, n_embd=128, n_head=4, vocab_size=1024, n_positions=128)
-        model = GPT2LMHeadModel(cfg).cuda()
+        model = wrap(GPT2LMHeadModel(cfg).cuda())
         ids = torch.randint(0, 1024, (8, 128), device="cuda")
         opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
 
@@ -76,23 +79,16 @@ def build(name: str):
 def child(name: str, steps: int, warm: int) -> None:
     import torch
     step = build(name)
-    for _ in range(warm):
-        step()
+    step()  # (built and warm before the sanitizer's count starts)
     torch.cuda.synchronize()
     san = None
     if "ignis.safety.sanitizer" in sys.modules:
         from ignis.safety.sanitizer import sanitizer
         san = sanitizer if sanitizer.active else None
     before = san.checked_foreign if san is not None else 0
-    times = []
-    for _ in range(steps):
-        t = time.perf_counter()
-        step()
-        torch.cuda.synchronize()
-        times.append(time.perf_counter() - t)
-    print(f"BENCH_STEP_MS {statistics.median(times) * 1e3:.3f}")
+    print(f"BENCH_STEP_MS {median_step_ms(step, steps, max(0, warm - 1)):.3f}")
     if san is not None:
-        print(f"BENCH_ACCESSES {(san.checked_foreign - before) / steps:.1f}")
+        print(f"BENCH_ACCESSES {(san.checked_foreign - before) / (steps + max(0, warm - 1)):.1f}")
 
 
 def available(name: str) -> str | None:

@@ -75,7 +75,7 @@ def main() -> int:
                 ig.launch(SCALE_ADD, 256, 256, acc, buf, A, N, stream=compute)  # waits for the upload
             got = acc.to_numpy(stream=compute)     # the host waits here, once
         waits = ig.memory_stats(dev)["num_cross_stream_waits"] - waits0
-        want = A * np.sum(batches, axis=0, dtype=np.float32)
+        want = A * np.asarray(np.sum(batches, axis=0, dtype=np.float32))
         ok = bool(np.allclose(got, want, rtol=1e-5, atol=1e-5))
         print(f"{BATCHES} batches of {N * 4 >> 20} MiB: uploads on stream #{copy.id}, scale_add on stream "
               f"#{compute.id}, two buffers in turn")

@@ -582,20 +582,68 @@ def test_indexing_makes_views_where_contiguous_and_says_what_to_do_otherwise():
         a[1, 3]
 
 
+def copy_between_devices_checks(direct: bool | None = None) -> None:
+    """``dst.copy_(src)`` from device 0 to device 1 (peer to peer, or staged through the host where
+    the devices cannot reach each other; ``direct`` says which to expect, None: either). The copy
+    waits for the source's pending write and for a pending read of the destination; a write of the
+    source queued right after it waits until the copy has read it. Every stream involved is held
+    back for a while, so a missing wait shows as wrong bytes."""
+    from helpers import sleep_on
+    d0, d1 = ig.Device(0), ig.Device(1)
+    if direct is not None:
+        assert d1.can_access_peer(d0) is direct
+    n = 1 << 16
+    src = ig.from_numpy(np.arange(n, dtype=np.float32))
+    dst = ig.zeros(n, device=1)
+    reader = d1.create_stream()
+    try:
+        sleep_on(reader, 0.2)
+        before = dst.clone(stream=reader)  # a read of the destination, still queued when the copy is
+        sleep_on(src.stream, 0.2)
+        src.fill_(5.0)                     # a write of the source, still queued when the copy is
+        sleep_on(dst.stream, 0.2)          # the copy itself runs late
+        assert dst.copy_(src) is dst
+        src.fill_(7.0)                     # queued on the source's side right after the copy
+        assert (before.to_numpy(stream=reader) == 0).all()
+        assert (dst.to_numpy() == 5.0).all()
+        assert (src.to_numpy() == 7.0).all()
+        empty = ig.zeros(0, device=1)
+        empty.copy_(ig.zeros(0))
+        with pytest.raises(ValueError, match="same shape and dtype"):
+            dst.copy_(ig.zeros(8))
+        before.free()
+    finally:
+        reader.synchronize()
+        reader.close()
+    src.free()
+    dst.free()
+
+
 def test_copy_between_devices_is_ordered_both_ways():
     if ig.device_count() < 2:
         pytest.skip("needs two devices")
-    from helpers import sleep_on
-    src = ig.from_numpy(np.arange(4096, dtype=np.float32))
-    dst = ig.zeros(4096, device=1)
-    sleep_on(src.stream, 0.2)
-    src.fill_(5.0)  # still queued when the copy is
-    dst.copy_(src)
-    assert (dst.to_numpy() == 5.0).all()
-    with pytest.raises(ValueError, match="same shape and dtype"):
-        dst.copy_(ig.zeros(8))
-    src.free()
-    dst.free()
+    copy_between_devices_checks()
+
+
+def test_copy_between_devices_without_peer_access_is_staged_through_the_host(tmp_path):
+    if ig.get_backend().name != "emulated":
+        pytest.skip("a machine's GPUs have the peer access they have; the emulator can be made without it")
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    from helpers import IMPORT_ROOT
+    here = str(Path(__file__).resolve().parent)
+    code = ("import test_array; test_array.copy_between_devices_checks(direct=False); "
+            "import ignis as ig; print('staged', ig.Device(1).can_access_peer(0))")
+    env = dict(os.environ, IGNIS_BACKEND="emulated", IGNIS_EMULATED_DEVICES="2", IGNIS_EMULATED_PEER_ACCESS="0",
+               IGNIS_EMU_JITTER="11:300",
+               PYTHONPATH=os.pathsep.join(p for p in (IMPORT_ROOT, here, os.environ.get("PYTHONPATH")) if p))
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=120,
+                         cwd=tmp_path)
+    assert out.returncode == 0, out.stdout + out.stderr
+    assert "staged False" in out.stdout
 
 
 def test_kernel_scalar_declared_none_is_an_error():

@@ -4,7 +4,12 @@ Multi-rank tests start real processes with ``ig.collective.launch`` running
 this file as a script (``python test_collective.py WORKER``); each worker
 checks its own results exactly and prints ``OK <worker>``, so a failing rank
 says what it saw. On the emulated backend (loopback TCP) they run anywhere;
-the ``gpu`` tests run the same workers on two GPUs through NCCL.
+the ``gpu`` tests run the same workers on two GPUs through NCCL. With
+``--fake``, a worker's group is the NCCL engine over fake bindings
+(``FakeNccl``: its all_reduce can wait on the stream until the abort, as an NCCL
+kernel waits for a peer), with the real rendezvous, checker mesh, call matcher
+and watchdog, so the NCCL engine's failure paths run anywhere too. A worker
+that hangs prints every thread's stack and exits (``faulthandler``).
 """
 
 from __future__ import annotations
@@ -373,24 +378,114 @@ def worker_hang(comm: "ig.collective.Communicator", args: argparse.Namespace) ->
 
 
 def worker_mismatch(comm: "ig.collective.Communicator", args: argparse.Namespace) -> int:
-    """Rank 0 calls all_reduce while rank 1 calls broadcast: both get a clear error."""
-    a = ig.full(64, 1.0, "float32", device=comm.device)
+    """The ranks call different operations, sizes or dtypes (``--mode``): every rank gets a clear
+    mismatch error naming another rank, before the time-out; what its call was to write is
+    poisoned, what it only read is intact, and nothing else is touched: arrays made before, new
+    arrays on new streams, kernels, the device itself all go on."""
+    r, w = comm.rank, comm.world_size
+    dev = comm.device
+    ck = _Checker(r)
+    api = getattr(args, "api", None)
+    keep = ig.full(64, 3.0, "float32", device=dev)  # an array the failure has nothing to do with
+    comm.barrier()
+    if api is not None:
+        api.hang = True  # as NCCL's kernels do, a mismatched all_reduce waits until the abort
+    mode = args.mode or "reduce-bcast"
+    wrote: list = []
+    read: list = []
+    x = ig.full(64, float(r + 1), "float32", device=dev)
+    t0 = time.monotonic()
     try:
-        if comm.rank == 0:
-            comm.all_reduce(a)
+        if mode == "reduce-bcast":        # rank 0 all_reduce, the others broadcast from rank 0
+            if r == 0:
+                comm.all_reduce(x)
+            else:
+                comm.broadcast(x, root=0)
+            wrote.append(x)
+        elif mode == "bcast-reduce":      # rank 0 broadcasts (only reads x), the others all_reduce
+            if r == 0:
+                comm.broadcast(x, root=0)
+                read.append((x, float(r + 1)))
+            else:
+                comm.all_reduce(x)
+                wrote.append(x)
+        elif mode == "gather-sizes":      # each rank gathers a different number of elements
+            s = ig.full(8 + r, float(r), "float32", device=dev)
+            read.append((s, float(r)))
+            wrote.append(comm.all_gather(s))
+        elif mode == "dtypes":            # float32 on rank 0, int32 elsewhere
+            if r != 0:
+                x = ig.full(64, r + 1, "int32", device=dev)
+            comm.all_reduce(x)
+            wrote.append(x)
+        elif mode == "p2p-sizes":         # rank 0 sends 64 elements, rank 1 receives 9
+            if r == 0:
+                comm.send(x, 1)
+                read.append((x, float(r + 1)))
+            elif r == 1:
+                x = ig.zeros(9, "float32", device=dev)
+                comm.recv(x, 0)
+                wrote.append(x)
         else:
-            comm.broadcast(a, root=0)
+            raise ValueError(mode)
         comm.synchronize()
+        # NCCL may finish a mismatched call without the peer's half (a send into the peer's buffers;
+        # a fake call always): then the matcher reports the mismatch by itself, a moment later.
+        while comm.error is None and time.monotonic() - t0 < args.timeout / 2:
+            time.sleep(0.01)
+        err = comm.error
     except CollectiveError as e:
-        print(f"CAUGHT kind={e.kind}: {e}")
-        return 0
-    print("NOT RAISED")
-    return 1
+        err = e
+    took = time.monotonic() - t0
+    if err is None:
+        ck.failures.append("no error")
+    else:
+        print(f"CAUGHT kind={err.kind} rank={err.rank} took={took:.2f}s: {err}")
+        ck.count += 1
+        # With three ranks, one may learn of it from a rank that found it first and left meanwhile
+        # (its goodbye carries the mismatch).
+        relayed = err.kind == "peer_failed" and "(a different" in str(err)
+        if (err.kind != "mismatch" and not relayed) or err.rank in (None, r) or not 0 <= err.rank < w \
+                or err.this_rank != r:
+            ck.failures.append(f"expected a mismatch naming another rank, got kind={err.kind} rank={err.rank}: {err}")
+        if took > args.timeout / 2:
+            ck.failures.append(f"the mismatch took {took:.1f} s to be found: the time-out found it, not a check")
+    for a in wrote:
+        ck.raises("what the call was to write", CollectiveError, lambda: a.to_numpy(), "was to write it")
+    for a, value in read:
+        ck.eq("what the call only read", a.to_numpy(), np.full(a.shape, value, np.float32))
+    ck.raises("the failed communicator", CollectiveError, comm.barrier)
+    ck.eq("an array made before", keep.to_numpy(), np.full(64, 3.0, np.float32))
+    keep.fill_(4.0)
+    ck.eq("... is still written", keep.to_numpy(), np.full(64, 4.0, np.float32))
+    s2 = dev.create_stream()
+    fresh = ig.full(1 << 12, 5.0, "float32", device=dev, stream=s2)
+    ck.eq("a new array on a new stream", fresh.to_numpy()[::512], np.full(8, 5.0, np.float32))
+    other = ig.zeros(64, "float32", device=dev)
+    ig.kernels.copy(other, keep)
+    ck.eq("a kernel", other.to_numpy(), np.full(64, 4.0, np.float32))
+    try:
+        dev.synchronize()
+    except Exception as e:  # noqa: BLE001 - reported, not hidden
+        ck.failures.append(f"the device is unusable after the failed collective: {type(e).__name__}: {e}")
+    fresh.free()
+    s2.close()
+    return ck.done(f"mismatch-{mode}")
 
 
 # -- failed collectives poison what they were to write (issue 14, item 7) ---------------------------
 _CAUSE = {"die": "died", "close": "closed its communicator", "raise": "raised RuntimeError: boom",
           "timeout": "sent nothing", "mismatch": "called broadcast"}
+_NCCL_CAUSE = {**_CAUSE, "timeout": "did not finish within"}  # the NCCL engine's time-out is its watchdog's
+
+
+def _cause(comm: "ig.collective.Communicator", mode: str) -> str:
+    """What the failure caused by ``mode`` says, as this communicator's engine words it."""
+    if comm.backend == "emulated":
+        return _CAUSE[mode]
+    if mode == "die" and comm.bindings != "fake":
+        return ""  # real NCCL may report a dead peer itself (an asynchronous error) before Ignis does
+    return _NCCL_CAUSE[mode]
 
 
 def _wait_flag(path: str, limit: float = 60.0) -> None:
@@ -425,6 +520,14 @@ def _misbehave(comm: "ig.collective.Communicator", args: argparse.Namespace) -> 
         return 0
     print("NOT RAISED")
     return 1
+
+
+def _stuck_until_abort(args: argparse.Namespace) -> None:
+    """Under fake NCCL bindings (``--fake``), this rank's next all_reduces wait on the stream until
+    the communicator is aborted, as real NCCL kernels wait for a peer that does not come."""
+    api = getattr(args, "api", None)
+    if api is not None:
+        api.hang = True
 
 
 def _poison_checks(ck: "_Checker", comm: "ig.collective.Communicator", arr: "ig.NvArray", op: str,
@@ -473,6 +576,7 @@ def worker_poison(comm: "ig.collective.Communicator", args: argparse.Namespace) 
     comm.barrier()  # all_reduce #1
     if comm.rank != 0:
         return _misbehave(comm, args)
+    _stuck_until_abort(args)
     ck = _Checker(comm.rank)
     n = 64
     dev = comm.device
@@ -491,8 +595,13 @@ def worker_poison(comm: "ig.collective.Communicator", args: argparse.Namespace) 
             print("FAILED: the communicator never learned of the failure")
             return 1
         time.sleep(0.01)
-    cause = _CAUSE[args.mode] if comm.backend == "emulated" else ""
+    took = time.monotonic() - t0
+    cause = _cause(comm, args.mode)
     err = comm.error
+    print(f"LEARNED kind={err.kind} rank={err.rank} after {took:.2f}s: {err}")
+    if args.mode != "timeout":  # a death, a goodbye or a mismatch is seen at once, not at the time-out
+        ck.eq(f"the failure was seen before the time-out ({took:.2f} s)", np.array([took < args.timeout / 2]),
+              np.array([True]))
     ck.eq("the failure names rank 1", np.array([err.rank in (1, None) if comm.backend == "nccl" else err.rank == 1]),
           np.array([True]))
     solo = _solo_group()
@@ -518,26 +627,31 @@ def worker_poison_race(comm: "ig.collective.Communicator", args: argparse.Namesp
     comm.barrier()
     if comm.rank != 0:
         return _misbehave(comm, args)
+    _stuck_until_abort(args)
     ck = _Checker(comm.rank)
     x = ig.full(64, 1.0, "float32", device=comm.device)
     comm.all_reduce(x)
     threading.Timer(0.3, Path(args.flag).touch).start()  # rank 1 closes while the read waits
+    cause = _cause(comm, args.mode)
+    # The host read is queued before the failure is known; the failed call ends (NCCL's kernel
+    # returns once aborted), the read runs, and re-checks the array after its wait. The clone
+    # comes after the failure was known: refused at once.
     for what, fn in (("to_numpy", lambda: x.to_numpy()), ("clone", lambda: x.clone().to_numpy())):
         ck.count += 1
         try:
             got = fn()
         except CollectiveError as e:
-            if "all_reduce #2" not in str(e) or _CAUSE[args.mode] not in str(e):
+            if "all_reduce #2" not in str(e) or cause not in str(e):
                 ck.failures.append(f"{what}: the error does not name the operation and the cause: {e}")
-        except ig.DriverError as e:
-            # Queued before the failure was known, the read fails with its stream (the
-            # failure travels along the stream wait); NvArray turns it into CollectiveError
-            # where it re-checks the array after its synchronize.
-            if "all_reduce #2" not in str(e) or _CAUSE[args.mode] not in str(e):
-                ck.failures.append(f"{what}: the stream's error does not carry the collective's: {e}")
+        except Exception as e:  # noqa: BLE001 - reported, not hidden
+            ck.failures.append(f"{what} raised {type(e).__name__}, not CollectiveError: {e}")
         else:
             ck.failures.append(f"{what} returned {got!r}: stale data came back")
-    _poison_checks(ck, comm, x, "all_reduce #2", _CAUSE[args.mode], 1)
+    _poison_checks(ck, comm, x, "all_reduce #2", cause, 1)
+    try:
+        comm.device.synchronize()  # only the communicator failed: the device is fine
+    except Exception as e:  # noqa: BLE001 - reported, not hidden
+        ck.failures.append(f"the device is unusable after the failed collective: {type(e).__name__}: {e}")
     return ck.done("poison-race")
 
 
@@ -617,12 +731,26 @@ def _fake_nccl_group(api: "FakeNccl", timeout: float):  # type: ignore[no-untype
                         timeout=timeout, health=health, rendezvous=rdzv)
 
 
+def _fake_default_group(args: argparse.Namespace) -> "ig.collective.Communicator":
+    """``--fake``: this rank's default group over fake NCCL bindings (``args.api``), closed at
+    interpreter exit as ``init_process_group``'s is (aborted, saying why, after an uncaught error)."""
+    import atexit
+
+    from ignis.collective import process_group as pg
+    api = args.api = FakeNccl()
+    comm = _fake_nccl_group(api, args.timeout)
+    api.failed = lambda: comm._health.claimed is not None  # the failure is claimed (poisoned, gates released)
+    pg._default = comm
+    atexit.register(pg._close_at_exit)
+    return comm
+
+
 def worker_nccl_roots(_comm: None, args: argparse.Namespace) -> int:
     """The NCCL engine's root check (fake bindings, real processes): matching roots pass;
     mismatched ones fail every rank before the NCCL call runs on the stream."""
     api = FakeNccl()
     comm = _fake_nccl_group(api, args.timeout)
-    api.failed = lambda: comm.error is not None
+    api.failed = lambda: comm._health.claimed is not None  # the failure is claimed (poisoned, gates released)
     ck = _Checker(comm.rank)
     x = ig.full(8, 1.0, "float32", device=comm.device)
     comm.broadcast(x, root=0)
@@ -636,6 +764,9 @@ def worker_nccl_roots(_comm: None, args: argparse.Namespace) -> int:
     ck.eq("... and run on the stream with no failure", np.array([f for _, f in api.ran]), np.array([False] * 3))
     api.ran.clear()
     _root_checks(ck, comm, args.mode, args.grouped)
+    t0 = time.monotonic()
+    while not api.ran and time.monotonic() - t0 < 5:  # the failure is raised without waiting for the stream
+        time.sleep(0.01)
     ck.eq("the mismatched NCCL call ran only after the check had failed", np.array([f for _, f in api.ran]),
           np.array([True]))
     t0 = time.monotonic()
@@ -644,9 +775,69 @@ def worker_nccl_roots(_comm: None, args: argparse.Namespace) -> int:
     ck.eq("the watchdog aborted NCCL", np.array([api.aborted]), np.array([True]))
     comm.close()
     return ck.done(f"nccl-roots-{args.mode}")
+def worker_nccl_gives_up(comm: "ig.collective.Communicator", args: argparse.Namespace) -> int:
+    """(``--fake``) Both ranks' all_reduce waits in "NCCL"; rank 0 alone gets an NCCL error. It tells
+    rank 1 that it gives up before it aborts, so rank 1 fails at once (not at its time-out), naming
+    rank 0 and the cause, and poisons its own target. Rank 0 stays until rank 1 has seen it: only
+    its goodbye on failure can have told rank 1."""
+    r = comm.rank
+    ck = _Checker(r)
+    api = args.api
+    comm.barrier()
+    api.hang = True
+    x = ig.full(64, 1.0, "float32", device=comm.device)
+    comm.all_reduce(x)  # all_reduce #2, stuck on both ranks
+    t0 = time.monotonic()
+    if r == 0:
+        api.error = "unhandled system error (ncclSystemError)"
+    while comm.error is None and time.monotonic() - t0 < args.timeout + 5:
+        time.sleep(0.01)
+    took = time.monotonic() - t0
+    err = comm.error
+    print(f"LEARNED after {took:.2f}s: {err!r}")
+    if err is None:
+        return ck.done("gives-up") or 1
+    if r == 0:
+        ck.eq("rank 0: NCCL's error", np.array([err.kind]), np.array(["nccl"]))
+        _wait_flag(args.flag, limit=args.timeout)
+    else:
+        ck.eq("rank 1: rank 0 gave up", np.array([err.kind, err.rank], dtype=object),
+              np.array(["peer_failed", 0], dtype=object))
+        ck.eq("rank 1: at once", np.array([took < args.timeout / 2]), np.array([True]))
+        ck.eq("rank 1: the cause", np.array(["ncclSystemError" in str(err)]), np.array([True]))
+        Path(args.flag).touch()
+    ck.raises("the target", CollectiveError, lambda: x.to_numpy(), "all_reduce #2")
+    return ck.done("gives-up")
+
+
+def worker_nccl_early(comm: "ig.collective.Communicator", args: argparse.Namespace) -> int:
+    """(``--fake``) Rank 0's send finishes before rank 1 makes the matching receive (NCCL may finish
+    a send into the peer's buffers): rank 0's synchronize() confirms what rank 1 has made so far
+    and returns, without waiting for rank 1 to make its call; the receive is compared later."""
+    r = comm.rank
+    ck = _Checker(r)
+    comm.barrier()
+    x = ig.full(16, 1.0, "float32", device=comm.device)
+    if r == 0:
+        t0 = time.monotonic()
+        comm.send(x, 1)
+        comm.synchronize()
+        took = time.monotonic() - t0
+        ck.eq(f"rank 0's synchronize did not wait for rank 1's receive ({took:.2f} s)", np.array([took < 3.0]),
+              np.array([True]))
+    else:
+        time.sleep(6.0)
+        comm.recv(x, 0)
+        comm.synchronize()
+    comm.barrier()
+    ck.eq("no failure", np.array([comm.error is None]), np.array([True]))
+    return ck.done("early")
+
+
 WORKERS = {"ops": worker_ops, "ownership": worker_ownership, "die": worker_die, "hang": worker_hang,
            "mismatch": worker_mismatch, "poison": worker_poison, "poison_race": worker_poison_race,
-           "roots": worker_roots, "nccl_roots": worker_nccl_roots}
+           "roots": worker_roots, "nccl_roots": worker_nccl_roots, "nccl_gives_up": worker_nccl_gives_up,
+           "nccl_early": worker_nccl_early}
 SELF_INIT = {"nccl_roots"}  # build their own communicator
 
 
@@ -658,12 +849,17 @@ def _worker_main(argv: list[str]) -> int:
     p.add_argument("--mode", default="")
     p.add_argument("--flag", default="")
     p.add_argument("--grouped", action="store_true")
+    p.add_argument("--fake", action="store_true", help="the NCCL engine over fake bindings (FakeNccl)")
     args = p.parse_args(argv)
+    # A rank that hangs prints every thread's stack and exits, so the test says where instead of
+    # waiting for the test time-out (the workers' own waits are bounded by --timeout).
+    import faulthandler
+    faulthandler.dump_traceback_later(max(30.0, 1.5 * args.timeout + 15), exit=True)
     if args.worker in SELF_INIT:
         rc = WORKERS[args.worker](None, args)
         sys.stdout.flush()
         return rc
-    comm = ig.collective.init_process_group(timeout=args.timeout)
+    comm = _fake_default_group(args) if args.fake else ig.collective.init_process_group(timeout=args.timeout)
     rc = WORKERS[args.worker](comm, args)
     sys.stdout.flush()
     if args.worker in ("die", "hang"):
@@ -717,11 +913,23 @@ def test_hanging_rank_times_out_naming_it():
     assert "[rank 0] CAUGHT rank=1 kind=timeout" in out, out
 
 
-def test_mismatched_calls_are_reported():
-    rc, out = _launch(2, "mismatch", "--timeout", "10")
+@pytest.mark.parametrize("world,mode", [(2, "reduce-bcast"), (2, "bcast-reduce"), (3, "bcast-reduce"),
+                                        (2, "gather-sizes"), (2, "dtypes")])
+def test_mismatched_calls_are_refused_on_every_rank_and_poison_only_their_targets(world, mode):
+    rc, out = _launch(world, "mismatch", "--mode", mode, "--timeout", "20")
     assert rc == 0, out
-    assert "broadcast" in out and "all_reduce" in out, out
-    assert out.count("CAUGHT") == 2, out
+    assert out.count("CAUGHT kind=") == world, out
+    if "bcast" in mode:
+        assert "broadcast" in out and "all_reduce" in out, out
+
+
+@pytest.mark.parametrize("mode", ["reduce-bcast", "bcast-reduce", "gather-sizes", "dtypes", "p2p-sizes"])
+def test_nccl_engine_refuses_mismatched_calls_on_every_rank(mode):
+    """The NCCL engine's call matcher (fake bindings, real processes, the real checker mesh):
+    NCCL itself compares nothing between ranks."""
+    rc, out = _launch(2, "mismatch", "--fake", "--mode", mode, "--timeout", "20")
+    assert rc == 0, out
+    assert out.count("CAUGHT kind=mismatch") == 2, out
 
 
 # -- in-process: a group of one, bootstrap errors ---------------------------------------------------
@@ -1161,6 +1369,37 @@ def test_a_read_queued_before_the_failure_never_returns_stale_data(tmp_path):
     assert rc == 0, out
 
 
+@pytest.mark.parametrize("mode,status", [("die", 3), ("close", 0), ("raise", 1), ("timeout", 0), ("mismatch", 0)])
+def test_nccl_engine_failed_collective_poisons_what_it_was_to_write(mode, status, tmp_path):
+    """The NCCL engine's failure paths over fake bindings whose all_reduce waits on the stream until
+    the abort, as a real NCCL kernel waits for a peer: a death, a goodbye (closed, or gave up after
+    an error) and a mismatch are seen at once; a silent peer at the watchdog's time-out; errors name
+    the oldest unfinished call."""
+    t = "1.5" if mode == "timeout" else "20"
+    rc, out = _launch(2, "poison", "--fake", "--mode", mode, "--flag", str(tmp_path / "go"), "--timeout", t)
+    assert f"[rank 0] OK poison-{mode}" in out, out
+    assert rc == status, out
+
+
+def test_nccl_engine_synchronize_never_waits_for_a_peer_to_make_its_call():
+    rc, out = _launch(2, "nccl_early", "--fake", "--timeout", "20")
+    assert rc == 0, out
+    assert out.count("OK early") == 2, out
+
+
+def test_nccl_engine_rank_that_gives_up_tells_the_others_first(tmp_path):
+    rc, out = _launch(2, "nccl_gives_up", "--fake", "--flag", str(tmp_path / "seen"), "--timeout", "20")
+    assert rc == 0, out
+    assert out.count("OK gives-up") == 2, out
+
+
+def test_nccl_engine_read_queued_before_the_failure_never_returns_stale_data(tmp_path):
+    rc, out = _launch(2, "poison_race", "--fake", "--mode", "close", "--flag", str(tmp_path / "go"),
+                      "--timeout", "20")
+    assert "[rank 0] OK poison-race" in out, out
+    assert rc == 0, out
+
+
 @pytest.mark.parametrize("world,case,grouped", [(2, "broadcast-own", False), (2, "broadcast-other", True),
                                                 (2, "reduce-own", False), (3, "reduce-last-differs", False)])
 def test_root_mismatch_is_reported_on_every_rank(world, case, grouped):
@@ -1261,26 +1500,44 @@ def test_gpu_hanging_rank_is_aborted_by_the_watchdog():
     assert "[rank 0] CAUGHT rank=None kind=timeout" in out or "[rank 0] CAUGHT rank=1 kind=timeout" in out, out
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("mode,status", [("die", 3), ("close", 0), ("raise", 1), ("timeout", 0)])
+@pytest.mark.parametrize("mode,status", [("die", 3), ("close", 0), ("raise", 1), ("timeout", 0), ("mismatch", 0)])
 def test_gpu_failed_collective_poisons_what_it_was_to_write(mode, status, tmp_path):
+    """Rank 0's all_reduces wait in NCCL's kernels for rank 1, which dies, closes its communicator,
+    gives up after an error, stays silent past the time-out, or calls broadcast. The kernels spin
+    until rank 0 aborts its communicator (nothing else ends them): the death, the goodbye and the
+    mismatch make it do so at once, the silence at the watchdog's time-out; what they were to write
+    is poisoned first, and the failure names the oldest call that did not finish."""
     _two_gpus()
     rc, out = _launch(2, "poison", "--mode", mode, "--flag", str(tmp_path / "go"), "--timeout",
-                      "3" if mode in ("timeout", "close", "raise") else "60", backend="cuda")
+                      {"timeout": "3", "die": "60"}.get(mode, "20"), backend="cuda")
     print(out)
     assert f"[rank 0] OK poison-{mode}" in out, out
     assert rc == status, out
 
 
 @pytest.mark.gpu
-@pytest.mark.xfail(reason="on a GPU, NCCL's kernels return normally after an abort, so a device-side clone "
-                          "queued before the failure was known copies the stale bytes into an array nothing "
-                          "poisons (host reads of the target itself re-check it after their wait)", strict=False)
 def test_gpu_a_read_queued_before_the_failure_never_returns_stale_data(tmp_path):
+    """A host read of the target, queued while rank 0's all_reduce spins in NCCL: rank 1 closes its
+    communicator (its ncclCommDestroy then waits for rank 0's connections), rank 0 learns it from
+    the goodbye, poisons, aborts; the kernel returns, the read runs and re-checks: CollectiveError."""
     _two_gpus()
-    rc, out = _launch(2, "poison_race", "--mode", "close", "--flag", str(tmp_path / "go"), "--timeout", "3",
+    rc, out = _launch(2, "poison_race", "--mode", "close", "--flag", str(tmp_path / "go"), "--timeout", "20",
                       backend="cuda")
     print(out)
     assert "[rank 0] OK poison-race" in out, out
+    assert rc == 0, out
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("mode", ["reduce-bcast", "bcast-reduce", "gather-sizes", "dtypes", "p2p-sizes"])
+def test_gpu_mismatched_calls_are_refused_on_every_rank(mode):
+    """NCCL compares nothing between ranks; the call matcher does, on every rank, within
+    milliseconds: what the calls were to write is poisoned, the device and other arrays go on."""
+    _two_gpus()
+    rc, out = _launch(2, "mismatch", "--mode", mode, "--timeout", "20", backend="cuda")
+    print(out)
+    assert rc == 0, out
+    assert out.count("CAUGHT kind=mismatch") == 2, out
 
 
 @pytest.mark.gpu

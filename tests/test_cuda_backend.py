@@ -540,6 +540,47 @@ def test_second_device(be, res):
     be.device_synchronize(1)
 
 
+def test_peer_access_and_peer_copies(be, res):
+    """What the emulator models of two devices: cuMemcpyPeerAsync works between them on a
+    stream of either, with or without peer access; once device 1 was given access to device 0's
+    memory, a plain device-to-device copy on a device-1 stream may read it."""
+    if be.device_count() < 2:
+        pytest.skip("needs two GPUs")
+    n = 1 << 20
+    be.init_device(1)
+    assert not be.device_can_access_peer(0, 0)
+    can = be.device_can_access_peer(1, 0)
+    s0, s1 = res.stream(0), res.stream(1)
+    p0, p1 = res.alloc(n, ordinal=0), res.alloc(n, ordinal=1)
+    out = np.zeros(n, np.uint8)
+    be.memset_d8_async(p0, 9, n, s0)
+    be.stream_synchronize(s0)
+    be.memcpy_peer_async(p1, 1, p0, 0, n, s1)          # on the destination's stream
+    be.memcpy_dtoh_async(out.ctypes.data, p1, n, s1)
+    be.stream_synchronize(s1)
+    assert (out == 9).all()
+    be.memset_d8_async(p1, 4, n, s1)
+    be.stream_synchronize(s1)
+    be.memcpy_peer_async(p0, 0, p1, 1, n, s1)          # on the source's stream
+    be.stream_synchronize(s1)
+    be.memcpy_dtoh_async(out.ctypes.data, p0, n, s0)
+    be.stream_synchronize(s0)
+    assert (out == 4).all()
+    if not can:
+        with pytest.raises(DriverError) as ei:
+            be.enable_peer_access(1, 0)
+        assert ei.value.name == "CUDA_ERROR_PEER_ACCESS_UNSUPPORTED"
+        return
+    be.enable_peer_access(1, 0)
+    be.enable_peer_access(1, 0)  # enabled already: success
+    be.memset_d8_async(p0, 2, n, s0)
+    be.stream_synchronize(s0)
+    be.memcpy_dtod_async(p1, p0, n, s1)
+    be.memcpy_dtoh_async(out.ctypes.data, p1, n, s1)
+    be.stream_synchronize(s1)
+    assert (out == 2).all()
+
+
 # -- fault injection --------------------------------------------------------------
 def test_fault_injection_every_op(be, res):
     s, s2 = res.stream(), res.stream()
@@ -563,6 +604,7 @@ def test_fault_injection_every_op(be, res):
         "memcpy_htod_async": lambda: be.memcpy_htod_async(p, h, 16, s),
         "memcpy_dtoh_async": lambda: be.memcpy_dtoh_async(h, p, 16, s),
         "memcpy_dtod_async": lambda: be.memcpy_dtod_async(p, p + 2048, 16, s),
+        "memcpy_peer_async": lambda: be.memcpy_peer_async(p, 0, p + 2048, 0, 16, s),
         "memset_d8_async": lambda: be.memset_d8_async(p, 0, 16, s),
         "memset_d32_async": lambda: be.memset_d32_async(p, 0, 4, s),
         "stream_create": lambda: be.stream_create(0),
@@ -578,6 +620,8 @@ def test_fault_injection_every_op(be, res):
         "event_synchronize": lambda: be.event_synchronize(e),
         "event_elapsed_ms": lambda: be.event_elapsed_ms(t0, t1),
         "device_synchronize": lambda: be.device_synchronize(0),
+        "device_can_access_peer": lambda: be.device_can_access_peer(0, 0),
+        "enable_peer_access": lambda: be.enable_peer_access(0, 1),
         # the fault fires before the driver is called, so dummy arguments do
         "vmm_granularity": lambda: be.vmm_granularity(0),
         "vmm_create": lambda: be.vmm_create(0, 2 << 20),

@@ -101,15 +101,23 @@ def test_environment_configures_devices_memory_and_jitter(monkeypatch):
     monkeypatch.setenv("IGNIS_EMU_JITTER", "x:1")
     with pytest.raises(ValueError, match="IGNIS_EMU_JITTER"):
         EmulatedBackend(memory=1 << 20)
+    monkeypatch.delenv("IGNIS_EMU_JITTER")
+    monkeypatch.setenv("IGNIS_EMULATED_PEER_ACCESS", "0")
+    assert not EmulatedBackend(memory=1 << 20).device_can_access_peer(0, 1)
+    assert EmulatedBackend(memory=1 << 20, peer_access=True).device_can_access_peer(0, 1)
+    monkeypatch.setenv("IGNIS_EMULATED_PEER_ACCESS", "maybe")
+    with pytest.raises(ValueError, match="IGNIS_EMULATED_PEER_ACCESS"):
+        EmulatedBackend(memory=1 << 20)
 
 
 def test_defaults(monkeypatch):
-    for var in ("IGNIS_EMULATED_DEVICES", "IGNIS_EMULATED_MEMORY", "IGNIS_EMU_JITTER"):
+    for var in ("IGNIS_EMULATED_DEVICES", "IGNIS_EMULATED_MEMORY", "IGNIS_EMU_JITTER", "IGNIS_EMULATED_PEER_ACCESS"):
         monkeypatch.delenv(var, raising=False)
     b = EmulatedBackend()
     assert b.device_count() == 2
     assert b.mem_get_info(0) == (4 << 30, 4 << 30)
     assert b.jitter is None
+    assert b.peer_access and b.device_can_access_peer(0, 1)
 
 
 def test_device_properties_and_invalid_ordinals(emu):
@@ -231,11 +239,77 @@ def test_copies_between_devices_and_pinned_memory(emu):
     arr[:] = np.arange(256, dtype=np.uint8)
     d0, d1 = emu.mem_alloc(0, 256), emu.mem_alloc(1, 256)
     emu.memcpy_htod_async(d0, pinned, 256, s)
-    emu.memcpy_dtod_async(d1, d0, 256, s)
+    emu.memcpy_peer_async(d1, 1, d0, 0, 256, s)
     assert np.array_equal(download(emu, d1, 256, s), np.arange(256, dtype=np.uint8))
     emu.host_free(pinned)
     with raises_driver("CUDA_ERROR_INVALID_VALUE", OPS["host_free"]):
         emu.host_free(pinned)
+
+
+def test_devices_reach_each_others_memory_only_with_peer_access(emu):
+    s0, s1 = emu.stream_create(0), emu.stream_create(1)
+    d0, d1 = emu.mem_alloc(0, 256), emu.mem_alloc(1, 256)
+    upload(emu, d0, np.arange(256, dtype=np.uint8), s0)
+    emu.stream_synchronize(s0)
+    dtod = OPS["memcpy_dtod_async"]
+    with raises_driver("CUDA_ERROR_INVALID_VALUE", dtod) as info:  # as cuMemcpyDtoDAsync on two GPUs
+        emu.memcpy_dtod_async(d1, d0, 256, s1)
+    assert "memcpy_peer_async" in info.value.detail and "enable_peer_access(1, 0)" in info.value.detail
+    with raises_driver("CUDA_ERROR_INVALID_VALUE", dtod):
+        emu.memcpy_dtod_async(d1, d0, 256, s0)  # device 0 cannot reach device 1's memory either
+    assert emu.stream_query(s1) and emu.stream_query(s0)  # nothing was queued
+    assert emu.device_can_access_peer(1, 0) and emu.device_can_access_peer(0, 1)
+    assert not emu.device_can_access_peer(0, 0)
+    emu.enable_peer_access(1, 0)
+    emu.enable_peer_access(1, 0)  # enabled already: nothing to do
+    emu.memcpy_dtod_async(d1, d0, 256, s1)
+    assert np.array_equal(download(emu, d1, 256, s1), np.arange(256, dtype=np.uint8))
+    with raises_driver("CUDA_ERROR_INVALID_VALUE", dtod):
+        emu.memcpy_dtod_async(d0, d1, 256, s0)  # access is one way
+    with raises_driver("CUDA_ERROR_PEER_ACCESS_UNSUPPORTED", OPS["enable_peer_access"]):
+        emu.enable_peer_access(0, 0)
+    with raises_driver("CUDA_ERROR_INVALID_DEVICE", OPS["enable_peer_access"]):
+        emu.enable_peer_access(0, 2)
+    emu.rebuild_context(0)  # a rebuilt context's memory is no longer mapped into its peers
+    d0 = emu.mem_alloc(0, 256)
+    with raises_driver("CUDA_ERROR_INVALID_VALUE", dtod):
+        emu.memcpy_dtod_async(d1, d0, 256, s1)
+
+
+def test_peer_copies_between_devices(emu):
+    s0, s1 = emu.stream_create(0), emu.stream_create(1)
+    d0, d1 = emu.mem_alloc(0, 4096), emu.mem_alloc(1, 4096)
+    upload(emu, d0, (np.arange(4096) % 251).astype(np.uint8), s0)
+    emu.stream_synchronize(s0)
+    peer = OPS["memcpy_peer_async"]
+    emu.memcpy_peer_async(d1 + 100, 1, d0 + 200, 0, 1000, s1)  # on the destination's stream
+    got = download(emu, d1, 4096, s1)
+    assert np.array_equal(got[100:1100], (np.arange(200, 1200) % 251).astype(np.uint8))
+    emu.memcpy_peer_async(d0, 0, d1 + 100, 1, 1000, s1)  # back, on the source's stream
+    emu.stream_synchronize(s1)
+    assert np.array_equal(download(emu, d0, 1000, s0), got[100:1100])
+    with raises_driver("CUDA_ERROR_INVALID_VALUE", peer):
+        emu.memcpy_peer_async(d1, 0, d0, 0, 16, s0)  # d1 is not memory of device 0
+    with raises_driver("CUDA_ERROR_INVALID_VALUE", peer):
+        emu.memcpy_peer_async(d1 + 4090, 1, d0, 0, 16, s1)  # past the end
+    with raises_driver("CUDA_ERROR_INVALID_DEVICE", peer):
+        emu.memcpy_peer_async(d1, 1, d0, 5, 16, s1)
+    no_peer = EmulatedBackend(devices=3, memory="16MiB", jitter=False, peer_access=False)
+    try:
+        t0, t2 = no_peer.stream_create(0), no_peer.stream_create(2)
+        a, c = no_peer.mem_alloc(0, 64), no_peer.mem_alloc(2, 64)
+        with raises_driver("CUDA_ERROR_INVALID_VALUE", peer):
+            no_peer.memcpy_peer_async(c, 2, a, 0, 64, no_peer.stream_create(1))  # a third device's stream
+        upload(no_peer, a, np.full(64, 7, np.uint8), t0)
+        no_peer.stream_synchronize(t0)
+        assert not no_peer.device_can_access_peer(2, 0)
+        with raises_driver("CUDA_ERROR_PEER_ACCESS_UNSUPPORTED", OPS["enable_peer_access"]):
+            no_peer.enable_peer_access(2, 0)
+        no_peer.memcpy_peer_async(c, 2, a, 0, 64, t2)  # staged by the driver: works without peer access
+        assert (download(no_peer, c, 64, t2) == 7).all()
+    finally:
+        for ordinal in range(3):
+            no_peer.rebuild_context(ordinal)
 
 
 def test_bad_ranges_and_pointers_raise_at_enqueue(emu):
@@ -669,6 +743,7 @@ def _fault_calls(b: EmulatedBackend) -> dict[str, Callable[[], Any]]:
         "memcpy_htod_async": lambda: b.memcpy_htod_async(p, h, 64, s),
         "memcpy_dtoh_async": lambda: b.memcpy_dtoh_async(h, p, 64, s),
         "memcpy_dtod_async": lambda: b.memcpy_dtod_async(p + 512, p, 64, s),
+        "memcpy_peer_async": lambda: b.memcpy_peer_async(p + 512, 0, p, 0, 64, s),
         "memset_d8_async": lambda: b.memset_d8_async(p, 1, 64, s),
         "memset_d32_async": lambda: b.memset_d32_async(p, 0x01010101, 16, s),
         "stream_create": lambda: b.stream_destroy(b.stream_create(0)),
@@ -684,6 +759,8 @@ def _fault_calls(b: EmulatedBackend) -> dict[str, Callable[[], Any]]:
         "event_synchronize": lambda: b.event_synchronize(ev),
         "event_elapsed_ms": lambda: b.event_elapsed_ms(t0, t1),
         "device_synchronize": lambda: b.device_synchronize(0),
+        "device_can_access_peer": lambda: b.device_can_access_peer(0, 1),
+        "enable_peer_access": lambda: b.enable_peer_access(0, 1),
         "kernel_compile": lambda: _expect_unsupported(lambda: b.kernel_compile(0, "", "k")),
         "kernel_launch": lambda: b.kernel_launch(lambda: None, (1, 1, 1), (1, 1, 1), 0, s, ()),
         **_vmm_fault_calls(b),

@@ -79,7 +79,7 @@ def runs() -> dict[tuple[str, tuple[str, ...]], subprocess.CompletedProcess]:
 
 
 def losses(p: subprocess.CompletedProcess) -> dict[int, float]:
-    return {int(r): float(v) for r, v in re.findall(r"ZOO rank (\d) loss (\S+)", p.stdout + p.stderr)}
+    return {int(r): float(v) for r, v in re.findall(r"ZOO rank (\d) loss ([-+]?[0-9]+\.[0-9]+)", p.stdout + p.stderr)}
 
 
 def merged(p: subprocess.CompletedProcess) -> str:

@@ -310,3 +310,41 @@ def test_memory_a_graph_trees_warm_up_allocates_into_the_pool_is_the_pools():
     g.op(S0, "aten::empty", acc(X, OUTPUT))
     g.san.replay(cap, S0, capture_frames(1))
     assert g.reports == []
+
+
+def test_a_triton_launch_is_the_accesses_its_ir_says_on_the_launch_stream():
+    # What Triton's CompiledKernel.launch_metadata hands the front end at each launch (the kernel,
+    # the raw stream handle, the arguments in the order of its arg_names), in the CPU test mode.
+    torch = pytest.importorskip("torch")
+    from types import SimpleNamespace
+
+    from ignis.safety.sanitizer import unpack_items
+    from ignis.torch._frontend import TorchFrontEnd
+
+    san = Sanitizer()
+    san.mode = "collect"
+    fe = TorchFrontEnd(san, device_type="cpu", stream_of=lambda t: 0x10, engine="mode")
+    kernel = SimpleNamespace(name="gather_add", asm={"ttir": GATHER_TTIR},
+                             src=SimpleNamespace(fn=SimpleNamespace(arg_names=["X", "Y", "I", "N", "BLOCK"])))
+    x, y, idx = torch.ones(256), torch.zeros(256), torch.zeros(256, dtype=torch.int32)
+    got = []
+    san.foreign_access = lambda stream, op, frames, items, synced=False, library=-1: got.append(
+        (stream, op, sorted((m, lo - b) for b, _, lo, _, _, _, m in
+                            (unpack_items(items) if isinstance(items, bytes) else items))))
+    fe._triton_launch(kernel, 0x77, (x, y, idx, 256, 256))
+    fe._triton_launch(kernel, 0x77, (x, y, idx, 256, 256))           # the roles are found once
+    assert got[0] == (0x77, "triton kernel gather_add", [(READ, 0), (READ, 0), (WRITE, 0)])
+    assert got[1] == got[0] and len(kernel.__dict__["_ignis_roles"]) == 3
+
+
+def test_a_graph_whose_capturer_keeps_its_inputs_in_place_checks_no_generation():
+    g = Graphs()
+    g.op(S0, "aten::fill_.Scalar", acc(X, WRITE | OUTPUT))
+    g.wait_stream(CAP, S0)
+    cap = g.san.capture_begin(CAP, capture_frames(1), managed=True)   # CUDA graph trees
+    g.op(CAP, "aten::mm", acc(X, READ), acc(Y, WRITE | OUTPUT))
+    g.san.capture_end(CAP)
+    g.san.extent_freed(X)
+    g.op(S0, "aten::copy_", acc(X, WRITE | OUTPUT))                    # the trees' own new input there
+    g.san.replay(cap, S0, capture_frames(1))
+    assert g.reports == []

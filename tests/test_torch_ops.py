@@ -493,6 +493,8 @@ PROGRAMS = {
     "ops that fail": _failing_ops,                                           # nothing reported
     "linear and matmul (decompositions)": lambda: torch.nn.functional.linear(torch.ones(3, 4), torch.ones(5, 4)) @ torch.ones(5, 2),
     "tuple returns": lambda: torch.ones(6).split(2) + torch.ones(3, 3).max(dim=0),
+    "copies and casts (the observer's direct way)": lambda: (torch.empty(4).copy_(torch.ones(4)),
+                                                             torch.ones(4).to(torch.float64)),
 }
 
 

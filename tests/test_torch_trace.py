@@ -393,3 +393,46 @@ def test_a_torch_access_inside_an_ignis_block_is_an_access_of_that_block(dev, st
     finally:
         san.clear()
         ig.sanitizer.disable()
+
+
+# -- a free made while another stream is current (PyTorch's reuse semantics) -------------------
+
+def test_a_free_while_another_stream_is_current_is_checked_at_the_reuse():
+    # FSDP2 frees its reduce-scatter stream's gradients from the default stream; CUDA graph trees
+    # free default-stream tensors inside their warm-up stream: PyTorch hands such a block only to
+    # its own stream's later work, which these programs order after their other streams.
+    t = Trace()
+    t.alloc(BLK, S1)
+    t.op(S1, "aten::empty", fill(BLK))
+    t.wait_stream(S0, S1)
+    t.op(S0, "aten::sum", acc(BLK, 0, 4096, READ))       # used on S0, after S1's write
+    t.san.extent_freed(BLK, S0)                          # freed while S0 is current: not checked here
+    assert t.reports == []
+    t.wait_stream(S1, S0)                                # S1 orders itself after S0, then reuses
+    t.alloc(BLK, S1)
+    t.op(S1, "aten::fill_.Scalar", fill(BLK))
+    assert t.reports == []
+
+
+def test_a_reuse_that_is_not_ordered_after_the_old_uses_is_still_a_reuse_race():
+    t = Trace()
+    t.alloc(BLK, S1)
+    t.op(S1, "aten::empty", fill(BLK))
+    t.wait_stream(S0, S1)
+    t.op(S0, "aten::sum", acc(BLK, 0, 4096, READ))
+    t.san.extent_freed(BLK, S0)
+    t.alloc(BLK, S1)
+    t.op(S1, "aten::fill_.Scalar", fill(BLK))           # S1 never waited for S0's read
+    [e] = t.reports
+    assert e.kind == "reuse race" and e.first["op"] == "aten::sum"
+
+
+def test_a_free_on_its_own_streams_watch_is_checked_at_once():
+    t = Trace()
+    t.alloc(BLK, S0)
+    t.op(S0, "aten::empty", fill(BLK))
+    t.wait_stream(S1, S0)
+    t.op(S1, "aten::sum", acc(BLK, 0, 4096, READ))
+    t.san.extent_freed(BLK, S0)                          # the missing record_stream: reported at the free
+    [e] = t.reports
+    assert e.kind == "use-after-free race"

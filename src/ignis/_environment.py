@@ -29,6 +29,9 @@ VARIABLES: tuple[Variable, ...] = (
                               "stderr."),
     Variable("IGNIS_EMULATED_DEVICES", "Number of emulated devices (default 2)."),
     Variable("IGNIS_EMULATED_MEMORY", "Memory per emulated device, e.g. ``512MiB`` or ``4GiB`` (default 4 GiB)."),
+    Variable("IGNIS_EMULATED_PEER_ACCESS", "``0``: the emulated devices cannot be given access to each other's "
+                                           "memory (no peer-to-peer path), so copies between them are staged "
+                                           "through host memory; ``1`` (default): they can, as NVLink allows."),
     Variable("IGNIS_EMU_JITTER", "``SEED`` or ``SEED:MAX_US``: each queued item on an emulated stream first sleeps a "
                                  "seeded random time (up to 200 µs by default), which widens race windows, so "
                                  "missing synchronization shows up in tests."),

@@ -803,7 +803,7 @@ cdef class NvArray:
         """Record the use just queued on ``stream`` (after ``_begin``)."""
         end_use(self, stream, access)
 
-    def use(self, stream=None, access=_RW):
+    def use(self, stream: Stream | None = None, access: "Access | str" = _RW) -> "TrackedUse":
         """Use the raw pointer in foreign work (PyTorch, CuPy, Triton, custom CUDA)
         queued on ``stream`` inside the ``with`` block: the waits it needs are
         queued before, and the use is recorded after. The block gives the device address.
@@ -1408,8 +1408,10 @@ cdef class NvArray:
 
     def copy_(self, src: "NvArray", *, stream: Stream | None = None) -> "NvArray":
         """Copy ``src``'s bytes into this array (same shape and dtype), device to device; also
-        from an array on another device (queued on this array's stream, ordered after the
-        source's pending writes, and the source kept from reuse until the copy is done)."""
+        from an array on another device: peer to peer where the two devices allow it (their
+        peer access is enabled on first use), else staged through pinned host memory; queued
+        on this array's stream, ordered after the source's pending writes, and the source
+        kept from reuse and later writes until the copy has read it."""
         if not isinstance(src, NvArray):
             raise TypeError(f"copy_ needs an NvArray, got {type(src).__name__}")
         if src.shape != self.shape or src.dtype is not self.dtype:
@@ -1423,20 +1425,42 @@ cdef class NvArray:
         return self
 
     def _copy_from_device(self, src: "NvArray", s: Stream) -> None:
-        """``copy_`` across devices: the source's read is a tracked use on a stream of its own
-        device that lasts until the copy, queued on ``s``, has run."""
+        """``copy_`` across devices. The source's read is a tracked use on a stream of its own
+        device (``ss``), the destination's write one on ``s``, and they are ordered both ways:
+        the copy waits for the source's pending writes, and ``ss`` for the copy, so nothing
+        queued later on the source's side writes it before it was read. Peer to peer
+        (``memcpy_peer_async`` on ``s``, with this device given access to the source's) where
+        the devices allow it; else staged through a pinned host buffer: device to host on
+        ``ss``, host to device on ``s``."""
         ss = src._stream_arg(None)
+        dev, sdev = self.device, src.device
+        backend = dev.backend
+        n = self.nbytes
+        direct = dev.can_access_peer(sdev)
+        if direct:
+            dev.enable_peer_access(sdev)
         src._begin(ss, _READ, "copy_ to another device")
         try:
-            with ss.record() as ready:
-                s.wait(ready)
             self._begin(s, _WRITE, "copy_ from another device")
             try:
-                if self.nbytes:
-                    self.device.backend.memcpy_dtod_async(self._ptr, src._ptr, self.nbytes, s.handle)
+                if not n:
+                    return
+                if direct:
+                    with ss.record() as ready:
+                        s.wait(ready)
+                    backend.memcpy_peer_async(self._ptr, dev.ordinal, src._ptr, sdev.ordinal, n, s.handle)
+                    ss.wait(s)  # the source's use ends when the copy has run
+                else:
+                    buf = hostcopy.pinned_pool().allocate(n)
+                    try:
+                        backend.memcpy_dtoh_async(buf.ptr, src._ptr, n, ss.handle)
+                        with ss.record() as ready:
+                            s.wait(ready)
+                        backend.memcpy_htod_async(self._ptr, buf.ptr, n, s.handle)
+                    finally:
+                        buf.release(ss, s)  # reused once both copies (whichever were queued) have run
             finally:
                 self._end(s, _WRITE)
-                ss.wait(s)  # the source's use ends when the copy has run
         finally:
             src._end(ss, _READ)
 
@@ -1722,15 +1746,15 @@ cdef class TrackedUse:
     cdef readonly object stream
     cdef readonly object access
 
-    def __enter__(self):
+    def __enter__(self) -> int:
         a = self.array
         begin_use(a, self.stream, self.access, "use()", 0, -1)
         return a._ptr
 
-    def __exit__(self, *exc):
+    def __exit__(self, *exc: object) -> None:
         end_use(self.array, self.stream, self.access)
 
-    def __repr__(self):
+    def __repr__(self) -> str:
         return f"<use of NvArray#{self.array.id} ({self.access.name.lower()}) on stream #{self.stream.id}>"
 
 

@@ -47,10 +47,13 @@ CU_STATUS: dict[str, int] = {
     "CUDA_ERROR_NO_DEVICE": 100,
     "CUDA_ERROR_INVALID_DEVICE": 101,
     "CUDA_ERROR_INVALID_CONTEXT": 201,
+    "CUDA_ERROR_PEER_ACCESS_UNSUPPORTED": 217,
     "CUDA_ERROR_INVALID_HANDLE": 400,
     "CUDA_ERROR_NOT_FOUND": 500,
     "CUDA_ERROR_NOT_READY": 600,
     "CUDA_ERROR_ILLEGAL_ADDRESS": 700,
+    "CUDA_ERROR_PEER_ACCESS_ALREADY_ENABLED": 704,
+    "CUDA_ERROR_PEER_ACCESS_NOT_ENABLED": 705,
     "CUDA_ERROR_LAUNCH_FAILED": 719,
     "CUDA_ERROR_NOT_PERMITTED": 800,
     "CUDA_ERROR_NOT_SUPPORTED": 801,
@@ -73,6 +76,7 @@ OPS: dict[str, str] = {
     "memcpy_htod_async": "cuMemcpyHtoDAsync",
     "memcpy_dtoh_async": "cuMemcpyDtoHAsync",
     "memcpy_dtod_async": "cuMemcpyDtoDAsync",
+    "memcpy_peer_async": "cuMemcpyPeerAsync",
     "memset_d8_async": "cuMemsetD8Async",
     "memset_d32_async": "cuMemsetD32Async",
     "stream_create": "cuStreamCreateWithPriority",
@@ -88,6 +92,8 @@ OPS: dict[str, str] = {
     "event_synchronize": "cuEventSynchronize",
     "event_elapsed_ms": "cuEventElapsedTime",
     "device_synchronize": "cuCtxSynchronize",
+    "device_can_access_peer": "cuDeviceCanAccessPeer",
+    "enable_peer_access": "cuCtxEnablePeerAccess",
     "vmm_granularity": "cuMemGetAllocationGranularity",
     "vmm_create": "cuMemCreate",
     "vmm_release": "cuMemRelease",
@@ -272,6 +278,17 @@ class Backend:
         """Block the host until all work on device ``ordinal`` has finished (``cuCtxSynchronize``)."""
         raise self._unsupported("device_synchronize")
 
+    def device_can_access_peer(self, ordinal: int, peer: int) -> bool:
+        """Whether work on device ``ordinal`` can be given direct access to ``peer``'s memory
+        (``cuDeviceCanAccessPeer``: NVLink or PCIe peer-to-peer); False for ``peer == ordinal``."""
+        raise self._unsupported("device_can_access_peer")
+
+    def enable_peer_access(self, ordinal: int, peer: int) -> None:
+        """Let work on device ``ordinal`` (its context) address ``peer``'s memory directly
+        (``cuCtxEnablePeerAccess``); nothing to do when it already can. Until either context is
+        rebuilt. Raises CUDA_ERROR_PEER_ACCESS_UNSUPPORTED where ``device_can_access_peer`` says no."""
+        raise self._unsupported("enable_peer_access")
+
     # -- memory ------------------------------------------------------------
     def mem_alloc(self, ordinal: int, nbytes: int) -> int:
         """Allocate ``nbytes`` bytes of device memory on ``ordinal`` (``cuMemAlloc``); returns the device pointer."""
@@ -314,8 +331,19 @@ class Backend:
         raise self._unsupported("memcpy_dtoh_async")
 
     def memcpy_dtod_async(self, dst: int, src: int, nbytes: int, stream: int) -> None:
-        """Queue a copy of ``nbytes`` bytes from device pointer ``src`` to device pointer ``dst`` on ``stream``."""
+        """Queue a copy of ``nbytes`` bytes from device pointer ``src`` to device pointer ``dst`` on ``stream``.
+        Both must be memory the stream's device can address: its own, or a peer's once
+        ``enable_peer_access`` was called (else CUDA_ERROR_INVALID_VALUE); between devices,
+        ``memcpy_peer_async`` works either way."""
         raise self._unsupported("memcpy_dtod_async")
+
+    def memcpy_peer_async(self, dst: int, dst_ordinal: int, src: int, src_ordinal: int, nbytes: int,
+                          stream: int) -> None:
+        """Queue a copy of ``nbytes`` bytes from device pointer ``src`` of device ``src_ordinal`` to
+        device pointer ``dst`` of device ``dst_ordinal`` on ``stream`` (a stream of either device;
+        ``cuMemcpyPeerAsync``). Direct where peer access from the stream's device is enabled, staged
+        through host memory by the driver where it is not; ordered on ``stream`` only."""
+        raise self._unsupported("memcpy_peer_async")
 
     def memset_d8_async(self, ptr: int, value: int, nbytes: int, stream: int) -> None:
         """Queue setting ``nbytes`` bytes at device pointer ``ptr`` to the byte ``value`` on ``stream``."""

@@ -32,12 +32,15 @@ Design and rules:
   the GIL (single dict operations) or ``self._lock``.
 - The compiled hot paths (cross-stream tracking's event records and waits,
   the kernel launch, the guard's poison under PyTorch) call the driver
-  through ``ignis.backends._cudriver``: C functions over cuda-bindings'
-  ``cydriver`` (its C-level driver API), called without a Python call
-  (tracking and the launch release the GIL around them). That module is
-  compiled only where cuda-bindings and the CUDA headers were found at build
-  time; without it this backend refuses to start (``ImportError`` saying how
-  to rebuild), never falling back to another route to the driver.
+  through ``ignis.backends._cudriver``: C functions over the driver's own
+  entry points, which that module takes from ``libcuda.so.1`` at run time
+  (``cuGetProcAddress``, asking for the C signatures it declares), so it
+  needs no CUDA headers or cuda-bindings at build time and is built with
+  the rest of Ignis. They are called without a Python call (tracking and
+  the launch release the GIL around them). This backend loads them when it
+  starts and refuses to start without them (``DriverError`` naming what the
+  driver lacks; ``ImportError`` saying how to rebuild where the module is
+  missing), never falling back to another route to the driver.
 - Fork: the driver was initialized (``cuInit``) when this backend was made,
   and a child made by ``fork()`` cannot use the parent's driver state or
   contexts (CUDA does not support it). In such a child every operation raises
@@ -75,10 +78,9 @@ _NOT_READY = CU_STATUS["CUDA_ERROR_NOT_READY"]
 
 _CUDRIVER_MISSING = (
     "the cuda backend needs its compiled driver entry points, ignis.backends._cudriver, which this "
-    "installation lacks ({why}). It is built from cuda-bindings' cydriver.pxd and the CUDA headers (cuda.h) "
-    "when both are found at build time: install cuda-bindings and the CUDA headers (the CUDA toolkit, or "
-    "set CUDA_HOME), then rebuild Ignis (`pip install --no-build-isolation .`, or "
-    "`python setup.py build_ext --inplace` in a source checkout); or set IGNIS_BACKEND=emulated")
+    "installation lacks ({why}). The module is compiled with the rest of Ignis and needs only a C compiler "
+    "(no CUDA headers): reinstall Ignis (`pip install .`), or run `python setup.py build_ext --inplace` in a "
+    "source checkout; or set IGNIS_BACKEND=emulated")
 
 
 # -- status checking: the one place where driver statuses become errors -----
@@ -234,6 +236,10 @@ class CudaBackend(CudaVmm, Backend):
         except ImportError as exc:
             raise ImportError(_CUDRIVER_MISSING.format(why=f"{type(exc).__name__}: {exc}"),
                               name="ignis.backends._cudriver") from exc
+        try:  # the driver's functions behind the entry points, taken once per process
+            _cudriver.load()
+        except OSError as exc:
+            raise driver_error("CUDA_ERROR_NOT_FOUND", "cuGetProcAddress", str(exc)) from exc
         self._entry_points: dict[str, int] = _cudriver.entry_points()
         self._lock = threading.RLock()
         self._cur = _Current()
@@ -252,6 +258,8 @@ class CudaBackend(CudaVmm, Backend):
         self._host: dict[int, np.ndarray] = {}  # pinned address -> the process memory behind it
         self._portable = int(cu.CU_MEMHOSTREGISTER_PORTABLE)
         self._not_registered = int(cu.CUresult.CUDA_ERROR_HOST_MEMORY_NOT_REGISTERED)
+        self._peer_enabled_already = int(cu.CUresult.CUDA_ERROR_PEER_ACCESS_ALREADY_ENABLED)
+        self._can_access_peer: dict[tuple[int, int], bool] = {}  # (ordinal, peer) -> cuDeviceCanAccessPeer
         self._non_blocking = int(cu.CUstream_flags.CU_STREAM_NON_BLOCKING)
         self._no_timing = int(cu.CUevent_flags.CU_EVENT_DISABLE_TIMING)
         # bound driver entry points (hot paths)
@@ -285,8 +293,8 @@ class CudaBackend(CudaVmm, Backend):
         epoch it bumps whenever it changes (``ctx_epoch``, a one-item list), the
         binding functions for event record and stream wait, and in ``raw`` the addresses
         of the C entry points for cuEventRecord, cuStreamWaitEvent and cuLaunchKernel
-        (``ignis.backends._cudriver``: each calls cuda-bindings' ``cydriver`` function of
-        that name and returns its CUresult; the handles are the driver's pointers). The
+        (``ignis.backends._cudriver``: each calls the driver's function of that name and
+        returns its CUresult; the handles are the driver's pointers). The
         direct paths use them only for handles in these tables whose context is current on
         the calling thread, and only while every container of ``"off"`` is empty (see
         ``Backend.tracking_calls``); the launch also only while no ``kernel_launch``
@@ -402,6 +410,26 @@ class CudaBackend(CudaVmm, Backend):
             self._raise_host_errors(errors, "cuCtxSynchronize")
         if self._trace:
             emit(self._trace, "on_device_synchronize", ordinal)
+
+    def device_can_access_peer(self, ordinal: int, peer: int) -> bool:
+        """cuDeviceCanAccessPeer (asked once per pair: a property of the machine)."""
+        key = (ordinal, peer)
+        can = self._can_access_peer.get(key)
+        if can is None:
+            a = _check(cu.cuDeviceGet(ordinal), "cuDeviceGet")[1]
+            b = _check(cu.cuDeviceGet(peer), "cuDeviceGet")[1]
+            can = ordinal != peer and bool(_check(cu.cuDeviceCanAccessPeer(a, b), "cuDeviceCanAccessPeer")[1])
+            self._can_access_peer[key] = can
+        return can
+
+    def enable_peer_access(self, ordinal: int, peer: int) -> None:
+        """cuCtxEnablePeerAccess from ``ordinal``'s primary context to ``peer``'s; access
+        enabled already (CUDA_ERROR_PEER_ACCESS_ALREADY_ENABLED) is success."""
+        self._enter(ordinal)
+        other = self._devs.get(peer) or self._retain(peer)
+        res = cu.cuCtxEnablePeerAccess(other.ctx, 0)
+        if res[0] and int(res[0]) != self._peer_enabled_already:
+            raise _error(res[0], "cuCtxEnablePeerAccess")
 
     # -- devices -----------------------------------------------------------
     def device_count(self) -> int:
@@ -555,6 +583,13 @@ class CudaBackend(CudaVmm, Backend):
     def memcpy_dtod_async(self, dst: int, src: int, nbytes: int, stream: int) -> None:
         s = self._enter_stream(stream)
         _check(self._cuMemcpyDtoDAsync(dst, src, nbytes, s), "cuMemcpyDtoDAsync")
+
+    def memcpy_peer_async(self, dst: int, dst_ordinal: int, src: int, src_ordinal: int, nbytes: int,
+                          stream: int) -> None:
+        s = self._enter_stream(stream)
+        dctx = (self._devs.get(dst_ordinal) or self._retain(dst_ordinal)).ctx
+        sctx = (self._devs.get(src_ordinal) or self._retain(src_ordinal)).ctx
+        _check(cu.cuMemcpyPeerAsync(dst, dctx, src, sctx, nbytes, s), "cuMemcpyPeerAsync")
 
     def memset_d8_async(self, ptr: int, value: int, nbytes: int, stream: int) -> None:
         s = self._enter_stream(stream)

@@ -24,6 +24,11 @@ Rules:
   one live allocation, else ``CUDA_ERROR_INVALID_VALUE`` naming the call. A
   pointer whose async free is queued is no longer live for new work, but its
   bytes stay counted until the stream reaches the free.
+- Devices are separate, as GPUs are: a device-to-device copy queued on a
+  stream touches memory of the stream's device, or of a peer that device was
+  given access to (``enable_peer_access``, where the backend's
+  ``peer_access`` allows it); else CUDA_ERROR_INVALID_VALUE. A copy between
+  devices without that goes through ``memcpy_peer_async``.
 - Queued items hold references to the buffers they touch, so a free or a
   context rebuild never leaves a worker writing to released host memory.
 - An exception in a queued item (a host function) makes the stream's error
@@ -116,6 +121,7 @@ class _Device:
         self.lock = threading.Lock()
         self.streams: set[_Stream] = set()  # live and draining
         self.error: str | None = None       # sticky: first failure on any stream
+        self.peers: set[int] = set()        # devices whose memory work here may address (enable_peer_access)
         self.reset()
 
     def reset(self) -> None:
@@ -381,8 +387,10 @@ class EmulatedBackend(EmulatedVmm, Backend):
 
     ``devices`` (default ``IGNIS_EMULATED_DEVICES`` or 2), ``memory`` (bytes per
     device, default ``IGNIS_EMULATED_MEMORY`` or 4 GiB; "512MiB" style strings
-    accepted) and ``jitter`` (``(seed, max_us)``, a bare seed, ``False`` for
-    none; default ``IGNIS_EMU_JITTER``) override the environment.
+    accepted), ``jitter`` (``(seed, max_us)``, a bare seed, ``False`` for
+    none; default ``IGNIS_EMU_JITTER``) and ``peer_access`` (whether the devices
+    can be given access to each other's memory, as NVLink or PCIe peer-to-peer
+    allows; default ``IGNIS_EMULATED_PEER_ACCESS`` or true) override the environment.
     Emulated timings (``event_elapsed_ms``) are host times and mean nothing
     about a GPU.
     """
@@ -392,8 +400,15 @@ class EmulatedBackend(EmulatedVmm, Backend):
     host_kernels = True   # a kernel is a Python callable over NumPy views (a Kernel's host_impl)
 
     def __init__(self, devices: int | None = None, memory: int | str | None = None,
-                 jitter: tuple[int, float] | int | bool | None = None) -> None:
+                 jitter: tuple[int, float] | int | bool | None = None, peer_access: bool | None = None) -> None:
         super().__init__()
+        if peer_access is None:
+            text = os.environ.get("IGNIS_EMULATED_PEER_ACCESS", "").strip().lower()
+            if text not in ("", "0", "1", "false", "true", "no", "yes"):
+                raise ValueError(f"IGNIS_EMULATED_PEER_ACCESS={text!r} is not valid; use 1 (peers can "
+                                 "access each other, the default) or 0 (they cannot)")
+            peer_access = text not in ("0", "false", "no")
+        self.peer_access = bool(peer_access)
         if devices is None:
             text = os.environ.get("IGNIS_EMULATED_DEVICES", "").strip()
             try:
@@ -585,6 +600,9 @@ class EmulatedBackend(EmulatedVmm, Backend):
             dev.streams.clear()
             dev.reset()
             dev.error = None
+            dev.peers.clear()
+        for other in self._devices:  # the others' mappings of this context's memory are gone too
+            other.peers.discard(ordinal)
         for s in streams:
             s.kill()
 
@@ -601,6 +619,27 @@ class EmulatedBackend(EmulatedVmm, Backend):
         self._raise_sticky(dev.error, OPS["device_synchronize"])
         if self._trace:
             emit(self._trace, "on_device_synchronize", ordinal)
+
+    def device_can_access_peer(self, ordinal: int, peer: int) -> bool:
+        """True for two different devices when the backend was made with peer access (the default)."""
+        call = OPS["device_can_access_peer"]
+        self._device(ordinal, call)
+        self._device(peer, call)
+        return self.peer_access and ordinal != peer
+
+    def enable_peer_access(self, ordinal: int, peer: int) -> None:
+        """From now on (until either device's context is rebuilt) work queued on ``ordinal``'s
+        streams may address ``peer``'s memory (``memcpy_dtod_async`` between them)."""
+        call = OPS["enable_peer_access"]
+        dev = self._device(ordinal, call)
+        self._device(peer, call)
+        if not self.device_can_access_peer(ordinal, peer):
+            why = ("a device does not need peer access to itself" if ordinal == peer else
+                   "this emulated machine has no peer-to-peer path (peer_access=False, IGNIS_EMULATED_PEER_ACCESS=0)")
+            raise driver_error("CUDA_ERROR_PEER_ACCESS_UNSUPPORTED", call,
+                               f"device {ordinal} cannot access device {peer}'s memory: {why}")
+        with dev.lock:
+            dev.peers.add(peer)
 
     # -- memory ------------------------------------------------------------------
     def mem_alloc(self, ordinal: int, nbytes: int) -> int:
@@ -692,15 +731,52 @@ class EmulatedBackend(EmulatedVmm, Backend):
                   alloc.buf)
 
     def memcpy_dtod_async(self, dst: int, src: int, nbytes: int, stream: int) -> None:
+        """Both pointers must be memory the stream's device addresses: its own, or a peer's it
+        was given access to (``enable_peer_access``); else CUDA_ERROR_INVALID_VALUE, as the driver."""
         call = OPS["memcpy_dtod_async"]
         s = self._stream(stream, call)
         self._check_size(nbytes, call)
         if nbytes == 0:
             return
-        d = self._owner(dst, call).find(dst, nbytes, call)
-        a = self._owner(src, call).find(src, nbytes, call)
+        d = self._reachable(s, dst, call).find(dst, nbytes, call)
+        a = self._reachable(s, src, call).find(src, nbytes, call)
         self._put(s, call, ctypes.memmove,
                   (d.host + (dst - d.base), a.host + (src - a.base), nbytes), (d.buf, a.buf))
+
+    def memcpy_peer_async(self, dst: int, dst_ordinal: int, src: int, src_ordinal: int, nbytes: int,
+                          stream: int) -> None:
+        """A copy between the memory of two devices, queued on a stream of either. The driver copies
+        directly where peer access is enabled and stages through host memory where it is not; here both
+        are one host copy when the stream gets there."""
+        call = OPS["memcpy_peer_async"]
+        s = self._stream(stream, call)
+        dd, sd = self._device(dst_ordinal, call), self._device(src_ordinal, call)
+        self._check_size(nbytes, call)
+        if s.device is not dd and s.device is not sd:
+            raise driver_error("CUDA_ERROR_INVALID_VALUE", call,
+                               f"stream {stream} is on device {s.device.ordinal}, neither the source's device "
+                               f"{src_ordinal} nor the destination's {dst_ordinal}")
+        if nbytes == 0:
+            return
+        for ptr, dev, role in ((dst, dd, "destination"), (src, sd, "source")):
+            if self._owner(ptr, call) is not dev:
+                raise driver_error("CUDA_ERROR_INVALID_VALUE", call,
+                                   f"the {role} {ptr:#x} is not memory of device {dev.ordinal}")
+        d = dd.find(dst, nbytes, call)
+        a = sd.find(src, nbytes, call)
+        self._put(s, call, ctypes.memmove,
+                  (d.host + (dst - d.base), a.host + (src - a.base), nbytes), (d.buf, a.buf))
+
+    def _reachable(self, s: _Stream, ptr: int, call: str) -> _Device:
+        """The device of ``ptr``, which work on ``s`` must be able to address."""
+        dev = self._owner(ptr, call)
+        here = s.device
+        if dev is not here and dev.ordinal not in here.peers:
+            raise driver_error("CUDA_ERROR_INVALID_VALUE", call,
+                               f"device pointer {ptr:#x} is memory of device {dev.ordinal}, but stream {s.handle} "
+                               f"is on device {here.ordinal}, which has no peer access to it; copy between devices "
+                               f"with memcpy_peer_async, or enable_peer_access({here.ordinal}, {dev.ordinal}) first")
+        return dev
 
     def memset_d8_async(self, ptr: int, value: int, nbytes: int, stream: int) -> None:
         call = OPS["memset_d8_async"]

@@ -20,7 +20,7 @@ An operation returns once it is queued; if it fails later, every array it was
 to write is poisoned: each later access to it (host copy, clone, kernel,
 ``use()``, DLPack export, the next collective) raises ``CollectiveError``
 naming the operation, the ranks and the cause, instead of handing back stale
-bytes.
+bytes. Nothing else is: the device, its streams and other arrays go on.
 """
 
 from __future__ import annotations

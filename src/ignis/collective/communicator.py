@@ -23,7 +23,10 @@ Design and rules:
   operation, an NCCL error, the stream failed) is kept in ``Health``; the
   engine aborts, and every later operation, ``synchronize()`` and
   ``barrier()`` raise ``CollectiveError``. ``close()`` never raises for a
-  failed communicator.
+  failed communicator. Only the communicator fails: the device, its streams
+  and every array the failed calls were not to write go on (an aborted NCCL
+  call ends, as a call of the emulator's transport does, without failing its
+  stream).
 - Stale data: an operation returns once it is queued, so it can fail after
   it returned. Each engine keeps the arrays that its queued operations are to
   write (weak references to their roots, until it knows the operations
@@ -36,9 +39,11 @@ Design and rules:
   cause; ``free()`` stays allowed. Arrays an operation only reads are left
   alone. A call that raises at once (the communicator had already failed,
   bad arguments) issued nothing and poisons nothing: its arrays are as they
-  were. An access queued *before* the failure was known cannot be stopped
-  on the host; on the emulator it fails with the stream (the failure travels
-  along stream waits), on a GPU it sees the bytes as they are.
+  were. An access queued *before* the failure was known cannot be stopped:
+  it runs once the failed call has ended and sees the bytes as they are, on
+  both backends. A host read of a target itself (``to_numpy``) checks again
+  after its wait and raises; a device copy of it queued that early copies the
+  stale bytes into an array nothing poisons.
 - One thread at a time per communicator.
 """
 
@@ -64,6 +69,7 @@ if TYPE_CHECKING:
 __all__ = ["Communicator", "Health"]
 
 OWNER = "collective"
+_SETTLE_WAIT = 10.0  # how long a caller waits for a claimed failure's first hooks (the abort waits 5 s at most)
 # NvArray views are contiguous by construction; arrays that carry strides (subclasses, a
 # future strided NvArray) are checked.
 _STRIDED = hasattr(NvArray, "strides")
@@ -79,9 +85,11 @@ class Health:
 
     ``fail(err)`` for the first failure: sets ``claimed`` (at once, under the
     lock), runs the ``first`` hooks (the engine poisons the arrays its queued
-    operations were to write), then publishes ``error`` and runs the other
-    hooks (wake waiters, abort). So whoever sees ``error`` also sees the
-    poison, and an operation queued while the hooks run checks ``claimed``."""
+    operations were to write; NCCL's then aborts), then publishes ``error`` and
+    runs the other hooks (wake waiters). So whoever sees ``error`` also sees the
+    poison and the abort. The communicator's own checks read ``claimed``: a failure
+    counts from the moment it is claimed (a call made while the hooks run is refused,
+    and a ``synchronize()`` that the abort lets finish still raises)."""
 
     def __init__(self, rank: int) -> None:
         self.rank = rank
@@ -91,6 +99,7 @@ class Health:
         self._first: list[Callable[[CollectiveError], None]] = []
         self._hooks: list[Callable[[CollectiveError], None]] = []
         self._lock = threading.Lock()
+        self._published = threading.Event()
 
     def add_hook(self, fn: Callable[[CollectiveError], None], *, first: bool = False) -> None:
         """Call ``fn(error)`` once, on the first failure (``first``: before it is published)."""
@@ -118,6 +127,7 @@ class Health:
                 pass
         with self._lock:
             self.error = self.claimed
+        self._published.set()
         for fn in list(self._hooks):
             try:
                 fn(err)
@@ -137,7 +147,11 @@ class Health:
                                   kind="peer_died"))
 
     def again(self, op: str | None = None) -> CollectiveError:
-        """The error to raise for ``op`` (default: the failed operation itself) after the failure."""
+        """The error to raise for ``op`` (default: the failed operation itself) after the failure;
+        a failure still being claimed (its first hooks running on another thread: the poison, the
+        abort) is waited for first, a bounded while."""
+        if self.error is None:
+            self._published.wait(_SETTLE_WAIT)
         e = self.error or self.claimed
         assert e is not None
         if op is None or e.op is None or e.op == op:
@@ -342,7 +356,7 @@ class Communicator:
                                   this_rank=self.rank, kind="closed")
         if self._poll is not None:
             self._poll()
-        if self._health.error is not None:
+        if self._health.claimed is not None:
             raise self._health.again(what)
 
     def _array(self, a: Any, what: str, role: str) -> NvArray:
@@ -597,10 +611,12 @@ class Communicator:
         """Wait on the host for everything queued on this communicator; raise its
         ``CollectiveError`` if it failed (it never waits past a failure). A failure of
         the stream itself fails the communicator too (a ``CollectiveError``, never a
-        ``DriverError``)."""
+        ``DriverError``). On NCCL it also confirms that every rank made the same calls
+        (``matching``), so a mismatch raises here even where NCCL completed it."""
         self._check_usable("synchronize")
         engine = self._engine
         upto = engine.issued
+        t0 = time.monotonic()
         delay = 0.0
         while True:
             if self._poll is not None:
@@ -608,7 +624,7 @@ class Communicator:
             try:
                 done = self.stream.query()
             except DriverError as e:
-                if self._health.error is None:
+                if self._health.claimed is None:
                     err = CollectiveError(f"the communicator's stream failed: {e}", op=self._health.oldest(),
                                           this_rank=self.rank, kind="stream")
                     err.__cause__ = e
@@ -616,11 +632,12 @@ class Communicator:
                 raise self._health.again() from None
             if done:
                 break
-            if self._health.error is not None:
+            if self._health.claimed is not None:
                 raise self._health.again()
             time.sleep(delay)
             delay = min(max(delay * 2, 2e-5), 1e-3)
-        if self._health.error is not None:
+        engine.confirm(max(0.0, self.timeout - (time.monotonic() - t0)))
+        if self._health.claimed is not None:
             raise self._health.again()
         engine.finished(upto)
 
@@ -639,7 +656,7 @@ class Communicator:
         Idempotent; never raises for a communicator that failed."""
         if self._closed:
             return
-        if self._health.error is None:
+        if self._health.claimed is None:
             try:
                 self.synchronize()
             except CollectiveError:
@@ -649,7 +666,7 @@ class Communicator:
         if g is not None:
             g.release()
         try:
-            if self._health.error is None:
+            if self._health.claimed is None:
                 self._engine.close()
             else:
                 self._engine.abort()
@@ -673,7 +690,7 @@ class Communicator:
     def _abandon(self, why: str) -> None:
         """Fail this communicator for a reason of this rank's own (``why``), then close it: the
         engine aborts and tells the peers ``why``, so they fail at once, naming it."""
-        if not self._closed and self._health.error is None:
+        if not self._closed and self._health.claimed is None:
             self._health.fail(CollectiveError(why, op=self._health.oldest(), this_rank=self.rank, kind="aborted"))
         self.close()
 

@@ -35,14 +35,17 @@ Rules:
   ``CollectiveTimeoutError``. Both name the peer and the operation. The
   first failure is kept by the communicator (``Health``); later operations
   raise at once.
-- A call that fails also raises in its host function, so the emulator marks
-  the communicator's stream (and device) failed: work that waits on it
-  raises too, where NCCL after an abort would only leave garbage behind.
-  Before that (and before the failure is published), every queued call's
-  target arrays are poisoned (``Health``'s first hook): the one that failed,
-  and those queued behind it.
+- A call that fails ends as NCCL's kernels end after ``ncclCommAbort``: its
+  host function returns, and the stream, the device and every other array go
+  on (nothing of the failure travels along stream waits: the context is fine).
+  Before the failure is published, every queued call's target arrays are
+  poisoned (``Health``'s first hook): the one that failed, and those queued
+  behind it. Work queued on other streams behind a failed call, before the
+  failure was known, sees its targets' bytes as they are (as on a GPU); a host
+  read of a target itself checks again after its wait and raises.
 - The same mesh serves the NCCL engine as a side channel (``checker=True``):
-  its rooted operations ``agree`` on their headers there first.
+  its call matcher (``matching``) ships call descriptors over it (``post``,
+  ``take``, ``wait_news``, ``departed``), and a goodbye says how a rank left.
 - The host functions never call the backend (as CUDA requires).
 """
 
@@ -60,6 +63,7 @@ import numpy as np
 
 from .communicator import poison
 from .errors import CollectiveError, CollectiveTimeoutError
+from .matching import mismatch_error
 from .ops import ReduceOp
 
 if TYPE_CHECKING:
@@ -120,6 +124,7 @@ class LoopbackEngine:
         self._cond = threading.Condition()
         self._listener: socket.socket | None = None
         self._closed = False
+        self._news = 0  # messages, goodbyes and ends of connections seen (wait_news)
         self._queued: deque[_HostWork] = deque()  # each enqueued call not finished yet
         health.add_hook(self._wake)
         if not checker:  # the NCCL engine keeps its own queue
@@ -145,6 +150,10 @@ class LoopbackEngine:
 
     def finished(self, upto: int) -> None:
         """``synchronize()`` saw the stream drain: nothing to do (each call leaves the queue itself)."""
+
+    def confirm(self, timeout: float) -> None:
+        """Nothing to confirm: every message of this transport carries its call's header, and the
+        receiver compares it before it uses the bytes."""
 
     # -- bootstrap ---------------------------------------------------------------
     def listen(self, ip: str) -> dict[str, Any]:
@@ -222,21 +231,64 @@ class LoopbackEngine:
                 break
             header = json.loads(hbuf)
             if header.get("tag") == _BYE:
-                peer.bye = header.get("why") or True
+                with self._cond:
+                    peer.bye = header.get("why") or True
+                    self._news += 1
+                    self._cond.notify_all()
                 continue
             payload = np.empty(plen, np.uint8)
             if plen and not _recv_exact(sock, memoryview(payload)):
                 break
             with self._cond:
                 self._inbox[(peer.rank, header["tag"])] = (header, payload)
+                self._news += 1
                 self._cond.notify_all()
         with self._cond:
             peer.eof = True
+            self._news += 1
             self._cond.notify_all()
 
     def _wake(self, _err: BaseException) -> None:
         with self._cond:
             self._cond.notify_all()
+
+    # -- the side channel (the NCCL engine's call matcher) ---------------------------
+    def post(self, p: int, header: dict[str, Any]) -> None:
+        """Send rank ``p`` a message with no payload (``header["tag"]`` names it); ``CollectiveError``
+        if ``p`` is gone."""
+        self._send(p, header, _EMPTY, "call matching")
+
+    def take(self, q: int, tag: str) -> dict[str, Any] | None:
+        """Rank ``q``'s message ``tag`` if it arrived (taken out of the inbox), else None."""
+        with self._cond:
+            msg = self._inbox.pop((q, tag), None)
+        return None if msg is None else msg[0]
+
+    def peek(self, q: int, tag: str) -> dict[str, Any] | None:
+        """Rank ``q``'s message ``tag`` if it arrived (left in the inbox; a later one replaces it)."""
+        with self._cond:
+            msg = self._inbox.get((q, tag))
+        return None if msg is None else msg[0]
+
+    def departed(self, q: int) -> tuple[Any, bool]:
+        """``(bye, eof)`` of rank ``q``: its goodbye (True, or the reason it gave up, a str; False
+        if none came) and whether its connection ended."""
+        peer = self._peers[q]
+        return peer.bye, peer.eof
+
+    def notify(self) -> None:
+        """Wake ``wait_news``."""
+        with self._cond:
+            self._news += 1
+            self._cond.notify_all()
+
+    def wait_news(self, seen: int, timeout: float) -> int:
+        """Wait up to ``timeout`` seconds for news (a message, a goodbye, an end of a connection,
+        a ``notify``) after the count ``seen``; returns the count now."""
+        with self._cond:
+            if self._news == seen:
+                self._cond.wait(timeout)
+            return self._news
 
     def _send(self, p: int, header: dict[str, Any], payload: np.ndarray, label: str) -> None:
         data = memoryview(np.ascontiguousarray(payload).reshape(-1).view(np.uint8))
@@ -285,16 +337,9 @@ class LoopbackEngine:
                         "other operations than this rank", op=label, rank=q, this_rank=self.rank, kind="timeout")
                 self._cond.wait(left)
         header, payload = msg
-        differ = [k for k, v in expect.items() if header.get(k) != v]
-        if differ:
-            if "op" in differ:
-                differ = ["op"]  # root and reduction follow from the operation
-            names = {"op": "operation", "red": "reduction", "count": "size"}
-            raise CollectiveError(
-                f"rank {q} called {_describe(header)} where this rank called {_describe(expect)} (a different "
-                f"{', '.join(names.get(k, k) for k in differ)}); every rank must call the same operations, in the "
-                "same order, with the same dtype, size and root", op=label, rank=q, this_rank=self.rank,
-                kind="mismatch", differ=differ)
+        err = mismatch_error(q, header, expect, label, self.rank)
+        if err is not None:
+            raise err
         if payload.nbytes != nbytes:
             raise CollectiveError(f"rank {q} sent {payload.nbytes} bytes where {nbytes} were expected",
                                   op=label, rank=q, this_rank=self.rank, kind="mismatch")
@@ -324,14 +369,13 @@ class LoopbackEngine:
     def execute(self, hw: "_HostWork", work: list) -> None:
         """Run one queued call (one operation or one group, sends first) on the stream's
         host thread. A failure becomes the communicator's first failure (the arrays the
-        queued operations were to write are poisoned) and is raised, failing the stream.
+        queued operations were to write are poisoned); the call then ends without failing
+        the stream, as an NCCL kernel ends after an abort. A call queued behind a failure
+        does nothing (its targets were poisoned when it was queued, or by the failure).
 
         Args:
             hw: the queued host function.
             work: ``(op, send view, receive view)`` for each operation.
-
-        Raises:
-            CollectiveError: the communicator had failed, or this call failed.
         """
         try:
             if self.health.error is not None:
@@ -343,7 +387,7 @@ class LoopbackEngine:
             for op, sv, rv in work:
                 if op.name != "send":
                     self._run_one(op, sv, rv)
-        except BaseException as e:
+        except Exception as e:
             if isinstance(e, CollectiveError):
                 err = e
             else:
@@ -351,9 +395,6 @@ class LoopbackEngine:
                 err.__cause__ = e
             if not self.health.fail(err):  # an earlier failure's hooks poisoned what was queued then
                 poison(hw.targets, self.health.claimed or err, self.rank)
-            if err is e:
-                raise
-            raise err from e
         finally:
             try:
                 self._queued.remove(hw)
@@ -489,16 +530,21 @@ class LoopbackEngine:
         if self._listener is not None:
             self._listener.close()
 
-    def abort(self) -> None:
-        """Tell every peer why this rank gives up (after a failure), and close the mesh."""
+    def abort(self, why: str | None = None) -> None:
+        """Tell every peer why this rank gives up (``why``, default: the communicator's failure),
+        and close the mesh. Idempotent."""
+        if self._closed and why is None:
+            return
         self._closed = True
-        err = self.health.error
-        why = json.dumps({"tag": _BYE, "why": err.message if err is not None else "aborted"}).encode()
+        err = self.health.error or self.health.claimed
+        if why is None:
+            why = err.message if err is not None else "aborted"
+        bye = json.dumps({"tag": _BYE, "why": why}).encode()
         for peer in self._peers.values():
             try:
                 peer.sock.settimeout(1.0)
                 with peer.send_lock:
-                    peer.sock.sendall(_FRAME.pack(_MAGIC, len(why), 0) + why)
+                    peer.sock.sendall(_FRAME.pack(_MAGIC, len(bye), 0) + bye)
                 peer.sock.shutdown(socket.SHUT_RDWR)
             except OSError:
                 pass
@@ -531,11 +577,3 @@ class _HostWork:
     def __repr__(self) -> str:
         return f"ignis.collective[rank {self.engine.rank}]"
 
-
-def _describe(h: dict[str, Any]) -> str:
-    parts = [f"{h.get('count')} x {h.get('dtype')}"]
-    if h.get("root", -1) >= 0:
-        parts.append(f"root={h['root']}")
-    if h.get("red"):
-        parts.append(f"op={h['red']}")
-    return f"{h.get('op')}({', '.join(parts)})"

@@ -17,30 +17,42 @@ Design:
   progress of the stream: it records an event on the communicator's stream
   for the work enqueued since its last look (the hot path records nothing),
   and if that work has not finished ``timeout`` seconds after it was
-  enqueued it fails the communicator. Any failure (this, a dead rank reported
-  by the rendezvous, an NCCL error, the stream's own failure) calls
-  ``ncclCommAbort``, which makes the stuck kernels return; the next operation
-  or ``synchronize()`` raises the ``CollectiveError``. ``synchronize()`` and
-  the next operation also ask ``ncclCommGetAsyncError`` themselves (``poll``;
+  enqueued it fails the communicator. ``synchronize()`` and the next
+  operation also ask ``ncclCommGetAsyncError`` themselves (``poll``;
   operations at most once a millisecond), so neither waits for the
-  watchdog's next look.
-- Stale data: the engine keeps, per enqueued call, weak references to the
-  arrays it writes (``_flight``), until the watchdog's event (or a
-  ``synchronize()``) shows the call finished. The first failure poisons all
-  of them (``Health``'s first hook) *before* ``ncclCommAbort`` lets the
-  stuck kernels return, so a later access raises ``CollectiveError`` instead
-  of reading what the aborted kernels left behind.
-- Roots: NCCL does not compare the arguments of the ranks; ranks that name
-  different roots corrupt its buffers or hang. So every call with a rooted
-  operation (broadcast, reduce) first queues a host function on the stream
-  that exchanges the operations' headers (operation, dtype, count, root,
-  reduction) with every other rank over the loopback mesh (``checker``, a
-  small TCP side channel set up with the communicator): the NCCL kernels run
-  only once all ranks agree. A mismatch poisons the call's targets and fails
-  the communicator on every rank, naming the ranks and both roots; the abort
-  is then left to the watchdog (no CUDA call may come from a host function).
-  The caller never waits: the exchange costs the stream one round trip on
-  rooted operations only.
+  watchdog's next look. Errors name the oldest call not known to have
+  finished (each call is kept, with what it writes, in ``_flight``).
+- What real NCCL does when a peer fails: a kernel waiting for a peer that
+  died, closed its communicator or called something else spins until the
+  communicator is aborted, and everything queued behind it on its stream (or
+  waiting on it from other streams) waits too; ``ncclCommAbort`` from the host
+  is the only way out, and after it the communicator is unusable while the
+  device context is fine. So any failure (the time-out, a dead or departed
+  rank, a mismatch, an NCCL error, the stream's own failure) first poisons what
+  the unfinished calls were to write (``Health``'s first hook), so that a later
+  access raises ``CollectiveError`` instead of reading what the aborted kernels
+  left behind, then tells the other ranks it gives up (a goodbye saying why on
+  the checker mesh: their calls that wait for this rank fail at once, and their
+  own aborts close the connections NCCL's abort here may wait for), then calls
+  ``ncclCommAbort``. The abort runs on a thread of its
+  own (it sets the abort flag first, so the kernels return at once, then may
+  wait on peers and on the device while it frees the communicator), and a
+  failure path waits for it at most ``_ABORT_WAIT`` seconds; from the driver's
+  host-function thread it is never waited for. A rank's own communicator is
+  destroyed only when it is healthy; NCCL's destroy waits for the peers'
+  connections to close, which a peer's abort does.
+- Matching: NCCL compares nothing between ranks. A call matcher
+  (``matching.OpMatcher``, over the ``checker`` mesh: the loopback transport's
+  TCP connections, set up with the communicator) ships each call's descriptor
+  (operation, dtype, count, root, reduction) to the other ranks in the
+  background and compares, so an operation, size, dtype, reduction or root
+  mismatch fails the communicator on every rank, naming the ranks and both
+  calls, and a rank that closed its communicator without making a call this
+  rank made fails that call at once. The calling thread pays one deque
+  append; ``synchronize()`` compares what the others made before it (one
+  round trip, ``confirm``). Rooted operations (broadcast, reduce) are also gated: a host
+  function queued before their NCCL call waits until every rank agrees, so
+  NCCL runs them only then (the stream pays one round trip on them).
 """
 
 from __future__ import annotations
@@ -56,6 +68,7 @@ from typing import TYPE_CHECKING, Any
 
 from .communicator import poison
 from .errors import CollectiveError, CollectiveTimeoutError
+from .matching import Gate, OpMatcher
 
 if TYPE_CHECKING:
     from ..runtime import Device, Stream
@@ -67,9 +80,10 @@ __all__ = ["NcclEngine", "load_bindings", "FP8_MIN_VERSION"]
 FP8_MIN_VERSION = 22400  # NCCL 2.24: ncclFloat8e4m3 / ncclFloat8e5m2
 _WATCH_INTERVAL = 0.05
 _POLL_EVERY = 0.001  # how often calls ask ncclCommGetAsyncError themselves (synchronize always does)
+_ABORT_WAIT = 5.0    # how long a failure path waits for ncclCommAbort (it runs on a thread of its own)
 _ROOTED = frozenset({"broadcast", "reduce"})
 _monotonic = time.monotonic
-_in_host_fn = threading.local()  # set while a root check runs on the driver's host-function thread
+_in_host_fn = threading.local()  # set while a gate runs on the driver's host-function thread
 
 
 # -- bindings ------------------------------------------------------------------------
@@ -349,7 +363,7 @@ def load_bindings() -> Any:
 
 # -- the engine ------------------------------------------------------------------
 class NcclEngine:
-    """One rank's NCCL communicator, its enqueue path and its watchdog."""
+    """One rank's NCCL communicator, its enqueue path, its watchdog and its call matcher."""
 
     name = "nccl"
 
@@ -362,67 +376,44 @@ class NcclEngine:
         self.health = health
         self.timeout = timeout
         self.checker = checker if world_size > 1 else None
+        self.matcher = (OpMatcher(self.checker, rank, world_size, health, timeout, self._unfinished)
+                        if self.checker is not None else None)
+        self._match = self.matcher.log.append if self.matcher is not None else None  # the hot path's one append
         self.handle: Any = None
         self.fp8 = api.version >= FP8_MIN_VERSION
         self._lock = threading.Lock()
-        self._first_unwatched: tuple[float, Any] | None = None
+        self._unwatched_at = 0.0  # when the first call since the watchdog's last look was enqueued (0: none)
         self._aborted = False
-        self._abort_deferred = False
+        self._abort_done: threading.Event | None = None
         self._polled = 0.0
         self._stop = threading.Event()
         self._watchdog: threading.Thread | None = None
         self._stream: "Stream | None" = None
-        # (event, enqueued at, first _Op, last ticket before the record): the watchdog's
-        self._pending: deque[tuple[int, float, Any, int]] = deque()
+        # (event, enqueued at, last ticket before the record): the watchdog's
+        self._pending: deque[tuple[int, float, int]] = deque()
         self.issued = 0  # calls enqueued (their tickets are 1..issued)
         self._done = 0   # every call with a ticket <= _done has finished
-        self._flight: deque[tuple[int, tuple]] = deque()  # (ticket, targets) of calls that write arrays
+        self._flight: deque[tuple[int, Any, tuple]] = deque()  # (ticket, first _Op, targets) of calls not known finished
         self._retire_lock = threading.Lock()
+        # The first failure poisons, lets the gates go, aborts, and only then is published:
+        # whoever sees it sees the poison and the abort.
         health.add_hook(self._poison_in_flight, first=True)
-        health.add_hook(self._on_failure)
+        if self.matcher is not None:
+            health.add_hook(self.matcher.release_gates, first=True)
+        health.add_hook(self._on_failure, first=True)
         health.oldest = self._oldest
 
     def _oldest(self) -> str | None:
-        """The oldest call not finished yet (asked from other threads: best effort)."""
-        backend = self.device.backend
-        try:
-            for ev, _, op, _ in list(self._pending):
-                if not backend.event_query(ev):
-                    return op.label
-        except Exception:  # the watchdog recycled an event meanwhile, or the context broke
-            pass
-        first = self._first_unwatched
-        return first[1].label if first is not None else None
-
-    # -- calls in flight -------------------------------------------------------------
-    def finished(self, upto: int) -> None:
-        """Every call with a ticket up to ``upto`` has finished: forget its targets."""
-        with self._retire_lock:
-            if upto > self._done:
-                self._done = upto
-            flight = self._flight
-            while flight and flight[0][0] <= upto:
-                flight.popleft()
-
-    def _poison_in_flight(self, err: CollectiveError) -> None:
-        """The first failure (before it is published, before the abort): poison what every call
-        not known to have finished was to write. Off the host-function thread, the watchdog's
-        events are asked first, so calls that finished are spared."""
+        """The oldest call not known to have finished (asked from other threads: best effort)."""
+        done = self._done
         if not getattr(_in_host_fn, "on", False):
             backend = self.device.backend
             try:
-                for ev, _, _, upto in list(self._pending):
+                for ev, _, upto in list(self._pending):
                     if not backend.event_query(ev):
                         break
-                    self.finished(upto)
-                if self._flight and self._stream is not None:
-                    # Calls since the watchdog's last look (a peer that exits right after the
-                    # last call must not poison results that are complete): is the stream idle?
-                    upto = self.issued
-                    self.device.backend.set_current(self.device.ordinal)  # the driver context NCCL needs
-                    if backend.stream_query(self._stream.handle):
-                        self.finished(upto)
-            except Exception:  # a broken context, or an event recycled meanwhile: keep the rest
+                    done = max(done, upto)
+            except Exception:  # the watchdog recycled an event meanwhile, or the context broke
                 pass
         while True:
             try:
@@ -430,9 +421,67 @@ class NcclEngine:
                 break
             except RuntimeError:  # changed while copied
                 continue
-        done = self._done
-        for ticket, targets in flight:
+        for ticket, op, _ in flight:
             if ticket > done:
+                return op.label
+        return None
+
+    def confirm(self, timeout: float) -> None:
+        """After the stream finished (``synchronize()``): wait until the other ranks' descriptors
+        show they made the same calls (at most ``timeout`` seconds); a mismatch fails the
+        communicator."""
+        if self.matcher is not None:
+            self.matcher.confirm(timeout)
+
+    def _unfinished(self) -> str | None:
+        """The oldest call not finished, after asking the watchdog's events and the stream itself."""
+        self._refresh()
+        return self._oldest()
+
+    # -- calls in flight -------------------------------------------------------------
+    def finished(self, upto: int) -> None:
+        """Every call with a ticket up to ``upto`` has finished: forget it."""
+        with self._retire_lock:
+            if upto > self._done:
+                self._done = upto
+            flight = self._flight
+            while flight and flight[0][0] <= upto:
+                flight.popleft()
+
+    def _refresh(self) -> None:
+        """Learn which calls finished from the watchdog's events and, for the calls since its
+        last look, from the stream itself (idle: all of them). Never on the host-function thread."""
+        if getattr(_in_host_fn, "on", False):
+            return
+        backend = self.device.backend
+        try:
+            for ev, _, upto in list(self._pending):
+                if not backend.event_query(ev):
+                    break
+                self.finished(upto)
+            if self._flight and self._stream is not None:
+                upto = self.issued
+                backend.set_current(self.device.ordinal)  # the driver context NCCL needs
+                if backend.stream_query(self._stream.handle):
+                    self.finished(upto)
+        except Exception:  # a broken context, or an event recycled meanwhile: keep the rest
+            pass
+
+    def _poison_in_flight(self, err: CollectiveError) -> None:
+        """The first failure (before it is published, before the abort): poison what every call
+        not known to have finished was to write. Off the host-function thread, the watchdog's
+        events and the stream are asked first, so calls that finished are spared (a peer that
+        exits right after the last call must not poison results that are complete)."""
+        self._refresh()
+        while True:
+            try:
+                flight = list(self._flight)
+                break
+            except RuntimeError:  # changed while copied
+                continue
+        done = self._done
+        for ticket, _, targets in flight:
+            if ticket > done and targets:
                 poison(targets, err, self.rank)
 
     def poll(self, force: bool = False) -> None:
@@ -457,7 +506,8 @@ class NcclEngine:
         return self.api.name
 
     def init(self, uid: bytes, stream: "Stream") -> None:
-        """ncclCommInitRank, bounded by the time-out and by dead-rank reports."""
+        """ncclCommInitRank, bounded by the time-out and by dead-rank reports; then the
+        watchdog and the call matcher start."""
         self._stream = stream
         out: dict[str, Any] = {}
         done = threading.Event()
@@ -490,17 +540,28 @@ class NcclEngine:
         self.handle = out["h"]
         self._watchdog = threading.Thread(target=self._watch, daemon=True, name=f"ignis-nccl-watchdog-{self.rank}")
         self._watchdog.start()
+        if self.matcher is not None:
+            self.matcher.start()
 
     # -- enqueue ---------------------------------------------------------------------
     def run(self, ops: "list[_Op] | tuple[_Op, ...]", stream: "Stream", targets: tuple = ()) -> None:
         """Enqueue ``ops`` on ``stream`` (several: one NCCL group); ``targets`` (``(weakref, _Op)``:
-        what they write) are kept until the call is known finished, and poisoned if it fails."""
+        what they write) are kept until the call is known finished, and poisoned if it fails.
+        Rooted operations wait on the stream, behind a gate, until the ranks agree on them."""
         api, h, st = self.api, self.handle, stream.handle
         grouped = len(ops) > 1
-        if self.checker is not None:
-            rooted = [op for op in ops if op.name in _ROOTED] if grouped else (ops if ops[0].name in _ROOTED else ())
-            if rooted:
-                stream.launch_host_func(_RootCheck(self, tuple(rooted), self.issued + 1))
+        match = self._match
+        if match is not None:
+            gate = None
+            if any(op.name in _ROOTED for op in ops) if grouped else ops[0].name in _ROOTED:
+                gate = Gate(self.matcher, self.issued + 1, self._run_gate)  # type: ignore[arg-type]
+                stream.launch_host_func(gate)
+            # Logged before NCCL is called: a call that blocks in NCCL (its connections to a peer that
+            # never makes the matching call are set up there) is still compared, and a mismatch
+            # aborts NCCL, which lets it return.
+            match((ops, gate, targets))
+            if gate is not None:
+                self.matcher.wake()  # type: ignore[union-attr]
         try:
             if grouped:
                 api.group_start()
@@ -517,14 +578,29 @@ class NcclEngine:
                                   this_rank=self.rank, kind="nccl") from e
         with self._lock:
             ticket = self.issued = self.issued + 1
-            if targets:
-                self._flight.append((ticket, targets))
-            if self._first_unwatched is None:
-                self._first_unwatched = (time.monotonic(), ops[0])
+            self._flight.append((ticket, ops[0], targets))
+            if not self._unwatched_at:
+                self._unwatched_at = _monotonic()
         if targets:
             claimed = self.health.claimed
             if claimed is not None:  # the first failure's hooks may have missed this call
                 poison(targets, claimed, self.rank)
+
+    def _run_gate(self, gate: Gate) -> None:
+        """A gate, on the driver's host-function thread: everything queued before it has finished;
+        wait until the ranks agree on the call behind it. No CUDA call is made from here (the
+        failure paths know it by ``_in_host_fn``), and nothing is raised."""
+        _in_host_fn.on = True
+        try:
+            self.finished(gate.ticket - 1)
+            self.matcher.wait_agreed(gate)  # type: ignore[union-attr]
+        except Exception as e:  # never into the driver's thread
+            err = CollectiveError(f"the call check failed: {type(e).__name__}: {e}", op=gate.label,
+                                  this_rank=self.rank, kind="error")
+            err.__cause__ = e
+            self.health.fail(err)
+        finally:
+            _in_host_fn.on = False
 
     @staticmethod
     def _call(api: Any, h: Any, op: "_Op", st: int) -> None:
@@ -558,44 +634,39 @@ class NcclEngine:
             self.device.backend.set_current(self.device.ordinal)  # the driver context NCCL needs
             while not self._stop.wait(_WATCH_INTERVAL):
                 if self.health.error is not None:
-                    if self._abort_deferred:  # failed on the host-function thread, which may not abort
-                        self._abort()
                     return
-                oldest = pending[0][2].label if pending else None
                 with self._lock:
                     err = None if self._aborted else self.api.async_error(self.handle)
                 if err:
-                    self.health.fail(CollectiveError(f"NCCL reported an asynchronous error: {err}", op=oldest,
-                                                     this_rank=self.rank, kind="nccl"))
+                    self.health.fail(CollectiveError(f"NCCL reported an asynchronous error: {err}",
+                                                     op=self._oldest(), this_rank=self.rank, kind="nccl"))
                     return
                 with self._lock:
-                    first, self._first_unwatched = self._first_unwatched, None
+                    since, self._unwatched_at = self._unwatched_at, 0.0
                     upto = self.issued
-                if first is not None:
+                if since:
                     ev = free.pop() if free else backend.event_create(ordinal, False)
                     backend.event_record(ev, stream.handle)
-                    pending.append((ev, first[0], first[1], upto))
+                    pending.append((ev, since, upto))
                 while pending and backend.event_query(pending[0][0]):
-                    ev, _, _, upto = pending.popleft()
+                    ev, _, upto = pending.popleft()
                     free.append(ev)
                     self.finished(upto)
                 if pending and time.monotonic() - pending[0][1] > self.timeout:
                     self.health.fail(CollectiveTimeoutError(
                         f"the operation did not finish within {self.timeout:g} s (the time-out): a peer is stuck "
                         "or dead, or the ranks called different operations; the NCCL communicator was aborted",
-                        op=pending[0][2].label, this_rank=self.rank, kind="timeout"))
+                        op=self._oldest(), this_rank=self.rank, kind="timeout"))
                     return
         except Exception as e:  # the driver or NCCL broke under us (the stream failed, ...)
             if not self._stop.is_set():
                 err = CollectiveError(f"the communicator's stream or NCCL failed (seen by the watchdog): "
-                                      f"{type(e).__name__}: {e}", op=pending[0][2].label if pending else None,
-                                      this_rank=self.rank, kind="stream")
+                                      f"{type(e).__name__}: {e}", op=self._oldest(), this_rank=self.rank,
+                                      kind="stream")
                 err.__cause__ = e
                 self.health.fail(err)
         finally:
-            if self._abort_deferred:  # the failure came from the host-function thread meanwhile
-                self._abort()
-            for ev, _, _, _ in pending:
+            for ev, _, _ in pending:
                 free.append(ev)
             for ev in free:
                 try:
@@ -604,29 +675,54 @@ class NcclEngine:
                     pass
 
     def _on_failure(self, err: BaseException) -> None:
-        if getattr(_in_host_fn, "on", False):
-            self._abort_deferred = True  # no CUDA call from here: the watchdog aborts
-            return
-        self._abort()
+        """The first failure, after the poison: tell the other ranks that this one gives up (its last
+        descriptors, then a goodbye saying why, on the checker mesh), so they fail at once instead of
+        at their time-out, and abort NCCL. The goodbye goes first: NCCL's abort can wait until the
+        peers' connections close, which their own aborts do."""
+        if self.matcher is not None:
+            self.matcher.flush()
+        if self.checker is not None:
+            self.checker.abort(getattr(err, "message", None) or str(err))
+        # On the driver's host-function thread (a gate) no CUDA call may be made, and NCCL's abort
+        # may wait for the device, which waits for that very host function: never wait there.
+        self._abort(wait=not getattr(_in_host_fn, "on", False))
 
-    def _abort(self) -> None:
+    def _abort(self, wait: bool = True) -> None:
+        """``ncclCommAbort``, once, on a thread of its own: it sets NCCL's abort flag first (the
+        stuck kernels return), then frees the communicator, which can wait on peers and on the
+        device. Callers wait for it at most ``_ABORT_WAIT`` seconds (``wait``), so no failure
+        path hangs on it."""
         with self._lock:
             if self._aborted or self.handle is None:
                 self._aborted = True
                 return
             self._aborted = True
-        try:
-            self.api.abort(self.handle)
-        except Exception:
-            pass
+            done = self._abort_done = threading.Event()
+        api, handle, backend, ordinal = self.api, self.handle, self.device.backend, self.device.ordinal
+
+        def work() -> None:
+            try:
+                backend.set_current(ordinal)  # the driver context NCCL needs
+                api.abort(handle)
+            except Exception:
+                pass
+            finally:
+                done.set()
+
+        threading.Thread(target=work, daemon=True, name=f"ignis-nccl-abort-{self.rank}").start()
+        if wait:
+            done.wait(_ABORT_WAIT)
 
     # -- shutdown --------------------------------------------------------------------
     def close(self) -> None:
-        """Stop the watchdog and destroy the communicator (abort it after a failure)."""
+        """Stop the watchdog and the matcher (its last descriptors shipped), say goodbye on the
+        checker mesh, and destroy the communicator (abort it after a failure)."""
         self._stop.set()
         if self._watchdog is not None and self._watchdog is not threading.current_thread():
             self._watchdog.join(1.0)
-        if self.health.error is not None:
+        if self.matcher is not None:
+            self.matcher.close()
+        if self.health.claimed is not None:
             self._abort()
             if self.checker is not None:
                 self.checker.abort()
@@ -643,49 +739,11 @@ class NcclEngine:
             pass
 
     def abort(self) -> None:
-        """Stop the watchdog and abort the NCCL communicator (``ncclCommAbort``, once; its
-        errors are ignored), and the checker mesh if any."""
+        """Stop the watchdog and the matcher, abort the NCCL communicator (``ncclCommAbort``, once;
+        its errors are ignored), and tell the checker mesh why."""
         self._stop.set()
+        if self.matcher is not None:
+            self.matcher.close()
         self._abort()
         if self.checker is not None:
             self.checker.abort()
-
-
-class _RootCheck:
-    """A host function queued before a call with rooted operations: the ranks exchange the
-    operations' headers over the checker mesh and compare them (roots included) before the
-    NCCL kernels may run. Everything queued earlier on the stream has finished when it runs."""
-
-    __slots__ = ("engine", "ops", "ticket")
-
-    def __init__(self, engine: NcclEngine, ops: tuple, ticket: int) -> None:
-        self.engine = engine
-        self.ops = ops
-        self.ticket = ticket
-
-    def __call__(self) -> None:
-        eng = self.engine
-        _in_host_fn.on = True
-        try:
-            eng.finished(self.ticket - 1)
-            checker = eng.checker
-            assert checker is not None
-            deadline = time.monotonic() + eng.timeout
-            for op in self.ops:
-                checker.agree(op.header(), f"k{op.seq}", op.label, deadline)
-        except BaseException as e:
-            if isinstance(e, CollectiveError):
-                err = e
-            else:
-                err = CollectiveError(f"root check: {type(e).__name__}: {e}", op=self.ops[0].label,
-                                      this_rank=eng.rank, kind="error")
-                err.__cause__ = e
-            eng.health.fail(err)  # poisons what is queued; the watchdog aborts
-            if err is e:
-                raise
-            raise err from e
-        finally:
-            _in_host_fn.on = False
-
-    def __repr__(self) -> str:
-        return f"ignis.collective.nccl[rank {self.engine.rank}] root check"

@@ -7,10 +7,13 @@ the memory layer are in ``ignis.memory.types``.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ..errors import InvalidTransitionError
 from .types import TRANSITIONS, BlockId, BlockState
+
+if TYPE_CHECKING:
+    from ..runtime.stream import Stream
 
 __all__ = ["DeviceBlock"]
 

@@ -42,7 +42,7 @@ from __future__ import annotations
 import os
 import threading
 import weakref
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NoReturn
 
 from cpython.exc cimport PyErr_CheckSignals
 from cpython.pythread cimport PyThread_get_thread_ident
@@ -135,7 +135,7 @@ def check_request(nbytes: Any, stream: Any) -> None:
 # Tracking queues its event records and stream waits through ``_queue``. On the cuda
 # backend (``backend.tracking_calls()`` gives its handle tables and, in "raw", the
 # addresses of the C entry points for cuEventRecord / cuStreamWaitEvent: functions of
-# ignis.backends._cudriver that call cuda-bindings' cydriver, without the GIL), a call
+# ignis.backends._cudriver that call the driver's functions, without the GIL), a call
 # for handles in those tables whose context is current on this thread goes straight to
 # the driver through them, with the GIL released and no Python call, while
 # every container of ``tracking_calls()["off"]`` is empty (no trace listener is
@@ -358,7 +358,7 @@ cdef class ResourceLock:
             raise RuntimeError("release unlocked lock")
         lock_give(self)
 
-    def __reduce__(self) -> None:
+    def __reduce__(self) -> NoReturn:
         raise TypeError("cannot pickle a ResourceLock")
 
     def __repr__(self) -> str:
@@ -413,7 +413,7 @@ cdef class ReentrantLock:
     def __exit__(self, *exc: object) -> None:
         self.give()
 
-    def __reduce__(self) -> None:
+    def __reduce__(self) -> NoReturn:
         raise TypeError("cannot pickle a ReentrantLock")
 
 

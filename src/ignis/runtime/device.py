@@ -136,6 +136,7 @@ class Device:
                 dev._props = None
                 dev._default_stream = None
                 dev._lock = threading.Lock()
+                dev._peers = {}  # peer ordinal -> (this generation, the peer's) when access was enabled
                 _devices[key] = dev
         return dev
 
@@ -252,6 +253,41 @@ class Device:
         prev = _current.current_device()
         if prev is not self:
             prev.backend.set_current(prev.ordinal)
+
+    # -- peers --------------------------------------------------------------------
+    def can_access_peer(self, peer: "Device | int") -> bool:
+        """Whether work on this device can be given direct access to ``peer``'s memory (NVLink or
+        PCIe peer-to-peer, as the driver's ``cuDeviceCanAccessPeer`` says); False for itself.
+
+        Args:
+            peer: another ``Device`` (or its ordinal) of the same backend.
+
+        Raises:
+            ValueError: ``peer`` is out of range.
+        """
+        other = Device(peer)
+        return other is not self and self.backend.device_can_access_peer(self.ordinal, other.ordinal)
+
+    def enable_peer_access(self, peer: "Device | int") -> None:
+        """Let work on this device read and write ``peer``'s memory directly, so copies between
+        them go peer to peer. Once per pair, until either device's context is rebuilt (then it is
+        enabled again on the next call).
+
+        Args:
+            peer: another ``Device`` (or its ordinal) of the same backend.
+
+        Raises:
+            ValueError: ``peer`` is out of range.
+            DriverError: CUDA_ERROR_PEER_ACCESS_UNSUPPORTED where ``can_access_peer(peer)`` is False.
+        """
+        other = Device(peer)
+        gens = (self.state.generation, other.state.generation)
+        if self._peers.get(other.ordinal) == gens:
+            return
+        self._check_usable("enable peer access")
+        other._check_usable("enable peer access")
+        self.backend.enable_peer_access(self.ordinal, other.ordinal)
+        self._peers[other.ordinal] = gens
 
     # -- whole-device operations -------------------------------------------------
     def synchronize(self) -> None:

@@ -26,7 +26,7 @@ argument, the value as its declared C type in the slot's first bytes; an
 array passes its device address). On the cuda backend the common case goes
 straight to the driver's ``cuLaunchKernel`` with that buffer and the GIL
 released, through a C entry point of ``ignis.backends._cudriver`` that calls
-cuda-bindings' ``cydriver`` (``backend.tracking_calls()["raw"]`` hands over its
+the driver's own function (``backend.tracking_calls()["raw"]`` hands over its
 address); every other case goes through the backend's ``kernel_launch`` with
 the same bytes as ctypes values (``Kernel.marshal``), so its errors are the
 backend's.
@@ -78,8 +78,8 @@ cdef enum:
 # -- the direct driver launch --------------------------------------------------------
 # On the cuda backend, ``backend.tracking_calls()`` gives its stream table, the thread's
 # current-context record, the fault table and (third in "raw") the address of the C
-# entry point for cuLaunchKernel (ignis.backends._cudriver: it calls cuda-bindings'
-# cydriver.cuLaunchKernel and returns the CUresult). A launch on a stream of that table
+# entry point for cuLaunchKernel (ignis.backends._cudriver: it calls the driver's
+# cuLaunchKernel and returns the CUresult). A launch on a stream of that table
 # whose context is current on this thread, of a kernel whose CUfunction is known, with
 # every dimension a C unsigned int, goes straight to the driver with the GIL released,
 # through it, while no fault is

@@ -8,7 +8,8 @@ static checkers read it: nothing is checked at run time.
 
 from __future__ import annotations
 
-import threading
+from collections.abc import Sequence
+from contextlib import AbstractContextManager
 from typing import Any, Protocol
 
 __all__ = ["SafeArray"]
@@ -27,7 +28,7 @@ class SafeArray(Protocol):
     device: Any  # a Device: its ``ordinal`` and ``state`` (a DeviceState)
 
     @property
-    def _lock(self) -> threading.Lock: ...
+    def _lock(self) -> AbstractContextManager[Any]: ...
 
     @property
     def freed(self) -> bool: ...
@@ -42,7 +43,7 @@ class SafeArray(Protocol):
         """The array that holds this one's memory (itself unless it is a view)."""
         ...
 
-    def _set_owner(self, owner: str) -> "list[SafeArray]":
+    def _set_owner(self, owner: str) -> "Sequence[SafeArray]":
         """Set the owner of this root and of its live views; return the arrays changed."""
         ...
 

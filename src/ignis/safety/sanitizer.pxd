@@ -111,7 +111,7 @@ cdef class Sanitizer:
                    k0=cython.longlong, k1=cython.longlong)
     cdef list _inherit(self, long long lo, long long hi)
     @cython.locals(ext=_Extent, r=_Rec, found=tuple)
-    cdef tuple _freed(self, object base)
+    cdef tuple _freed(self, object base, object current=*)
     @cython.locals(sid=cython.longlong, ep=cython.longlong, vc=dict, live=dict, host=dict, hv=cython.longlong,
                    ext=_Extent, rec=_Rec, recs=list, conflict=_Rec, mode=cython.longlong, per=cython.longlong,
                    ch=cython.longlong, write=bint, written=list, found=list, packed=bint, n=Py_ssize_t,

@@ -352,7 +352,7 @@ class _Capture:
     the capture's top user frame, as reports name the graph."""
 
     __slots__ = ("streams", "records", "mine", "private", "gens", "frames", "plan", "site", "open", "first",
-                 "recorded")
+                 "recorded", "managed")
 
     def __init__(self, frames: Any) -> None:
         self.streams: set[int] = set()
@@ -366,6 +366,7 @@ class _Capture:
         self.open = True
         self.first: dict[int, tuple] = {}  # base -> (op, frames) of the captured op that used it first
         self.recorded = 0                   # accesses recorded while it captured
+        self.managed = False                # its inputs are kept in place by its capturer (graph trees)
 
 
 class Sanitizer:
@@ -722,15 +723,20 @@ class Sanitizer:
             if self._pool_threads and threading.get_ident() in self._pool_threads:
                 self._graph_mem.add(base)
 
-    def extent_freed(self, base: int) -> None:
+    def extent_freed(self, base: int, current: Any = None) -> None:
         """The allocator took ``base`` back (a free ordered on its allocation stream):
         checked against uses on other streams, then kept until the addresses are reused.
-        The free's stack is taken (``capture``) only when another stream used the memory."""
-        found = self._freed(base)
+        The free's stack is taken (``capture``) only when another stream used the memory.
+        ``current``: the stream current where the free happened, when known. A block freed
+        while another stream than its own is current is not checked at the free: PyTorch
+        hands it only to its own stream's later work, which such code orders after its other
+        streams (FSDP2's gradients, CUDA graph trees' warm-up); the new owner's first
+        accesses are checked against the old uses instead (the reuse race)."""
+        found = self._freed(base, current)
         if found is not None:
             self._race(found[0], found[1])
 
-    def _freed(self, base: Any) -> tuple | None:
+    def _freed(self, base: Any, current: Any = None) -> tuple | None:
         """``extent_freed``'s work, under the lock: (conflict, the free's record) if it races."""
         self._lock.take()
         try:
@@ -754,14 +760,16 @@ class Sanitizer:
                 return None
             rs, sid = ext.rs, ext.sid
             frames = None
-            for r in ext.recs:
-                if r.sid != sid and not (rs and r.sid in rs):
-                    frames = self.capture()
-                    break
+            quiet = current is not None and self._sids.get(current, -1) != sid
+            if not quiet:
+                for r in ext.recs:
+                    if r.sid != sid and not (rs and r.sid in rs):
+                        frames = self.capture()
+                        break
             found = self._retire(ext, frames)
         finally:
             self._lock.give()
-        return found if found[0] is not None else None
+        return found if found[0] is not None and not quiet else None
 
     def _retire(self, ext: _Extent, frames: Any) -> tuple[_Rec | None, _Rec]:
         sid = ext.sid
@@ -1002,15 +1010,17 @@ class Sanitizer:
         return None if conflict is None else (conflict, rec)
 
     # -- CUDA graphs ----------------------------------------------------------------
-    def capture_begin(self, stream: int, frames: Any = None) -> _Capture:
+    def capture_begin(self, stream: int, frames: Any = None, managed: bool = False) -> _Capture:
         """``stream`` starts capturing a CUDA graph (``frames``: the capture's site): from now
         on what is queued on it is recorded into the returned capture (see the module's
-        description), until ``capture_end``."""
+        description), until ``capture_end``. ``managed``: the graph's inputs are kept in place
+        by the code that captures it (CUDA graph trees): its replays check no generation."""
         with self._lock:
             sid = self._sid(stream)
             if sid in self._capturing:
                 raise ValueError(f"ignis sanitizer: stream {stream:#x} is capturing already")
             cap = _Capture(frames)
+            cap.managed = managed
             cap.streams.add(sid)
             where = resolve(frames)
             if where:
@@ -1120,15 +1130,15 @@ class Sanitizer:
         if cap.open or not cap.plan:
             return
         bad: list[tuple] = []
-        with self._lock:
-            live, gen_at = self._live, self._gen_at
-            for base, (gen, at) in cap.gens.items():
-                ext = live.get(base)
-                if gen is not None:
-                    if ext is None or ext.gen != gen:
-                        bad.append((base, gen, ext))
-                elif gen_at.get(base, 0) != at:
-                    bad.append((base, at, ext))
+        if not cap.managed:
+            with self._lock:
+                live = self._live
+                for base, (gen, at) in cap.gens.items():
+                    # (a block no lifetime was known for at the capture has nothing to compare)
+                    if gen is not None:
+                        ext = live.get(base)
+                        if ext is None or ext.gen != gen:
+                            bad.append((base, gen, ext))
         label = f"a replay of the CUDA graph captured at {cap.site}" if cap.site else "a CUDA graph replay"
         items = cap.plan
         if bad:

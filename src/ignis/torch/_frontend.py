@@ -10,7 +10,8 @@ Design:
     (``capture_stack``) and hands the byte ranges to the sanitizer's
     ``foreign_access`` itself, once per checked op (record_stream to its
     ``extent_record_stream``); ops with host tensors while pinned memory is tracked
-    come to ``_observed``, and copies and ``resize_`` to ``_observed_special``. The
+    come to ``_observed``, and copies with a host side and ``resize_`` to
+    ``_observed_special`` (a copy between device tensors goes the direct way). The
     default in collect mode (``ignis run --sanitize``). It cannot raise inside an op:
     in raise mode what it finds is raised when checking stops.
   - the dispatch mode (``_Mode``, a ``TorchDispatchMode``): sees every aten op below
@@ -70,8 +71,12 @@ threads inherit it); the observer sees every thread's.
 
 from __future__ import annotations
 
+import getpass
+import importlib
 import itertools
 import os
+import sys
+import tempfile
 import threading
 import weakref
 from operator import attrgetter
@@ -594,7 +599,13 @@ class TorchFrontEnd:
 
     # -- CUDA graphs (``_graphs`` tells the front end of their capture and replays) ---------
     def graph_begin(self, graph: Any, stream: int) -> None:
-        graph.__dict__["_ignis_graph"] = self.san.capture_begin(stream, capture_stack())
+        # CUDA graph trees (torch.compile's mode="reduce-overhead") keep their graphs' inputs
+        # in place themselves, and check it: their replays are not checked for freed inputs.
+        f, managed = sys._getframe(1), False
+        while f is not None and not managed:
+            managed = f.f_code.co_filename.endswith(("cudagraph_trees.py", "cudagraph_utils.py"))
+            f = f.f_back
+        graph.__dict__["_ignis_graph"] = self.san.capture_begin(stream, capture_stack(), managed)
 
     def graph_end(self, graph: Any, stream: int) -> None:
         if self.san.capture_end(stream) is None:
@@ -621,7 +632,7 @@ class TorchFrontEnd:
     def _triton_launch(self, kernel: Any, stream: Any, args: tuple) -> None:
         """A Triton kernel's launch (``_triton``): its tensor arguments' accesses on ``stream``."""
         roles = kernel.__dict__.get("_ignis_roles")
-        if roles is None:
+        if roles is None:  # (index, mode) of each argument that may be a buffer, found once per kernel
             src = getattr(kernel, "src", None)
             fn = getattr(src, "fn", None)
             names = list(getattr(fn, "arg_names", None) or [f"arg{i}" for i in range(len(args))])
@@ -630,13 +641,16 @@ class TorchFrontEnd:
                 ttir = asm.get("ttir") if hasattr(asm, "get") else None
             except Exception:  # an IR Triton cannot give back here: every argument as unknown
                 ttir = None
-            roles = kernel.__dict__["_ignis_roles"] = _triton.kernel_roles(names, ttir)
+            roles = kernel.__dict__["_ignis_roles"] = tuple(
+                (i, m) for i, m in enumerate(_triton.kernel_roles(names, ttir)) if m)
         items: list = []
         live = self.san._live
         dev = None
-        for i, a in enumerate(args):
-            if i < len(roles) and roles[i] and isinstance(a, Tensor) and self._is_dev(a):
-                it = _item(a, roles[i], live)
+        n = len(args)
+        for i, mode in roles:
+            a = args[i] if i < n else None
+            if isinstance(a, Tensor) and self._is_dev(a):
+                it = _item(a, mode, live)
                 if it is not None:
                     items.append(it)
                     dev = a
@@ -652,11 +666,19 @@ class TorchFrontEnd:
 
     def _install_triton(self, module: Any = None) -> None:
         _triton.install(self._triton_launch)
-        try:  # Inductor's generated modules run the kernels: a library's code, not the user's
-            from torch._inductor.runtime.cache_dir_utils import cache_dir
-            add_library_dir(cache_dir())
-        except Exception:  # an Inductor without it: its frames show in stacks
-            pass
+        # Inductor's generated modules run the kernels: a library's code, not the user's.
+        for where in ("torch._inductor.runtime.cache_dir_utils", "torch._inductor.runtime.runtime_utils"):
+            try:
+                add_library_dir(importlib.import_module(where).cache_dir())
+                break
+            except Exception:  # (another Inductor: its default folder below)
+                continue
+        try:
+            user = getpass.getuser()
+        except Exception:  # (no user name here: Inductor's own folder then has another name)
+            user = str(os.getuid())
+        add_library_dir(os.environ.get("TORCHINDUCTOR_CACHE_DIR")
+                        or os.path.join(tempfile.gettempdir(), "torchinductor_" + user))
 
     def declare(self, t: torch.Tensor, access: Access, stream: Any, op: str) -> None:
         """An access the dispatcher cannot see (``ignis.torch.use``)."""
@@ -697,6 +719,9 @@ class TorchFrontEnd:
                 names = [a.name for a in op._schema.arguments]
                 if "non_blocking" in names:
                     self._obs_nb[index] = names.index("non_blocking")
+            if spec.special in ("copy", "to_copy"):  # between device tensors: a regular op's roles (C++)
+                return (3, index, tuple((pos, mode, many) for pos, _, mode, many in spec.inputs), spec.outputs,
+                        returns, spec.name)
             return (3, index, (), (), returns, spec.name)
         if not spec.active:
             return (0, index, (), (), returns, spec.name)
@@ -772,6 +797,11 @@ class TorchFrontEnd:
                 pending.append(e)
         return cb
 
+    def _on_free(self, ptr: int) -> None:
+        """The caching allocator's free: checked with the stream current here (see
+        ``Sanitizer.extent_freed``)."""
+        self.san.extent_freed(ptr, _raw_stream(torch._C._cuda_getDevice()))
+
     def _on_alloc(self, ptr: int) -> None:
         self.san.extent_allocated(ptr, _raw_stream(torch._C._cuda_getDevice()))
 
@@ -782,7 +812,7 @@ class TorchFrontEnd:
                  (gt.EventRecordCallbacks, self._on_event_record),  # (a collective's bracket notes them)
                  (gt.EventWaitCallbacks, self._on_event_wait),
                  (gt.MemoryAllocationCallbacks, self._on_alloc),
-                 (gt.MemoryDeallocationCallbacks, san.extent_freed),
+                 (gt.MemoryDeallocationCallbacks, self._on_free),
                  (gt.DeviceSynchronizationCallbacks, san.on_device_synchronize),
                  (gt.StreamSynchronizationCallbacks, san.on_stream_synchronize),
                  (gt.EventSynchronizationCallbacks, san.on_event_synchronize)]

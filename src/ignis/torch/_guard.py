@@ -13,8 +13,8 @@ Design:
   points ``ignis_torch_alloc`` / ``ignis_torch_free`` of ``ignis.torch._guard_fast``;
   they take the GIL and run ``_alloc`` / ``_free`` there (a free of a guarded
   block first queues its poison from C, through the driver's
-  ``cuMemsetD32Async`` / ``cuMemsetD8Async`` as cuda-bindings' ``cydriver`` calls
-  them (the C entry points of ``ignis.backends._cudriver``), unless
+  ``cuMemsetD32Async`` / ``cuMemsetD8Async``, through the C entry points of
+  ``ignis.backends._cudriver``, unless
   ``record_stream`` waits must come first). CuPy:
   ``cupy.cuda.set_allocator`` with a Python function over the same two.
   A stream handle is adopted once (``Stream.from_handle``; 0 is the legacy
@@ -806,8 +806,8 @@ def use_guard(**options: Any) -> None:
 
 def _driver_entry_points() -> dict[str, int]:
     """The C entry points the C free's poison calls: the active backend's (the cuda backend's
-    ``tracking_calls()["entry_points"]``: ``ignis.backends._cudriver``, over cuda-bindings'
-    ``cydriver``, without which that backend does not start). GuardError where they are missing."""
+    ``tracking_calls()["entry_points"]``: ``ignis.backends._cudriver``, over the driver's
+    own functions, without which that backend does not start). GuardError where they are missing."""
     from ..backends import get_backend
     b = get_backend()
     try:
@@ -825,7 +825,7 @@ def _driver_entry_points() -> dict[str, int]:
 def _bind_poison(mod: Any, opts: dict[str, Any], entry_points: dict[str, int]) -> None:
     """Let the C free queue the poison itself (cuMemsetD32Async over the aligned words,
     cuMemsetD8Async for an unaligned head or tail, on the device cuCtxGetDevice names: the C
-    entry points of ``ignis.backends._cudriver``, which call cuda-bindings' ``cydriver``; no
+    entry points of ``ignis.backends._cudriver``, which call the driver's functions; no
     Python call): the common case of a free then costs one driver call."""
     mod.torch_guard_poison(entry_points["cuMemsetD8Async"], entry_points["cuCtxGetDevice"], opts["poison"],
                            _s.blocks, _s.rs_ptrs, entry_points["cuMemsetD32Async"])

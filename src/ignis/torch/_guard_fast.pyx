@@ -19,7 +19,7 @@ What is here (``ignis.torch._guard`` has the rest and the design):
   first queue the block's poison itself (``torch_guard_poison``: the driver's
   ``cuMemsetD32Async`` over the aligned words, ``cuMemsetD8Async`` for an unaligned
   head or tail, through the C entry points of ``ignis.backends._cudriver``, which
-  call cuda-bindings' ``cydriver``; no Python call), for a block the guard handed out with
+  call the driver's functions; no Python call), for a block the guard handed out with
   no ``record_stream`` streams to wait for, on the device of the thread's
   current context; the free is told whether it did.
 - ``_alloc`` / ``_free`` (also CuPy's allocator's): the front end's state

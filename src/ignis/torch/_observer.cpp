@@ -7,7 +7,7 @@
 // and hands the op's accesses to the sanitizer itself (``Sanitizer.foreign_access``),
 // packed: one call into Python per op, with no Python frame of the front end's between.
 // (An op with host tensors while pinned memory is tracked, and ops with more to them
-// than their schema, go through the front end: ``TorchFrontEnd._observed`` and
+// than their schema, copies with a host side among them, go through the front end: ``TorchFrontEnd._observed`` and
 // ``_observed_special``; a collective goes to ``_observed_collective`` at its start and end,
 // with its arguments and outputs as Python objects.) That replaces the TorchDispatchMode's Python handler, which
 // boxes every argument into Python objects and runs the op again below itself.
@@ -642,6 +642,45 @@ void call_sanitizer(Ctx *c, long long sid, bool synced) {
   Py_DECREF(h);
 }
 
+// The op's fresh outputs (its spec's), after its inputs' items: an output that aliases an input
+// the schema does not annotate is that input's access, not a second one.
+void add_outputs(Ctx *c, Spec *spec, const std::vector<c10::IValue> &outs) {
+  size_t nin = c->items.size();
+  for (const Arg &a : spec->out) {
+    if (a.pos >= (int)outs.size()) continue;
+    size_t before = c->items.size();
+    add_value(c, outs[a.pos], a.mode);
+    for (size_t k = before; k < c->items.size();) {
+      bool alias = false;
+      for (size_t j = 0; j < nin && !alias; j++) alias = c->items[j].base == c->items[k].base;
+      if (alias)
+        c->items.erase(c->items.begin() + (long)k);
+      else
+        k++;
+    }
+  }
+}
+
+// Whether every tensor among ``c``'s arguments and ``outs`` is this backend's (no host side).
+bool on_device_only(Ctx *c, const std::vector<c10::IValue> &outs) {
+  auto dev_only = [](const c10::IValue &v) {
+    if (v.isTensor()) {
+      const at::Tensor &t = v.toTensor();
+      return !t.defined() || t.device().type() == g_dev;
+    }
+    if (v.isTensorList()) {
+      for (const at::Tensor &t : v.toTensorList().vec())
+        if (t.defined() && t.device().type() != g_dev) return false;
+    }
+    return true;
+  };
+  for (const auto &v : c->args)
+    if (!dev_only(v)) return false;
+  for (const auto &v : outs)
+    if (!dev_only(v)) return false;
+  return true;
+}
+
 void end_op(const at::RecordFunction &fn, Ctx *c) {
   Spec *spec = c->spec;
   const auto &outs = fn.outputs();
@@ -655,26 +694,30 @@ void end_op(const at::RecordFunction &fn, Ctx *c) {
   bool synced = g_epoch.load(std::memory_order_relaxed) != c->epoch;
   if (spec->kind == REGULAR) {
     for (auto &w : c->late) add_value(c, w.first, w.second);  // after the op: out= may have resized them
-    size_t nin = c->items.size();
-    for (const Arg &a : spec->out) {
-      if (a.pos >= (int)outs.size()) continue;
-      size_t before = c->items.size();
-      add_value(c, outs[a.pos], a.mode);
-      for (size_t k = before; k < c->items.size();) {  // an alias of an input the schema does not annotate
-        bool alias = false;
-        for (size_t j = 0; j < nin && !alias; j++) alias = c->items[j].base == c->items[k].base;
-        if (alias)
-          c->items.erase(c->items.begin() + (long)k);
-        else
-          k++;
-      }
-    }
+    add_outputs(c, spec, outs);
     if (c->items.empty() && c->host.empty()) {
       g_cpu_ops.fetch_add(1, std::memory_order_relaxed);
       return;
     }
   } else if (spec->kind == RECORD_STREAM) {
     if (!c->has_rs) return;  // a tensor of no bytes, or not on this backend: nothing to order
+  } else if (spec->kind == SPECIAL && (!spec->in.empty() || !spec->out.empty()) && on_device_only(c, outs)) {
+    // A copy between tensors of this backend (copy_, _to_copy: AMP's casts, DDP's buckets):
+    // nothing host-side to it, so its roles are a regular op's and it goes the direct way.
+    for (const Arg &a : spec->in)
+      if (a.pos < (int)c->args.size()) add_value(c, c->args[a.pos], a.mode);
+    add_outputs(c, spec, outs);
+    if (c->items.empty()) return;
+    if (c->device < 0) c->device = std::max<int>(0, device_of(c->args.empty() ? c10::IValue() : c->args[0]));
+    long long sid = stream_id(c->device);
+    InPython py;
+    if (g_san != nullptr && c->generation == g_generation.load()) {
+      call_sanitizer(c, sid, synced);
+      return;
+    }
+    c->items.clear();  // (the front end's own path, when a test watches every op: as before)
+    call_front_end(c, outs, sid, synced);
+    return;
   } else {
     if (c->device < 0) {  // a special op's device: its first tensor's on this backend
       for (const auto &v : c->args)

@@ -1,0 +1,23 @@
+"""Shared by the training-step benchmarks: time a step the way each of them does."""
+
+from __future__ import annotations
+
+import statistics
+import time
+from typing import Callable
+
+
+def median_step_ms(step: Callable[[], None], steps: int, warm: int) -> float:
+    """The median time of ``steps`` calls of ``step`` in ms, each followed by a device
+    synchronization, after ``warm`` untimed ones."""
+    import torch
+    for _ in range(warm):
+        step()
+    torch.cuda.synchronize()
+    times = []
+    for _ in range(steps):
+        t = time.perf_counter()
+        step()
+        torch.cuda.synchronize()
+        times.append(time.perf_counter() - t)
+    return statistics.median(times) * 1e3
