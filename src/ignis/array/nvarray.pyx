@@ -30,7 +30,7 @@ import gc
 import operator
 from collections import deque
 import weakref
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NoReturn
 
 import numpy as np
 
@@ -680,16 +680,16 @@ cdef class NvArray:
     # An array is a memory container: no math, so no element-wise ``==`` and no truth value
     # (either would mean reading device memory behind the program's back). Identity is what
     # hashing and ``is`` use, as for any object.
-    def __eq__(self, other: Any) -> bool:
+    def __eq__(self, other: Any) -> NoReturn:
         raise TypeError(_no_comparison(self, "=="))
 
-    def __ne__(self, other: Any) -> bool:
+    def __ne__(self, other: Any) -> NoReturn:
         raise TypeError(_no_comparison(self, "!="))
 
     def __hash__(self) -> int:
         return object.__hash__(self)
 
-    def __bool__(self) -> bool:
+    def __bool__(self) -> NoReturn:
         raise TypeError(
             f"the truth value of NvArray#{self.id} ({self.numel} element(s) in device memory) is not defined: "
             "reading it would copy from the device. Test for an array with `a is not None`, for emptiness "
@@ -1343,7 +1343,7 @@ cdef class NvArray:
             host = np.ascontiguousarray(host, dtype=self.dtype.numpy).reshape(-1)
             region._upload(host.view(np.uint8), None, "a[...] = value")
 
-    def __delitem__(self, key: Any) -> None:
+    def __delitem__(self, key: Any) -> NoReturn:
         raise TypeError(f"NvArray#{self.id}: elements cannot be deleted (an array's size is fixed); make a new "
                         "array of the size you want and copy into it")
 

@@ -63,7 +63,7 @@ cdef class Stream:
 
     # Fields: see stream.pxd.
 
-    def __init__(self, device: "Device" = None, handle: int = None, *, owned: bool = False,
+    def __init__(self, device: "Device | None" = None, handle: "int | None" = None, *, owned: bool = False,
                  keepalive: object = None) -> None:
         from .device import Device
 
