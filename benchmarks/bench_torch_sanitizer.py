@@ -29,6 +29,7 @@ import argparse
 import gc
 import json
 import statistics
+import sys
 import time
 from typing import Any, Callable
 
@@ -221,6 +222,10 @@ def main() -> int:
                          "callbacks, with the frees, events and synchronizations checked, all of it, and all of "
                          "it with the cyclic collector off")
     args = ap.parse_args()
+    if not torch.cuda.is_available():
+        print("bench_torch_sanitizer: needs a CUDA GPU and a CUDA build of PyTorch "
+              f"(torch {torch.__version__}: torch.cuda.is_available() is False)", file=sys.stderr)
+        return 2
     rounds = 3 if args.quick else ROUNDS
     card = torch.cuda.get_device_name()
     loop, train = make_loop(), make_train()

@@ -649,3 +649,153 @@ def test_copy_between_devices_without_peer_access_is_staged_through_the_host(tmp
 def test_kernel_scalar_declared_none_is_an_error():
     with pytest.raises(ValueError, match="argument 1 is declared None"):
         ig.Kernel(name="k", access=("write", None), host_impl=lambda *a: None)
+
+
+# -- what an NvArray is: a memory container (no math), with natural edges ---------------------
+
+def test_equality_and_truth_raise_and_say_what_to_do():
+    a, b = ig.zeros(12), ig.zeros(12)
+    for op in (lambda: a == b, lambda: a != b, lambda: a == a, lambda: a == 0):
+        with pytest.raises(TypeError, match=r"not compared with (==|!=).*a is b.*to_numpy.*from_dlpack"):
+            op()
+    for one in (a, ig.zeros(1), ig.zeros(0)):
+        with pytest.raises(TypeError, match=r"truth value of NvArray#\d+ .* is not defined.*a is not None.*item\(\)"):
+            bool(one)
+    with pytest.raises(TypeError):
+        if a:
+            pass
+    # identity still hashes: arrays stay usable as dict keys and set members
+    assert {a: 1, b: 2}[a] == 1 and len({a, b, a}) == 2 and hash(a) == hash(a)
+    assert [x for x in (a, b) if x is b] == [b]
+
+
+def test_setitem_writes_a_region_from_a_scalar_a_host_array_or_an_array():
+    a = ig.zeros((3, 4), "int32")
+    a[0] = 5
+    a[1:3] = [1, 2, 3, 4]                      # broadcast over the rows
+    a[2, 1:3] = np.array([7, 8])
+    a[-1, 3] = 9.0                             # converted to the dtype
+    src = ig.from_numpy(np.array([40, 41], np.int32))
+    a[0, 2:4] = src                            # device to device
+    expected = np.array([[5, 5, 40, 41], [1, 2, 3, 4], [1, 7, 8, 9]], np.int32)
+    assert (a.to_numpy() == expected).all()
+    a[...] = 0
+    assert not a.to_numpy().any()
+
+
+@pytest.mark.parametrize("key, error, message", [
+    ((slice(None), 1), ValueError, r"NvArray#\d+\[:, 1\] = \.\.\.: only a contiguous region is written in place"),
+    (slice(0, 3, 2), ValueError, "only a contiguous region"),
+    ([0, 1], TypeError, "only a contiguous region"),
+    (7, IndexError, "out of range"),
+])
+def test_setitem_refuses_what_it_cannot_write_and_writes_nothing(key, error, message):
+    a = ig.zeros((3, 4))
+    with pytest.raises(error, match=message):
+        a[key] = 1.0
+    assert not a.to_numpy().any()
+
+
+def test_setitem_refuses_a_value_that_does_not_fit():
+    a = ig.zeros((3, 4))
+    with pytest.raises(ValueError, match=r"a value of shape \(5,\) does not fit the region of shape \(4,\)"):
+        a[0] = np.ones(5)
+    with pytest.raises(ValueError, match=r"the region is \(4,\) float32, the value \(3,\) float32"):
+        a[0] = ig.zeros(3)
+    assert not a.to_numpy().any()
+
+
+def test_setitem_is_a_tracked_write(dev, streams, san, manual):
+    s0, s1, _ = streams
+    x = ig.zeros(256, stream=s0)
+    y = ig.empty(256, stream=s1)
+    dev.synchronize()
+    ig.kernels.copy(y, x, stream=s1)           # s1 reads x
+    with pytest.raises(ig.RaceError, match="write-after-read race"):
+        x[0:8] = 1.0                            # on s0, with no wait for s1's read
+
+
+def test_setitem_on_a_freed_array_is_refused():
+    a = ig.zeros(4)
+    a.free()
+    with pytest.raises(ig.UseAfterFreeError):
+        a[0] = 1.0
+
+
+def test_item_reads_one_element():
+    assert ig.full((1, 1), 2.5).item() == 2.5 and isinstance(ig.full(1, 2.5).item(), float)
+    assert ig.full(1, 7, "int64").item() == 7 and isinstance(ig.full(1, 7, "int64").item(), int)
+    assert ig.full(1, 1.5, "bfloat16").item() == 1.5
+    a = ig.from_numpy(np.arange(6, dtype=np.float32).reshape(2, 3))
+    assert a[1, 2].item() == 5.0
+    with pytest.raises(ValueError, match=r"item\(\) reads a one-element array; NvArray#\d+ has 6 elements"):
+        a.item()
+
+
+def test_item_is_a_tracked_read(dev, streams, san, manual):
+    s0, s1, _ = streams
+    x = ig.empty(4, stream=s0)
+    dev.synchronize()
+    ig.kernels.fill(x, 1.0, stream=s1)
+    with pytest.raises(ig.RaceError, match="read-after-write race"):
+        x[0].item()                             # on s0, not ordered after s1's write
+
+
+def test_copy_is_a_new_array_with_the_same_contents():
+    a = ig.from_numpy(np.arange(5, dtype=np.int16))
+    b = a.copy()
+    assert b is not a and b.device_ptr != a.device_ptr and b.shape == a.shape and b.dtype is a.dtype
+    a[0] = 100
+    assert b.to_numpy().tolist() == [0, 1, 2, 3, 4]
+
+
+def test_kernels_copy_says_a_shape_mismatch_is_one():
+    dst, src = ig.zeros(3), ig.full(4, 1.0)
+    with pytest.raises(ValueError, match=r"shapes do not match: dst \(3,\) has 3 element\(s\), src \(4,\) has 4"):
+        ig.kernels.copy(dst, src)
+    with pytest.raises(ValueError, match=r"n=4 must be between 0 and the smaller array's size"):
+        ig.kernels.copy(dst, src, 4)
+    assert not dst.to_numpy().any()
+    ig.kernels.copy(dst, src, 3)                      # the first three: fine
+    ig.kernels.copy(ig.zeros((2, 2)), src)            # as many elements, another shape: a flat copy
+    assert dst.to_numpy().tolist() == [1.0, 1.0, 1.0]
+
+
+@pytest.mark.parametrize("dtype", ["float32", "int32", "bfloat16", "uint8"])
+def test_builtin_kernels_are_named_by_their_dtype(dtype):
+    assert ig.kernels.kernel("fill", dtype).name == f"ignis_fill_{dtype}"
+    assert ig.kernels.kernel("copy", ig.dtype(dtype)).name == f"ignis_copy_{dtype}"
+    assert ig.kernels.kernel("fill", ig.dtype(dtype).itemsize).name.startswith("ignis_fill_uint")  # by size: bits
+    with ig.sanitizer.enabled("collect") as san, ig.ordering("manual"):
+        d = ig.Device(0)
+        a, b = d.create_stream(), d.create_stream()
+        x, y = ig.empty(16, dtype, stream=a), ig.empty(16, dtype, stream=b)
+        d.synchronize()
+        ig.kernels.fill(x, 1, stream=a)
+        ig.kernels.copy(y, x, stream=b)
+        d.synchronize()
+        [e] = san.clear()
+        assert e.first["op"] == f"ignis_fill_{dtype}" and e.second["op"] == f"ignis_copy_{dtype}"
+        a.close()
+        b.close()
+
+
+def test_a_stream_of_another_device_is_refused_before_the_driver_sees_it():
+    if ig.device_count() < 2:
+        pytest.skip("needs two devices")
+    a = ig.zeros(3)
+    other = ig.Device(1).create_stream()
+    try:
+        for use in (lambda: a.to_numpy(stream=other), lambda: a.fill_(1.0, stream=other),
+                    lambda: a.from_host([1, 2, 3], stream=other), lambda: a.access(other, "read").__enter__()):
+            with pytest.raises(ValueError, match=r"memory of device 0 .* cannot be used on .* a stream of device 1: "
+                                                 r"use a stream of device 0"):
+                use()
+        assert a.to_numpy().tolist() == [0.0, 0.0, 0.0]   # nothing written, nothing left half-done
+    finally:
+        other.close()
+
+
+def test_a_shape_too_large_for_any_memory_says_so():
+    with pytest.raises(ValueError, match=r"cannot be an array: it is too large: .* \(8 EiB\)"):
+        ig.empty((1 << 62, 1 << 62))

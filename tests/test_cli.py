@@ -221,14 +221,14 @@ def test_console_script_entry_point():
 
 def test_the_library_does_not_import_the_command_line():
     """Layer 8 sits on top: no module outside ``ignis.cli`` imports it (``ignis/__main__.py``,
-    the ``python -m ignis`` entry, excepted)."""
+    the ``python -m ignis`` entry, and ``ignis/pytest_plugin.py``, pytest's, excepted)."""
     import ast
 
     pkg = SRC / "ignis"
     offenders = []
     for path in pkg.rglob("*.py"):
         rel = path.relative_to(pkg)
-        if rel.parts[0] == "cli" or rel == Path("__main__.py"):
+        if rel.parts[0] == "cli" or rel in (Path("__main__.py"), Path("pytest_plugin.py")):
             continue
         package = ["ignis", *rel.parts[:-1]]   # what "from . import" means in this file
         for node in ast.walk(ast.parse(path.read_text(), str(path))):
@@ -241,3 +241,23 @@ def test_the_library_does_not_import_the_command_line():
                 names = [mod] + [f"{mod}.{a.name}" for a in node.names]
             offenders += [f"{rel}:{node.lineno} {n}" for n in names if n == "ignis.cli" or n.startswith("ignis.cli.")]
     assert offenders == []
+
+
+# -- the edges a new user meets -----------------------------------------------------------------------
+@pytest.mark.parametrize("argv", [["run", "{}"], ["load", "{}"], ["snapshot", "plot", "{}"], ["snapshot", "summary", "{}"],
+                                  ["replay", "{}"]])
+@pytest.mark.parametrize("kind", ["missing", "directory"])
+def test_an_input_file_that_is_not_there_exits_2_with_one_clean_line(tmp_path, capsys, argv, kind):
+    path = tmp_path / "nope" if kind == "missing" else tmp_path
+    assert main([a.format(path) for a in argv]) == 2
+    err = capsys.readouterr().err
+    lines = [ln for ln in err.splitlines() if not ln.startswith("ignis: no usable")]
+    assert len(lines) == 1 and str(path) in lines[0], err
+    assert ("no such" in lines[0]) if kind == "missing" else ("is a directory" in lines[0]), err
+    assert "Errno" not in err and "Traceback" not in err
+
+
+def test_doctor_names_a_missing_device_without_the_probe_too(capsys):
+    assert main(["doctor", "--device", str(ig.device_count()), "--no-bandwidth"]) == 1
+    out = capsys.readouterr().out
+    assert f"device {ig.device_count()} does not exist" in out.split("problems:")[1]

@@ -49,6 +49,13 @@ EXEMPT: dict[str, str] = {
     "NvArray.__repr__": "never raises: it shows the error instead of the values",
     "NvArray.__array__": "always refuses (TypeError): no implicit host conversion, live or dead",
     "NvArray.__reduce_ex__": "always refuses (TypeError): arrays are not pickled, live or dead",
+    "NvArray.__eq__": "always refuses (TypeError): arrays are not compared, live or dead",
+    "NvArray.__ne__": "always refuses (TypeError): as __eq__",
+    "NvArray.__bool__": "always refuses (TypeError): an array has no truth value, live or dead",
+    "NvArray.__delitem__": "always refuses (TypeError): an array's size is fixed, live or dead",
+    "NvArray.__hash__": "the object's identity: no field, no memory",
+    **{f"NvArray.__{op}__": "arrays have no order: NotImplemented (so TypeError), live or dead"
+       for op in ("lt", "le", "gt", "ge")},
     "NvArray.__dlpack_device__": "says where the memory is (device type and ordinal), reads no byte",
     "ignis.array.dlpack_export.device_of": "NvArray.__dlpack_device__'s body (above)",
     "NvArray.free": "gives the block back without touching its bytes (a block of a rebuilt context is only "
@@ -309,7 +316,8 @@ def _call(sc: Scene, key: str, kind: str, target: Any, slot: str) -> Any:
 
 
 # The parameters of NvArray's C-level slots, which have no signature to read.
-SLOT_PARAMS = {"__getitem__": ("key",), "__len__": (), "__repr__": ()}
+SLOT_PARAMS = {"__getitem__": ("key",), "__setitem__": ("key", "value"), "__delitem__": ("key",), "__len__": (),
+               "__repr__": ()}
 
 
 def _signature(key: str, fn: Any) -> inspect.Signature:

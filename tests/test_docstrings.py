@@ -175,3 +175,16 @@ def test_ig_empty_documents_the_constructor() -> None:
     for p in ("shape", "dtype", "device", "stream", "owner", "mr", "tag"):  # the constructor documents them
         assert re.search(rf"^\s+{p}:", ig.NvArray.__init__.__doc__, re.M), p
     assert "NvArray" in (ig.empty.__doc__ or "")
+
+
+def test_namespaces_show_their_api_and_not_their_imports() -> None:
+    """``dir()`` (and so completion) of the facade, ``ig.kernels`` and ``ignis.torch`` lists
+    what they offer, not the typing names and modules they import."""
+    import ignis.torch as igt
+
+    assert "annotations" not in dir(ignis)
+    assert set(dir(ignis.kernels)) == set(ignis.kernels.__all__)
+    torch_names = set(dir(igt))
+    assert not torch_names & {"Any", "Callable", "Iterator", "TYPE_CHECKING", "annotations", "contextmanager"}
+    assert {"use_guard", "check", "sanitize", "use"} <= torch_names
+    assert igt.use_guard.__doc__ and igt.use_guard is igt._guard.use_guard

@@ -1019,4 +1019,5 @@ def test_cli_load_bad_file_exits_1(tmp_path):
     out, err = _stdio.StringIO(), _stdio.StringIO()
     assert cli_run(_parse("load", bad), out, err) == 1
     assert "ignis load: error: invalid safetensors file" in err.getvalue() and "'a'" in err.getvalue()
-    assert cli_run(_parse("load", str(tmp_path / "missing")), out, err) == 1
+    assert cli_run(_parse("load", str(tmp_path / "missing")), out, err) == 2  # missing: 2, as ignis run
+    assert err.getvalue().endswith(f"ignis load: no such file: {tmp_path / 'missing'}\n")

@@ -41,7 +41,7 @@ LAYER_NAMES = {FOUNDATION: "foundation", 0: "backends", 1: "runtime", 2: "memory
 LAYERS: dict[str, int] = {
     # foundation: imports nothing above itself
     "ignis.errors": FOUNDATION, "ignis.dtypes": FOUNDATION, "ignis.units": FOUNDATION,
-    "ignis._types": FOUNDATION, "ignis._version": FOUNDATION,
+    "ignis._types": FOUNDATION, "ignis._version": FOUNDATION, "ignis._environment": FOUNDATION,
     "ignis._cpython": FOUNDATION,  # CPython helpers the compiled modules cimport (a .pxd alone)
     "ignis.backends": 0,
     "ignis.runtime": 1,
@@ -53,6 +53,7 @@ LAYERS: dict[str, int] = {
     "ignis.telemetry": 7,
     # the command line: the ignis/cli/ package
     "ignis.cli": CLI, "ignis.__main__": CLI,
+    "ignis.pytest_plugin": CLI,  # pytest's entry into the command line's checks (ignis.cli.checks)
 }
 FACADE = "ignis"  # the public facade: it may import anything; below the cli, nothing may import it
 

@@ -284,3 +284,135 @@ def test_leaks_passes_a_correct_script_whose_globals_the_collector_frees(tmp_pat
     p = run(tmp_path, GLOBAL_AND_A_FUNCTION, "--leaks")
     assert p.returncode == 0, p.stdout + p.stderr
     assert "leaks: none" in p.stderr and "live 0 B" in p.stderr.split("device 0:")[1].splitlines()[0], p.stderr
+
+
+# -- the script runs as Python runs it ------------------------------------------------------------
+def run_in(cwd, *argv: str, env: dict | None = None) -> subprocess.CompletedProcess:
+    env = dict(os.environ, PYTHONPATH=IMPORT_ROOT + os.pathsep + env_path(), IGNIS_BACKEND="emulated", **(env or {}))
+    return subprocess.run([sys.executable, "-m", "ignis", "run", *argv], cwd=cwd, capture_output=True, text=True,
+                          env=env, timeout=120)
+
+
+def test_a_failing_scripts_traceback_starts_at_its_own_frames(tmp_path):
+    (tmp_path / "fails.py").write_text("def f():\n    raise ValueError('boom')\nf()\n")
+    p = run_in(tmp_path, "fails.py")
+    assert p.returncode == 1, p.stderr
+    tb = p.stderr.split("== ignis run report ==")[0]
+    frames = [ln for ln in tb.splitlines() if ln.startswith("  File ")]
+    assert tb.startswith("Traceback (most recent call last):") and "ValueError: boom" in tb, tb
+    assert len(frames) == 2 and all("fails.py" in f for f in frames), tb  # no runpy, no Ignis
+
+
+def test_a_script_that_does_not_compile_gets_no_report(tmp_path):
+    (tmp_path / "broken.py").write_text("x = (\n")
+    p = run_in(tmp_path, "--sanitize", "broken.py")
+    assert p.returncode == 1
+    assert "SyntaxError" in p.stderr and "broken.py" in p.stderr, p.stderr
+    assert "ignis run report" not in p.stderr and "Traceback" not in p.stderr, p.stderr
+
+
+def test_keyboard_interrupt_exits_130(tmp_path):
+    (tmp_path / "interrupted.py").write_text("raise KeyboardInterrupt\n")
+    p = run_in(tmp_path, "interrupted.py")
+    assert p.returncode == 130 and "KeyboardInterrupt" in p.stderr, p.stderr
+
+
+def test_file_is_absolute_and_argv_as_given(tmp_path):
+    (tmp_path / "where.py").write_text("import sys\nprint(__file__)\nprint(sys.argv)\nprint(__name__)\n"
+                                       "print(sys.modules['__main__'].__file__)\nsys.exit('bye')\n")
+    p = run_in(tmp_path, "where.py", "x")
+    lines = p.stdout.splitlines()
+    assert lines[0] == str(tmp_path / "where.py") == lines[3], p.stdout + p.stderr
+    assert lines[1] == "['where.py', 'x']" and lines[2] == "__main__"
+    assert p.returncode == 1 and "bye" in p.stderr  # sys.exit(message): printed, status 1, as Python
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["run", "--bogus", "x.py"], "unrecognized arguments: --bogus"),
+    (["run"], "nothing to run: give a Python script"),
+    (["run", "--sanitize"], "nothing to run: give a Python script"),
+    (["run", "-m"], "-m needs the name of a module"),
+    (["demo", "--frobnicate"], "unrecognized arguments: --frobnicate"),
+])
+def test_run_usage_errors_show_the_commands_usage(capsys, argv, message):
+    from ignis.cli import main
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"usage: ignis {argv[0]} ") and message in err, err
+
+
+def test_a_directory_is_not_a_script(tmp_path, capsys):
+    from ignis.cli import main
+    assert main(["run", str(tmp_path)]) == 2
+    err = capsys.readouterr().err
+    assert err.strip() == f"ignis run: {tmp_path} is a directory with no __main__.py, not a script", err
+
+
+def test_a_folder_or_zip_with_a_main_runs_as_python_runs_it(tmp_path):
+    import zipfile
+    app = tmp_path / "app"
+    app.mkdir()
+    (app / "__main__.py").write_text("import sys\nprint('main of', __name__, sys.argv[1:])\n")
+    with zipfile.ZipFile(tmp_path / "app.pyz", "w") as z:
+        z.write(app / "__main__.py", "__main__.py")
+    for target in ("app", "app.pyz"):
+        p = run_in(tmp_path, target, "x")
+        assert p.returncode == 0 and p.stdout.strip() == "main of __main__ ['x']", p.stdout + p.stderr
+
+
+LEAKS_AND_GLOBALS = """
+import builtins
+import ignis as ig
+CACHE = []
+def load():
+    for _ in range(5):
+        CACHE.append(ig.zeros(256, tag="forgotten"))
+load()
+builtins._kept = CACHE          # still alive once the globals are gone: five leaks, one site
+weights = ig.zeros(1024)        # held by a global: listed, not a problem
+class Model:
+    pass
+model = Model()
+model.bias = ig.ones(8)         # held by a global, through an object
+print("script done")
+"""
+
+
+def test_leaks_groups_a_sites_arrays_and_lists_what_globals_held(tmp_path):
+    p = run(tmp_path, LEAKS_AND_GLOBALS, "--leaks")
+    assert p.returncode == 1, p.stdout + p.stderr
+    report = p.stderr.split("== ignis run report ==")[1]
+    assert "leaks: 5 array(s), 5.0 KiB, still alive after the script finished" in report, report
+    assert "from 1 allocation site(s)" in report and report.count("allocated at:") == 1, report
+    assert "5 array(s), 5.0 KiB: [256] float32" in report and "held by the global(s) CACHE" in report, report
+    assert "2 array(s), 4.0 KiB, were held by the script's globals" in report, report
+    assert "weights: 1 array(s), 4.0 KiB" in report and "model: 1 array(s), 32 B" in report, report
+
+
+# -- module mode: ignis run -m MODULE, as python -m ---------------------------------------------
+def test_module_mode_runs_a_module_as_python_m(tmp_path):
+    body = "import sys\nprint(__name__, __file__, sys.argv, sys.path[0])\n"
+    (tmp_path / "tool.py").write_text(body)
+    (tmp_path / "pkg").mkdir()
+    (tmp_path / "pkg" / "__init__.py").write_text("")
+    (tmp_path / "pkg" / "__main__.py").write_text(body)
+    env = dict(os.environ, PYTHONPATH=env_path())
+    for module in ("tool", "pkg"):
+        p = run_in(tmp_path, "--sanitize", "-m", module, "a", "--sanitize")
+        expected = subprocess.run([sys.executable, "-m", module, "a", "--sanitize"], cwd=tmp_path, env=env,
+                                  capture_output=True, text=True, timeout=60).stdout
+        assert p.returncode == 0, p.stderr
+        assert p.stdout == expected and "__main__" in expected, (p.stdout, expected)
+        assert "ignis sanitizer: no problems found" in p.stderr
+
+
+def test_module_mode_reports_what_the_module_did(tmp_path):
+    (tmp_path / "racy.py").write_text(textwrap.dedent(RACY))
+    p = run_in(tmp_path, "--sanitize", "--ordering", "manual", "-m", "racy")
+    assert p.returncode == 1, p.stdout + p.stderr
+    assert "script done" in p.stdout and "read-after-write race" in p.stderr and "racy.py" in p.stderr
+
+
+def test_module_mode_without_such_a_module(tmp_path):
+    p = run_in(tmp_path, "-m", "no_such_module_here")
+    assert p.returncode == 2 and p.stderr.strip() == "ignis run: no module named 'no_such_module_here'", p.stderr

@@ -326,3 +326,19 @@ def test_streams_as_context_managers_across_threads(dev):
         t.join()
     assert out == {"stream": dev.default_stream, "array": dev.default_stream}
     s.close()
+
+
+# -- the constructors a new user tries first ----------------------------------------------------------
+def test_device_takes_pytorchs_spelling_and_says_what_it_takes():
+    import numpy as np
+    assert ig.Device("cuda:0") is ig.Device(0) and ig.Device(np.int64(0)) is ig.Device(0)
+    for bad in ("gpu", "cuda", "cuda:x", 1.0, None, True):
+        with pytest.raises(TypeError, match=r"a device is an int ordinal \(0, 1, \.\.\.\), 'cuda:N' or an ig.Device"):
+            ig.Device(bad)
+    with pytest.raises(ValueError):
+        ig.Device(f"cuda:{ig.device_count()}")
+
+
+def test_stream_alone_says_how_streams_are_made():
+    with pytest.raises(TypeError, match=r"device\.create_stream\(\).*Stream\.from_handle"):
+        ig.Stream()

@@ -157,7 +157,7 @@ def test_read_after_write_race(dev, streams, san, manual):
         K.copy(y, x, stream=b)
     e = ei.value
     assert e.kind == "read-after-write race"
-    assert e.first["stream"] == a.id and e.first["kind"] == "write" and e.first["op"] == "ignis_fill_uint32"
+    assert e.first["stream"] == a.id and e.first["kind"] == "write" and e.first["op"] == "ignis_fill_float32"
     assert e.second["stream"] == b.id and e.second["kind"] == "read" and e.second["range"] == (0, 4 * 4096)
     assert "test_sanitizer.py" in e.first["stack"] and "test_sanitizer.py" in e.second["stack"]
 

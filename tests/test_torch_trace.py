@@ -387,7 +387,7 @@ def test_a_torch_access_inside_an_ignis_block_is_an_access_of_that_block(dev, st
                                [(x.device_ptr, 4096, x.device_ptr, x.device_ptr + 4096, 0, 0, READ)])
             [e] = san.reports
             assert e.kind == "read-after-write race"
-            assert e.first["op"] == "ignis_fill_uint32" and e.second["op"] == "aten::mul.Tensor"
+            assert e.first["op"] == "ignis_fill_float32" and e.second["op"] == "aten::mul.Tensor"
             assert e.first["generation"] == e.second["generation"] == x.generation
             a.synchronize()
     finally:

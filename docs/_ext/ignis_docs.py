@@ -22,6 +22,10 @@
 
 3. ``.. ignis-optional-module:: NAME`` is ``automodule`` for a module that
    may be absent from a build (it then says so instead of failing).
+
+4. ``.. ignis-environment::`` inserts the table of the environment variables
+   Ignis reads (``ignis._environment.VARIABLES``, which the README's table is
+   checked against), so the docs and the README cannot disagree.
 """
 
 from __future__ import annotations
@@ -268,6 +272,23 @@ class OptionalModule(SphinxDirective):
         return list(node.children)
 
 
+class Environment(SphinxDirective):
+    """``.. ignis-environment::`` -> the table of ``ignis._environment.VARIABLES``."""
+
+    has_content = False
+
+    def run(self) -> list[nodes.Node]:
+        from docutils.statemachine import StringList
+
+        from ignis._environment import rst_list_table
+
+        node = nodes.section()
+        node.document = self.state.document
+        self.state.nested_parse(StringList(rst_list_table().splitlines(), source=self.get_source_info()[0]),
+                                self.content_offset, node)
+        return list(node.children)
+
+
 def skip_reexported_errors(app: Sphinx, what: str, name: str, obj: Any, skip: bool, options: Any) -> bool | None:
     """Errors are documented once, on the ``ignis.errors`` page; subpackages that
     re-export some (``ig.io.SafetensorsError``) do not describe them a second time."""
@@ -287,4 +308,5 @@ def setup(app: Sphinx) -> dict[str, Any]:
     app.connect("autodoc-skip-member", skip_reexported_errors)
     app.add_directive("ignis-cli-help", CliHelp)
     app.add_directive("ignis-optional-module", OptionalModule)
+    app.add_directive("ignis-environment", Environment)
     return {"version": "1", "parallel_read_safe": True, "parallel_write_safe": True}

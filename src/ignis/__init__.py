@@ -1,7 +1,5 @@
 """Ignis: a memory-safe GPU buffer runtime for Python."""
 
-from __future__ import annotations
-
 from . import dtypes, errors
 from .backends import backend_name, get_backend, set_backend
 from .dtypes import DType, dtype

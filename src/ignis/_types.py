@@ -42,9 +42,9 @@ def shape_problem(shape: "tuple[int, ...] | list[int]", itemsize: int) -> str | 
     for d in shape:
         extent *= d or 1
         if extent > MAX_EXTENT:
-            return (f"its dimensions span more than 2**63 - 1 bytes of {itemsize}-byte elements (a zero "
-                    "dimension counted as 1), which DLPack's int64 shape and strides, NumPy and the "
-                    "safetensors readers cannot describe")
+            return (f"it is too large: its dimensions span more than 2**63 - 1 bytes (8 EiB) of {itemsize}-byte "
+                    "elements (a zero dimension counted as 1), past what DLPack's int64 shape and strides, "
+                    "NumPy and the safetensors readers describe, and any device's memory")
     return None
 
 

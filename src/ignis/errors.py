@@ -1,6 +1,7 @@
 """The one error hierarchy of Ignis.
 
 Design rules:
+
 - ``IgnisError`` is the base of everything Ignis raises on purpose.
 - Each error keeps its facts as attributes (generation, bytes, owners,
   streams, stacks) and builds a message that says what happened and what to

@@ -22,6 +22,11 @@ from .nvarray import NvArray
 
 __all__ = ["fill", "copy", "gather", "axpy", "kernel"]
 
+
+def __dir__() -> list[str]:
+    # ``ig.kernels`` is this module: its namespace is the kernels, not what it imports
+    return sorted(__all__)
+
 _BITS = {1: ("unsigned char", "uint8"), 2: ("unsigned short", "uint16"), 4: ("unsigned int", "uint32"),
          8: ("unsigned long long", "uint64")}
 _FLOAT = {"float32": "float", "float64": "double"}
@@ -37,11 +42,23 @@ def _grid(n: int) -> int:
     return max(1, min((n + _BLOCK - 1) // _BLOCK, 8192))
 
 
+def _element(key: str) -> tuple[str, str, str]:
+    """(C type, NumPy bits dtype, name) for ``key``: an item size ("4": named by the bits,
+    ``uint32``) or a dtype name ("float32": named by the dtype, moved as its bits)."""
+    if key.isdigit():
+        ctype, bits = _BITS[int(key)]
+        return ctype, bits, bits
+    from ..dtypes import dtype
+    dt = dtype(key)
+    ctype, bits = _BITS[dt.itemsize]
+    return ctype, bits, dt.name
+
+
 def _make(op: str, key: str) -> Kernel:
     R, W, RW = Access.READ, Access.WRITE, Access.READ_WRITE
     if op == "fill":
-        ctype, bits = _BITS[int(key)]
-        name = f"ignis_fill_{bits}"
+        ctype, bits, label = _element(key)
+        name = f"ignis_fill_{label}"
         src = f'extern "C" __global__ void {name}({ctype}* dst, {ctype} value, long long n) {{ {_LOOP} dst[i] = value; }}'
 
         def host(dst: Any, value: Any, n: Any) -> None:
@@ -49,8 +66,8 @@ def _make(op: str, key: str) -> Kernel:
 
         return Kernel(src, name, (W, bits, "int64"), host)  # always the whole array
     if op == "copy":
-        ctype, bits = _BITS[int(key)]
-        name = f"ignis_copy_{bits}"
+        ctype, bits, label = _element(key)
+        name = f"ignis_copy_{label}"
         src = (f'extern "C" __global__ void {name}({ctype}* dst, const {ctype}* src, long long n) '
                f'{{ {_LOOP} dst[i] = src[i]; }}')
 
@@ -60,8 +77,8 @@ def _make(op: str, key: str) -> Kernel:
         size = lambda d, s, n: (0, n * d.dtype.itemsize)  # noqa: E731
         return Kernel(src, name, ((W, size), (R, size), "int64"), host)
     if op == "gather":
-        ctype, bits = _BITS[int(key)]
-        name = f"ignis_gather_{bits}"
+        ctype, bits, label = _element(key)
+        name = f"ignis_gather_{label}"
         src = (f'extern "C" __global__ void {name}({ctype}* dst, const {ctype}* src, long long n, '
                f'long long stride, long long offset) {{ {_LOOP} dst[i] = src[offset + i * stride]; }}')
 
@@ -92,9 +109,11 @@ def _make(op: str, key: str) -> Kernel:
 
 
 def kernel(op: str, dtype_or_size: Any) -> Kernel:
-    """The built-in ``Kernel`` for ``op`` ("fill", "copy", "gather": by item size;
-    "axpy": by float dtype name)."""
-    key = str(dtype_or_size)
+    """The built-in ``Kernel`` for ``op``: "fill", "copy", "gather" by dtype (named for it in
+    reports: ``ignis_fill_float32``) or by item size (named for its bits: ``ignis_fill_uint32``);
+    "axpy" by float dtype name."""
+    key = str(dtype_or_size) if isinstance(dtype_or_size, (int, str)) else getattr(dtype_or_size, "name",
+                                                                                    str(dtype_or_size))
     k = _kernels.get((op, key))
     if k is None:
         with _lock:
@@ -112,7 +131,7 @@ def fill(dst: NvArray, value: Any, *, stream: Stream | None = None) -> NvArray:
     dt = dst.dtype
     plan = _fill_plans.get(dt.name)
     if plan is None:
-        plan = _fill_plans.setdefault(dt.name, (kernel("fill", dt.itemsize), {}))
+        plan = _fill_plans.setdefault(dt.name, (kernel("fill", dt.name), {}))
     k, cache = plan
     # 0.0 == -0.0 (and they hash alike) but their bits differ: a negative zero gets its own key
     key = value if value or type(value) is not float or math.copysign(1.0, value) > 0 else "-0.0"
@@ -128,11 +147,24 @@ def fill(dst: NvArray, value: Any, *, stream: Stream | None = None) -> NvArray:
 
 
 def copy(dst: NvArray, src: NvArray, n: int | None = None, *, stream: Stream | None = None) -> NvArray:
-    """Copy ``n`` elements (default: all of ``src``) from ``src`` to ``dst`` with a kernel."""
+    """Copy ``n`` elements (default: all of them: ``src`` and ``dst`` must have as many) from
+    ``src`` to ``dst`` with a kernel, in flat (C) order.
+
+    Raises:
+        ValueError: element sizes differ; ``n`` is None and the arrays have different
+            numbers of elements; ``n`` is negative or more than either array has.
+    """
     if src.dtype.itemsize != dst.dtype.itemsize:
         raise ValueError(f"copy: element sizes differ ({src.dtype.name} -> {dst.dtype.name})")
-    n = src.numel if n is None else n
-    launch(kernel("copy", dst.dtype.itemsize), _grid(n), _BLOCK, dst, src, n, stream=stream)
+    if n is None:
+        if src.numel != dst.numel:
+            raise ValueError(f"copy: the shapes do not match: dst {dst.shape} has {dst.numel} element(s), src "
+                             f"{src.shape} has {src.numel}; pass n= to copy the first n elements")
+        n = src.numel
+    elif not 0 <= n <= min(src.numel, dst.numel):
+        raise ValueError(f"copy: n={n} must be between 0 and the smaller array's size (dst {dst.shape}: "
+                         f"{dst.numel} element(s), src {src.shape}: {src.numel})")
+    launch(kernel("copy", dst.dtype.name), _grid(n), _BLOCK, dst, src, n, stream=stream)
     return dst
 
 
@@ -140,7 +172,7 @@ def gather(dst: NvArray, src: NvArray, stride: int, offset: int = 0, *, stream: 
     """``dst[i] = src[offset + i * stride]`` for every element of ``dst`` (a strided copy)."""
     if src.dtype.itemsize != dst.dtype.itemsize:
         raise ValueError(f"gather: element sizes differ ({src.dtype.name} -> {dst.dtype.name})")
-    launch(kernel("gather", dst.dtype.itemsize), _grid(dst.numel), _BLOCK, dst, src, dst.numel, stride, offset,
+    launch(kernel("gather", dst.dtype.name), _grid(dst.numel), _BLOCK, dst, src, dst.numel, stride, offset,
            stream=stream)
     return dst
 

@@ -1,6 +1,7 @@
 # Type stub of the compiled module ignis.array.nvarray (its source: src/ignis/array/nvarray.pyx).
 # Written by scripts/gen_stubs.py from that source; do not edit by hand.
 from typing import Any, ClassVar
+from typing import NoReturn
 import numpy as np
 from ..dtypes import DType
 from .._types import Access
@@ -94,6 +95,18 @@ class NvArray:
     def __len__(self) -> int:
         ...
 
+    def __eq__(self, other: Any) -> NoReturn:
+        ...
+
+    def __ne__(self, other: Any) -> NoReturn:
+        ...
+
+    def __hash__(self) -> int:
+        ...
+
+    def __bool__(self) -> NoReturn:
+        ...
+
     @property
     def size(self) -> int:
         ...
@@ -159,6 +172,12 @@ class NvArray:
     def __getitem__(self, key: Any) -> NvArray:
         ...
 
+    def __setitem__(self, key: Any, value: Any) -> None:
+        ...
+
+    def __delitem__(self, key: Any) -> NoReturn:
+        ...
+
     def zero_(self, *, stream: Stream | None=...) -> NvArray:
         ...
 
@@ -169,6 +188,9 @@ class NvArray:
         ...
 
     def clone(self, *, stream: Stream | None=...) -> NvArray:
+        ...
+
+    def copy(self, *, stream: Stream | None=...) -> NvArray:
         ...
 
     def write_rows(self, src: NvArray, start_row: int, *, stream: Stream | None=...) -> NvArray:
@@ -182,9 +204,14 @@ class NvArray:
 
     def to_numpy(self, *, stream: Stream | None=...) -> np.ndarray:
         ...
-    to_host = to_numpy
+
+    def to_host(self, *, stream: Stream | None=...) -> np.ndarray:
+        ...
 
     def tolist(self) -> Any:
+        ...
+
+    def item(self, *, stream: Stream | None=...) -> Any:
         ...
 
     def pin(self) -> PinnedBuffer:

@@ -30,7 +30,7 @@ import gc
 import operator
 from collections import deque
 import weakref
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NoReturn
 
 import numpy as np
 
@@ -340,6 +340,24 @@ cdef inline tuple _defaults_cached():
     return <tuple>t[6]
 
 
+def _no_comparison(a: "NvArray", op: str) -> str:
+    return (f"NvArray#{a.id} {op} ...: arrays are not compared with {op}: an NvArray holds device memory and "
+            "does no math. Use `a is b` for identity; compare values on the host "
+            "(np.array_equal(a.to_numpy(), b.to_numpy())) or element-wise on the device with PyTorch or CuPy "
+            f"through DLPack (torch.from_dlpack(a) {op} torch.from_dlpack(b), zero-copy)")
+
+
+def _index_text(key: Any) -> str:
+    keys = key if isinstance(key, tuple) else (key,)
+
+    def one(k: Any) -> str:
+        if isinstance(k, slice):
+            return ":".join("" if v is None else repr(v) for v in (k.start, k.stop)) + \
+                ("" if k.step is None else f":{k.step!r}")
+        return "..." if k is Ellipsis else repr(k)
+    return ", ".join(one(k) for k in keys)
+
+
 def _parse_mode(mode: Any) -> Access:
     if type(mode) is Access:
         return mode
@@ -461,6 +479,12 @@ cdef class NvArray:
     so a use on another stream waits for the work it must follow. An owning
     array that is garbage-collected returns its memory in stream order; an
     explicit ``free()`` does it at once and cancels that.
+
+    An NvArray is a memory container with tracked access: it moves bytes (copies,
+    fills, ``a[i] = v``, host transfers) and does no math. For math, hand it to
+    PyTorch or CuPy through DLPack (``torch.from_dlpack(a)``, ``cupy.from_dlpack(a)``:
+    zero-copy, the same memory); so ``a == b`` and ``bool(a)`` raise ``TypeError``
+    rather than compare identities or read device memory.
 
     Attributes:
         id: a process-unique number, shown as ``NvArray#id`` in errors.
@@ -652,6 +676,25 @@ cdef class NvArray:
         if not self.shape:
             raise TypeError("len() of a 0-d NvArray")
         return self.shape[0]
+
+    # An array is a memory container: no math, so no element-wise ``==`` and no truth value
+    # (either would mean reading device memory behind the program's back). Identity is what
+    # hashing and ``is`` use, as for any object.
+    def __eq__(self, other: Any) -> NoReturn:
+        raise TypeError(_no_comparison(self, "=="))
+
+    def __ne__(self, other: Any) -> NoReturn:
+        raise TypeError(_no_comparison(self, "!="))
+
+    def __hash__(self) -> int:
+        return object.__hash__(self)
+
+    def __bool__(self) -> NoReturn:
+        raise TypeError(
+            f"the truth value of NvArray#{self.id} ({self.numel} element(s) in device memory) is not defined: "
+            "reading it would copy from the device. Test for an array with `a is not None`, for emptiness "
+            "with `a.numel == 0`; read a one-element array's value with a.item(); compare values on the "
+            "host (a.to_numpy()) or on the device with PyTorch or CuPy (torch.from_dlpack(a), zero-copy)")
 
     @property
     def size(self) -> int:
@@ -1260,6 +1303,50 @@ cdef class NvArray:
                                  "(a[i][2:5]) or copy (to_numpy()[...], ig.kernels.gather)")
         return out.slice(0, start, max(0, stop - start))
 
+    def __setitem__(self, key: Any, value: Any) -> None:
+        """``a[key] = value``: a tracked write of the region ``a[key]`` selects (integers and
+        contiguous slices, as for views), on the array's stream (or the current one of a
+        ``with stream:`` block). ``value``: a scalar (every element of the region set to it,
+        on the device), a host array or sequence (broadcast to the region's shape, converted
+        to the dtype and copied host to device), or an NvArray of the region's shape and
+        dtype (copied device to device).
+
+        Raises:
+            IndexError: an index out of range, or too many indices.
+            TypeError: an index that is not an integer or a slice (fancy, boolean indexing).
+            ValueError: a region that is not contiguous (a step other than 1, a slice before
+                an integer), or a value that does not fit the region.
+        """
+        try:
+            region = self[key]
+        except (TypeError, ValueError) as e:
+            raise type(e)(
+                f"NvArray#{self.id}[{_index_text(key)}] = ...: only a contiguous region is written in place "
+                "(integers and slices of step 1 that leave the trailing dimensions whole: a[i] = v, a[2:5] = v, "
+                "a[i, 2:5] = v); write other regions through PyTorch or CuPy (torch.from_dlpack(a)[...] = v, "
+                "zero-copy) or on the host (h = a.to_numpy(); h[...] = v; a.from_host(h))") from None
+        if isinstance(value, NvArray):
+            if value.shape != region.shape or value.dtype is not region.dtype:
+                raise ValueError(f"NvArray#{self.id}[{_index_text(key)}] = NvArray#{value.id}: the region is "
+                                 f"{region.shape} {region.dtype.name}, the value {value.shape} {value.dtype.name}; "
+                                 "an array is assigned only to a region of its shape and dtype")
+            region.copy_(value)
+        elif np.ndim(value) == 0:
+            region._fill(value, None, "a[...] = value")
+        else:
+            host = np.asarray(value)
+            try:
+                host = np.broadcast_to(host, region.shape)
+            except ValueError:
+                raise ValueError(f"NvArray#{self.id}[{_index_text(key)}] = value: a value of shape {host.shape} "
+                                 f"does not fit the region of shape {region.shape}") from None
+            host = np.ascontiguousarray(host, dtype=self.dtype.numpy).reshape(-1)
+            region._upload(host.view(np.uint8), None, "a[...] = value")
+
+    def __delitem__(self, key: Any) -> NoReturn:
+        raise TypeError(f"NvArray#{self.id}: elements cannot be deleted (an array's size is fixed); make a new "
+                        "array of the size you want and copy into it")
+
     # -- device-side writes -------------------------------------------------------------
     def _stream_arg(self, stream: Stream | None) -> Stream:
         """The stream work on this array runs on: the one given, else the stream a
@@ -1288,10 +1375,13 @@ cdef class NvArray:
         if np.ndim(value) != 0:
             raise TypeError(f"fill_ takes one scalar value, got {type(value).__name__} of shape "
                             f"{np.shape(value)}; to write several values use from_host(...)")
+        return self._fill(value, stream, "fill_")
+
+    def _fill(self, value: Any, stream: Stream | None, op: str) -> "NvArray":
         elem = np.array(value, dtype=self.dtype.numpy).tobytes()
         s = self._stream_arg(stream)
         backend = self.device.backend
-        self._begin(s, _WRITE, "fill_")
+        self._begin(s, _WRITE, op)
         try:
             if not self.nbytes:
                 return self
@@ -1395,6 +1485,10 @@ cdef class NvArray:
         out._dtod(self, 0, s, "clone")
         return out
 
+    def copy(self, *, stream: Stream | None = None) -> "NvArray":
+        """A new array with the same contents (``clone()``: NumPy's and CuPy's name)."""
+        return self.clone(stream=stream)
+
     def write_rows(self, src: "NvArray", start_row: int, *, stream: Stream | None = None) -> "NvArray":
         """Copy ``src`` (rows of the same width) into this buffer from row ``start_row``
         on (the KV-cache append): O(rows written), device to device."""
@@ -1438,9 +1532,9 @@ cdef class NvArray:
         self._upload(arr.view(np.uint8), stream)
         return self
 
-    def _upload(self, raw: np.ndarray, stream: Stream | None) -> None:
+    def _upload(self, raw: np.ndarray, stream: Stream | None, op: str = "host-to-device copy") -> None:
         s = self._stream_arg(stream)
-        self._begin(s, _WRITE, "host-to-device copy")
+        self._begin(s, _WRITE, op)
         try:
             hostcopy.htod(raw, self._ptr, s)
         finally:
@@ -1479,11 +1573,25 @@ cdef class NvArray:
         if self._gate is not None or self._base is not None:
             self._check_live("copy to the host", _READ, "device-to-host copy")
 
-    to_host = to_numpy
+    def to_host(self, *, stream: Stream | None = None) -> np.ndarray:
+        """The same as ``to_numpy()``: a copy in a new NumPy array (waits for the copy)."""
+        return self.to_numpy(stream=stream)
 
     def tolist(self) -> Any:
         """The values as nested Python lists (``to_numpy().tolist()``; waits for the copy)."""
         return self.to_numpy().tolist()
+
+    def item(self, *, stream: Stream | None = None) -> Any:
+        """The value of a one-element array as a Python scalar (a tracked read; waits for the copy).
+
+        Raises:
+            ValueError: the array has more or fewer than one element.
+        """
+        self._check_live("read an element of", _READ, "item()")
+        if self.numel != 1:
+            raise ValueError(f"item() reads a one-element array; NvArray#{self.id} has {self.numel} elements "
+                             f"(shape {self.shape}): index one first (a[i].item()) or copy them all (to_numpy())")
+        return self.to_numpy(stream=stream).reshape(()).item()
 
     def pin(self) -> "PinnedBuffer":
         """Give the array its own pinned host staging buffer (``pinned_host``).

@@ -14,6 +14,7 @@ gives, so every error path of the layers above is testable on any backend:
     backend.inject_fault("mem_alloc", nth=2, error="CUDA_ERROR_OUT_OF_MEMORY")
 
 Rules:
+
 - An injected failure is raised before ``inner`` is called, so a failed call
   changes nothing: no memory, stream, event or mapping is made, nothing is queued.
 - Only the wrapper pays: the backends themselves have no fault checks. A wrapped

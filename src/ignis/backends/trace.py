@@ -3,22 +3,23 @@
 A listener subscribes to a backend and hears, from the backend itself, each of
 the operations that order work between streams and the host:
 
-======================================  ==============================================================
-``on_event_record(event, stream)``      ``event_record``, before the record is queued (so anything
-                                        that can see the record already sees what the listener made of it)
-``on_stream_wait_event(stream, event)`` ``stream_wait_event``, once it succeeded
-``on_stream_synchronize(stream)``       ``stream_synchronize``, and a ``stream_query`` that answered True
-``on_event_synchronize(event)``         ``event_synchronize``, and an ``event_query`` that answered True
-``on_device_synchronize(ordinal)``      ``device_synchronize``
-``on_stream_destroyed(stream)``         ``stream_destroy`` (a new stream may get the handle)
-``on_event_destroyed(event)``           ``event_destroy``
-======================================  ==============================================================
+========================================  ==============================================================
+``on_event_record(event, stream)``        ``event_record``, before the record is queued (so anything
+                                          that can see the record already sees what the listener made of it)
+``on_stream_wait_event(stream, event)``   ``stream_wait_event``, once it succeeded
+``on_stream_synchronize(stream)``         ``stream_synchronize``, and a ``stream_query`` that answered True
+``on_event_synchronize(event)``           ``event_synchronize``, and an ``event_query`` that answered True
+``on_device_synchronize(ordinal)``        ``device_synchronize``
+``on_stream_destroyed(stream)``           ``stream_destroy`` (a new stream may get the handle)
+``on_event_destroyed(event)``             ``event_destroy``
+========================================  ==============================================================
 
 The sanitizer is such a listener (it keeps its vector clocks from them); front
 ends feed it the same calls from their own library's trace callbacks.
 ``TraceListener`` has every method as a no-op, for listeners that want a few.
 
 Rules:
+
 - Nothing is patched: a backend's methods are the same objects whether or not
   anyone listens. Each traced operation tests its backend's listener list
   (``if self._trace:``); with no subscriber that one test is the whole cost.

@@ -3,7 +3,7 @@
 
     ignis doctor [--json] [--device N] [--size-mib N] [--repeats N] [--no-bandwidth]   (doctor)
     ignis demo [--device N]                                                            (demo, tour)
-    ignis run [--sanitize] [--guard] [--leaks] [--ordering auto|manual] SCRIPT [ARGS...]   (run)
+    ignis run [--sanitize] [--guard] [--leaks] [--ordering auto|manual] SCRIPT [ARGS...] | -m MODULE [ARGS...]  (run)
     ignis load FILE [--device N]                                                       (io)
     ignis launch -n N SCRIPT [ARGS...]                                                 (collective)
     ignis snapshot plot|summary FILE [-o OUT.png]                                      (telemetry)
@@ -34,8 +34,9 @@ def build_parser() -> argparse.ArgumentParser:
     """The ``ignis`` argument parser: every command, each with its handler as ``func``."""
     from .. import __version__
     from . import collective, demo, doctor, io, run, telemetry
+    from .args import Parser
 
-    parser = argparse.ArgumentParser(
+    parser = Parser(
         prog="ignis", description="Ignis: a memory-safe GPU buffer runtime.",
         epilog="The backend is chosen by IGNIS_BACKEND=auto|cuda|emulated (default auto).")
     parser.add_argument("--version", action="version", version=f"ignis {__version__}")

@@ -6,9 +6,10 @@ Design:
   cannot disturb the others, and each measures in a clean process as it was
   written to. A progress bar on stderr shows which one runs and for how long.
 - Known benchmarks (``alloc``, ``array``, ``safetensors``, ``ipc``,
-  ``allreduce``) have their quick and full arguments and their needs (modules,
-  GPUs) here, and their results are read from their ``--json`` file (for
-  ``safetensors``, from its printed summary). Any other
+  ``allreduce``, ``torch_sanitizer``) have their quick and full arguments and their
+  needs (modules, GPUs) here (one whose needs are not met is skipped, saying why:
+  a machine without a GPU runs what applies and succeeds), and their results are
+  read from their ``--json`` file (for ``safetensors``, from its printed summary). Any other
   ``bench_*.py`` is run when its ``--help`` offers ``--quick`` (quick mode) or
   in full mode, and reported as "ran" with its exit status.
 - Results become rows (benchmark, metric, Ignis value, anchor, anchor value,
@@ -72,6 +73,7 @@ _KNOWN = {
     "bench_ipc.py": _Known("ipc", ("--quick",), (), True, ("ignis.ipc",)),
     "bench_allreduce.py": _Known("allreduce", ("--max-mib", "64", "--trials", "3"), (), True,
                                  ("torch", "ignis.collective"), gpus=2),
+    "bench_torch_sanitizer.py": _Known("torch_sanitizer", ("--quick",), (), False, ("torch",), gpus=1),
 }
 
 
@@ -305,7 +307,7 @@ def run_benchmarks(out_dir: str = "bench-results", *, quick: bool = True, only: 
         if k is not None:
             miss = _missing(k.needs)
             if k.gpus and (not dev.backend.cuda_driver or device_count() < k.gpus):
-                runs[name] = {"status": f"skipped: needs {k.gpus} CUDA GPUs"}
+                runs[name] = {"status": f"skipped: needs {'a CUDA GPU' if k.gpus == 1 else f'{k.gpus} CUDA GPUs'}"}
                 continue
             if miss:
                 runs[name] = {"status": f"skipped: needs {', '.join(miss)}"}

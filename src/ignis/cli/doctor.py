@@ -164,14 +164,13 @@ def doctor_report(*, device: int = 0, nbytes: int = 64 << 20, repeats: int = 5,
             report["devices"].append(_device_entry(backend, ordinal))
         except Exception as e:
             problems.append(f"device {ordinal} properties: {type(e).__name__}: {e}")
-    if bandwidth and count:
-        if not 0 <= device < count:
-            problems.append(f"bandwidth probe: device {device} does not exist (valid: 0..{count - 1})")
-        else:
-            try:
-                report["bandwidth"] = probe_bandwidth(device, nbytes, repeats)
-            except Exception as e:
-                problems.append(f"bandwidth probe on device {device}: {type(e).__name__}: {e}")
+    if count and not 0 <= device < count:
+        problems.append(f"device {device} does not exist (valid: 0..{count - 1})")
+    elif bandwidth and count:
+        try:
+            report["bandwidth"] = probe_bandwidth(device, nbytes, repeats)
+        except Exception as e:
+            problems.append(f"bandwidth probe on device {device}: {type(e).__name__}: {e}")
     return report
 
 

@@ -1,8 +1,8 @@
 """``ignis load FILE [--device N]``: load a safetensors file onto a device and say what it took.
 
 ``add_parser(subparsers)`` adds the command to an argparse sub-parser set;
-``run(args)`` executes it and returns the exit status (0, or 1 when the file
-cannot be loaded, with the reason on stderr). It prints the tensor count,
+``run(args)`` executes it and returns the exit status (0; 2 when the file is
+missing or not a file; 1 when it cannot be loaded; the reason on stderr). It prints the tensor count,
 bytes, time and GB/s, and per-dtype totals; a progress bar goes to stderr for
 loads of at least ``BAR_MIN_BYTES`` when stderr is a terminal (``--progress``
 forces it, ``--no-progress`` turns it off).
@@ -16,6 +16,7 @@ import time
 from typing import Any, TextIO
 
 from ..units import format_bytes
+from .args import MISSING_FILE_STATUS, file_problem, os_error_text
 from .args import ordinal as _ordinal
 
 __all__ = ["add_parser", "run", "BAR_MIN_BYTES"]
@@ -85,6 +86,10 @@ def run(args: argparse.Namespace, out: TextIO | None = None, err: TextIO | None 
 
     out = sys.stdout if out is None else out
     err = sys.stderr if err is None else err
+    problem = file_problem(args.file)
+    if problem:
+        err.write(f"ignis load: {problem}\n")
+        return MISSING_FILE_STATUS
     bar = ProgressBar(err, "loading", getattr(args, "progress", None))
     try:
         dev = Device(args.device)
@@ -94,7 +99,10 @@ def run(args: argparse.Namespace, out: TextIO | None = None, err: TextIO | None 
         finally:
             bar.finish()
         seconds = time.perf_counter() - t0
-    except (IgnisError, OSError, ValueError) as e:
+    except OSError as e:
+        err.write(f"ignis load: {os_error_text(e)}\n")
+        return 1
+    except (IgnisError, ValueError) as e:
         err.write(f"ignis load: error: {e}\n")
         return 1
     total = sum(a.nbytes for a in arrays.values())

@@ -7,8 +7,9 @@
 
 ``add_parsers(subparsers)`` adds them to the ``ignis`` parser (each sets
 ``func``, which takes the parsed arguments and returns the exit status).
-Errors a user can fix (a missing file, a bad log, matplotlib not installed)
-print one line and exit 1; usage errors are argparse's (exit 2).
+Errors a user can fix print one line: a missing input file (or one that is
+not a file) exits 2, as for a missing script; a bad log or snapshot, or
+matplotlib not installed, exits 1; usage errors are argparse's (exit 2).
 """
 
 from __future__ import annotations
@@ -19,14 +20,21 @@ import os
 import sys
 from typing import Any
 
+from .args import MISSING_FILE_STATUS, file_problem
 from .args import ordinal as _ordinal
 
 __all__ = ["add_parsers"]
 
 
-def _fail(msg: str) -> int:
+def _fail(msg: str, status: int = 1) -> int:
     print(f"ignis: {msg}", file=sys.stderr)
-    return 1
+    return status
+
+
+def _missing(path: str, what: str) -> int | None:
+    """The status for an input file that is missing or not a file (said on stderr), else None."""
+    problem = file_problem(path, what)
+    return _fail(problem, MISSING_FILE_STATUS) if problem else None
 
 
 def _bytes_arg(text: str) -> int:
@@ -48,8 +56,9 @@ def _size_arg(text: str) -> tuple[int, int]:
 # -- snapshot ------------------------------------------------------------------------------------------
 def _cmd_snapshot_plot(args: argparse.Namespace) -> int:
     from ..telemetry.plot import plot_timeline
-    if not os.path.isfile(args.file):
-        return _fail(f"no such snapshot file: {args.file}")
+    missing = _missing(args.file, "snapshot file")
+    if missing is not None:
+        return missing
     out = args.output or os.path.splitext(args.file)[0] + ".png"
     try:
         info = plot_timeline(args.file, out, by=args.by, device=args.device, top=args.top, size=args.size)
@@ -96,8 +105,9 @@ def snapshot_summary(snap: dict[str, Any]) -> str:
 
 def _cmd_snapshot_summary(args: argparse.Namespace) -> int:
     from ..telemetry.snapshot import load_snapshot
-    if not os.path.isfile(args.file):
-        return _fail(f"no such snapshot file: {args.file}")
+    missing = _missing(args.file, "snapshot file")
+    if missing is not None:
+        return missing
     try:
         snap = load_snapshot(args.file)
     except Exception as e:  # noqa: BLE001 - unpickling a bad file can raise anything
@@ -145,8 +155,9 @@ def format_replay(r: dict[str, Any]) -> str:
 def _cmd_replay(args: argparse.Namespace) -> int:
     from ..errors import IgnisError
     from ..telemetry.replay import replay
-    if not os.path.isfile(args.log):
-        return _fail(f"no such log file: {args.log}")
+    missing = _missing(args.log, "log file")
+    if missing is not None:
+        return missing
     try:
         r = replay(args.log, args.resource, args.budget, device=args.device)
     except (ValueError, OSError, IgnisError) as e:

@@ -12,9 +12,10 @@
    after free, a double free, a stale handle after ``Device.rebuild()`` (on a
    spare emulated device), an out-of-bounds write (``DebugGuardResource``) and
    a leak (``contract.audit``).
-4. The memory summary, with peaks (statistics are collected during the tour).
-5. A snapshot for https://pytorch.org/memory_viz and the timeline PNG
-   (skipped, saying so, without matplotlib).
+4. The memory summary, with peaks (statistics are collected during the tour):
+   the rows with something in them.
+5. A snapshot of the same resource for https://pytorch.org/memory_viz and the
+   timeline PNG (skipped, saying so, without matplotlib): the same reserved peak.
 
 Rules: every check that fails is one "FAILED" line and exit status 1, and the
 tour goes on where it can. Whatever the tour turns on (statistics, history,
@@ -241,10 +242,13 @@ class _Tour:
     def summary_and_timeline(self, png: str | None) -> None:
         ig = self.ig
         self.say("4. memory summary of the tour:")
-        for line in ig.memory_summary(self.dev).splitlines():
+        for line in ig.memory_summary(self.dev, abbreviated=True).splitlines():  # the rows with something in them
             self.say("   " + line)
-        snap = ig.snapshot(self.dev)
-        path = ig.dump_snapshot(os.path.join(self.out_dir, "tour-snapshot.pickle"), self.dev)
+        # The snapshot and its timeline are of the resource the summary describes (not of the
+        # sandboxes' own pools): one story, one reserved peak.
+        mr = ig.get_current_resource(self.dev)
+        snap = ig.snapshot(self.dev, resource=mr)
+        path = ig.dump_snapshot(os.path.join(self.out_dir, "tour-snapshot.pickle"), self.dev, resource=mr)
         trace = snap["device_traces"][self.dev.ordinal] if self.dev.ordinal < len(snap["device_traces"]) else []
         self.say(f"5. snapshot: {path} ({len(snap['segments'])} segment(s), {len(trace)} trace entries); "
                  "drag it onto https://pytorch.org/memory_viz")

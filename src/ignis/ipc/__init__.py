@@ -15,6 +15,7 @@ SCM_RIGHTS (``send`` / ``recv``) or through ``multiprocessing`` (an
                                                  ig.ipc.close(b)  # unmaps; a is untouched
 
 Rules (details in each module):
+
 - Ordering: ``export`` finishes every pending write and read of the array
   first (a host synchronization), so the importer sees the bytes as they
   were when ``export`` returned. Later writes on either side are ordered by

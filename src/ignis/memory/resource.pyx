@@ -861,6 +861,7 @@ cdef class TrackedResource(DeviceMemoryResource):
 
         Raises:
             UseAfterFreeError: the block is not live here (freed, reused or never allocated here).
+            ValueError: ``stream`` is a stream of another device.
             ClosedError: the stream was closed.
             StaleHandleError: the stream predates a context rebuild.
             RaceError: the sanitizer is on in ``raise`` mode and the use races an earlier one.
@@ -874,6 +875,8 @@ cdef class TrackedResource(DeviceMemoryResource):
         cdef DeviceBlock b
         cdef dict rd
         cdef ResourceLock lk = self._lock
+        if s.device is not self.device:
+            raise self._foreign_stream(block, s)
         g = s.device.state.generation
         if s._closed or (s._generation is not g and s._generation != g):
             s._check()  # a closed or stale stream: its handle must not reach the driver
@@ -900,6 +903,17 @@ cdef class TrackedResource(DeviceMemoryResource):
         if checker is not None:
             checker.access(b, s, access, span)
         return 0
+
+    def _foreign_stream(self, block: Any, s: Stream) -> ValueError:
+        """The error for a use of this device's memory queued on another device's stream (its
+        events and waits cannot join the two: the driver refuses an event of one device on a
+        stream of another)."""
+        tag = getattr(block, "tag", None)
+        return ValueError(
+            f"memory of device {self.device.ordinal} (block {block.ptr:#x}{f', tag {tag!r}' if tag else ''}) "
+            f"cannot be used on {s!r}, a stream of device {s.device.ordinal}: use a stream of device "
+            f"{self.device.ordinal} (the array's own, or device.create_stream()), or copy the data to device "
+            f"{s.device.ordinal} first (an array there, then copy_ from this one)")
 
     def finish_block_use(self, block: "DeviceBlock | BlockId", stream: Stream, access: Access) -> None:
         """Record the use just enqueued on ``stream``. Call after enqueuing the work.

@@ -16,8 +16,10 @@ those checks raise ``ForkedProcessError`` (use the ``spawn`` or
 
 from __future__ import annotations
 
+import operator
 import os
 import threading
+from typing import Any
 
 from ..backends import Backend, DeviceProperties, get_backend
 from ..errors import StaleHandleError
@@ -75,6 +77,18 @@ def device_count() -> int:
     return get_backend().device_count()
 
 
+def _ordinal_of(device: Any) -> int:
+    """The ordinal ``device`` names: ``"cuda:N"`` (PyTorch's spelling), or an integer of
+    another type (NumPy's); else a TypeError saying what is accepted."""
+    if isinstance(device, str):
+        kind, _, number = device.strip().partition(":")
+        if kind == "cuda" and number.strip().isdigit():
+            return int(number)
+    elif not isinstance(device, bool) and hasattr(device, "__index__"):
+        return operator.index(device)
+    raise TypeError(f"a device is an int ordinal (0, 1, ...), 'cuda:N' or an ig.Device; got {device!r}")
+
+
 class Device:
     """One device of the current backend. ``Device(n)`` always returns the same object for ``n``.
 
@@ -83,11 +97,11 @@ class Device:
     until changed.
 
     Args:
-        ordinal: the device's number, ``0 <= ordinal < device_count()`` (default 0). A
-            ``Device`` is returned as it is.
+        ordinal: the device's number, ``0 <= ordinal < device_count()`` (default 0), as an
+            int or as PyTorch writes it (``"cuda:1"``). A ``Device`` is returned as it is.
 
     Raises:
-        TypeError: ``ordinal`` is not an int (a bool is refused too).
+        TypeError: ``ordinal`` is neither an int nor ``"cuda:N"`` (a bool is refused too).
         ValueError: ``ordinal`` is out of range for the backend; the message gives the valid range.
         DriverError: the backend failed to initialize the device.
     """
@@ -101,7 +115,7 @@ class Device:
             return ordinal
         backend = get_backend()
         if isinstance(ordinal, bool) or not isinstance(ordinal, int):
-            raise TypeError(f"device ordinal must be an int, got {type(ordinal).__name__}")
+            ordinal = _ordinal_of(ordinal)
         key = (id(backend), ordinal)
         dev = _devices.get(key)
         if dev is not None:

@@ -14,7 +14,7 @@ class Stream:
     id: int
     ordering: str
 
-    def __init__(self, device: Device, handle: int, *, owned: bool, keepalive: object=...) -> None:
+    def __init__(self, device: Device | None=..., handle: int | None=..., *, owned: bool=..., keepalive: object=...) -> None:
         ...
 
     @classmethod

@@ -57,15 +57,20 @@ cdef class Stream:
             ``ig.set_ordering(p, stream)``).
 
     Raises:
-        TypeError: ``device`` is not an ``ig.Device``.
+        TypeError: ``device`` is not an ``ig.Device`` (``Stream()`` alone says how to get one).
         ValueError: ``handle`` is not a positive int.
     """
 
     # Fields: see stream.pxd.
 
-    def __init__(self, device: "Device", handle: int, *, owned: bool, keepalive: object = None) -> None:
+    def __init__(self, device: "Device | None" = None, handle: "int | None" = None, *, owned: bool = False,
+                 keepalive: object = None) -> None:
         from .device import Device
 
+        if device is None and handle is None:
+            raise TypeError("a Stream is made by its device, not by Stream(): device.create_stream() makes a new "
+                            "one (ig.Device(0).create_stream()), device.default_stream and ig.current_stream() "
+                            "are there already, and Stream.from_handle(handle, device) adopts a foreign one")
         if not isinstance(device, Device):
             raise TypeError(f"Stream(device, handle, owned=...) needs an ignis.Device, got {type(device).__name__}; "
                             "make a stream with device.create_stream(), or adopt a foreign handle with "

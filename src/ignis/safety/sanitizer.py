@@ -2,6 +2,7 @@
 found with vector clocks over byte ranges.
 
 Design:
+
 - Every stream has a vector clock (stream id -> epoch). Each checked
   operation on a stream advances the stream's own entry. An event record
   snapshots the recording stream's clock; a stream wait joins the event's

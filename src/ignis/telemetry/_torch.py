@@ -52,7 +52,7 @@ def torch_memory_views(torch: Any) -> dict[str, Callable[..., Any]]:
         reset_peak_stats(resource=guard_resource(index(device)))
 
     def t_memory_summary(device: Any = None, abbreviated: bool = False) -> str:
-        return memory_summary(resource=guard_resource(index(device)))
+        return memory_summary(resource=guard_resource(index(device)), abbreviated=abbreviated)
 
     def t_snapshot(*_a: Any, **_k: Any) -> dict[str, Any]:
         return snapshot()

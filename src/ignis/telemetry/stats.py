@@ -52,7 +52,7 @@ from . import _hook
 from ._resources import ACTIVE, INACTIVE, SMALL_MAX, SMALL_SEGMENT, Roles, is_small, layout, roles
 
 __all__ = ["memory_stats", "memory_summary", "reset_peak_stats", "enable_stats", "disable_stats",
-           "stats_enabled", "STATS", "POOLS", "format_bytes"]
+           "stats_enabled", "MemoryStats", "STATS", "POOLS", "format_bytes"]
 
 STATS = ("allocation", "allocated_bytes", "requested_bytes", "active", "active_bytes", "segment",
          "reserved_bytes")
@@ -328,18 +328,33 @@ def _resolve(device: "Device | int | None", resource: DeviceMemoryResource | Non
     return roles(get_current_resource(device))
 
 
+class MemoryStats(dict):
+    """``memory_stats``'s answer: a plain ``dict`` of ints, except that asking for a peak or
+    a running total (``"....peak"``, ``.allocated``, ``.freed``) while statistics are off
+    raises a ``KeyError`` that says how to turn them on, rather than a bare one."""
+
+    def __missing__(self, key: Any) -> int:
+        if isinstance(key, str):
+            stat, _, metric = key.rpartition(".")
+            if metric in ("peak", "allocated", "freed") and f"{stat}.current" in self:
+                raise KeyError(f"{key!r}: peaks and running totals are counted only while statistics are on: "
+                               "call ig.telemetry.enable_stats() (or set IGNIS_MEMORY_STATS=1) before the work "
+                               f"to measure; the current value is {stat + '.current'!r}")
+        raise KeyError(key)
+
+
 def memory_stats(device: "Device | int | None" = None, *, resource: DeviceMemoryResource | None = None
-                 ) -> dict[str, int]:
+                 ) -> MemoryStats:
     """Statistics of the memory of ``device``'s current resource (or of ``resource``),
     as a flat dict (keys in the module docstring, PyTorch's layout). Current values
     are always there; ``peak``, ``allocated`` and ``freed`` only while
-    ``enable_stats()`` is on."""
+    ``enable_stats()`` is on (asked for while it is off, a ``KeyError`` says so)."""
     ro = _resolve(device, resource)
     c = _census(ro.allocator)
     t = _tally_of(ro.allocator) if _enabled else None
     if t is not None:
         _drain(t)
-    out: dict[str, int] = {}
+    out = MemoryStats()
     with _lock:
         for si, stat in enumerate(STATS):
             for k, pool in enumerate(POOLS):
@@ -396,7 +411,7 @@ def reset_peak_stats(device: "Device | int | None" = None, *, resource: DeviceMe
 
 
 def memory_summary(device: "Device | int | None" = None, *, resource: DeviceMemoryResource | None = None,
-                   max_tags: int = 8) -> str:
+                   max_tags: int = 8, abbreviated: bool = False) -> str:
     """A readable table of ``memory_stats`` (the ``max_tags`` largest tags by current bytes).
 
     Args:
@@ -404,6 +419,8 @@ def memory_summary(device: "Device | int | None" = None, *, resource: DeviceMemo
             ordinal); None for the current device.
         resource: a resource to describe instead of the device's current one.
         max_tags: how many tags to list.
+        abbreviated: only the totals (no large / small pool rows, as PyTorch's
+            ``abbreviated``), and none of the rows that are zero throughout.
 
     Raises:
         TypeError: ``resource`` is not a DeviceMemoryResource.
@@ -440,9 +457,15 @@ def memory_summary(device: "Device | int | None" = None, *, resource: DeviceMemo
                                   ("Active allocs", "active", False),
                                   ("Segments (reserved)", "segment", False),
                                   ("Non-releasable allocs", "inactive_split", False)):
+        if abbreviated:
+            if any(s.get(f"{stat}.all.{m}") for m in ("current", "peak", "allocated", "freed")):
+                lines.append(cells(label, f"{stat}.all", as_bytes))
+            continue
         lines.append(cells(label, f"{stat}.all", as_bytes))
         for pool, name in (("large_pool", "from large pool"), ("small_pool", "from small pool")):
             lines.append(cells(f"      {name}", f"{stat}.{pool}", as_bytes))
+        lines.append(rule())
+    if abbreviated:
         lines.append(rule())
     tags = sorted({k.split(".tag:", 1)[1].rsplit(".", 1)[0] for k in s if ".tag:" in k},
                   key=lambda tg: -s[f"allocated_bytes.tag:{tg}.current"])

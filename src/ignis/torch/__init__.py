@@ -8,7 +8,7 @@ streams, frees while another stream still uses the memory (a missing
 owner's last use finished), reads of bytes nothing wrote since ``torch.empty``,
 host writes of pinned memory an async copy may still read, and the same for
 tensors shared with Ignis through DLPack. Reports come through
-``ignis.sanitizer.reports()`` with both Python stacks.
+``ignis.sanitizer.reports()`` with both Python stacks::
 
     with ignis.torch.sanitize():          # raise at the second access
         train()
@@ -17,9 +17,14 @@ tensors shared with Ignis through DLPack. Reports come through
 Importing this package costs nothing and imports no PyTorch: the op observer (or
 the dispatch mode) and the trace callbacks run only between ``enable()`` and
 ``disable()``; see ``enable`` for the two engines.
-Work the dispatcher never sees (``torch.compile``d regions, Triton and raw
-extension kernels, CUDA graphs) is declared with ``use()``; see
+Work the dispatcher never sees (regions compiled with ``torch.compile``, Triton
+and raw extension kernels, CUDA graphs) is declared with ``use()``; see
 ``ignis.torch._frontend`` for what is and is not seen.
+
+The debug guard as PyTorch's CUDA allocator (canaries, poison, quarantine) is
+here too: ``use_guard()`` before the first CUDA tensor, then ``check()``,
+``reports()`` and ``summary()`` (``ignis run --guard`` installs it in an
+unmodified program).
 """
 
 from __future__ import annotations
@@ -31,7 +36,9 @@ if TYPE_CHECKING:
     from ..safety.sanitizer import Sanitizer
     from ._frontend import TorchFrontEnd
 
-__all__ = ["sanitize", "enable", "disable", "is_enabled", "use", "front_end"]
+__all__ = ["sanitize", "enable", "disable", "is_enabled", "use", "front_end",
+           # the debug guard as PyTorch's allocator (``_guard``, imported when one is asked for)
+           "use_guard", "check", "reports", "summary", "guard_stats", "GuardError"]
 
 _fe: "TorchFrontEnd | None" = None
 
@@ -132,6 +139,11 @@ def _declared_use(tensor: Any, access: Any, stream: Any, op: str) -> Iterator[An
     if _fe is not None:
         _fe.declare(tensor, access, stream, op)
     yield tensor
+
+
+def __dir__() -> list[str]:
+    # the package's API (the guard's names included), not the names it imports
+    return sorted(__all__)
 
 
 def __getattr__(name: str) -> Any:
