@@ -419,6 +419,8 @@ def worker_mismatch(comm: "ig.collective.Communicator", args: argparse.Namespace
             comm.all_reduce(x)
             wrote.append(x)
         elif mode == "p2p-sizes":         # rank 0 sends 64 elements, rank 1 receives 9
+            if api is not None:
+                api.refuse_p2p = True     # as NCCL 2.28 does on two H200s: an internal error at the call
             if r == 0:
                 comm.send(x, 1)
                 read.append((x, float(r + 1)))
@@ -1044,6 +1046,7 @@ class FakeNccl:
         self.destroyed = False
         self.hang = False
         self.fault = False              # the next all_reduce's "kernel" faults (its host function raises)
+        self.refuse_p2p = False         # send/recv raise, as NCCL does at a send/recv pair of other sizes
         self.error = async_error
         self.ran: list[tuple] = []      # (operation, failed()) when a broadcast/reduce "kernel" ran
         self.failed = lambda: False
@@ -1091,9 +1094,13 @@ class FakeNccl:
 
     def send(self, h, s, n, dt, peer, st):  # type: ignore[no-untyped-def]
         self.calls.append(("send", s, n, dt, peer))
+        if self.refuse_p2p:
+            raise RuntimeError("NCCL_ERROR_INTERNAL_ERROR: internal error - please report this issue")
 
     def recv(self, h, r, n, dt, peer, st):  # type: ignore[no-untyped-def]
         self.calls.append(("recv", r, n, dt, peer))
+        if self.refuse_p2p:
+            raise RuntimeError("NCCL_ERROR_INTERNAL_ERROR: internal error - please report this issue")
 
     def group_start(self) -> None:
         self.calls.append(("group_start",))
@@ -1225,6 +1232,24 @@ def test_health_poisons_before_it_publishes_the_failure():
     assert seen[0] == ("first", None, err)  # the poison lands before anyone can see the failure
     assert seen[1][0] == "then" and seen[1][1] is err
     assert h.error.op == "all_reduce #3" and h.error.rank == 1  # a first failure takes a later report's op
+
+
+def test_the_first_error_a_program_sees_is_the_failure_itself():
+    """A failure found on another thread (here: a mismatch) reaches the program's next call with
+    its own kind and the rank it names; later calls get "failed_earlier"."""
+    from ignis.collective.communicator import Health
+    h = Health(1)
+    h.fail(CollectiveError("rank 0 called all_reduce(8 x float32) where this rank called broadcast(...)",
+                           op="broadcast #2", rank=0, this_rank=1, kind="mismatch"))
+    first = h.report("synchronize")
+    assert (first.kind, first.rank, first.op) == ("mismatch", 0, "synchronize"), first
+    assert "failed earlier, in broadcast #2" in str(first) and "called all_reduce" in str(first)
+    later = h.report("barrier")
+    assert (later.kind, later.rank) == ("failed_earlier", 0), later
+    h2 = Health(0)
+    h2.fail(CollectiveError("rank 1 died", op="all_reduce #3", rank=1, this_rank=0, kind="peer_died"))
+    h2.told()  # the call that found it raised it
+    assert h2.report("all_reduce #4").kind == "failed_earlier"
 
 
 def test_nccl_async_error_poisons_in_flight_targets_before_the_abort():

@@ -100,6 +100,7 @@ class Health:
         self._hooks: list[Callable[[CollectiveError], None]] = []
         self._lock = threading.Lock()
         self._published = threading.Event()
+        self._told = False  # the program has been raised the failure itself (``report``)
 
     def add_hook(self, fn: Callable[[CollectiveError], None], *, first: bool = False) -> None:
         """Call ``fn(error)`` once, on the first failure (``first``: before it is published)."""
@@ -145,6 +146,29 @@ class Health:
         """
         self.fail(CollectiveError(why, op=self.oldest(), rank=rank if rank >= 0 else None, this_rank=self.rank,
                                   kind="peer_died"))
+
+    def report(self, op: str | None = None) -> CollectiveError:
+        """The error a call of the program (``op``) raises after the failure. The first time, it
+        has the failure's own kind and the rank it names, wherever the failure was found (the
+        call matcher, the watchdog, a gate, a peer's goodbye): a program learns what went wrong
+        from the first error it sees. Afterwards, ``again(op)`` (kind ``"failed_earlier"`` for
+        another operation)."""
+        e = self.again()
+        with self._lock:
+            told, self._told = self._told, True
+        if told:
+            return self.again(op)
+        if op is None or e.op is None or e.op == op:
+            return e
+        first = type(e)(f"the communicator failed earlier, in {e.op}, and cannot be used: {e.detail}", op=op,
+                        rank=e.rank, this_rank=self.rank, kind=e.kind)
+        first.__cause__ = e.__cause__
+        return first
+
+    def told(self) -> None:
+        """The program was raised the failure itself (by the call that found it)."""
+        with self._lock:
+            self._told = True
 
     def again(self, op: str | None = None) -> CollectiveError:
         """The error to raise for ``op`` (default: the failed operation itself) after the failure;
@@ -357,7 +381,7 @@ class Communicator:
         if self._poll is not None:
             self._poll()
         if self._health.claimed is not None:
-            raise self._health.again(what)
+            raise self._health.report(what)
 
     def _array(self, a: Any, what: str, role: str) -> NvArray:
         if not isinstance(a, NvArray):
@@ -436,6 +460,7 @@ class Communicator:
             f"queuing it failed: {type(e).__name__}: {e}", op=ops[0].label, this_rank=self.rank, kind="error")
         self._health.fail(err)
         poison(targets, self._health.error or self._health.claimed or err, self.rank)
+        self._health.told()
         if err is e:
             raise e
         raise err from e
@@ -629,16 +654,16 @@ class Communicator:
                                           this_rank=self.rank, kind="stream")
                     err.__cause__ = e
                     self._health.fail(err)
-                raise self._health.again() from None
+                raise self._health.report() from None
             if done:
                 break
             if self._health.claimed is not None:
-                raise self._health.again()
+                raise self._health.report()
             time.sleep(delay)
             delay = min(max(delay * 2, 2e-5), 1e-3)
         engine.confirm(max(0.0, self.timeout - (time.monotonic() - t0)))
         if self._health.claimed is not None:
-            raise self._health.again()
+            raise self._health.report()
         engine.finished(upto)
 
     def barrier(self) -> None:

@@ -81,6 +81,7 @@ FP8_MIN_VERSION = 22400  # NCCL 2.24: ncclFloat8e4m3 / ncclFloat8e5m2
 _WATCH_INTERVAL = 0.05
 _POLL_EVERY = 0.001  # how often calls ask ncclCommGetAsyncError themselves (synchronize always does)
 _ABORT_WAIT = 5.0    # how long a failure path waits for ncclCommAbort (it runs on a thread of its own)
+_EXPLAIN_WAIT = 2.0  # how long a call NCCL refused waits for the peers' calls, to name a mismatch behind it
 _ROOTED = frozenset({"broadcast", "reduce"})
 _monotonic = time.monotonic
 _in_host_fn = threading.local()  # set while a gate runs on the driver's host-function thread
@@ -574,6 +575,14 @@ class NcclEngine:
         except CollectiveError:
             raise
         except Exception as e:
+            if self.matcher is not None and self.health.claimed is None:
+                # NCCL may refuse a call because the peer's half differs (a send/recv of other
+                # sizes: an internal error at the connection): the calls, logged before NCCL
+                # was called, are compared now (one round trip), so a mismatch is named as one.
+                self.matcher.confirm(_EXPLAIN_WAIT)
+            claimed = self.health.claimed
+            if claimed is not None and claimed.kind == "mismatch":
+                raise self.health.report(ops[0].label) from e
             raise CollectiveError(f"NCCL ({self.api.name} bindings) refused it: {e}", op=ops[0].label,
                                   this_rank=self.rank, kind="nccl") from e
         with self._lock:
