@@ -54,11 +54,15 @@ DIRECTIVES = {
 
 # Modules written as plain Python and compiled as they are (Cython's pure-Python mode,
 # typed where it pays by an augmenting .pxd beside them): the sanitizer's checking of an
-# access and the PyTorch front end's per-op step. The .py is the one source; the
+# access, the PyTorch front end's per-op step, and a collective's enqueue path (checks,
+# tracked use, NCCL call, the call matcher's log and thread). The .py is the one source; the
 # extension built from it is what ``import`` loads.
 PURE_PYTHON_MODULES = [
     "ignis.safety.sanitizer",
     "ignis.torch._frontend",
+    "ignis.collective.communicator",
+    "ignis.collective.nccl",
+    "ignis.collective.matching",
 ]
 
 extensions = [Extension(name, ["src/" + name.replace(".", "/") + ".pyx"], libraries=LIBRARIES.get(name, []))

@@ -72,7 +72,6 @@ OWNER = "collective"
 _SETTLE_WAIT = 10.0  # how long a caller waits for a claimed failure's first hooks (the abort waits 5 s at most)
 # NvArray views are contiguous by construction; arrays that carry strides (subclasses, a
 # future strided NvArray) are checked.
-_STRIDED = hasattr(NvArray, "strides")
 _READ, _WRITE, _RW = Access.READ, Access.WRITE, Access.READ_WRITE
 _ref = weakref.ref
 
@@ -394,7 +393,8 @@ class Communicator:
             raise ValueError(f"{what}: {role} NvArray#{a.id} is on device {a.device.ordinal}, but this "
                              f"communicator (rank {self.rank}) works on device {self.device.ordinal}; allocate it "
                              f"there (device={self.device.ordinal}) or copy it over")
-        strides = getattr(a, "strides", None) if _STRIDED or type(a) is not NvArray else None
+        # NvArray's arrays and views are C-contiguous; a subclass may say otherwise.
+        strides = getattr(a, "strides", None) if type(a) is not NvArray else None
         if strides is not None and tuple(strides) not in (_c_strides(a.shape, 1),
                                                           _c_strides(a.shape, a.dtype.itemsize)):
             raise ValueError(f"{what}: {role} NvArray#{a.id} is not contiguous (shape {a.shape}, strides "

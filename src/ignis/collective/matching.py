@@ -320,6 +320,24 @@ class OpMatcher:
         with self._work:
             self._cycle()
 
+    def settle(self, timeout: float) -> None:
+        """Wait, at most ``timeout`` seconds, until every rank has made (and shipped) the calls
+        matching this rank's so far, and compare them (``confirm`` until no rank is behind): a
+        call NCCL refused asks this, so a mismatch behind the refusal is named even where the
+        peer makes its half later. Returns early if the communicator fails or a rank behind
+        leaves."""
+        deadline = time.monotonic() + timeout
+        while self.health.claimed is None:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                return
+            self.confirm(left)
+            with self._work:
+                behind = [q for q in self.peers if self._behind(q)]
+            if not behind or any(any(self.mesh.departed(q)) for q in behind):
+                return
+            time.sleep(min(_BUSY, max(0.0, deadline - time.monotonic())))
+
     def _behind(self, q: int) -> bool:
         """Whether calls of this rank wait for rank ``q``'s descriptors."""
         return (self._coll.compared[q] < self._coll.made or self._sends[q].compared[q] < self._sends[q].made

@@ -579,7 +579,7 @@ class NcclEngine:
                 # NCCL may refuse a call because the peer's half differs (a send/recv of other
                 # sizes: an internal error at the connection): the calls, logged before NCCL
                 # was called, are compared now (one round trip), so a mismatch is named as one.
-                self.matcher.confirm(_EXPLAIN_WAIT)
+                self.matcher.settle(_EXPLAIN_WAIT)
             claimed = self.health.claimed
             if claimed is not None and claimed.kind == "mismatch":
                 raise self.health.report(ops[0].label) from e
