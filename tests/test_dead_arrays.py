@@ -283,7 +283,10 @@ def _call(sc: Scene, key: str, kind: str, target: Any, slot: str) -> Any:
         args, kwargs = CALLS[key](sc, arrays, None)
         return fn(*args, **kwargs)
     owner = None
-    if kind == "function" and inspect.isfunction(fn) and "." in fn.__qualname__ and not isinstance(fn, type):
+    # A method of a class: a Python function, or one compiled from a .py (a Cython function).
+    is_fn = inspect.isfunction(fn) or (type(fn).__name__ == "cython_function_or_method"
+                                       and "." in key.rsplit(".", 1)[0])
+    if kind == "function" and is_fn and "." in fn.__qualname__ and not isinstance(fn, type):
         cls_key = key.rsplit(".", 1)[0]
         static = isinstance(inspect.getattr_static(_cls(cls_key), fn.__name__, None), staticmethod)
         if not static:

@@ -32,6 +32,9 @@ Design:
   hang raises there (it finished only once every rank had launched its half,
   which each logged before). A send that finished into the peer's buffers
   before the peer made its receive is compared when the receive comes.
+- A call NCCL refuses at once (a send and a receive of other sizes: NCCL says
+  "internal error") waits for the peers' halves (``settle``, two seconds at
+  most) and compares, so the error names the mismatch behind the refusal.
 - Rooted operations (broadcast, reduce) are gated: the engine queues a host
   function (``Gate``) before their NCCL call, which waits until every rank's
   descriptors up to them have arrived and agree, so NCCL runs them only then
