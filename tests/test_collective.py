@@ -514,8 +514,8 @@ def _misbehave(comm: "ig.collective.Communicator", args: argparse.Namespace) -> 
         time.sleep(args.timeout * 3)
         os._exit(0)
     a = ig.full(64, 1.0, "float32", device=comm.device)
-    comm.broadcast(a, root=0)  # rank 0 called all_reduce
     try:
+        comm.broadcast(a, root=0)  # rank 0 called all_reduce: on NCCL, raised here (rooted calls are checked first)
         comm.synchronize()
     except CollectiveError as e:
         print(f"CAUGHT kind={e.kind}: {e}")
@@ -749,7 +749,7 @@ def _fake_default_group(args: argparse.Namespace) -> "ig.collective.Communicator
 
 def worker_nccl_roots(_comm: None, args: argparse.Namespace) -> int:
     """The NCCL engine's root check (fake bindings, real processes): matching roots pass;
-    mismatched ones fail every rank before the NCCL call runs on the stream."""
+    mismatched ones fail every rank before NCCL is called."""
     api = FakeNccl()
     comm = _fake_nccl_group(api, args.timeout)
     api.failed = lambda: comm._health.claimed is not None  # the failure is claimed (poisoned, gates released)
@@ -765,12 +765,12 @@ def worker_nccl_roots(_comm: None, args: argparse.Namespace) -> int:
           np.array(["broadcast", "reduce", "group_start", "broadcast", "all_reduce", "group_end"]))
     ck.eq("... and run on the stream with no failure", np.array([f for _, f in api.ran]), np.array([False] * 3))
     api.ran.clear()
+    before = len(api.calls)
     _root_checks(ck, comm, args.mode, args.grouped)
-    t0 = time.monotonic()
-    while not api.ran and time.monotonic() - t0 < 5:  # the failure is raised without waiting for the stream
-        time.sleep(0.01)
-    ck.eq("the mismatched NCCL call ran only after the check had failed", np.array([f for _, f in api.ran]),
-          np.array([True]))
+    time.sleep(0.1)
+    ck.eq("the mismatched call (its whole group) never reached NCCL", np.array([c[0] for c in api.calls[before:]]
+                                                                              + ["-"]), np.array(["-"]))
+    ck.eq("... and nothing ran on the stream", np.array(len(api.ran)), np.array(0))
     t0 = time.monotonic()
     while not api.aborted and time.monotonic() - t0 < 5:
         time.sleep(0.01)

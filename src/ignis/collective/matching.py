@@ -35,10 +35,12 @@ Design:
 - A call NCCL refuses at once (a send and a receive of other sizes: NCCL says
   "internal error") waits for the peers' halves (``settle``, two seconds at
   most) and compares, so the error names the mismatch behind the refusal.
-- Rooted operations (broadcast, reduce) are gated: the engine queues a host
-  function (``Gate``) before their NCCL call, which waits until every rank's
-  descriptors up to them have arrived and agree, so NCCL runs them only then
-  (and wakes the thread, so they are shipped at once).
+- Rooted operations (broadcast, reduce) are gated: the engine's calling
+  thread waits (``Gate``, ``wait_agreed``) until every rank's descriptors up
+  to them have arrived and agree, before NCCL is called (and wakes the
+  thread, so they are shipped at once). A rooted call the ranks disagree on
+  never reaches NCCL: a broadcast's kernel meeting the peer's all_reduce
+  kernel faults the context before an abort can stop it.
 - Departures: a rank closing its communicator (or giving up after a failure)
   ships its last descriptors, then says goodbye on the mesh. Its peers then know
   which of their calls it matched: one it never made can never complete, so
@@ -100,22 +102,17 @@ def mismatch_error(q: int, theirs: dict[str, Any], mine: dict[str, Any], label: 
 
 
 class Gate:
-    """The host function queued before a call with rooted operations: ``run(gate)`` (the engine's)
-    returns once every rank's descriptors up to them agree (``OpMatcher.wait_agreed``), or the
-    communicator failed: then what is queued is poisoned and NCCL aborted, so the NCCL call
-    queued behind it ends at once. It never raises: the stream and the device go on."""
+    """A rooted call (broadcast, reduce) waiting, before NCCL is called, until every rank's
+    descriptors up to it have arrived and agree (``OpMatcher.wait_agreed``): a rooted call the
+    ranks disagree on never reaches NCCL."""
 
-    __slots__ = ("matcher", "ticket", "position", "label", "run")
+    __slots__ = ("matcher", "ticket", "position", "label")
 
-    def __init__(self, matcher: "OpMatcher", ticket: int, run: Callable[["Gate"], None]) -> None:
+    def __init__(self, matcher: "OpMatcher", ticket: int) -> None:
         self.matcher = matcher
-        self.ticket = ticket              # the engine's ticket of the call behind it
+        self.ticket = ticket              # the engine's ticket of the call
         self.position: int | None = None  # of its last collective, set when the matcher takes the call
         self.label: str | None = None
-        self.run = run
-
-    def __call__(self) -> None:
-        self.run(self)
 
     def __repr__(self) -> str:
         return f"ignis.collective.nccl[rank {self.matcher.rank}] call check"
@@ -346,7 +343,7 @@ class OpMatcher:
         return (self._coll.compared[q] < self._coll.made or self._sends[q].compared[q] < self._sends[q].made
                 or self._recvs[q].compared[q] < self._recvs[q].made)
 
-    # -- gates (the driver's host-function thread) -------------------------------------------
+    # -- gates (the calling thread, before a rooted call reaches NCCL) -----------------------
     def wait_agreed(self, gate: Gate) -> None:
         """Return once every rank agrees on the calls up to ``gate``'s, or the communicator failed
         (``release_gates``; or fails now: a rank that stays silent past the time-out)."""
@@ -371,9 +368,8 @@ class OpMatcher:
         health.fail(err)
 
     def release_gates(self, _err: Any) -> None:
-        """Let every gate go (a ``Health`` first hook, after the poison and before the abort: NCCL's
-        abort may wait for the device, which waits for a gate; and a call let through then finds
-        its targets poisoned and its kernels aborted)."""
+        """Let every gate go (a ``Health`` first hook, after the poison and before the abort): the
+        waiting call then raises the failure without calling NCCL."""
         with self._cond:
             self._released = True
             self._cond.notify_all()

@@ -37,8 +37,7 @@ Design:
   ``ncclCommAbort``. The abort runs on a thread of its
   own (it sets the abort flag first, so the kernels return at once, then may
   wait on peers and on the device while it frees the communicator), and a
-  failure path waits for it at most ``_ABORT_WAIT`` seconds; from the driver's
-  host-function thread it is never waited for. A rank's own communicator is
+  failure path waits for it at most ``_ABORT_WAIT`` seconds. A rank's own communicator is
   destroyed only when it is healthy; NCCL's destroy waits for the peers'
   connections to close, which a peer's abort does.
 - Matching: NCCL compares nothing between ranks. A call matcher
@@ -50,9 +49,10 @@ Design:
   calls, and a rank that closed its communicator without making a call this
   rank made fails that call at once. The calling thread pays one deque
   append; ``synchronize()`` compares what the others made before it (one
-  round trip, ``confirm``). Rooted operations (broadcast, reduce) are also gated: a host
-  function queued before their NCCL call waits until every rank agrees, so
-  NCCL runs them only then (the stream pays one round trip on them).
+  round trip, ``confirm``). Rooted operations (broadcast, reduce) are checked
+  before NCCL is called: the calling thread waits until every rank made the
+  same calls up to them (one round trip), so a mismatched one never reaches
+  NCCL (a broadcast meeting an all_reduce faults the context).
 """
 
 from __future__ import annotations
@@ -84,7 +84,6 @@ _ABORT_WAIT = 5.0    # how long a failure path waits for ncclCommAbort (it runs 
 _EXPLAIN_WAIT = 2.0  # how long a call NCCL refused waits for the peers' calls, to name a mismatch behind it
 _ROOTED = frozenset({"broadcast", "reduce"})
 _monotonic = time.monotonic
-_in_host_fn = threading.local()  # set while a gate runs on the driver's host-function thread
 
 
 # -- bindings ------------------------------------------------------------------------
@@ -407,15 +406,14 @@ class NcclEngine:
     def _oldest(self) -> str | None:
         """The oldest call not known to have finished (asked from other threads: best effort)."""
         done = self._done
-        if not getattr(_in_host_fn, "on", False):
-            backend = self.device.backend
-            try:
-                for ev, _, upto in list(self._pending):
-                    if not backend.event_query(ev):
-                        break
-                    done = max(done, upto)
-            except Exception:  # the watchdog recycled an event meanwhile, or the context broke
-                pass
+        backend = self.device.backend
+        try:
+            for ev, _, upto in list(self._pending):
+                if not backend.event_query(ev):
+                    break
+                done = max(done, upto)
+        except Exception:  # the watchdog recycled an event meanwhile, or the context broke
+            pass
         while True:
             try:
                 flight = list(self._flight)
@@ -451,9 +449,7 @@ class NcclEngine:
 
     def _refresh(self) -> None:
         """Learn which calls finished from the watchdog's events and, for the calls since its
-        last look, from the stream itself (idle: all of them). Never on the host-function thread."""
-        if getattr(_in_host_fn, "on", False):
-            return
+        last look, from the stream itself (idle: all of them)."""
         backend = self.device.backend
         try:
             for ev, _, upto in list(self._pending):
@@ -470,8 +466,8 @@ class NcclEngine:
 
     def _poison_in_flight(self, err: CollectiveError) -> None:
         """The first failure (before it is published, before the abort): poison what every call
-        not known to have finished was to write. Off the host-function thread, the watchdog's
-        events and the stream are asked first, so calls that finished are spared (a peer that
+        not known to have finished was to write. The watchdog's events and the stream are
+        asked first, so calls that finished are spared (a peer that
         exits right after the last call must not poison results that are complete)."""
         self._refresh()
         while True:
@@ -548,21 +544,28 @@ class NcclEngine:
     def run(self, ops: "list[_Op] | tuple[_Op, ...]", stream: "Stream", targets: tuple = ()) -> None:
         """Enqueue ``ops`` on ``stream`` (several: one NCCL group); ``targets`` (``(weakref, _Op)``:
         what they write) are kept until the call is known finished, and poisoned if it fails.
-        Rooted operations wait on the stream, behind a gate, until the ranks agree on them."""
+        Rooted operations are called once the ranks agree on them (the calling thread waits)."""
         api, h, st = self.api, self.handle, stream.handle
         grouped = len(ops) > 1
         match = self._match
         if match is not None:
             gate = None
             if any(op.name in _ROOTED for op in ops) if grouped else ops[0].name in _ROOTED:
-                gate = Gate(self.matcher, self.issued + 1, self._run_gate)  # type: ignore[arg-type]
-                stream.launch_host_func(gate)
+                gate = Gate(self.matcher, self.issued + 1)  # type: ignore[arg-type]
             # Logged before NCCL is called: a call that blocks in NCCL (its connections to a peer that
             # never makes the matching call are set up there) is still compared, and a mismatch
             # aborts NCCL, which lets it return.
             match((ops, gate, targets))
             if gate is not None:
+                # A rooted call the ranks disagree on must never reach NCCL: its kernel would meet
+                # the peer's other kernel, and a broadcast against an all_reduce faults the context
+                # (CUDA_ERROR_ILLEGAL_ADDRESS on two H200s, NCCL 2.28), before any abort can help.
+                # Queued behind a host function, it would run once the failure let the function
+                # return; so the check is made here, before NCCL is called: one round trip.
                 self.matcher.wake()  # type: ignore[union-attr]
+                self.matcher.wait_agreed(gate)  # type: ignore[union-attr]
+                if self.health.claimed is not None:
+                    raise self.health.report(ops[0].label)
         try:
             if grouped:
                 api.group_start()
@@ -594,22 +597,6 @@ class NcclEngine:
             claimed = self.health.claimed
             if claimed is not None:  # the first failure's hooks may have missed this call
                 poison(targets, claimed, self.rank)
-
-    def _run_gate(self, gate: Gate) -> None:
-        """A gate, on the driver's host-function thread: everything queued before it has finished;
-        wait until the ranks agree on the call behind it. No CUDA call is made from here (the
-        failure paths know it by ``_in_host_fn``), and nothing is raised."""
-        _in_host_fn.on = True
-        try:
-            self.finished(gate.ticket - 1)
-            self.matcher.wait_agreed(gate)  # type: ignore[union-attr]
-        except Exception as e:  # never into the driver's thread
-            err = CollectiveError(f"the call check failed: {type(e).__name__}: {e}", op=gate.label,
-                                  this_rank=self.rank, kind="error")
-            err.__cause__ = e
-            self.health.fail(err)
-        finally:
-            _in_host_fn.on = False
 
     @staticmethod
     def _call(api: Any, h: Any, op: "_Op", st: int) -> None:
@@ -692,9 +679,7 @@ class NcclEngine:
             self.matcher.flush()
         if self.checker is not None:
             self.checker.abort(getattr(err, "message", None) or str(err))
-        # On the driver's host-function thread (a gate) no CUDA call may be made, and NCCL's abort
-        # may wait for the device, which waits for that very host function: never wait there.
-        self._abort(wait=not getattr(_in_host_fn, "on", False))
+        self._abort()
 
     def _abort(self, wait: bool = True) -> None:
         """``ncclCommAbort``, once, on a thread of its own: it sets NCCL's abort flag first (the
