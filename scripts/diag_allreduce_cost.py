@@ -4,7 +4,9 @@
 
 Launches itself on two GPUs. Every rank measures, in the same process and in turns, the
 host time per call (batches of 200 enqueues, median of 15) of: the raw NCCL call; Ignis's
-``comm.all_reduce``; and then, one piece switched off at a time (for good, in this order),
+``comm.all_reduce``; the same with the call matcher's thread looking less often while calls
+wait (20 and 50 ms, then its own interval again); and then, one piece switched off at a time
+(for good, in this order),
 Ignis with the call matcher's thread stopped (its log still appended), without the log
 append, and without the watchdog. Rank 0 also prints a profile of 2000 calls.
 """
@@ -92,6 +94,13 @@ def worker() -> int:
     dist.barrier()
     m = eng.matcher
     if m is not None:
+        from ignis.collective import matching
+        busy = matching._BUSY
+        for look in (0.02, 0.05):  # how often the matcher's thread looks while calls wait
+            matching._BUSY = look
+            row(f"matcher looks every {look * 1e3:.0f} ms")
+        matching._BUSY = busy
+        row(f"matcher looks every {busy * 1e3:.0f} ms")
         m._stop = True
         m.mesh.notify()
         m._thread.join(5)
