@@ -226,6 +226,7 @@ class Fixture:
     def __init__(self, engine: str, monkeypatch) -> None:
         self.current = S
         self.fail = False
+        self.done: "torch.futures.Future | None" = None  # the Work of allreduce_work_: done when set
         self.san = Sanitizer()
         self.san.mode = "collect"
         self.san.outputs_fresh = True
@@ -251,12 +252,24 @@ _lib = torch.library.Library("ignis_test_c10d", "DEF")
 _lib.define("allreduce_(Tensor(a!)[] tensors, bool async_op) -> ()")
 _lib.define("send(Tensor[] tensors, bool async_op) -> ()")
 _lib.define("allgather_(Tensor(a!)[][] output_tensors, Tensor[] input_tensors, bool async_op) -> ()")
+# As c10d's own ops do, this one returns its Work: a real one, done when ``Fixture.done`` is set.
+_lib.define("allreduce_work_(Tensor(a!)[] tensors, bool async_op) -> __torch__.torch.classes.c10d.Work")
 
 
 def _kernel(*args):
     if _fixture.fail:
         raise RuntimeError("the communicator was aborted")
     _fixture.trace(args[-1])
+
+
+def _work_kernel(tensors, async_op):
+    from torch._C._distributed_c10d import _create_work_from_future
+    _kernel(tensors, async_op)
+    _fixture.done = torch.futures.Future()
+    return _create_work_from_future(_fixture.done).boxed()
+
+
+_lib.impl("allreduce_work_", _work_kernel, "CPU")
 
 
 for _name in ("allreduce_", "send", "allgather_"):
@@ -371,3 +384,60 @@ def test_a_failed_collective_applies_nothing_and_closes_its_bracket(coll):
     assert coll.fe._brackets == {}
     t.sum()
     assert coll.san.reports == []
+
+
+def test_is_completed_answering_true_orders_what_follows_it(coll):
+    """A program may poll ``work.is_completed()`` instead of calling ``wait()``: once it answers
+    True the collective has finished on the device, and what is queued after it, on any stream,
+    cannot race with it. An answer of False orders nothing."""
+    t, u = torch.ones(256), torch.ones(256)
+    work = torch.distributed.distributed_c10d.Work.unbox(OPS.allreduce_work_([t, u], True))
+    assert not work.is_completed()
+    coll.done.set_result([t, u])
+    assert work.is_completed()
+    t.sum()                                       # the issuing stream, without wait()
+    coll.current = OTHER
+    u.fill_(2.0)                                  # another stream
+    assert coll.san.reports == []
+
+
+def test_is_completed_answering_false_orders_nothing(coll):
+    t = torch.ones(256)
+    work = torch.distributed.distributed_c10d.Work.unbox(OPS.allreduce_work_([t], True))
+    assert not work.is_completed()
+    t.sum()
+    [e] = coll.san.reports
+    assert e.kind == "read-after-write race" and e.first["op"] == "ignis_test_c10d::allreduce_work_"
+    coll.done.set_result([t])
+
+
+def test_only_the_completed_works_collective_is_joined(coll):
+    """The second collective's Work is done, the first's is not known to be: the host joins the
+    second's end only (its stream is the same here, so the first is covered too), and a third,
+    later collective is not."""
+    a, b = torch.ones(64), torch.ones(64)
+    w1 = torch.distributed.distributed_c10d.Work.unbox(OPS.allreduce_work_([a], True))
+    f1 = coll.done
+    w2 = torch.distributed.distributed_c10d.Work.unbox(OPS.allreduce_work_([b], True))
+    coll.done.set_result([b])
+    assert w2.is_completed() and not w1.is_completed()
+    c = torch.ones(64)
+    OPS.allreduce_work_([c], True)                # after the answer: still in flight
+    b.sum()
+    a.sum()                                       # before w2 on the same communication stream: done
+    assert coll.san.reports == []
+    c.sum()
+    [e] = coll.san.reports
+    assert e.first["op"] == "ignis_test_c10d::allreduce_work_" and "c.sum()" in e.second["stack"]
+    f1.set_result([a])
+
+
+def test_the_work_wrapper_is_installed_while_a_front_end_is_on(coll):
+    from ignis.torch import _works
+    cls = _works.work_class()
+    assert _works.installed() and cls.__dict__["is_completed"] is _works._is_completed
+    coll.fe.disable()
+    try:
+        assert not _works.installed() and cls.__dict__["is_completed"] is not _works._is_completed
+    finally:
+        coll.fe.enable()

@@ -35,7 +35,7 @@ BUGS = {
     "bug_uninitialized_output.py": ("uninitialized read", "whole = torch.empty", "stale = whole.max()"),
     "bug_send_while_writing.py": ("read-after-write race", "msg.copy_(", "dist.send(msg"),
 }
-CORRECT = ["ok_ddp.py", "ok_fsdp2.py", "ok_pipeline.py", "ok_functional.py"]
+CORRECT = ["ok_ddp.py", "ok_fsdp2.py", "ok_pipeline.py", "ok_functional.py", "ok_poll_completed.py"]
 GUARDED = ["ok_ddp.py", "ok_fsdp2.py"]
 
 

@@ -57,6 +57,8 @@ Design:
 - CUDA graphs (``_graphs``): what is queued on a capturing stream is recorded into
   the graph and applied at each replay, on the replay stream; a replay that
   touches a block freed or reallocated since the capture is reported.
+- ``torch.distributed``'s ``Work.is_completed()`` (``_works``) answering True joins the
+  host to the collective's end, as a synchronization does.
 - Triton kernels (``_triton``: Inductor's and a user's ``@triton.jit``) are seen at
   launch: the tensors they take are read and written as the kernel does, on the
   launch stream.
@@ -90,7 +92,7 @@ from .._types import Access
 from ..safety.frames import add_library_dir, last_from_library
 from ..safety.sanitizer import HOST, NO_INIT_CHECK, OUTPUT, PINNED, READ, WRITE, Sanitizer, unpack_items
 from ..safety.sanitizer import _frames as _san_frames
-from . import _graphs, _hook, _triton
+from . import _graphs, _hook, _triton, _works
 from ._ops import BROADCAST, P2P, REDUCE, SPECS, OpSpec, classify, flatten
 
 __all__ = ["TorchFrontEnd"]
@@ -157,6 +159,15 @@ def _after(first: Callable[[], Any], fn: Callable) -> Callable:
 
 
 _FAKE_EVENTS = itertools.count(-1, -1)  # the front end's own event keys (no real handle is negative)
+
+
+def _script_objects(x: Any, out: list) -> None:
+    """The ``torch.ScriptObject`` values in an op's returns (a collective's ``Work``)."""
+    if isinstance(x, (tuple, list)):
+        for y in x:
+            _script_objects(y, out)
+    elif isinstance(x, torch.ScriptObject):
+        out.append(x)
 
 
 class _Bracket:
@@ -252,6 +263,11 @@ class TorchFrontEnd:
         # communication streams already named in reports.
         self._brackets: dict[int, list[_Bracket]] = {}
         self._comm_streams: set[int] = set()
+        # An asynchronous collective's Work -> (a weak reference to it, an event key of the front
+        # end's own recorded after the collective): ``is_completed()`` answering True joins it.
+        self._work_ends: dict[int, tuple[weakref.ref, int]] = {}
+        self._fresh_works: list = []   # held until the call that made them returns them (see _note_works)
+        self._dead_work_keys: list[int] = []
 
     @property
     def ops(self) -> int:
@@ -527,6 +543,58 @@ class TorchFrontEnd:
         for k, ev, st in b.log:  # the op's end events: taken again, so that a wait on them covers it
             if k == "r" and st == comm:
                 san.on_event_record(ev, comm)
+        self._note_works(out, comm)
+
+    def _note_works(self, out: Any, comm: int) -> None:
+        """The ``Work`` a collective returned (a ``torch.ScriptObject`` in the dispatcher's
+        values): an event of the front end's own, recorded on the communication stream after
+        the collective's accesses, that ``Work.is_completed()`` answering True joins the host
+        to (``_on_work_completed``). The Work is reached through ``Work.unbox``, whose Python
+        object PyTorch then hands to the program as well, as long as it lives: so it is held
+        until the next collective (the call that made it has returned it by then), then only
+        weakly."""
+        self._fresh_works.clear()
+        dead = self._dead_work_keys
+        while dead:
+            self.san.on_event_destroyed(dead.pop())
+        boxed: list = []
+        _script_objects(out, boxed)
+        if not boxed:
+            return
+        cls = _works.work_class()
+        if cls is None:
+            return
+        for obj in boxed:
+            try:
+                w = cls.unbox(obj)
+            except Exception:  # another class of object: not a Work
+                continue
+            key = next(_FAKE_EVENTS)
+            self.san.on_event_record(key, comm)
+            wid = id(w)
+            self._work_ends[wid] = (weakref.ref(w, self._work_gone(wid, key)), key)
+            self._fresh_works.append(w)
+
+    def _work_gone(self, wid: int, key: int) -> Callable:
+        """The callback of a Work's weak reference: forget it (its event is destroyed at the
+        next collective, not from inside the garbage collector)."""
+        ends, dead = self._work_ends, self._dead_work_keys
+
+        def gone(ref: weakref.ref) -> None:
+            entry = ends.get(wid)
+            if entry is not None and entry[0] is ref:
+                del ends[wid]
+            dead.append(key)
+        return gone
+
+    def _on_work_completed(self, work: Any) -> None:
+        """``work.is_completed()`` answered True: the host has seen the collective finish."""
+        entry = self._work_ends.get(id(work))
+        if entry is None or entry[0]() is not work:
+            return
+        if self._obs is not None:
+            self._obs.ignis_obs_synced()  # as the trace's synchronizations do
+        self.san.on_event_synchronize(entry[1])
 
     def _coll_items(self, spec: OpSpec, roles: tuple, args: tuple, kwargs: dict | None, out: Any) -> list:
         items: list = []
@@ -883,6 +951,7 @@ class TorchFrontEnd:
         if self._cuda and _raw_stream is not None:
             _graphs.add_listener(self)
             _hook.when_imported("triton", self._install_triton)
+        _works.add_listener(self._on_work_completed)
         if engine == "mode":
             self._mode = _Mode(self)
             self._mode.__enter__()
@@ -907,6 +976,12 @@ class TorchFrontEnd:
             self._ops += self._obs.ignis_obs_take_ops()
             self._obs = None
         self._remove_trace()
+        _works.remove_listener(self._on_work_completed)
+        self._fresh_works.clear()
+        for key in [k for _, k in self._work_ends.values()] + self._dead_work_keys:
+            self.san.on_event_destroyed(key)
+        self._work_ends.clear()
+        self._dead_work_keys.clear()
         _graphs.remove_listener(self)
         _hook.forget("triton")
         _triton.uninstall()

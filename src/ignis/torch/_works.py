@@ -1,0 +1,80 @@
+"""``Work.is_completed()`` as the host synchronization it is.
+
+An asynchronous collective's ``Work`` answers ``is_completed()`` by asking its end
+event (``cudaEventQuery``), which PyTorch's GPU trace does not report. A ``True``
+tells the host that the collective has finished on the device: what the program
+queues after it, on any stream, runs after the collective, so a program that polls
+``is_completed()`` and then uses the buffers without ``wait()`` is correct.
+
+``add_listener(fn)`` wraps ``torch._C._distributed_c10d.Work.is_completed`` (once,
+for every listener) so that each ``True`` answer calls ``fn(work)``;
+``remove_listener(fn)`` puts the original back when the last listener leaves. A
+``False`` answer orders nothing. Where this PyTorch has no ``torch.distributed``,
+or its ``Work`` cannot be wrapped, nothing is installed and ``installed()`` is
+False.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable
+
+__all__ = ["add_listener", "remove_listener", "installed", "work_class"]
+
+_listeners: list[Callable[[Any], None]] = []
+_original: Any = None
+
+
+def work_class() -> Any:
+    """``torch._C._distributed_c10d.Work``, or None where this PyTorch has none."""
+    try:
+        import torch.distributed as dist
+        if not dist.is_available():
+            return None
+        from torch._C._distributed_c10d import Work
+        return Work
+    except Exception:  # (a build without distributed support)
+        return None
+
+
+def _is_completed(self: Any) -> bool:
+    done = _original(self)
+    if done:
+        for fn in list(_listeners):
+            fn(self)
+    return done
+
+
+def add_listener(fn: Callable[[Any], None]) -> bool:
+    """Call ``fn(work)`` whenever a ``Work.is_completed()`` returns True; returns whether the
+    wrapper is installed."""
+    global _original
+    if _original is None:
+        cls = work_class()
+        if cls is None:
+            return False
+        original = cls.is_completed
+        try:
+            cls.is_completed = _is_completed
+        except (TypeError, AttributeError):
+            return False
+        _original = original
+    if fn not in _listeners:
+        _listeners.append(fn)
+    return True
+
+
+def remove_listener(fn: Callable[[Any], None]) -> None:
+    """Forget ``fn``; the last listener gone, ``Work.is_completed`` is PyTorch's again."""
+    global _original
+    if fn in _listeners:
+        _listeners.remove(fn)
+    if not _listeners and _original is not None:
+        cls = work_class()
+        if cls is not None and cls.__dict__.get("is_completed") is _is_completed:
+            cls.is_completed = _original
+        _original = None
+
+
+def installed() -> bool:
+    """Whether ``Work.is_completed`` is wrapped now."""
+    return _original is not None
