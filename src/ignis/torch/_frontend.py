@@ -567,12 +567,13 @@ class TorchFrontEnd:
         for obj in boxed:
             try:
                 w = cls.unbox(obj)
+                if w is None:  # no Work (an op of a coalesced group: the group's Work comes at its end)
+                    continue
+                ref = weakref.ref(w, self._work_gone(id(w), key := next(_FAKE_EVENTS)))
             except Exception:  # another class of object: not a Work
                 continue
-            key = next(_FAKE_EVENTS)
             self.san.on_event_record(key, comm)
-            wid = id(w)
-            self._work_ends[wid] = (weakref.ref(w, self._work_gone(wid, key)), key)
+            self._work_ends[id(w)] = (ref, key)
             self._fresh_works.append(w)
 
     def _work_gone(self, wid: int, key: int) -> Callable:
