@@ -266,7 +266,7 @@ class TorchFrontEnd:
         # An asynchronous collective's Work -> (a weak reference to it, an event key of the front
         # end's own recorded after the collective): ``is_completed()`` answering True joins it.
         self._work_ends: dict[int, tuple[weakref.ref, int]] = {}
-        self._fresh_works: list = []   # held until the call that made them returns them (see _note_works)
+        self._fresh_works: dict[int, list] = {}  # per thread: held until the call returns them (_note_works)
         self._dead_work_keys: list[int] = []
 
     @property
@@ -552,8 +552,10 @@ class TorchFrontEnd:
         to (``_on_work_completed``). The Work is reached through ``Work.unbox``, whose Python
         object PyTorch then hands to the program as well, as long as it lives: so it is held
         until the next collective (the call that made it has returned it by then), then only
-        weakly."""
-        self._fresh_works.clear()
+        weakly (per thread: another thread's collective must not drop it early)."""
+        fresh = self._fresh_works.get(threading.get_ident())
+        if fresh:
+            fresh.clear()
         dead = self._dead_work_keys
         while dead:
             self.san.on_event_destroyed(dead.pop())
@@ -574,7 +576,7 @@ class TorchFrontEnd:
                 continue
             self.san.on_event_record(key, comm)
             self._work_ends[id(w)] = (ref, key)
-            self._fresh_works.append(w)
+            self._fresh_works.setdefault(threading.get_ident(), []).append(w)
 
     def _work_gone(self, wid: int, key: int) -> Callable:
         """The callback of a Work's weak reference: forget it (its event is destroyed at the
