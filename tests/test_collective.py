@@ -335,12 +335,17 @@ def worker_die(comm: "ig.collective.Communicator", args: argparse.Namespace) -> 
         os._exit(3)
     a = ig.full(1 << 12, 1.0, "float32", device=comm.device)
     t0 = time.monotonic()
+    if args.mode == "late":  # the death is known before the call: the call is named, as the failed one
+        while comm.error is None and time.monotonic() - t0 < args.timeout:
+            time.sleep(0.005)
     try:
         comm.all_reduce(a)
         comm.synchronize()
     except CollectiveError as e:
         took = time.monotonic() - t0
-        ok = e.rank == w - 1 and "all_reduce" in str(e) and took < args.timeout
+        ok = e.rank == w - 1 and "all_reduce" in str(e) and took < args.timeout and e.kind == "peer_died"
+        if not ok:
+            print(f"FAIL expected a peer_died error naming rank {w - 1} and all_reduce")
         print(f"CAUGHT rank={e.rank} kind={e.kind} took={took:.2f}s: {e}")
         try:
             comm.all_reduce(a)
@@ -897,9 +902,10 @@ def test_ownership_and_stream_order_with_jitter():
     assert out.count("OK ownership") == 2, out
 
 
-def test_dying_rank_is_named_on_the_others(tmp_path):
+@pytest.mark.parametrize("mode", ["", "late"])
+def test_dying_rank_is_named_on_the_others(tmp_path, mode):
     t0 = time.monotonic()
-    rc, out = _launch(3, "die", "--timeout", "20", "--flag", str(tmp_path))
+    rc, out = _launch(3, "die", "--timeout", "20", "--flag", str(tmp_path), *(["--mode", mode] if mode else []))
     took = time.monotonic() - t0
     assert rc == 3, out  # the dead rank's status
     for r in (0, 1):
@@ -1250,6 +1256,10 @@ def test_the_first_error_a_program_sees_is_the_failure_itself():
     h2.fail(CollectiveError("rank 1 died", op="all_reduce #3", rank=1, this_rank=0, kind="peer_died"))
     h2.told()  # the call that found it raised it
     assert h2.report("all_reduce #4").kind == "failed_earlier"
+    h3 = Health(0)  # found before any operation was in flight: the first call to fail is named
+    h3.fail(CollectiveError("rank 2 died", rank=2, this_rank=0, kind="peer_died"))
+    first = h3.report("all_reduce")
+    assert (first.kind, first.rank, first.op) == ("peer_died", 2, "all_reduce") and "all_reduce" in str(first)
 
 
 def test_nccl_async_error_poisons_in_flight_targets_before_the_abort():

@@ -155,10 +155,8 @@ class Health:
         e = self.again()
         with self._lock:
             told, self._told = self._told, True
-        if told:
-            return self.again(op)
-        if op is None or e.op is None or e.op == op:
-            return e
+        if told or op is None or e.op is None or e.op == op:
+            return self.again(op)  # (a failure that named no operation is raised naming ``op``)
         first = type(e)(f"the communicator failed earlier, in {e.op}, and cannot be used: {e.detail}", op=op,
                         rank=e.rank, this_rank=self.rank, kind=e.kind)
         first.__cause__ = e.__cause__
