@@ -651,13 +651,21 @@ cdef class DeviceMemoryResource:
     def _check_alive(self) -> None:
         if self._closed:
             raise ClosedError(f"{type(self).__name__} on device {self.device.ordinal}")
+        self._check_context()
+
+    def _check_context(self, block: "DeviceBlock | BlockId | None" = None) -> None:
+        """Raise ``StaleHandleError`` (or the backend's fork error) when this resource's context
+        was rebuilt since it was made: its addresses may now be another allocation's. ``block``:
+        the block of it being used, which the error names."""
         state = self.device.state
-        if state.generation != self._generation:
-            if state.forked_from is not None:
-                raise self._backend.forked_error(f"use {type(self).__name__}")
-            raise StaleHandleError("context rebuilt", what=f"{type(self).__name__}",
-                                   generation=self._generation, current_generation=state.generation,
-                                   device_id=self.device.ordinal)
+        if state.generation == self._generation:
+            return
+        name = type(self).__name__
+        if state.forked_from is not None:
+            raise self._backend.forked_error(f"use {name}" if block is None else f"use block {block.ptr:#x}")
+        raise StaleHandleError("context rebuilt", what=name if block is None else f"block {block.ptr:#x} of {name}",
+                               generation=self._generation, current_generation=state.generation,
+                               device_id=self.device.ordinal)
 
     def _check_dealloc(self, block: DeviceBlock, live: dict) -> None:
         """Raise the right error for a block that is not live here."""
@@ -825,17 +833,6 @@ cdef class TrackedResource(DeviceMemoryResource):
         self.cross_stream_waits += 1
         return event
 
-    def _check_block_context(self, block: "DeviceBlock | BlockId") -> None:
-        """Raise ``StaleHandleError`` when this resource (so ``block``) belongs to a context that
-        was rebuilt since: its addresses may now be another allocation's."""
-        state = self.device.state
-        if state.generation != self._generation:
-            if state.forked_from is not None:
-                raise self._backend.forked_error(f"use block {block.ptr:#x}")
-            raise StaleHandleError("context rebuilt", what=f"block {block.ptr:#x} of {type(self).__name__}",
-                                   generation=self._generation, current_generation=state.generation,
-                                   device_id=self.device.ordinal)
-
     def _resolve(self, block: "DeviceBlock | BlockId") -> DeviceBlock:
         b = self._live.get(block.ptr)
         if b is None or b.generation != block.generation:
@@ -881,7 +878,7 @@ cdef class TrackedResource(DeviceMemoryResource):
         if s._closed or (s._generation is not g and s._generation != g):
             s._check()  # a closed or stale stream: its handle must not reach the driver
         if self._generation is not g and self._generation != g:
-            self._check_block_context(block)  # a block of a rebuilt context: its memory is gone
+            self._check_context(block)  # a block of a rebuilt context: its memory is gone
         lock_take(lk)
         try:
             b = self._live.get((<DeviceBlock>block).ptr if type(block) is DeviceBlock else block.ptr)

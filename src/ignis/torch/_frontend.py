@@ -161,15 +161,6 @@ def _after(first: Callable[[], Any], fn: Callable) -> Callable:
 _FAKE_EVENTS = itertools.count(-1, -1)  # the front end's own event keys (no real handle is negative)
 
 
-def _script_objects(x: Any, out: list) -> None:
-    """The ``torch.ScriptObject`` values in an op's returns (a collective's ``Work``)."""
-    if isinstance(x, (tuple, list)):
-        for y in x:
-            _script_objects(y, out)
-    elif isinstance(x, torch.ScriptObject):
-        out.append(x)
-
-
 class _Bracket:
     """A collective in flight on one thread: its spec, its issuing stream, the user's frames at
     the call, and the event records and waits seen inside it (``(kind, event, stream)``)."""
@@ -559,8 +550,7 @@ class TorchFrontEnd:
         dead = self._dead_work_keys
         while dead:
             self.san.on_event_destroyed(dead.pop())
-        boxed: list = []
-        _script_objects(out, boxed)
+        boxed = flatten(out, [], torch.ScriptObject)
         if not boxed:
             return
         cls = _works.work_class()

@@ -146,13 +146,14 @@ class Role:
         return kwargs.get(self.name) if kwargs else None
 
 
-def flatten(v: Any, found: list) -> list:
-    """The tensors in ``v`` (a tensor, or lists of them, nested), appended to ``found``."""
-    if isinstance(v, torch.Tensor):
+def flatten(v: Any, found: list, kind: type = torch.Tensor) -> list:
+    """The tensors in ``v`` (a tensor, or lists of them, nested), appended to ``found``; or
+    the values of another ``kind`` (a collective's ``Work``: ``torch.ScriptObject``)."""
+    if isinstance(v, kind):
         found.append(v)
     elif isinstance(v, (list, tuple)):
         for e in v:
-            flatten(e, found)
+            flatten(e, found, kind)
     return found
 
 
