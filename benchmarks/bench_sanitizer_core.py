@@ -12,6 +12,8 @@ and a replay that reports anything fails.
 The recording is gzipped JSON; ``benchmarks/data/torch_sanitizer_calls_h200.json.gz`` is one made on an
 NVIDIA H200 (torch 2.11), the default.
 Record (GPU, CUDA PyTorch): ``PYTHONPATH=src python3 benchmarks/bench_sanitizer_core.py --record calls.json.gz``
+(``--models resnet,gpt2``: ``bench_models.py``'s real-model steps too;
+``benchmarks/data/torch_sanitizer_models_h100.json.gz`` is such a recording, made on an H100)
 Replay (anywhere):         ``PYTHONPATH=src python3 benchmarks/bench_sanitizer_core.py [calls.json.gz]``
 """
 
@@ -32,7 +34,18 @@ ENTRY_POINTS = ("foreign_access", "extent_freed", "extent_allocated", "extent_re
                 "on_event_synchronize", "on_device_synchronize", "on_event_destroyed", "set_stream_label")
 
 
-def record(path: str, loop_iters: int, train_steps: int) -> int:
+def _model(name: str) -> Any:
+    """``bench_models.py``'s training step of ``name`` as a workload (``fn(n)``: n steps)."""
+    from bench_models import build
+    step = build(name)
+
+    def fn(n: int) -> None:
+        for _ in range(n):
+            step()
+    return fn
+
+
+def record(path: str, loop_iters: int, train_steps: int, models: list[str], model_steps: int) -> int:
     import torch
     sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
     from bench_torch_sanitizer import make_loop, make_train
@@ -55,7 +68,9 @@ def record(path: str, loop_iters: int, train_steps: int) -> int:
         return rec
 
     out: dict[str, Any] = {"card": torch.cuda.get_device_name(), "torch": torch.__version__, "workloads": {}}
-    for label, make, n in (("two-stream loop", make_loop, loop_iters), ("training step", make_train, train_steps)):
+    work = [("two-stream loop", make_loop, loop_iters), ("training step", make_train, train_steps)]
+    work += [(f"{m} step", (lambda m=m: _model(m)), model_steps) for m in models]
+    for label, make, n in work:
         fn = make()
         fn(3)
         for name in ENTRY_POINTS:
@@ -121,10 +136,13 @@ def main() -> int:
     ap.add_argument("--record", action="store_true", help="record on the GPU (needs CUDA PyTorch)")
     ap.add_argument("--loop-iters", type=int, default=200)
     ap.add_argument("--train-steps", type=int, default=20)
+    ap.add_argument("--models", default="", help="also record bench_models.py's steps (e.g. resnet,gpt2)")
+    ap.add_argument("--model-steps", type=int, default=5)
     ap.add_argument("--rounds", type=int, default=15)
     args = ap.parse_args()
     if args.record:
-        return record(args.path, args.loop_iters, args.train_steps)
+        return record(args.path, args.loop_iters, args.train_steps, [m for m in args.models.split(",") if m],
+                      args.model_steps)
     return replay(args.path, args.rounds)
 
 

@@ -2,7 +2,9 @@
 it under ``perf record``): one of ``benchmarks/bench_torch_sanitizer.py``'s, plain or under
 ``ignis.torch``'s sanitizer, or ``torch.empty`` + free pairs, plain or under the guard.
 
-    PYTHONPATH=src python3 scripts/perf_torch_sanitizer.py {plain,trace,ignis} {loop,train} [seconds]
+    PYTHONPATH=src python3 scripts/perf_torch_sanitizer.py {plain,trace,ignis} {loop,train,resnet,gpt2} [seconds]
+
+``resnet`` and ``gpt2``: ``benchmarks/bench_models.py``'s training steps.
 
 ``trace``: plain, with PyTorch's GPU trace activated (what ``bench_torch_sanitizer.py``'s plain
 contender runs with: each allocation, free and event calls into Python, with no callback).
@@ -25,7 +27,15 @@ def main() -> int:
     if workload == "pair":
         return pairs(variant == "guard", int(sys.argv[3]), float(sys.argv[4]) if len(sys.argv) > 4 else 8.0)
     seconds = float(sys.argv[3]) if len(sys.argv) > 3 else 8.0
-    fn = (make_loop if workload == "loop" else make_train)()
+    if workload in ("resnet", "gpt2"):
+        from bench_models import build
+        one = build(workload)
+
+        def fn(n: int) -> None:
+            for _ in range(n):
+                one()
+    else:
+        fn = (make_loop if workload == "loop" else make_train)()
     fn(3)
     if variant == "trace":
         import torch

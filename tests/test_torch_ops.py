@@ -428,6 +428,75 @@ def test_the_observer_leaves_nothing_registered_when_it_stops():
     assert fe.ops == ops == 2 and float(x.sum()) == 16.0  # ones, mul: none after
 
 
+def test_the_gpu_trace_goes_to_the_front_ends_handlers_below_python(monkeypatch):
+    # With the observer, PyTorch's GPU trace goes through the observer's interpreter: each event
+    # of the checked device type goes straight to its handler (a free's with the handle of the
+    # stream current there), an event with no handler costs no Python, a listener in PyTorch's
+    # own registries still hears its events, and at stop PyTorch's interpreter is back. The
+    # events are fired through PyTorch's trace pointer as its allocator fires them.
+    need_engine("observer")
+    import torch.cuda._gpu_trace as gt
+    from ignis.torch._native import observer
+    lib = observer()
+    torch._C._activate_gpu_trace()
+    # PyTorch passes an event of device type T on to torch.<T>._gpu_trace: the front end checks
+    # the CPU here, so its events go to the CUDA registries for this test.
+    monkeypatch.setattr(torch.cpu, "_gpu_trace", gt, raising=False)
+    kinds = TorchFrontEnd._TRACE_KINDS
+    got: list = []
+    handlers = tuple(None if k == "MemoryAllocationCallbacks" else (lambda *a, _k=k: got.append((_k, a)))
+                     for k in kinds)
+    san = Sanitizer()
+    san.mode = "raise"
+    fe = TorchFrontEnd(san, device_type="cpu", stream_of=lambda t: 0x10, engine="observer")
+    heard: list = []
+    other = lambda *a: heard.append(a[0])  # noqa: E731 - (the event, or the pointer)
+    fe.enable()
+    try:
+        assert not lib.ignis_obs_trace_active()
+        assert lib.ignis_obs_trace_start(handlers, tuple(getattr(gt, k).callback_list for k in kinds)) == 0
+        assert lib.ignis_obs_trace_active()
+        lib.ignis_obs_trace_take_events()
+        for i in range(len(kinds)):
+            assert lib.ignis_obs_trace_fire(i, 0, 0x100 + i, 0x200 + i) == 0
+        assert got == [("EventCreationCallbacks", (0x100,)), ("EventDeletionCallbacks", (0x101,)),
+                       ("EventRecordCallbacks", (0x102, 0x202)), ("EventWaitCallbacks", (0x103, 0x203)),
+                       ("MemoryDeallocationCallbacks", (0x105, 0x10)),  # (the current stream's handle)
+                       ("StreamCreationCallbacks", (0x106,)), ("DeviceSynchronizationCallbacks", ()),
+                       ("StreamSynchronizationCallbacks", (0x108,)), ("EventSynchronizationCallbacks", (0x109,))]
+        assert lib.ignis_obs_trace_take_events() == 9  # the allocation had no handler
+        got.clear()
+        # Another listener in PyTorch's registry hears its kind as before; Ignis's handler too.
+        gt.EventRecordCallbacks.add_callback(other)
+        gt.MemoryAllocationCallbacks.add_callback(other)
+        lib.ignis_obs_trace_fire(2, 0, 0xE1, 0x51)
+        lib.ignis_obs_trace_fire(4, 0, 0xA110C, 0)
+        assert got == [("EventRecordCallbacks", (0xE1, 0x51))] and heard == [0xE1, 0xA110C]
+        got.clear()
+        # An error a handler raises in raise mode waits for the front end to raise it.
+        err = ig.errors.IgnisError("found in a trace event")
+
+        def failing(*a):
+            raise err
+        assert lib.ignis_obs_trace_start(tuple(failing if h else None for h in handlers),
+                                         tuple(getattr(gt, k).callback_list for k in kinds)) == 0
+        lib.ignis_obs_trace_fire(3, 0, 0xE2, 0x52)
+        assert fe.pending == [err]
+        fe.pending.clear()
+    finally:
+        fe.disable()  # stopping the observer gives the trace back
+        gt.EventRecordCallbacks.callback_list.remove(other)
+        gt.MemoryAllocationCallbacks.callback_list.remove(other)
+    assert not lib.ignis_obs_trace_active()
+    heard.clear()
+    gt.EventRecordCallbacks.add_callback(other)
+    try:
+        lib.ignis_obs_trace_fire(2, 0, 0xE3, 0x53)  # PyTorch's own interpreter: the registries only
+    finally:
+        gt.EventRecordCallbacks.callback_list.remove(other)
+    assert heard == [0xE3] and got == []
+
+
 @pytest.mark.parametrize("fresh", [True, False])
 def test_without_allocation_events_an_output_starts_a_lifetime(fresh):
     # On a GPU the observer takes no allocation callback: an op's fresh output starts the

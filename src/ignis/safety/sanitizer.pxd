@@ -45,12 +45,12 @@ cdef _Rec _new_rec(long long sid, object stream_id, long long epoch, str kind, l
 cdef long long _R, _W, _O, _NI, _P, _MW  # the mode bits, as C integers
 cdef long long _ADDR_LAST           # the last address a record holds (2**63 - 1)
 
-@cython.locals(r=_Rec, n=Py_ssize_t)
+@cython.locals(r=_Rec, n=Py_ssize_t, h=cython.longlong)
 cdef int _retire_passed(list recs, dict host) except -1
 
 cdef Py_ssize_t _packed_count(bytes data) except -1
 
-@cython.locals(a=Py_ssize_t, b=Py_ssize_t, m=Py_ssize_t)
+@cython.locals(a=Py_ssize_t, b=Py_ssize_t, m=Py_ssize_t, key=tuple, k0=cython.longlong)
 cdef Py_ssize_t _first_from(list starts, long long lo) except -1
 
 @cython.locals(a=Py_ssize_t, b=Py_ssize_t, m=Py_ssize_t, k0=cython.longlong, k1=cython.longlong,
@@ -105,11 +105,13 @@ cdef class Sanitizer:
     @cython.locals(recs=list, r=_Rec)
     cdef int _insert(self, _Rec rec, tuple extent) except -1
     @cython.locals(r=_Rec, mine=list, older=list, keep=list, rec=_Rec, conflict=_Rec, wrote=bint, ep=cython.longlong,
-                   sid=cython.longlong)
+                   sid=cython.longlong, h=cython.longlong)
     cdef tuple _retire(self, _Extent ext, object frames)
     @cython.locals(r=_Rec, out=list, starts=list, grave=dict, host=dict, i=Py_ssize_t, n=Py_ssize_t,
-                   k0=cython.longlong, k1=cython.longlong)
-    cdef list _inherit(self, long long lo, long long hi)
+                   k0=cython.longlong, k1=cython.longlong, h=cython.longlong, c=cython.longlong, key=tuple,
+                   recs=list)
+    cdef list _inherit(self, long long lo, long long hi, long long wsid=*, long long wlo=*, long long whi=*,
+                       dict vc=*)
     @cython.locals(ext=_Extent, r=_Rec, found=tuple)
     cdef tuple _freed(self, object base, object current=*)
     @cython.locals(sid=cython.longlong, ep=cython.longlong, vc=dict, live=dict, host=dict, hv=cython.longlong,
@@ -118,4 +120,4 @@ cdef class Sanitizer:
                    k=Py_ssize_t, buf=cython.p_char, p=cython.p_longlong, bad=bint, b=cython.longlong)
     cdef list _foreign(self, object stream, str op, object frames, object items, bint synced, bint from_lib=*)
     cdef _Extent _first_sight(self, _Extent ext, object base, object size, long long mode, long long sid,
-                              object frames, str op)
+                              object frames, str op, long long lo=*, long long hi=*, long long per=*, dict vc=*)

@@ -218,7 +218,8 @@ def _retire_passed(recs: list[_Rec], host: dict[int, int]) -> None:
     """Drop the records the host has waited for: they can never race again."""
     n = 0
     for r in recs:  # kept in place, in order
-        if host.get(r.sid, 0) < r.epoch:
+        h = host.get(r.sid, 0)  # (a C integer: the comparison makes no Python int)
+        if h < r.epoch:
             recs[n] = r
             n += 1
     if n < len(recs):
@@ -319,7 +320,9 @@ def _first_from(starts: list[tuple[int, int]], lo: int) -> int:
     a, b = 0, len(starts)
     while a < b:
         m = (a + b) // 2
-        if starts[m][0] < lo:
+        key = starts[m]
+        k0 = key[0]
+        if k0 < lo:
             a = m + 1
         else:
             b = m
@@ -469,15 +472,22 @@ class Sanitizer:
 
     def _prune(self) -> None:
         host = self._host
-        for regions, starts in ((self._regions, self._starts), (self._grave, self._grave_starts)):
-            dead = []
-            for key, recs in regions.items():
-                recs[:] = [r for r in recs if host.get(r.sid, 0) < r.epoch]
-                if not recs:
-                    dead.append(key)
-            for key in dead:
-                del regions[key]
-                del starts[bisect_left(starts, key)]
+        dead = []
+        for key, recs in self._regions.items():
+            recs[:] = [r for r in recs if host.get(r.sid, 0) < r.epoch]
+            if not recs:
+                dead.append(key)
+        for key in dead:
+            del self._regions[key]
+            del self._starts[bisect_left(self._starts, key)]
+        dead = []
+        for key, recs in self._grave.items():
+            _retire_passed(recs, host)
+            if not recs:
+                dead.append(key)
+        for key in dead:
+            del self._grave[key]
+            del self._grave_starts[bisect_left(self._grave_starts, key)]
         for base in list(self.pinned):
             ext = self._live.get(base)
             if ext is not None:
@@ -783,13 +793,16 @@ class Sanitizer:
         older: list[_Rec] = []
         wrote = False
         for r in ext.recs:
-            if r.sid in rs or host.get(r.sid, 0) >= r.epoch:
+            h = host.get(r.sid, 0)
+            if h >= r.epoch or (rs and r.sid in rs):
                 continue  # the allocator waits for record_stream streams before reuse
             if r.block == base and r.gen == gen:
                 mine.append(r)
                 wrote = wrote or r.kind == "write"
-                if conflict is None and r.sid != sid and vc.get(r.sid, 0) < r.epoch:
-                    conflict = r
+                if conflict is None and r.sid != sid:
+                    h = vc.get(r.sid, 0)
+                    if h < r.epoch:
+                        conflict = r
             else:
                 older.append(r)
         rec = _new_rec(sid, self._labels[sid], ep, "free", base, ext.end, "free", frames, gen, base)
@@ -804,14 +817,18 @@ class Sanitizer:
         self._grave[key] = keep  # it inherited the entry it replaces
         return conflict, rec
 
-    def _inherit(self, lo: int, hi: int) -> list[_Rec]:
-        """Records of freed extents over [lo, hi), for the lifetime starting there."""
-        starts = self._grave_starts
-        if not starts:
-            return []
+    def _inherit(self, lo: int, hi: int, wsid: int = -1, wlo: int = 0, whi: int = 0,
+                 vc: dict | None = None) -> list[_Rec]:
+        """Records of freed extents over [lo, hi), for the lifetime starting there. Where its
+        first access is a contiguous write over [wlo, whi) on stream ``wsid`` (clock ``vc``),
+        the records that write supersedes are left out: ``_scan`` would drop them at once
+        (those of its own stream and those ordered before it, within its span)."""
+        out: list[_Rec] = []
+        if not self._grave:
+            return out
         host = self._host
         grave = self._grave
-        out: list[_Rec] = []
+        starts = self._grave_starts
         i = _first_from(starts, lo - self._grave_max)
         n = len(starts)
         while i < n:
@@ -820,9 +837,19 @@ class Sanitizer:
             if k0 >= hi:
                 break
             i += 1
-            if k1 > lo:
-                for r in grave[key]:
-                    if r.hi > lo and r.lo < hi and host.get(r.sid, 0) < r.epoch:
+            if k1 <= lo:
+                continue
+            recs = grave[key]
+            for r in recs:
+                if r.hi > lo and r.lo < hi:
+                    h = host.get(r.sid, 0)
+                    if h < r.epoch:
+                        if r.lo >= wlo and r.hi <= whi:
+                            if r.sid == wsid:
+                                continue
+                            h = vc.get(r.sid, 0)
+                            if h >= r.epoch:
+                                continue
                         out.append(r)
         return out
 
@@ -925,7 +952,7 @@ class Sanitizer:
                     b = base
                 ext = live.get(base)
                 if ext is None or ext.end is None:
-                    ext = self._first_sight(ext, base, size, mode, sid, frames, op)
+                    ext = self._first_sight(ext, base, size, mode, sid, frames, op, lo, hi, per, vc)
                     if ext is not None and mode & _O:
                         ext.lib = from_lib
                     if ext is None:  # inside an Ignis block: checked there
@@ -969,7 +996,8 @@ class Sanitizer:
         return found
 
     def _first_sight(self, ext: _Extent | None, base: int, size: int, mode: int, sid: int,
-                     frames: tuple | None, op: str) -> _Extent | None:
+                     frames: tuple | None, op: str, lo: int = 0, hi: int = 0, per: int = 0,
+                     vc: dict | None = None) -> _Extent | None:
         if ext is None:
             if self._regions and not mode & _P and self._block_at(base) is not None:
                 return None
@@ -994,7 +1022,10 @@ class Sanitizer:
         else:  # first seen as an input: something invisible wrote it
             ext.op = f"an allocation first used by {op}"
         ext.end = base + max(size, 1)
-        ext.recs = self._inherit(base, ext.end)
+        if mode & _W and not per and vc is not None:  # its first access: a write over [lo, hi) on sid
+            ext.recs = self._inherit(base, ext.end, sid, lo, hi, vc)
+        else:
+            ext.recs = self._inherit(base, ext.end)
         return ext
 
     def _on_block(self, sid: int, label: str, ep: int, vc: dict[int, int], lo: int, hi: int, per: int,

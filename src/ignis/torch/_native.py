@@ -97,7 +97,15 @@ def _load(path: str) -> ctypes.PyDLL:
     lib.ignis_obs_synced.restype = None
     lib.ignis_obs_any_global.argtypes = []
     lib.ignis_obs_any_global.restype = ctypes.c_int
-    for name in ("ignis_obs_take_cpu_ops", "ignis_obs_take_ops", "ignis_obs_errors"):
+    lib.ignis_obs_trace_start.argtypes = [ctypes.py_object, ctypes.py_object]
+    lib.ignis_obs_trace_start.restype = ctypes.c_int
+    lib.ignis_obs_trace_stop.argtypes = []
+    lib.ignis_obs_trace_stop.restype = None
+    lib.ignis_obs_trace_active.argtypes = []
+    lib.ignis_obs_trace_active.restype = ctypes.c_int
+    lib.ignis_obs_trace_fire.argtypes = [ctypes.c_int, ctypes.c_int, ctypes.c_ulonglong, ctypes.c_ulonglong]
+    lib.ignis_obs_trace_fire.restype = ctypes.c_int
+    for name in ("ignis_obs_take_cpu_ops", "ignis_obs_take_ops", "ignis_obs_errors", "ignis_obs_trace_take_events"):
         fn = getattr(lib, name)
         fn.argtypes = []
         fn.restype = ctypes.c_ulonglong

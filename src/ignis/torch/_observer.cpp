@@ -28,11 +28,14 @@
 #include <ATen/core/ivalue.h>
 #include <ATen/record_function.h>
 #include <c10/core/impl/DeviceGuardImplInterface.h>
+#include <c10/core/impl/GPUTrace.h>
+#include <c10/core/impl/PyInterpreter.h>
 #include <c10/util/SmallVector.h>
 #include <pybind11/pybind11.h>
 #include <torch/csrc/Export.h>
 #include <torch/csrc/Stream.h>
 #include <torch/csrc/autograd/python_variable.h>
+#include <torch/version.h>
 
 namespace torch::jit {
 // libtorch_python's conversion of any IValue (lists of lists, a ProcessGroup, a Work) to Python.
@@ -774,6 +777,201 @@ void clear_direct() {
   }
 }
 
+
+// ---- PyTorch's GPU trace, taken below Python ------------------------------------------------
+//
+// PyTorch reports each caching-allocator allocation and free, event record and wait, and
+// synchronization through one process-wide interpreter object (c10::impl::GPUTrace): its
+// Python implementation imports torch.utils._cuda_trace and calls a registry's Python
+// ``fire_callbacks`` for every event, whether anything listens or not. A training step has
+// hundreds of allocations and frees: that machinery alone cost a ResNet-18 step 1.2x.
+// While the front end runs with this observer, the trace's interpreter is this one instead:
+// an event Ignis needs goes straight to the front end's handler for its kind (a free to the
+// sanitizer with the handle of the stream current there), an event Ignis does not need
+// (allocations: the observer reports fresh outputs) costs no Python at all, and an event that
+// another listener subscribed to in PyTorch's registries (PyTorch's own CSAN, say) is passed on
+// to PyTorch's implementation as before. Every other method forwards to PyTorch's.
+//
+// The interface is PyTorch's internal one: the shim is compiled for the versions whose header
+// was checked (2.11 to 2.13); elsewhere ``ignis_obs_trace_start`` says so and the front end
+// subscribes in Python, as before.
+#if TORCH_VERSION_MAJOR == 2 && TORCH_VERSION_MINOR >= 11 && TORCH_VERSION_MINOR <= 13
+#define IGNIS_TRACE_SHIM 1
+#endif
+
+// The kinds, in the order of ignis_obs_trace_start's tuples.
+enum TraceKind : int {
+  T_EVENT_CREATION, T_EVENT_DELETION, T_EVENT_RECORD, T_EVENT_WAIT, T_ALLOCATION, T_DEALLOCATION,
+  T_STREAM_CREATION, T_DEVICE_SYNC, T_STREAM_SYNC, T_EVENT_SYNC, T_KINDS
+};
+
+// Ignis's handler per kind (nullptr: none), and PyTorch's registries' callback lists (other
+// listeners). Written with the GIL held; never freed (a trace call on another thread may
+// read them): a restart replaces the entries.
+PyObject *g_trace_fn[T_KINDS] = {};
+PyObject *g_trace_others[T_KINDS] = {};
+std::atomic<bool> g_trace_on{false};
+std::atomic<uint64_t> g_trace_events{0};  // events handled by Ignis's handlers (tests, diagnostics)
+
+#ifdef IGNIS_TRACE_SHIM
+using c10::impl::PyInterpreterVTable;
+using c10::TensorImpl;
+
+// Whether another listener is subscribed in PyTorch's registry of ``kind``: the size of a
+// Python list read without the GIL (a word; at worst an event at the moment of a change is
+// passed on or not).
+inline bool others(int kind) {
+  PyObject *l = g_trace_others[kind];
+  return l != nullptr && Py_SIZE(l) > 0;
+}
+
+struct TraceShim final : PyInterpreterVTable {
+  const PyInterpreterVTable *inner = nullptr;  // PyTorch's own
+
+  // Ignis's handler of ``kind`` with these arguments (as Python ints; ``nargs`` of them), the
+  // GIL taken. An error: an IgnisError waits in the front end's pending list; anything else is
+  // unraisable (PyTorch's own implementation would log and drop it).
+  static void call(int kind, int nargs, uintptr_t a, uintptr_t b) {
+    if (!g_trace_on.load(std::memory_order_acquire) || finalizing()) return;
+    PyGILState_STATE st = PyGILState_Ensure();
+    PyObject *fn = g_trace_fn[kind];
+    if (fn != nullptr && g_trace_on.load(std::memory_order_relaxed)) {
+      // (references of our own: a stop on another thread may drop the tables' during a call)
+      Held h(fn), stream(g_stream), raw_stream(g_raw_stream), pending(g_pending), error_type(g_error_type);
+      g_trace_events.fetch_add(1, std::memory_order_relaxed);
+      if (kind == T_DEVICE_SYNC || kind == T_STREAM_SYNC || kind == T_EVENT_SYNC)
+        g_epoch.fetch_add(1, std::memory_order_relaxed);  // an op in flight across it is synced
+      PyObject *argv[2] = {nullptr, nullptr};
+      bool ok = true;
+      if (kind == T_DEALLOCATION) {
+        // The sanitizer checks a free with the stream current where it happens.
+        int device = g_dev == c10::DeviceType::CPU ? -1 : (int)c10::impl::getDeviceGuardImpl(g_dev)->getDevice().index();
+        argv[0] = PyLong_FromUnsignedLongLong(a);
+        argv[1] = stream.p != nullptr
+                      ? stream_handle(device, stream_id(device), (int)g_dev, true, stream.p, raw_stream.p)
+                      : nullptr;
+        if (argv[1] == nullptr && !PyErr_Occurred()) PyErr_SetString(PyExc_RuntimeError, "ignis.torch: the op observer is off");
+      } else {
+        if (nargs > 0) argv[0] = PyLong_FromUnsignedLongLong(a);
+        if (nargs > 1) argv[1] = PyLong_FromUnsignedLongLong(b);
+      }
+      for (int i = 0; i < nargs; i++) ok = ok && argv[i] != nullptr;
+      PyObject *r = ok ? PyObject_Vectorcall(fn, argv, (size_t)nargs, nullptr) : nullptr;
+      if (r == nullptr) sanitizer_failed(fn, pending.p, error_type.p);
+      Py_XDECREF(r);
+      Py_XDECREF(argv[0]);
+      Py_XDECREF(argv[1]);
+    }
+    PyGILState_Release(st);
+  }
+  static bool mine(c10::DeviceType t, int kind) { return t == g_dev && g_trace_fn[kind] != nullptr; }
+
+  void trace_gpu_event_creation(c10::DeviceType t, uintptr_t e) const override {
+    if (mine(t, T_EVENT_CREATION)) call(T_EVENT_CREATION, 1, e, 0);
+    if (t != g_dev || others(T_EVENT_CREATION)) inner->trace_gpu_event_creation(t, e);
+  }
+  void trace_gpu_event_deletion(c10::DeviceType t, uintptr_t e) const override {
+    if (mine(t, T_EVENT_DELETION)) call(T_EVENT_DELETION, 1, e, 0);
+    if (t != g_dev || others(T_EVENT_DELETION)) inner->trace_gpu_event_deletion(t, e);
+  }
+  void trace_gpu_event_record(c10::DeviceType t, uintptr_t e, uintptr_t s) const override {
+    if (mine(t, T_EVENT_RECORD)) call(T_EVENT_RECORD, 2, e, s);
+    if (t != g_dev || others(T_EVENT_RECORD)) inner->trace_gpu_event_record(t, e, s);
+  }
+  void trace_gpu_event_wait(c10::DeviceType t, uintptr_t e, uintptr_t s) const override {
+    if (mine(t, T_EVENT_WAIT)) call(T_EVENT_WAIT, 2, e, s);
+    if (t != g_dev || others(T_EVENT_WAIT)) inner->trace_gpu_event_wait(t, e, s);
+  }
+  void trace_gpu_memory_allocation(c10::DeviceType t, uintptr_t p) const override {
+    if (mine(t, T_ALLOCATION)) call(T_ALLOCATION, 1, p, 0);
+    if (t != g_dev || others(T_ALLOCATION)) inner->trace_gpu_memory_allocation(t, p);
+  }
+  void trace_gpu_memory_deallocation(c10::DeviceType t, uintptr_t p) const override {
+    if (mine(t, T_DEALLOCATION)) call(T_DEALLOCATION, 2, p, 0);
+    if (t != g_dev || others(T_DEALLOCATION)) inner->trace_gpu_memory_deallocation(t, p);
+  }
+  void trace_gpu_stream_creation(c10::DeviceType t, uintptr_t s) const override {
+    if (mine(t, T_STREAM_CREATION)) call(T_STREAM_CREATION, 1, s, 0);
+    if (t != g_dev || others(T_STREAM_CREATION)) inner->trace_gpu_stream_creation(t, s);
+  }
+  void trace_gpu_device_synchronization(c10::DeviceType t) const override {
+    if (mine(t, T_DEVICE_SYNC)) call(T_DEVICE_SYNC, 0, 0, 0);
+    if (t != g_dev || others(T_DEVICE_SYNC)) inner->trace_gpu_device_synchronization(t);
+  }
+  void trace_gpu_stream_synchronization(c10::DeviceType t, uintptr_t s) const override {
+    if (mine(t, T_STREAM_SYNC)) call(T_STREAM_SYNC, 1, s, 0);
+    if (t != g_dev || others(T_STREAM_SYNC)) inner->trace_gpu_stream_synchronization(t, s);
+  }
+  void trace_gpu_event_synchronization(c10::DeviceType t, uintptr_t e) const override {
+    if (mine(t, T_EVENT_SYNC)) call(T_EVENT_SYNC, 1, e, 0);
+    if (t != g_dev || others(T_EVENT_SYNC)) inner->trace_gpu_event_synchronization(t, e);
+  }
+
+  // Everything else is PyTorch's (only the trace methods are called through GPUTrace).
+  std::string name() const override { return inner->name(); }
+  void incref(PyObject *o) const override { inner->incref(o); }
+  void decref(PyObject *o) const override { inner->decref(o); }
+  bool try_incref(const c10::impl::PyObjectSlot &s) const override { return inner->try_incref(s); }
+  size_t refcnt(PyObject *o) const override { return inner->refcnt(o); }
+  c10::intrusive_ptr<TensorImpl> detach(const TensorImpl *self) const override { return inner->detach(self); }
+  void dispatch(const c10::OperatorHandle &op, torch::jit::Stack *stack) const override { inner->dispatch(op, stack); }
+  void reportErrorCallback(PyObject *cb, c10::DispatchKey key) const override { inner->reportErrorCallback(cb, key); }
+  void python_op_registration_trampoline(const c10::OperatorHandle &op, c10::DispatchKey k, c10::DispatchKeySet ks,
+                                         torch::jit::Stack *stack, bool with_keyset, bool with_op) const override {
+    inner->python_op_registration_trampoline(op, k, ks, stack, with_keyset, with_op);
+  }
+  void throw_abstract_impl_not_imported_error(std::string opname, const char *pymodule,
+                                              const char *context) const override {
+    inner->throw_abstract_impl_not_imported_error(std::move(opname), pymodule, context);
+  }
+  void python_dispatcher(const c10::OperatorHandle &op, c10::DispatchKeySet ks, torch::jit::Stack *stack) const override {
+    inner->python_dispatcher(op, ks, stack);
+  }
+  bool is_contiguous(const TensorImpl *self, at::MemoryFormat f) const override { return inner->is_contiguous(self, f); }
+  c10::SymBool sym_is_contiguous(const TensorImpl *self, at::MemoryFormat f) const override {
+    return inner->sym_is_contiguous(self, f);
+  }
+  bool is_strides_like(const TensorImpl *self, at::MemoryFormat f) const override { return inner->is_strides_like(self, f); }
+  bool is_non_overlapping_and_dense(const TensorImpl *self) const override { return inner->is_non_overlapping_and_dense(self); }
+  c10::Device device(const TensorImpl *self) const override { return inner->device(self); }
+  int64_t dim(const TensorImpl *self) const override { return inner->dim(self); }
+  c10::IntArrayRef strides(const TensorImpl *self) const override { return inner->strides(self); }
+  c10::IntArrayRef sizes(const TensorImpl *self) const override { return inner->sizes(self); }
+  c10::SymIntArrayRef sym_sizes(const TensorImpl *self) const override { return inner->sym_sizes(self); }
+  c10::Layout layout(const TensorImpl *self) const override { return inner->layout(self); }
+  int64_t numel(const TensorImpl *self) const override { return inner->numel(self); }
+  c10::SymInt sym_numel(const TensorImpl *self) const override { return inner->sym_numel(self); }
+  c10::SymIntArrayRef sym_strides(const TensorImpl *self) const override { return inner->sym_strides(self); }
+  c10::SymInt sym_storage_offset(const TensorImpl *self) const override { return inner->sym_storage_offset(self); }
+  void reset_backward_hooks(const TensorImpl *self) const override { inner->reset_backward_hooks(self); }
+};
+
+// Never destroyed: a trace call may be in flight on another thread when the shim is withdrawn.
+TraceShim *g_shim = nullptr;
+c10::impl::PyInterpreter *g_shim_interp = nullptr;
+const c10::impl::PyInterpreter *g_trace_orig = nullptr;  // PyTorch's, put back at stop
+#endif
+
+void clear_trace_tables();
+
+// Give the trace back to PyTorch's interpreter (the GIL held).
+void trace_stop() {
+#ifdef IGNIS_TRACE_SHIM
+  if (!g_trace_on.load()) return;
+  g_trace_on.store(false, std::memory_order_release);
+  if (g_trace_orig != nullptr && c10::impl::GPUTrace::get_trace() == g_shim_interp)
+    c10::impl::GPUTrace::gpuTraceState.store(g_trace_orig, std::memory_order_release);
+  clear_trace_tables();
+#endif
+}
+
+void clear_trace_tables() {
+  for (int k = 0; k < T_KINDS; k++) {
+    Py_CLEAR(g_trace_fn[k]);
+    // The lists stay referenced: a trace call without the GIL may still read one's size.
+  }
+}
+
 }  // namespace
 
 #define IGNIS_API __attribute__((visibility("default")))
@@ -833,6 +1031,7 @@ IGNIS_API int ignis_obs_start(PyObject *classify_fn, PyObject *on_op, PyObject *
 // which finds the observer off (this code is never unloaded).
 IGNIS_API void ignis_obs_stop(void) {
   if (!g_on.load()) return;
+  trace_stop();  // (its free handler needs the direct path's callables)
   g_on = false;
   at::removeCallback(g_handle);
   g_handle = 0;
@@ -870,5 +1069,95 @@ IGNIS_API unsigned long long ignis_obs_errors(void) { return g_errors.load(); }
 
 // Whether any global RecordFunction callback (this one or another's) is registered.
 IGNIS_API int ignis_obs_any_global(void) { return at::hasGlobalCallbacks() ? 1 : 0; }
+
+// Take PyTorch's GPU trace below Python (see TraceShim). ``handlers``: a tuple of T_KINDS
+// callables or None, Ignis's handler per kind (a deallocation's gets (pointer, the handle of
+// the stream current there); the others PyTorch's trace arguments); ``registries``: a tuple of
+// T_KINDS lists, PyTorch's registries' callback lists, for the other listeners. The trace must
+// be active (torch._C._activate_gpu_trace()) and the observer started with its direct path.
+// Returns 0; -1: this torch's version is not one the shim was checked against; -2: the trace is
+// not active; -3: malformed arguments or the observer is off; -4: the trace's interpreter is
+// not PyTorch's (another tool replaced it).
+IGNIS_API int ignis_obs_trace_start(PyObject *handlers, PyObject *registries) {
+#ifndef IGNIS_TRACE_SHIM
+  (void)handlers;
+  (void)registries;
+  return -1;
+#else
+  if (!g_on.load() || g_stream == nullptr) return -3;
+  if (!PyTuple_Check(handlers) || PyTuple_GET_SIZE(handlers) != T_KINDS || !PyTuple_Check(registries) ||
+      PyTuple_GET_SIZE(registries) != T_KINDS)
+    return -3;
+  for (int k = 0; k < T_KINDS; k++)
+    if (!PyList_Check(PyTuple_GET_ITEM(registries, k))) return -3;
+  const c10::impl::PyInterpreter *cur = c10::impl::GPUTrace::get_trace();
+  if (cur == nullptr) return -2;
+  if (g_shim_interp == nullptr || cur != g_shim_interp) {
+    if (g_shim != nullptr && cur->vtable_ == g_shim) return -4;
+    if (g_trace_orig != nullptr && cur != g_trace_orig) return -4;
+    if (g_shim == nullptr) {
+      g_shim = new TraceShim();
+      g_shim_interp = new c10::impl::PyInterpreter(g_shim);
+    }
+    g_trace_orig = cur;
+    g_shim->inner = cur->vtable_;
+  }
+  clear_trace_tables();
+  for (int k = 0; k < T_KINDS; k++) {
+    PyObject *fn = PyTuple_GET_ITEM(handlers, k);
+    if (fn != Py_None) {
+      Py_INCREF(fn);
+      g_trace_fn[k] = fn;
+    }
+    PyObject *l = PyTuple_GET_ITEM(registries, k);
+    if (g_trace_others[k] != l) {
+      Py_INCREF(l);
+      g_trace_others[k] = l;  // (a list replaced is kept: see clear_trace_tables)
+    }
+  }
+  g_trace_on.store(true, std::memory_order_release);
+  c10::impl::GPUTrace::gpuTraceState.store(g_shim_interp, std::memory_order_release);
+  return 0;
+#endif
+}
+
+// Give the trace back to PyTorch's interpreter (events fire into its Python registries again).
+IGNIS_API void ignis_obs_trace_stop(void) { trace_stop(); }
+
+// Whether the trace goes through the shim now.
+IGNIS_API int ignis_obs_trace_active(void) {
+#ifdef IGNIS_TRACE_SHIM
+  return g_trace_on.load() && c10::impl::GPUTrace::get_trace() == g_shim_interp ? 1 : 0;
+#else
+  return 0;
+#endif
+}
+
+// Events Ignis's handlers took through the shim (taken and reset).
+IGNIS_API unsigned long long ignis_obs_trace_take_events(void) { return g_trace_events.exchange(0); }
+
+// Fire one trace event of ``kind`` through whatever interpreter PyTorch's trace has now, as
+// PyTorch's allocator and event code do (for tests on a machine without CUDA: the event is
+// reported for device type ``device_type``). Returns 0, or -1 when the trace is not active.
+IGNIS_API int ignis_obs_trace_fire(int kind, int device_type, unsigned long long a, unsigned long long b) {
+  const c10::impl::PyInterpreter *t = c10::impl::GPUTrace::get_trace();
+  if (t == nullptr) return -1;
+  auto dt = (c10::DeviceType)device_type;
+  uintptr_t x = (uintptr_t)a, y = (uintptr_t)b;
+  switch (kind) {
+    case T_EVENT_CREATION: (*t)->trace_gpu_event_creation(dt, x); break;
+    case T_EVENT_DELETION: (*t)->trace_gpu_event_deletion(dt, x); break;
+    case T_EVENT_RECORD: (*t)->trace_gpu_event_record(dt, x, y); break;
+    case T_EVENT_WAIT: (*t)->trace_gpu_event_wait(dt, x, y); break;
+    case T_ALLOCATION: (*t)->trace_gpu_memory_allocation(dt, x); break;
+    case T_DEALLOCATION: (*t)->trace_gpu_memory_deallocation(dt, x); break;
+    case T_STREAM_CREATION: (*t)->trace_gpu_stream_creation(dt, x); break;
+    case T_DEVICE_SYNC: (*t)->trace_gpu_device_synchronization(dt); break;
+    case T_STREAM_SYNC: (*t)->trace_gpu_stream_synchronization(dt, x); break;
+    case T_EVENT_SYNC: (*t)->trace_gpu_event_synchronization(dt, x); break;
+    default: return -1;
+  }
+  return 0;
+}
 
 }  // extern "C"
