@@ -392,6 +392,26 @@ def test_event_handles_and_query(be, res):
     assert be.event_query(e) is True
 
 
+def test_a_destroyed_event_is_refused_not_handed_to_the_driver(be, res):
+    # The driver's behaviour on a destroyed event's handle is undefined (a query of one crashed
+    # the process): the backend refuses its own dead handles, until the driver reuses one.
+    e = be.event_create(0)
+    be.event_destroy(e)
+    s = res.stream()
+    for call, name in ((lambda: be.event_query(e), "cuEventQuery"), (lambda: be.event_synchronize(e), "cuEventSynchronize"),
+                       (lambda: be.event_record(e, s), "cuEventRecord"), (lambda: be.stream_wait_event(s, e), "cuStreamWaitEvent")):
+        with pytest.raises(DriverError, match="was destroyed") as info:
+            call()
+        assert info.value.name == "CUDA_ERROR_INVALID_HANDLE" and name in str(info.value)
+    again = [be.event_create(0) for _ in range(4)]  # a handle the driver hands out again works
+    try:
+        for h in again:
+            assert be.event_query(h) is True
+    finally:
+        for h in again:
+            be.event_destroy(h)
+
+
 def test_elapsed_ms(be, res):
     s = res.stream()
     start, end = res.event(timing=True), res.event(timing=True)
@@ -664,6 +684,7 @@ REBUILD_SCRIPT = r"""
 import threading
 import numpy as np
 from ignis.backends import get_backend
+from ignis.errors import DriverError
 
 be = get_backend()
 assert be.name == "cuda", be.name
@@ -693,7 +714,16 @@ be.mem_alloc(0, 1 << 20)            # gone with the context
 be.mem_alloc_async(0, 1 << 20, s)   # likewise
 be.launch_host_func(s, lambda: None)
 be.stream_synchronize(s)
+old_event = be.event_create(0)
+be.event_record(old_event, s)
 be.rebuild_context(0)
+for call in (lambda: be.event_query(old_event), lambda: be.event_synchronize(old_event),
+             lambda: be.event_record(old_event, be.stream_create(0))):
+    try:  # an event of the reset context: refused, never handed to the driver
+        call()
+        raise AssertionError("an event of the reset context was used")
+    except DriverError as e:
+        assert e.name == "CUDA_ERROR_INVALID_HANDLE" and "context was reset" in str(e), e
 
 n = 1 << 20
 s = be.stream_create(0)

@@ -250,6 +250,9 @@ class CudaBackend(CudaVmm, Backend):
         # handle -> (device, binding object), for streams and events made here
         self._streams: dict[int, tuple[_Device, Any]] = {}
         self._events: dict[int, tuple[_Device, Any]] = {}
+        # Handles of events this backend created and destroyed or lost in a context reset (until
+        # the driver hands the same handle out again): refused, never passed to the driver.
+        self._gone_events: set[int] = set()
         # host-function exceptions not yet surfaced: stream -> [...], and per
         # device for streams destroyed before they were synchronized
         self._host_errors: dict[int, list[tuple[Callable, BaseException]]] = {}
@@ -353,9 +356,16 @@ class CudaBackend(CudaVmm, Backend):
             self._make_current(dev)
         return obj
 
-    def _enter_event(self, event: int) -> Any:
+    def _enter_event(self, event: int, call: str = "cuEvent") -> Any:
+        """The binding object for ``event``, with its context current. A handle this backend
+        does not hold is passed on as a foreign one, unless it is one of its own events that
+        was destroyed or lost in a context reset: the driver's behaviour on such a handle is
+        undefined (a query of one crashed the process), so it is refused here."""
         rec = self._events.get(event)
         if rec is None:
+            if event in self._gone_events:
+                raise driver_error("CUDA_ERROR_INVALID_HANDLE", call,
+                                   f"event {event:#x} was destroyed, or its context was reset")
             self._enter_any()
             return event
         dev, obj = rec
@@ -386,6 +396,8 @@ class CudaBackend(CudaVmm, Backend):
                 for handle in [h for h, (d, _) in list(table.items()) if d is dev]:
                     table.pop(handle, None)
                     self._host_errors.pop(handle, None)
+                    if table is self._events:
+                        self._gone_events.add(handle)
             for token in [t for t, (b, _, rec, _) in list(_PENDING.items())
                           if b is self and rec is not None and rec[0] is dev]:
                 _PENDING.pop(token, None)
@@ -630,7 +642,8 @@ class CudaBackend(CudaVmm, Backend):
         if srec is not None and erec is not None and self._cur.ctx is srec[0].ctx:  # the hot path, inlined
             res = self._cuStreamWaitEvent(srec[1], erec[1], 0)
         else:
-            res = self._cuStreamWaitEvent(self._enter_stream(stream), event if erec is None else erec[1], 0)
+            res = self._cuStreamWaitEvent(self._enter_stream(stream),
+                                          self._enter_event(event, "cuStreamWaitEvent") if erec is None else erec[1], 0)
         if res[0]:
             raise _error(res[0], "cuStreamWaitEvent")
         if self._trace:
@@ -702,14 +715,16 @@ class CudaBackend(CudaVmm, Backend):
         obj = _check(cu.cuEventCreate(0 if timing else self._no_timing), "cuEventCreate")[1]
         handle = int(obj)
         self._events[handle] = (dev, obj)
+        self._gone_events.discard(handle)
         return handle
 
     def event_destroy(self, event: int) -> None:
         if event not in self._events:
             raise driver_error("CUDA_ERROR_INVALID_HANDLE", "cuEventDestroy",
                                f"event {event:#x} was not created by this backend or its context was reset")
-        _check(cu.cuEventDestroy(self._enter_event(event)), "cuEventDestroy")
+        _check(cu.cuEventDestroy(self._enter_event(event, "cuEventDestroy")), "cuEventDestroy")
         self._events.pop(event, None)
+        self._gone_events.add(event)
         if self._trace:
             emit(self._trace, "on_event_destroyed", event)
 
@@ -721,26 +736,28 @@ class CudaBackend(CudaVmm, Backend):
         if srec is not None and erec is not None and self._cur.ctx is srec[0].ctx:  # the hot path, inlined
             res = self._cuEventRecord(erec[1], srec[1])
         else:
-            res = self._cuEventRecord(event if erec is None else erec[1], self._enter_stream(stream))
+            res = self._cuEventRecord(self._enter_event(event, "cuEventRecord") if erec is None else erec[1],
+                                      self._enter_stream(stream))
         if res[0]:
             raise _error(res[0], "cuEventRecord")
 
     def event_query(self, event: int) -> bool:
-        done = _ready(self._cuEventQuery(self._enter_event(event)), "cuEventQuery")
+        done = _ready(self._cuEventQuery(self._enter_event(event, "cuEventQuery")), "cuEventQuery")
         if done and self._trace:
             emit(self._trace, "on_event_synchronize", event)
         return done
 
     def event_synchronize(self, event: int) -> None:
-        _check(self._cuEventSynchronize(self._enter_event(event)), "cuEventSynchronize")
+        _check(self._cuEventSynchronize(self._enter_event(event, "cuEventSynchronize")), "cuEventSynchronize")
         if self._trace:
             emit(self._trace, "on_event_synchronize", event)
 
     def event_elapsed_ms(self, start: int, end: int) -> float:
         """Milliseconds between two completed records of timing events."""
-        a = self._enter_event(start)
+        a = self._enter_event(start, "cuEventElapsedTime")
         rec = self._events.get(end)
-        return float(_check(cu.cuEventElapsedTime(a, end if rec is None else rec[1]), "cuEventElapsedTime")[1])
+        b = self._enter_event(end, "cuEventElapsedTime") if rec is None else rec[1]
+        return float(_check(cu.cuEventElapsedTime(a, b), "cuEventElapsedTime")[1])
 
     # -- kernels -----------------------------------------------------------
     def kernel_compile(self, ordinal: int, source: str, name: str, options: tuple = ()) -> Any:
