@@ -458,7 +458,7 @@ def test_the_gpu_trace_goes_to_the_front_ends_handlers_below_python(monkeypatch)
         assert lib.ignis_obs_trace_active()
         lib.ignis_obs_trace_take_events()
         for i in range(len(kinds)):
-            assert lib.ignis_obs_trace_fire(i, 0, 0x100 + i, 0x200 + i) == 0
+            assert lib.ignis_obs_trace_fire(i, 0, 0x100 + i, 0x200 + i, 0) == 0
         assert got == [("EventCreationCallbacks", (0x100,)), ("EventDeletionCallbacks", (0x101,)),
                        ("EventRecordCallbacks", (0x102, 0x202)), ("EventWaitCallbacks", (0x103, 0x203)),
                        ("MemoryDeallocationCallbacks", (0x105, 0x10)),  # (the current stream's handle)
@@ -469,9 +469,15 @@ def test_the_gpu_trace_goes_to_the_front_ends_handlers_below_python(monkeypatch)
         # Another listener in PyTorch's registry hears its kind as before; Ignis's handler too.
         gt.EventRecordCallbacks.add_callback(other)
         gt.MemoryAllocationCallbacks.add_callback(other)
-        lib.ignis_obs_trace_fire(2, 0, 0xE1, 0x51)
-        lib.ignis_obs_trace_fire(4, 0, 0xA110C, 0)
+        lib.ignis_obs_trace_fire(2, 0, 0xE1, 0x51, 0)
+        lib.ignis_obs_trace_fire(4, 0, 0xA110C, 0, 0)
         assert got == [("EventRecordCallbacks", (0xE1, 0x51))] and heard == [0xE1, 0xA110C]
+        got.clear()
+        # An event fired while the thread has an exception set (a release in an error path): the
+        # handler runs, and the exception is the caller's still.
+        with pytest.raises(KeyError, match="set before the event"):
+            lib.ignis_obs_trace_fire(5, 0, 0xF4EE, 0, 1)  # (ctypes raises what is set when the call returns)
+        assert got == [("MemoryDeallocationCallbacks", (0xF4EE, 0x10))]
         got.clear()
         # An error a handler raises in raise mode waits for the front end to raise it.
         err = ig.errors.IgnisError("found in a trace event")
@@ -480,7 +486,7 @@ def test_the_gpu_trace_goes_to_the_front_ends_handlers_below_python(monkeypatch)
             raise err
         assert lib.ignis_obs_trace_start(tuple(failing if h else None for h in handlers),
                                          tuple(getattr(gt, k).callback_list for k in kinds)) == 0
-        lib.ignis_obs_trace_fire(3, 0, 0xE2, 0x52)
+        lib.ignis_obs_trace_fire(3, 0, 0xE2, 0x52, 0)
         assert fe.pending == [err]
         fe.pending.clear()
     finally:
@@ -491,7 +497,7 @@ def test_the_gpu_trace_goes_to_the_front_ends_handlers_below_python(monkeypatch)
     heard.clear()
     gt.EventRecordCallbacks.add_callback(other)
     try:
-        lib.ignis_obs_trace_fire(2, 0, 0xE3, 0x53)  # PyTorch's own interpreter: the registries only
+        lib.ignis_obs_trace_fire(2, 0, 0xE3, 0x53, 0)  # PyTorch's own interpreter: the registries only
     finally:
         gt.EventRecordCallbacks.callback_list.remove(other)
     assert heard == [0xE3] and got == []

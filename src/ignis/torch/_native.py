@@ -103,7 +103,7 @@ def _load(path: str) -> ctypes.PyDLL:
     lib.ignis_obs_trace_stop.restype = None
     lib.ignis_obs_trace_active.argtypes = []
     lib.ignis_obs_trace_active.restype = ctypes.c_int
-    lib.ignis_obs_trace_fire.argtypes = [ctypes.c_int, ctypes.c_int, ctypes.c_ulonglong, ctypes.c_ulonglong]
+    lib.ignis_obs_trace_fire.argtypes = [ctypes.c_int, ctypes.c_int, ctypes.c_ulonglong, ctypes.c_ulonglong, ctypes.c_int]
     lib.ignis_obs_trace_fire.restype = ctypes.c_int
     for name in ("ignis_obs_take_cpu_ops", "ignis_obs_take_ops", "ignis_obs_errors", "ignis_obs_trace_take_events"):
         fn = getattr(lib, name)

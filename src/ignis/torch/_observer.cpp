@@ -33,6 +33,7 @@
 #include <c10/util/SmallVector.h>
 #include <pybind11/pybind11.h>
 #include <torch/csrc/Export.h>
+#include <torch/csrc/PyInterpreter.h>
 #include <torch/csrc/Stream.h>
 #include <torch/csrc/autograd/python_variable.h>
 #include <torch/version.h>
@@ -825,8 +826,18 @@ inline bool others(int kind) {
   return l != nullptr && Py_SIZE(l) > 0;
 }
 
+const c10::impl::PyInterpreter *g_trace_orig = nullptr;  // PyTorch's own, forwarded to and put back at stop
+
+// PyTorch's interpreter's methods, read at each call (its disarm() at exit swaps them for no-ops).
+inline const PyInterpreterVTable *torch_impl() { return g_trace_orig->vtable_; }
+
+// The trace's device types that are the checked backend's (ROCm builds report kHIP, which PyTorch
+// hands to the CUDA registries too).
+inline bool checked_type(c10::DeviceType t) {
+  return t == g_dev || (g_dev == c10::DeviceType::CUDA && t == c10::DeviceType::HIP);
+}
+
 struct TraceShim final : PyInterpreterVTable {
-  const PyInterpreterVTable *inner = nullptr;  // PyTorch's own
 
   // Ignis's handler of ``kind`` with these arguments (as Python ints; ``nargs`` of them), the
   // GIL taken. An error: an IgnisError waits in the front end's pending list; anything else is
@@ -834,6 +845,21 @@ struct TraceShim final : PyInterpreterVTable {
   static void call(int kind, int nargs, uintptr_t a, uintptr_t b) {
     if (!g_trace_on.load(std::memory_order_acquire) || finalizing()) return;
     PyGILState_STATE st = PyGILState_Ensure();
+    // An exception already set on this thread (an event fired by a release inside an error
+    // path) is kept aside and put back: the handler runs clean, and the caller's error survives.
+    PyObject *et, *ev, *etb;
+    PyErr_Fetch(&et, &ev, &etb);
+    try {
+      handle(kind, nargs, a, b);
+    } catch (...) {  // c10's errors (the current device or stream); a trace call must not throw
+      g_errors++;
+    }
+    PyErr_Restore(et, ev, etb);
+    PyGILState_Release(st);
+  }
+
+  // ``call``'s work, the GIL held and no exception set.
+  static void handle(int kind, int nargs, uintptr_t a, uintptr_t b) {
     PyObject *fn = g_trace_fn[kind];
     if (fn != nullptr && g_trace_on.load(std::memory_order_relaxed)) {
       // (references of our own: a stop on another thread may drop the tables' during a call)
@@ -845,11 +871,11 @@ struct TraceShim final : PyInterpreterVTable {
       bool ok = true;
       if (kind == T_DEALLOCATION) {
         // The sanitizer checks a free with the stream current where it happens.
+        // (c10 may throw here: nothing is made before)
         int device = g_dev == c10::DeviceType::CPU ? -1 : (int)c10::impl::getDeviceGuardImpl(g_dev)->getDevice().index();
+        long long sid = stream_id(device);
         argv[0] = PyLong_FromUnsignedLongLong(a);
-        argv[1] = stream.p != nullptr
-                      ? stream_handle(device, stream_id(device), (int)g_dev, true, stream.p, raw_stream.p)
-                      : nullptr;
+        argv[1] = stream.p != nullptr ? stream_handle(device, sid, (int)g_dev, true, stream.p, raw_stream.p) : nullptr;
         if (argv[1] == nullptr && !PyErr_Occurred()) PyErr_SetString(PyExc_RuntimeError, "ignis.torch: the op observer is off");
       } else {
         if (nargs > 0) argv[0] = PyLong_FromUnsignedLongLong(a);
@@ -862,94 +888,92 @@ struct TraceShim final : PyInterpreterVTable {
       Py_XDECREF(argv[0]);
       Py_XDECREF(argv[1]);
     }
-    PyGILState_Release(st);
   }
-  static bool mine(c10::DeviceType t, int kind) { return t == g_dev && g_trace_fn[kind] != nullptr; }
+  static bool mine(c10::DeviceType t, int kind) { return checked_type(t) && g_trace_fn[kind] != nullptr; }
 
   void trace_gpu_event_creation(c10::DeviceType t, uintptr_t e) const override {
     if (mine(t, T_EVENT_CREATION)) call(T_EVENT_CREATION, 1, e, 0);
-    if (t != g_dev || others(T_EVENT_CREATION)) inner->trace_gpu_event_creation(t, e);
+    if (!checked_type(t) || others(T_EVENT_CREATION)) torch_impl()->trace_gpu_event_creation(t, e);
   }
   void trace_gpu_event_deletion(c10::DeviceType t, uintptr_t e) const override {
     if (mine(t, T_EVENT_DELETION)) call(T_EVENT_DELETION, 1, e, 0);
-    if (t != g_dev || others(T_EVENT_DELETION)) inner->trace_gpu_event_deletion(t, e);
+    if (!checked_type(t) || others(T_EVENT_DELETION)) torch_impl()->trace_gpu_event_deletion(t, e);
   }
   void trace_gpu_event_record(c10::DeviceType t, uintptr_t e, uintptr_t s) const override {
     if (mine(t, T_EVENT_RECORD)) call(T_EVENT_RECORD, 2, e, s);
-    if (t != g_dev || others(T_EVENT_RECORD)) inner->trace_gpu_event_record(t, e, s);
+    if (!checked_type(t) || others(T_EVENT_RECORD)) torch_impl()->trace_gpu_event_record(t, e, s);
   }
   void trace_gpu_event_wait(c10::DeviceType t, uintptr_t e, uintptr_t s) const override {
     if (mine(t, T_EVENT_WAIT)) call(T_EVENT_WAIT, 2, e, s);
-    if (t != g_dev || others(T_EVENT_WAIT)) inner->trace_gpu_event_wait(t, e, s);
+    if (!checked_type(t) || others(T_EVENT_WAIT)) torch_impl()->trace_gpu_event_wait(t, e, s);
   }
   void trace_gpu_memory_allocation(c10::DeviceType t, uintptr_t p) const override {
     if (mine(t, T_ALLOCATION)) call(T_ALLOCATION, 1, p, 0);
-    if (t != g_dev || others(T_ALLOCATION)) inner->trace_gpu_memory_allocation(t, p);
+    if (!checked_type(t) || others(T_ALLOCATION)) torch_impl()->trace_gpu_memory_allocation(t, p);
   }
   void trace_gpu_memory_deallocation(c10::DeviceType t, uintptr_t p) const override {
     if (mine(t, T_DEALLOCATION)) call(T_DEALLOCATION, 2, p, 0);
-    if (t != g_dev || others(T_DEALLOCATION)) inner->trace_gpu_memory_deallocation(t, p);
+    if (!checked_type(t) || others(T_DEALLOCATION)) torch_impl()->trace_gpu_memory_deallocation(t, p);
   }
   void trace_gpu_stream_creation(c10::DeviceType t, uintptr_t s) const override {
     if (mine(t, T_STREAM_CREATION)) call(T_STREAM_CREATION, 1, s, 0);
-    if (t != g_dev || others(T_STREAM_CREATION)) inner->trace_gpu_stream_creation(t, s);
+    if (!checked_type(t) || others(T_STREAM_CREATION)) torch_impl()->trace_gpu_stream_creation(t, s);
   }
   void trace_gpu_device_synchronization(c10::DeviceType t) const override {
     if (mine(t, T_DEVICE_SYNC)) call(T_DEVICE_SYNC, 0, 0, 0);
-    if (t != g_dev || others(T_DEVICE_SYNC)) inner->trace_gpu_device_synchronization(t);
+    if (!checked_type(t) || others(T_DEVICE_SYNC)) torch_impl()->trace_gpu_device_synchronization(t);
   }
   void trace_gpu_stream_synchronization(c10::DeviceType t, uintptr_t s) const override {
     if (mine(t, T_STREAM_SYNC)) call(T_STREAM_SYNC, 1, s, 0);
-    if (t != g_dev || others(T_STREAM_SYNC)) inner->trace_gpu_stream_synchronization(t, s);
+    if (!checked_type(t) || others(T_STREAM_SYNC)) torch_impl()->trace_gpu_stream_synchronization(t, s);
   }
   void trace_gpu_event_synchronization(c10::DeviceType t, uintptr_t e) const override {
     if (mine(t, T_EVENT_SYNC)) call(T_EVENT_SYNC, 1, e, 0);
-    if (t != g_dev || others(T_EVENT_SYNC)) inner->trace_gpu_event_synchronization(t, e);
+    if (!checked_type(t) || others(T_EVENT_SYNC)) torch_impl()->trace_gpu_event_synchronization(t, e);
   }
 
   // Everything else is PyTorch's (only the trace methods are called through GPUTrace).
-  std::string name() const override { return inner->name(); }
-  void incref(PyObject *o) const override { inner->incref(o); }
-  void decref(PyObject *o) const override { inner->decref(o); }
-  bool try_incref(const c10::impl::PyObjectSlot &s) const override { return inner->try_incref(s); }
-  size_t refcnt(PyObject *o) const override { return inner->refcnt(o); }
-  c10::intrusive_ptr<TensorImpl> detach(const TensorImpl *self) const override { return inner->detach(self); }
-  void dispatch(const c10::OperatorHandle &op, torch::jit::Stack *stack) const override { inner->dispatch(op, stack); }
-  void reportErrorCallback(PyObject *cb, c10::DispatchKey key) const override { inner->reportErrorCallback(cb, key); }
+  std::string name() const override { return torch_impl()->name(); }
+  void incref(PyObject *o) const override { torch_impl()->incref(o); }
+  void decref(PyObject *o) const override { torch_impl()->decref(o); }
+  bool try_incref(const c10::impl::PyObjectSlot &s) const override { return torch_impl()->try_incref(s); }
+  size_t refcnt(PyObject *o) const override { return torch_impl()->refcnt(o); }
+  c10::intrusive_ptr<TensorImpl> detach(const TensorImpl *self) const override { return torch_impl()->detach(self); }
+  void dispatch(const c10::OperatorHandle &op, torch::jit::Stack *stack) const override { torch_impl()->dispatch(op, stack); }
+  void reportErrorCallback(PyObject *cb, c10::DispatchKey key) const override { torch_impl()->reportErrorCallback(cb, key); }
   void python_op_registration_trampoline(const c10::OperatorHandle &op, c10::DispatchKey k, c10::DispatchKeySet ks,
                                          torch::jit::Stack *stack, bool with_keyset, bool with_op) const override {
-    inner->python_op_registration_trampoline(op, k, ks, stack, with_keyset, with_op);
+    torch_impl()->python_op_registration_trampoline(op, k, ks, stack, with_keyset, with_op);
   }
   void throw_abstract_impl_not_imported_error(std::string opname, const char *pymodule,
                                               const char *context) const override {
-    inner->throw_abstract_impl_not_imported_error(std::move(opname), pymodule, context);
+    torch_impl()->throw_abstract_impl_not_imported_error(std::move(opname), pymodule, context);
   }
   void python_dispatcher(const c10::OperatorHandle &op, c10::DispatchKeySet ks, torch::jit::Stack *stack) const override {
-    inner->python_dispatcher(op, ks, stack);
+    torch_impl()->python_dispatcher(op, ks, stack);
   }
-  bool is_contiguous(const TensorImpl *self, at::MemoryFormat f) const override { return inner->is_contiguous(self, f); }
+  bool is_contiguous(const TensorImpl *self, at::MemoryFormat f) const override { return torch_impl()->is_contiguous(self, f); }
   c10::SymBool sym_is_contiguous(const TensorImpl *self, at::MemoryFormat f) const override {
-    return inner->sym_is_contiguous(self, f);
+    return torch_impl()->sym_is_contiguous(self, f);
   }
-  bool is_strides_like(const TensorImpl *self, at::MemoryFormat f) const override { return inner->is_strides_like(self, f); }
-  bool is_non_overlapping_and_dense(const TensorImpl *self) const override { return inner->is_non_overlapping_and_dense(self); }
-  c10::Device device(const TensorImpl *self) const override { return inner->device(self); }
-  int64_t dim(const TensorImpl *self) const override { return inner->dim(self); }
-  c10::IntArrayRef strides(const TensorImpl *self) const override { return inner->strides(self); }
-  c10::IntArrayRef sizes(const TensorImpl *self) const override { return inner->sizes(self); }
-  c10::SymIntArrayRef sym_sizes(const TensorImpl *self) const override { return inner->sym_sizes(self); }
-  c10::Layout layout(const TensorImpl *self) const override { return inner->layout(self); }
-  int64_t numel(const TensorImpl *self) const override { return inner->numel(self); }
-  c10::SymInt sym_numel(const TensorImpl *self) const override { return inner->sym_numel(self); }
-  c10::SymIntArrayRef sym_strides(const TensorImpl *self) const override { return inner->sym_strides(self); }
-  c10::SymInt sym_storage_offset(const TensorImpl *self) const override { return inner->sym_storage_offset(self); }
-  void reset_backward_hooks(const TensorImpl *self) const override { inner->reset_backward_hooks(self); }
+  bool is_strides_like(const TensorImpl *self, at::MemoryFormat f) const override { return torch_impl()->is_strides_like(self, f); }
+  bool is_non_overlapping_and_dense(const TensorImpl *self) const override { return torch_impl()->is_non_overlapping_and_dense(self); }
+  c10::Device device(const TensorImpl *self) const override { return torch_impl()->device(self); }
+  int64_t dim(const TensorImpl *self) const override { return torch_impl()->dim(self); }
+  c10::IntArrayRef strides(const TensorImpl *self) const override { return torch_impl()->strides(self); }
+  c10::IntArrayRef sizes(const TensorImpl *self) const override { return torch_impl()->sizes(self); }
+  c10::SymIntArrayRef sym_sizes(const TensorImpl *self) const override { return torch_impl()->sym_sizes(self); }
+  c10::Layout layout(const TensorImpl *self) const override { return torch_impl()->layout(self); }
+  int64_t numel(const TensorImpl *self) const override { return torch_impl()->numel(self); }
+  c10::SymInt sym_numel(const TensorImpl *self) const override { return torch_impl()->sym_numel(self); }
+  c10::SymIntArrayRef sym_strides(const TensorImpl *self) const override { return torch_impl()->sym_strides(self); }
+  c10::SymInt sym_storage_offset(const TensorImpl *self) const override { return torch_impl()->sym_storage_offset(self); }
+  void reset_backward_hooks(const TensorImpl *self) const override { torch_impl()->reset_backward_hooks(self); }
 };
 
 // Never destroyed: a trace call may be in flight on another thread when the shim is withdrawn.
 TraceShim *g_shim = nullptr;
 c10::impl::PyInterpreter *g_shim_interp = nullptr;
-const c10::impl::PyInterpreter *g_trace_orig = nullptr;  // PyTorch's, put back at stop
 #endif
 
 void clear_trace_tables();
@@ -959,8 +983,8 @@ void trace_stop() {
 #ifdef IGNIS_TRACE_SHIM
   if (!g_trace_on.load()) return;
   g_trace_on.store(false, std::memory_order_release);
-  if (g_trace_orig != nullptr && c10::impl::GPUTrace::get_trace() == g_shim_interp)
-    c10::impl::GPUTrace::gpuTraceState.store(g_trace_orig, std::memory_order_release);
+  const c10::impl::PyInterpreter *expected = g_shim_interp;  // (another tool's replacement stays)
+  if (g_trace_orig != nullptr) c10::impl::GPUTrace::gpuTraceState.compare_exchange_strong(expected, g_trace_orig);
   clear_trace_tables();
 #endif
 }
@@ -1093,14 +1117,12 @@ IGNIS_API int ignis_obs_trace_start(PyObject *handlers, PyObject *registries) {
   const c10::impl::PyInterpreter *cur = c10::impl::GPUTrace::get_trace();
   if (cur == nullptr) return -2;
   if (g_shim_interp == nullptr || cur != g_shim_interp) {
-    if (g_shim != nullptr && cur->vtable_ == g_shim) return -4;
-    if (g_trace_orig != nullptr && cur != g_trace_orig) return -4;
+    if (cur != getPyInterpreter()) return -4;  // another tool's: left alone
     if (g_shim == nullptr) {
       g_shim = new TraceShim();
       g_shim_interp = new c10::impl::PyInterpreter(g_shim);
     }
     g_trace_orig = cur;
-    g_shim->inner = cur->vtable_;
   }
   clear_trace_tables();
   for (int k = 0; k < T_KINDS; k++) {
@@ -1116,7 +1138,11 @@ IGNIS_API int ignis_obs_trace_start(PyObject *handlers, PyObject *registries) {
     }
   }
   g_trace_on.store(true, std::memory_order_release);
-  c10::impl::GPUTrace::gpuTraceState.store(g_shim_interp, std::memory_order_release);
+  const c10::impl::PyInterpreter *expected = cur;
+  if (!c10::impl::GPUTrace::gpuTraceState.compare_exchange_strong(expected, g_shim_interp)) {
+    trace_stop();  // replaced meanwhile by another tool: left alone
+    return -4;
+  }
   return 0;
 #endif
 }
@@ -1138,10 +1164,14 @@ IGNIS_API unsigned long long ignis_obs_trace_take_events(void) { return g_trace_
 
 // Fire one trace event of ``kind`` through whatever interpreter PyTorch's trace has now, as
 // PyTorch's allocator and event code do (for tests on a machine without CUDA: the event is
-// reported for device type ``device_type``). Returns 0, or -1 when the trace is not active.
-IGNIS_API int ignis_obs_trace_fire(int kind, int device_type, unsigned long long a, unsigned long long b) {
+// reported for device type ``device_type``). ``with_error``: a KeyError is set first, as when a
+// release in an error path fires the event; it is still set when this returns (the GIL held).
+// Returns 0, or -1 when the trace is not active.
+IGNIS_API int ignis_obs_trace_fire(int kind, int device_type, unsigned long long a, unsigned long long b,
+                                   int with_error) {
   const c10::impl::PyInterpreter *t = c10::impl::GPUTrace::get_trace();
   if (t == nullptr) return -1;
+  if (with_error) PyErr_SetString(PyExc_KeyError, "set before the event");
   auto dt = (c10::DeviceType)device_type;
   uintptr_t x = (uintptr_t)a, y = (uintptr_t)b;
   switch (kind) {
