@@ -126,6 +126,8 @@ def run(model: str, steps: int, rounds: int) -> None:
             res.setdefault(name, []).append(med(step, steps))
             if name == "ignis":
                 res.setdefault("accesses", []).append((sanitizer.checked_foreign - before) / steps)
+                fe = ignis.torch._fe
+                hooked.append(f"engine {fe.engine}, GPU trace hook {'on' if fe._trace_shim else 'off'}")
             ignis.torch.disable()
         finally:
             _frontend.capture_stack = real_capture
@@ -134,10 +136,12 @@ def run(model: str, steps: int, rounds: int) -> None:
             print(f"  {name}: {len(sanitizer.reports)} reports (first: {sanitizer.reports[0]})")
             sanitizer.reports.clear()
 
+    hooked: list[str] = []
     names = ["trace", "ignis", "ignis-nofree", "ignis-stack0", "ignis-nullsan"]
     for r in range(rounds):
         for n in (names if r % 2 == 0 else names[::-1]):
             variant(n)
+    print(f"  ignis: {'; '.join(sorted(set(hooked)))}")
     m = {k: statistics.median(v) for k, v in res.items()}
     plain = m["plain"]
     for k, v in m.items():
