@@ -105,7 +105,7 @@ cdef class Sanitizer:
     @cython.locals(recs=list, r=_Rec)
     cdef int _insert(self, _Rec rec, tuple extent) except -1
     @cython.locals(r=_Rec, mine=list, older=list, keep=list, rec=_Rec, conflict=_Rec, wrote=bint, ep=cython.longlong,
-                   sid=cython.longlong, h=cython.longlong)
+                   sid=cython.longlong, h=cython.longlong, base=cython.longlong)
     cdef tuple _retire(self, _Extent ext, object frames)
     @cython.locals(r=_Rec, out=list, starts=list, grave=dict, host=dict, i=Py_ssize_t, n=Py_ssize_t,
                    k0=cython.longlong, k1=cython.longlong, h=cython.longlong, c=cython.longlong, key=tuple,
@@ -117,7 +117,8 @@ cdef class Sanitizer:
     @cython.locals(sid=cython.longlong, ep=cython.longlong, vc=dict, live=dict, host=dict, hv=cython.longlong,
                    ext=_Extent, rec=_Rec, recs=list, conflict=_Rec, mode=cython.longlong, per=cython.longlong,
                    ch=cython.longlong, write=bint, written=list, found=list, packed=bint, n=Py_ssize_t,
-                   k=Py_ssize_t, buf=cython.p_char, p=cython.p_longlong, bad=bint, b=cython.longlong)
+                   k=Py_ssize_t, buf=cython.p_char, p=cython.p_longlong, bad=bint, b=cython.longlong,
+                   lo=cython.longlong, hi=cython.longlong, size=cython.longlong, e=cython.longlong)
     cdef list _foreign(self, object stream, str op, object frames, object items, bint synced, bint from_lib=*)
     cdef _Extent _first_sight(self, _Extent ext, object base, object size, long long mode, long long sid,
                               object frames, str op, long long lo=*, long long hi=*, long long per=*, dict vc=*)

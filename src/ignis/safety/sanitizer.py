@@ -796,7 +796,7 @@ class Sanitizer:
             h = host.get(r.sid, 0)
             if h >= r.epoch or (rs and r.sid in rs):
                 continue  # the allocator waits for record_stream streams before reuse
-            if r.block == base and r.gen == gen:
+            if r.block == base and (r.gen is gen or r.gen == gen):
                 mine.append(r)
                 wrote = wrote or r.kind == "write"
                 if conflict is None and r.sid != sid:
@@ -918,14 +918,17 @@ class Sanitizer:
             if packed:
                 lo, hi = p[7 * k + 2], p[7 * k + 3]
                 bad = p[7 * k] < 0 or p[7 * k + 1] < 0 or p[7 * k + 1] > _ADDR_LAST - p[7 * k] or lo < 0 or hi < lo
-            else:
+            else:  # (Python ints, of any size, until they are known to fit)
                 it = items[k]
-                lo, hi = it[2], it[3]
-                bad = not (0 <= lo <= hi < _ADDR_END and 0 <= it[0] < _ADDR_END and 0 <= it[1] <= _ADDR_LAST - it[0])
+                ilo, ihi = it[2], it[3]
+                bad = not (0 <= ilo <= ihi < _ADDR_END and 0 <= it[0] < _ADDR_END and 0 <= it[1] <= _ADDR_LAST - it[0])
             if bad:
+                if not packed:
+                    raise ValueError(f"ignis sanitizer: {op} reports the byte span [{ilo:#x}, {ihi:#x}) of an extent "
+                                     f"of {items[k][1]} bytes at {items[k][0]:#x}, which is not an address range "
+                                     f"below 2**63 (every device and host pointer is)")
                 raise ValueError(f"ignis sanitizer: {op} reports the byte span [{lo:#x}, {hi:#x}) of an extent of "
-                                 f"{items[k][1] if not packed else p[7 * k + 1]} bytes at "
-                                 f"{items[k][0] if not packed else p[7 * k]:#x}, which is not an address range "
+                                 f"{p[7 * k + 1]} bytes at {p[7 * k]:#x}, which is not an address range "
                                  f"below 2**63 (every device and host pointer is)")
         found: list | None = None
         self._lock.take()
@@ -960,8 +963,10 @@ class Sanitizer:
                         if c is not None:
                             found = (found or []) + [c]
                         continue
-                elif hi > ext.end:
-                    ext.end = hi
+                else:
+                    e = ext.end  # (as a C integer: the comparison makes no Python int)
+                    if hi > e:
+                        ext.end = hi
                 if not mode & (_R | _W):
                     continue  # an allocation the op returned: no byte touched yet
                 write = mode & _W
