@@ -27,19 +27,13 @@ import time
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "benchmarks"))
 
+from _steps import median_step_ms  # noqa: E402
 from bench_models import build  # noqa: E402
 
 
 def med(step, n: int) -> float:
-    import torch
-    torch.cuda.synchronize()
-    ts = []
-    for _ in range(n):
-        t = time.perf_counter()
-        step()
-        torch.cuda.synchronize()
-        ts.append(time.perf_counter() - t)
-    return statistics.median(ts) * 1e3
+    """The median step in ms (each followed by a synchronization): bench_models' measure."""
+    return median_step_ms(step, n, 0)
 
 
 def issue(step, n: int) -> float:
