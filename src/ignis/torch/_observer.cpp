@@ -793,8 +793,9 @@ void clear_direct() {
 // another listener subscribed to in PyTorch's registries (PyTorch's own CSAN, say) is passed on
 // to PyTorch's implementation as before. Every other method forwards to PyTorch's.
 //
-// The interface is PyTorch's internal one: the shim is compiled for the versions whose header
-// was checked (2.11 to 2.13); elsewhere ``ignis_obs_trace_start`` says so and the front end
+// The interface is PyTorch's internal one: the shim is compiled for 2.11 to 2.13 (the 2.11 and
+// 2.13 headers were compared, and are the same here; 2.12 is taken to match, unchecked);
+// elsewhere ``ignis_obs_trace_start`` says so and the front end
 // subscribes in Python, as before.
 #if TORCH_VERSION_MAJOR == 2 && TORCH_VERSION_MINOR >= 11 && TORCH_VERSION_MINOR <= 13
 #define IGNIS_TRACE_SHIM 1
