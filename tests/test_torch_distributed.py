@@ -376,6 +376,48 @@ def test_a_buffer_freed_after_the_call_waits_for_the_collective(coll):
     assert coll.san.reports == []
 
 
+def test_a_storage_resized_away_while_the_collective_uses_it_races_the_free(coll):
+    # The Work keeps the tensor; resize_(0) (FSDP's way to free) takes its memory anyway.
+    t = torch.ones(256)
+    OPS.allreduce_([t], True)                     # the collective's call site
+    st = t.untyped_storage()
+    base = st.data_ptr()
+    st.resize_(0)
+    coll.san.extent_freed(base, S)                # the allocator's free, as the GPU trace reports it
+    [e] = coll.san.reports
+    assert isinstance(e, ig.RaceError) and e.kind == "use-after-free race"
+    assert e.first["op"] == "ignis_test_c10d::allreduce_" and e.second["op"] == "free"
+    assert "OPS.allreduce_([t], True)" in e.first["stack"]
+    assert "work.wait()" in str(e)
+
+
+@pytest.mark.parametrize("size", [0, 4096])
+def test_a_storage_resized_after_wait_or_without_a_collective_is_silent(coll, size):
+    t = torch.ones(256)
+    OPS.allreduce_([t], True)
+    coll.wait()
+    u = torch.ones(256)
+    u.sum()
+    for x in (t, u):
+        st = x.untyped_storage()
+        base = st.data_ptr()
+        st.resize_(size)
+        coll.san.extent_freed(base, S)
+    assert coll.san.reports == []
+
+
+def test_a_record_stream_of_the_programs_own_still_delays_the_free_after_a_resize(coll):
+    # The allocator keeps a record_stream'd block until that stream's work is done, resized or not.
+    t = torch.ones(256)
+    OPS.allreduce_([t], True)
+    st = t.untyped_storage()
+    base = st.data_ptr()
+    coll.san.extent_record_stream(base, N)        # as Tensor.record_stream(comm_stream) tells it
+    st.resize_(0)
+    coll.san.extent_freed(base, S)
+    assert coll.san.reports == []
+
+
 def test_a_failed_collective_applies_nothing_and_closes_its_bracket(coll):
     t = torch.ones(8)
     coll.fail = True
@@ -431,6 +473,21 @@ def test_only_the_completed_works_collective_is_joined(coll):
     [e] = coll.san.reports
     assert e.first["op"] == "ignis_test_c10d::allreduce_work_" and "c.sum()" in e.second["stack"]
     f1.set_result([a])
+
+
+def test_the_storage_wrapper_is_installed_while_a_front_end_is_on(coll):
+    from ignis.torch import _storage
+    original = torch._C.StorageBase.resize_
+    assert _storage.installed() and torch.UntypedStorage.__dict__["resize_"] is _storage._resize_
+    coll.fe.disable()
+    try:
+        assert not _storage.installed() and "resize_" not in torch.UntypedStorage.__dict__
+        assert torch.UntypedStorage.resize_ is original
+        st = torch.ones(8).untyped_storage()
+        st.resize_(0)
+        assert st.nbytes() == 0
+    finally:
+        coll.fe.enable()
 
 
 def test_the_work_wrapper_is_installed_while_a_front_end_is_on(coll):

@@ -34,6 +34,8 @@ BUGS = {
                                  "shard.fill_(-1.0)"),
     "bug_uninitialized_output.py": ("uninitialized read", "whole = torch.empty", "stale = whole.max()"),
     "bug_send_while_writing.py": ("read-after-write race", "msg.copy_(", "dist.send(msg"),
+    "bug_resize_before_wait.py": ("use-after-free race", "work = dist.all_reduce(t, async_op=True)",
+                                  "t.untyped_storage().resize_(0)"),
 }
 CORRECT = ["ok_ddp.py", "ok_fsdp2.py", "ok_pipeline.py", "ok_functional.py", "ok_poll_completed.py"]
 GUARDED = ["ok_ddp.py", "ok_fsdp2.py"]

@@ -30,7 +30,7 @@ cdef class _Extent:
     cdef public object base, end, gen
     cdef public long long sid
     cdef public list recs
-    cdef public object written, frames, op, rs
+    cdef public object written, frames, op, rs, held
     cdef public bint pinned
     cdef public long long hv
     cdef public bint lib

@@ -163,7 +163,8 @@ class _Extent:
     written (or its history is unknown), else the sorted disjoint byte ranges
     (relative to ``base``) written since the allocation."""
 
-    __slots__ = ("base", "end", "gen", "sid", "recs", "written", "frames", "op", "rs", "pinned", "hv", "lib")
+    __slots__ = ("base", "end", "gen", "sid", "recs", "written", "frames", "op", "rs", "held", "pinned", "hv",
+                 "lib")
 
     def __init__(self, base: int, end: int | None, gen: int, sid: int) -> None:
         self.base, self.end, self.gen, self.sid = base, end, gen, sid
@@ -172,6 +173,7 @@ class _Extent:
         self.frames: tuple | None = None
         self.op = "an allocation"
         self.rs: set[int] | None = None   # record_stream streams of this lifetime
+        self.held: set[int] | None = None  # those of ``rs`` only a holder's reference stands for
         self.pinned = False
         self.hv = -1                       # the host clock's version when records were last pruned
         self.lib = False                   # a library's code allocated it (see foreign_access)
@@ -853,16 +855,43 @@ class Sanitizer:
                         out.append(r)
         return out
 
-    def extent_record_stream(self, base: int, stream: int) -> None:
+    def extent_record_stream(self, base: int, stream: int, held: bool = False) -> None:
         """The memory at ``base`` is also used on ``stream`` (``Tensor.record_stream``): its
-        free waits for that stream, so uses there do not race the free or a reuse."""
+        free waits for that stream, so uses there do not race the free or a reuse.
+
+        ``held``: not the allocator's promise but a holder's: something keeps a reference to
+        the memory until the work on ``stream`` is done (PyTorch's collectives keep their
+        tensors on their ``Work``), so no free comes before then, unless the memory is
+        taken from under the holder (``extent_release``)."""
         self._lock.take()
         try:
             ext = self._live.get(base)
             if ext is not None:
+                sid = self._sid(stream)
                 if ext.rs is None:
                     ext.rs = set()
-                ext.rs.add(self._sid(stream))
+                if held:
+                    if sid not in ext.rs:
+                        if ext.held is None:
+                            ext.held = set()
+                        ext.held.add(sid)
+                elif ext.held is not None:
+                    ext.held.discard(sid)  # the allocator's promise now, whatever a holder does
+                ext.rs.add(sid)
+        finally:
+            self._lock.give()
+
+    def extent_release(self, base: int) -> None:
+        """The memory at ``base`` is about to be freed from under its holders (a storage
+        resized to 0 bytes, or moved, while a collective still uses it): the streams they
+        held it for (``extent_record_stream(..., held=True)``) no longer delay the free, so
+        their unfinished uses race it."""
+        self._lock.take()
+        try:
+            ext = self._live.get(base)
+            if ext is not None and ext.held:
+                ext.rs.difference_update(ext.held)
+                ext.held = None
         finally:
             self._lock.give()
 
@@ -1224,8 +1253,8 @@ class Sanitizer:
             fix = (f"wait on the host for {a} (an Event recorded after the copy, then event.synchronize(), or "
                    f"stream.synchronize()) before the host touches these bytes again")
         elif rec.kind == "free":
-            fix = (f"call tensor.record_stream() with {a} before the tensor is dropped, or make {b} wait for "
-                   f"{a} (wait_stream / an Event) before the free")
+            fix = (f"make {b} wait for {a} before the free (a collective's: work.wait(); else wait_stream or "
+                   f"an Event), or call tensor.record_stream() with {a} before the tensor is dropped")
         elif kind_name == "reuse race":
             fix = (f"the memory's previous owner was still in use on {a} when it was freed: record_stream() it "
                    f"on {a}, or make {b} wait for {a} before the new owner touches the memory")

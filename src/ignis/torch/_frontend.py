@@ -65,6 +65,9 @@ Design:
   touches a block freed or reallocated since the capture is reported.
 - ``torch.distributed``'s ``Work.is_completed()`` (``_works``) answering True joins the
   host to the collective's end, as a synchronization does.
+- ``UntypedStorage.resize_`` (``_storage``), which frees or moves a storage below the
+  dispatcher, takes the memory from under a collective that still uses it: the
+  collective's accesses then race the free.
 - Triton kernels (``_triton``: Inductor's and a user's ``@triton.jit``) are seen at
   launch: the tensors they take are read and written as the kernel does, on the
   launch stream.
@@ -98,7 +101,7 @@ from .._types import Access
 from ..safety.frames import add_library_dir, last_from_library
 from ..safety.sanitizer import HOST, NO_INIT_CHECK, OUTPUT, PINNED, READ, WRITE, Sanitizer, unpack_items
 from ..safety.sanitizer import _frames as _san_frames
-from . import _graphs, _hook, _triton, _works
+from . import _graphs, _hook, _storage, _triton, _works
 from ._ops import BROADCAST, P2P, REDUCE, SPECS, OpSpec, classify, flatten
 
 __all__ = ["TorchFrontEnd"]
@@ -245,6 +248,7 @@ class TorchFrontEnd:
         self._obs_specs: list[OpSpec] = []
         self._obs_nb: dict[int, int] = {}
         self._cuda = device_type == "cuda"
+        self._dev_type = device_type
         self._is_dev = attrgetter("is_cuda" if self._cuda else "is_cpu")
         if stream_of is None:  # a PyTorch without CUDA has no CUDA tensors: the stream is never asked for
             stream_of = self._current_stream if _raw_stream is not None else (lambda t: 0)
@@ -537,8 +541,8 @@ class TorchFrontEnd:
         if during:
             san.foreign_access(comm, spec.name, b.frames, during, False, b.lib)
             if comm != issue:
-                for it in during:
-                    san.extent_record_stream(it[0], comm)
+                for it in during:  # kept alive on the Work until it is done (PyTorch's stash)
+                    san.extent_record_stream(it[0], comm, True)
         for k, ev, st in b.log:  # the op's end events: taken again, so that a wait on them covers it
             if k == "r" and st == comm:
                 san.on_event_record(ev, comm)
@@ -596,6 +600,19 @@ class TorchFrontEnd:
         if self._obs is not None:
             self._obs.ignis_obs_synced()  # as the trace's synchronizations do
         self.san.on_event_synchronize(entry[1])
+
+    def _on_storage_resize(self, storage: Any, nbytes: Any) -> None:
+        """``UntypedStorage.resize_(nbytes)`` is about to free or move a storage of the device:
+        a collective's hold on it (its Work keeps the tensor, not the memory) no longer delays
+        the free, so a collective still using it races the free."""
+        try:
+            if storage.device.type != self._dev_type or nbytes == storage.nbytes():
+                return
+            base = storage.data_ptr()
+        except Exception:  # not a storage this front end can read: PyTorch's resize_ says what is wrong
+            return
+        if base:
+            self.san.extent_release(base)
 
     def _coll_items(self, spec: OpSpec, roles: tuple, args: tuple, kwargs: dict | None, out: Any) -> list:
         items: list = []
@@ -974,6 +991,7 @@ class TorchFrontEnd:
             _graphs.add_listener(self)
             _hook.when_imported("triton", self._install_triton)
         _works.add_listener(self._on_work_completed)
+        _storage.add_listener(self._on_storage_resize)
         if engine == "mode":
             self._mode = _Mode(self)
             self._mode.__enter__()
@@ -999,6 +1017,7 @@ class TorchFrontEnd:
             self._obs = None
         self._remove_trace()
         _works.remove_listener(self._on_work_completed)
+        _storage.remove_listener(self._on_storage_resize)
         self._fresh_works.clear()
         for key in [k for _, k in self._work_ends.values()] + self._dead_work_keys:
             self.san.on_event_destroyed(key)
