@@ -9,6 +9,9 @@ wait (20 and 50 ms, then its own interval again); and then, one piece switched o
 (for good, in this order),
 Ignis with the call matcher's thread stopped (its log still appended), without the log
 append, and without the watchdog. Rank 0 also prints a profile of 2000 calls.
+
+DIAG_QUICK=1: the first row only, three times. DIAG_SRC=DIR: import Ignis from DIR (another
+tree's src, built), for an A/B of two trees in turns (scripts/gpu_coll_ab.sh).
 """
 
 from __future__ import annotations
@@ -23,7 +26,8 @@ import time
 
 for _k, _v in (("NCCL_NVLS_ENABLE", "0"), ("TORCH_SYMM_MEM_DISABLE_MULTICAST", "1"), ("NVSHMEM_DISABLE_NVLS", "1")):
     os.environ[_k] = _v
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "src"))
+# DIAG_SRC: another tree's src to measure (an A/B of two trees, scripts/gpu_coll_ab.sh).
+sys.path.insert(0, os.environ.get("DIAG_SRC") or os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "src"))
 
 
 def worker() -> int:
@@ -77,6 +81,12 @@ def worker() -> int:
             f"ignis (comm-stream array) {ig_c:7.2f} (+{ig_c - r:6.2f}) | torch {th:7.2f}")
 
     row("everything on")
+    if os.environ.get("DIAG_QUICK"):  # the first row only, three times (an A/B's turn)
+        row("everything on")
+        row("everything on")
+        dist.barrier()
+        dist.destroy_process_group()
+        os._exit(0)
     if rank == 0:
         pr = cProfile.Profile()
         pr.enable()

@@ -379,10 +379,42 @@ def _check_stream(stream: Any) -> Stream:
     return stream
 
 
+cdef bint _hold(NvArray root, str by) except -1:
+    """Take ``root`` (and its views) for ``by`` for one tracked-access block, as
+    ``contract.acquire`` does (under the array's lock, which every change of owner takes),
+    when it is free to take: live, the default owner's and not shared. False when it is
+    not: then ``contract.acquire`` decides, and raises what is wrong. Tracked for
+    ``contract.audit()`` as an acquire is."""
+    cdef ResourceLock lk = _stripe(root)
+    with lk:
+        if root._freed is not False or root.owner != DEFAULT_OWNER or root.ref_count > 1:
+            return False
+        if root._views:
+            changed = root._set_owner(by)
+        else:
+            root.owner = by
+            changed = None
+    if changed is None:
+        contract.track(root)
+    else:
+        for a in changed:
+            contract.track(a)
+    return True
+
+
 def _release_held(roots: "list[NvArray]", by: str) -> None:
+    """Give back what a block holds (``contract.release``, for the roots ``by`` still holds:
+    nothing in the block handed them on)."""
+    cdef ResourceLock lk
+    cdef NvArray r
     for r in reversed(roots):
-        if r.owner == by:  # still held by ``by``: nothing in the block handed it on
-            contract.release(r, by)
+        lk = _stripe(r)
+        with lk:
+            if r.owner == by:
+                if r._views:
+                    r._set_owner(DEFAULT_OWNER)
+                else:
+                    r.owner = DEFAULT_OWNER
 
 
 class _TrackedAccess:
@@ -428,7 +460,8 @@ class _TrackedAccess:
                 for a, _, _, _ in uses:
                     r = a._root()
                     if id(r) not in roots:
-                        contract.acquire(a, by)
+                        if not _hold(r, by):
+                            contract.acquire(a, by)
                         roots.add(id(r))
                         held.append(r)
             except BaseException:
