@@ -10,7 +10,8 @@ wait (20 and 50 ms, then its own interval again); and then, one piece switched o
 Ignis with the call matcher's thread stopped (its log still appended), without the log
 append, and without the watchdog. Rank 0 also prints a profile of 2000 calls.
 
-DIAG_QUICK=1: the first row only, three times. DIAG_SRC=DIR: import Ignis from DIR (another
+DIAG_QUICK=1: the first row only, three times (the third with the garbage collector off), with
+what the engine keeps between them. DIAG_SRC=DIR: import Ignis from DIR (another
 tree's src, built), for an A/B of two trees in turns (scripts/gpu_coll_ab.sh).
 """
 
@@ -82,8 +83,23 @@ def worker() -> int:
 
     row("everything on")
     if os.environ.get("DIAG_QUICK"):  # the first row only, three times (an A/B's turn)
+        import gc
+
+        def state() -> None:
+            m = eng.matcher
+            chans = m._channels() if m is not None and hasattr(m, "_channels") else []
+            say(f"  (in flight {len(eng._flight)}, matcher calls kept {sum(len(c.calls) for c in chans)}, "
+                f"gc collections {[g['collections'] for g in gc.get_stats()]}, objects {len(gc.get_objects())})")
+        state()
         row("everything on")
+        state()
         row("everything on")
+        state()
+        gc.collect()
+        gc.disable()
+        row("everything on, gc off")
+        gc.enable()
+        state()
         dist.barrier()
         dist.destroy_process_group()
         os._exit(0)

@@ -8,13 +8,14 @@
 set -uo pipefail
 out_dir="${OUT:-out}"
 mkdir -p "$out_dir"
+out_dir="$(cd "$out_dir" && pwd)"
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1 PYTHONUNBUFFERED=1
 export OPENBLAS_NUM_THREADS=1
 nvidia-smi -L
 t0=$(date +%s)
 bash scripts/gpu_build.sh -j 8 > "$out_dir/build.txt" 2>&1 &
 if [ -d .ab_old/src ]; then
-    (cd .ab_old && bash ../scripts/gpu_build.sh -j 8 > "../$out_dir/build_old.txt" 2>&1) &
+    (cd .ab_old && bash ../scripts/gpu_build.sh -j 8 > "$out_dir/build_old.txt" 2>&1) &
 fi
 wait
 tail -1 "$out_dir/build.txt"; [ -d .ab_old/src ] && tail -1 "$out_dir/build_old.txt"
@@ -24,7 +25,7 @@ for turn in new old new old; do
     [ "$turn" = old ] && [ ! -d .ab_old/src ] && continue
     src="$PWD/src"; [ "$turn" = old ] && src="$PWD/.ab_old/src"
     DIAG_QUICK=1 DIAG_SRC="$src" timeout 90 python3 scripts/diag_allreduce_cost.py > "$out_dir/diag_$turn.txt" 2>&1
-    echo "== $turn (rc $?)"; grep -E "^(\[rank 0\] )?(#|everything)" "$out_dir/diag_$turn.txt"
+    echo "== $turn (rc $?)"; grep -E "^(\[rank 0\] )?(#|everything|  \()" "$out_dir/diag_$turn.txt"
     cat "$out_dir/diag_$turn.txt" >> "$out_dir/diag_all.txt"
 done
 echo "diag: $(( $(date +%s) - t0 )) s"
