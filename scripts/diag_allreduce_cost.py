@@ -13,6 +13,8 @@ append, and without the watchdog. Rank 0 also prints a profile of 2000 calls.
 DIAG_QUICK=1: the first row only, three times (the third with the garbage collector off), with
 what the engine keeps between them. DIAG_SRC=DIR: import Ignis from DIR (another
 tree's src, built), for an A/B of two trees in turns (scripts/gpu_coll_ab.sh).
+DIAG_COMM_BARRIER=1: each batch starts after ``comm.barrier()`` (as bench_allreduce's per-call
+row) instead of torch.distributed's barrier.
 """
 
 from __future__ import annotations
@@ -58,10 +60,15 @@ def worker() -> int:
     say(f"# {torch.cuda.get_device_name(local)} x{world}, switch interval {sys.getswitchinterval()} s, "
         f"matcher {'on' if eng.matcher is not None else 'off'}")
 
+    comm_barrier = bool(os.environ.get("DIAG_COMM_BARRIER"))
+
     def per_call(fn, batch: int = 200, batches: int = 15) -> float:
         times = []
         for _ in range(batches):
-            dist.barrier()
+            if comm_barrier:  # as bench_allreduce's per-call row does
+                comm.barrier()
+            else:
+                dist.barrier()
             torch.cuda.synchronize()
             dev.synchronize()
             t0 = time.perf_counter()
