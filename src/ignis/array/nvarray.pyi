@@ -1,6 +1,6 @@
 # Type stub of the compiled module ignis.array.nvarray (its source: src/ignis/array/nvarray.pyx).
 # Written by scripts/gen_stubs.py from that source; do not edit by hand.
-from typing import Any, ClassVar
+from typing import Any
 from typing import NoReturn
 import numpy as np
 from ..dtypes import DType
@@ -19,7 +19,6 @@ def empty(shape: Any, dtype: Any=..., *, device: Device | int | None=..., stream
     ...
 
 class _TrackedAccess:
-    __slots__: ClassVar[tuple[str, ...]]
 
     def __init__(self, uses: list, stream: Stream, by: str | None, op: str, finish_on_error: bool, single: bool) -> None:
         ...

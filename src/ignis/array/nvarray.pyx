@@ -386,14 +386,17 @@ cdef bint _hold(NvArray root, str by) except -1:
     not: then ``contract.acquire`` decides, and raises what is wrong. Tracked for
     ``contract.audit()`` as an acquire is."""
     cdef ResourceLock lk = _stripe(root)
-    with lk:
+    changed = None
+    lock_take(lk)
+    try:
         if root._freed is not False or root.owner != DEFAULT_OWNER or root.ref_count > 1:
             return False
         if root._views:
             changed = root._set_owner(by)
         else:
             root.owner = by
-            changed = None
+    finally:
+        lock_give(lk)
     if changed is None:
         contract.track(root)
     else:
@@ -409,30 +412,38 @@ def _release_held(roots: "list[NvArray]", by: str) -> None:
     cdef NvArray r
     for r in reversed(roots):
         lk = _stripe(r)
-        with lk:
+        lock_take(lk)
+        try:
             if r.owner == by:
                 if r._views:
                     r._set_owner(DEFAULT_OWNER)
                 else:
                     r.owner = DEFAULT_OWNER
+        finally:
+            lock_give(lk)
 
 
-class _TrackedAccess:
+cdef class _TrackedAccess:
     """The ``with`` block of ``NvArray.access`` / ``NvArray.access_all``: check, acquire,
     prepare on entry; record, release on exit (see ``NvArray.access``). Entered once."""
 
-    __slots__ = ("uses", "stream", "by", "op", "finish_on_error", "single", "held", "begun", "entered")
+    cdef list uses       # [(array, Access or None (held only), offset, nbytes)]
+    cdef object stream
+    cdef object by
+    cdef object op
+    cdef bint finish_on_error, single, entered
+    cdef list held, begun
 
     def __init__(self, uses: list, stream: Stream, by: str | None, op: str, finish_on_error: bool,
                  single: bool) -> None:
-        self.uses = uses  # [(array, Access or None (held only), offset, nbytes)]
+        self.uses = uses
         self.stream = stream
         self.by = by
         self.op = op
         self.finish_on_error = finish_on_error
         self.single = single
-        self.held: list = []
-        self.begun: list = []
+        self.held = []
+        self.begun = []
         self.entered = False
 
     def __repr__(self) -> str:
@@ -440,13 +451,17 @@ class _TrackedAccess:
         return f"<tracked access ({self.op}) by {self.by!r} on stream #{self.stream.id}: {arrays}>"
 
     def __enter__(self) -> Any:
+        cdef NvArray a, r
+        cdef tuple use
+        cdef set roots
         if self.entered:
             raise RuntimeError(f"{self!r} was already entered; call access() again for another block")
         self.entered = True
         uses, by, op, s = self.uses, self.by, self.op, self.stream
-        for a, acc, _, _ in uses:  # (1) every array may be touched, by this owner
+        for use in uses:  # (1) every array may be touched, by this owner
+            a = <NvArray>use[0]
             if a._freed is not False or a._base is not None or a._gate is not None or not _in_context(a):
-                a._check_live("use", acc, op)
+                a._check_live("use", use[1], op)
             if by == DEFAULT_OWNER:
                 owner = a._root().owner
                 if owner != DEFAULT_OWNER:
@@ -455,10 +470,13 @@ class _TrackedAccess:
                         f"{owner!r} releases it", array_id=a.id, owner=owner, caller=by)
         held = self.held
         if by is not None and by != DEFAULT_OWNER:  # (2) acquire each root once, all or nothing
-            roots: set[int] = set()
+            roots = set()
             try:
-                for a, _, _, _ in uses:
-                    r = a._root()
+                for use in uses:
+                    a = <NvArray>use[0]
+                    r = a
+                    while r._base is not None:
+                        r = r._base
                     if id(r) not in roots:
                         if not _hold(r, by):
                             contract.acquire(a, by)
@@ -470,24 +488,27 @@ class _TrackedAccess:
                 raise
         begun = self.begun
         try:  # (3) prepare each use, in order
-            for a, acc, off, n in uses:
+            for use in uses:
+                acc = use[1]
                 if acc is not None:
-                    a._begin(s, acc, op, off, n)
+                    a = <NvArray>use[0]
+                    a._begin(s, acc, op, use[2], use[3])
                     begun.append((a, acc))
         except BaseException:
             self._finish(self.finish_on_error)
             raise
         if self.single:
-            a, _, off, _ = uses[0]
-            return a._ptr + off
-        return [a._ptr + off for a, _, off, _ in uses]
+            use = uses[0]
+            return (<NvArray>use[0])._ptr + use[2]
+        return [(<NvArray>use[0])._ptr + use[2] for use in uses]
 
     def __exit__(self, exc_type: Any, exc: Any, tb: Any) -> bool:
         self._finish(exc_type is None or self.finish_on_error)
         return False
 
-    def _finish(self, record: bool) -> None:
+    cdef int _finish(self, bint record) except -1:
         """(4) record the uses begun (when ``record``), (5) release what was acquired."""
+        cdef NvArray a
         begun, held = self.begun, self.held
         self.begun, self.held = [], []
         try:
@@ -498,6 +519,7 @@ class _TrackedAccess:
         finally:
             if held:
                 _release_held(held, self.by)
+        return 0
 
 
 cdef class NvArray:

@@ -204,6 +204,8 @@ class MemoryContract:
             array: the ``NvArray`` to track.
         """
         _as_array(array, "track")
+        if array.id in self._tracked:  # it keeps its start (ids are never reused; a read needs no lock)
+            return
         frames = capture_frames(3) if self.capture_sites else ()
         with self._lock:
             if array.id not in self._tracked:
