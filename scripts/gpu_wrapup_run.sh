@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # A session's closing GPU call on two GPUs, from the repository root (carry .whl, with a wheel of
-# the final code in .whl/ignis/): build; the wheel check beside bench_hotpath; the small
-# all-reduce's host time after torch.distributed's barrier and after comm.barrier() (the
-# diagnostic's first row, DIAG_QUICK); bench_ddp. Logs under ${OUT:-out}.
+# the final code in .whl/ignis/; .ab_old/ for an A/B, see gpu_coll_ab.sh): build; the wheel check
+# beside bench_hotpath --quick (this tree and .ab_old's in turns); bench_allreduce
+# (64-256 MiB and the per-call row); bench_ddp. Logs under ${OUT:-out}.
 set -uo pipefail
 out_dir="${OUT:-out}"
 mkdir -p "$out_dir"
@@ -11,20 +11,30 @@ export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVL
 export OPENBLAS_NUM_THREADS=1
 t0=$(date +%s)
 nvidia-smi -L | head -2
-bash scripts/gpu_build.sh -j 16 > "$out_dir/build.txt" 2>&1; echo "build: $(( $(date +%s) - t0 )) s"
+bash scripts/gpu_build.sh -j 8 > "$out_dir/build.txt" 2>&1 &
+if [ -d .ab_old/src ]; then  # another tree to compare bench_hotpath with (see gpu_coll_ab.sh)
+    (cd .ab_old && bash ../scripts/gpu_build.sh -j 8 > "$out_dir/build_old.txt" 2>&1) &
+fi
+wait
+echo "build: $(( $(date +%s) - t0 )) s"
 if ls .whl/ignis/*.whl >/dev/null 2>&1; then
     (OUT="$out_dir" timeout 300 bash scripts/gpu_wheel_check.sh .whl/ignis > "$out_dir/wheel_check.txt" 2>&1
      echo "wheel check rc=$?") &
 fi
 export PYTHONPATH=src IGNIS_BACKEND=cuda
-CUDA_VISIBLE_DEVICES=1 timeout 200 python3 benchmarks/bench_hotpath.py > "$out_dir/bench_hotpath.txt" 2>&1
-echo "bench_hotpath rc=$?"; tail -25 "$out_dir/bench_hotpath.txt"
+for turn in new old new old; do  # --quick, the two trees in turns (new only without .ab_old)
+    [ "$turn" = old ] && [ ! -d .ab_old/src ] && continue
+    src="$PWD/src"; [ "$turn" = old ] && src="$PWD/.ab_old/src"
+    CUDA_VISIBLE_DEVICES=1 PYTHONPATH="$src" timeout 100 python3 benchmarks/bench_hotpath.py --quick \
+        > "$out_dir/bench_hotpath_$turn.txt" 2>&1
+    echo "== bench_hotpath, $turn tree (rc $?)"; tail -14 "$out_dir/bench_hotpath_$turn.txt"
+    cat "$out_dir/bench_hotpath_$turn.txt" >> "$out_dir/bench_hotpath_all.txt"
+done
 wait
 grep -E "FAILED|passed|driver functions|two-stream" "$out_dir/gpu_wheel_check.log" "$out_dir/wheel_check.txt" 2>/dev/null | head -8
-for b in "" 1; do
-    DIAG_QUICK=1 DIAG_COMM_BARRIER=$b timeout 90 python3 scripts/diag_allreduce_cost.py > "$out_dir/diag_cb$b.txt" 2>&1
-    echo "== diag, comm.barrier ${b:-0} (rc $?)"; grep -E "^(\[rank 0\] )?(everything|  \()" "$out_dir/diag_cb$b.txt"
-done
+timeout 150 python3 benchmarks/bench_allreduce.py --min-mib 64 --max-mib 256 --trials 3 \
+    > "$out_dir/bench_allreduce.txt" 2>&1
+echo "bench_allreduce rc=$?"; tail -6 "$out_dir/bench_allreduce.txt"
 timeout 200 python3 benchmarks/bench_ddp.py --rounds "${ROUNDS:-2}" > "$out_dir/bench_ddp.txt" 2>&1
 echo "bench_ddp rc=$?"; tail -9 "$out_dir/bench_ddp.txt"
 echo "all: $(( $(date +%s) - t0 )) s"
