@@ -1,0 +1,21 @@
+#!/usr/bin/env bash
+# bench_hotpath --quick, this tree against .ab_old's (see gpu_coll_ab.sh) in turns, each process
+# pinned to the same cores (taskset), three times over; from the repository root, one GPU:
+#   bash scripts/gpu_hotpath_ab.sh       (device call: carry .whl and .ab_old)
+set -uo pipefail
+out_dir="${OUT:-out}"
+mkdir -p "$out_dir"
+out_dir="$(cd "$out_dir" && pwd)"
+export PYTHONUNBUFFERED=1 OPENBLAS_NUM_THREADS=1 IGNIS_BACKEND=cuda
+t0=$(date +%s)
+bash scripts/gpu_build.sh -j 8 > "$out_dir/build.txt" 2>&1 &
+(cd .ab_old && bash ../scripts/gpu_build.sh -j 8 > "$out_dir/build_old.txt" 2>&1) &
+wait
+echo "build: $(( $(date +%s) - t0 )) s"
+for turn in new old new old new old; do
+    src="$PWD/src"; [ "$turn" = old ] && src="$PWD/.ab_old/src"
+    PYTHONPATH="$src" timeout 100 taskset -c 4-7 python3 benchmarks/bench_hotpath.py --quick \
+        > "$out_dir/hp.txt" 2>&1
+    echo "== $turn (rc $?)"; grep -E "µs" "$out_dir/hp.txt"
+done
+echo "all: $(( $(date +%s) - t0 )) s"
