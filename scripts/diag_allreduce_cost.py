@@ -14,7 +14,8 @@ DIAG_QUICK=1: the first row only, three times (the third with the garbage collec
 what the engine keeps between them. DIAG_SRC=DIR: import Ignis from DIR (another
 tree's src, built), for an A/B of two trees in turns (scripts/gpu_coll_ab.sh).
 DIAG_COMM_BARRIER=1: each batch starts after ``comm.barrier()`` (as bench_allreduce's per-call
-row) instead of torch.distributed's barrier.
+row) instead of torch.distributed's barrier. DIAG_SWEEP=1: bench_allreduce's bandwidth sweep
+(64-256 MiB, three trials) runs first.
 """
 
 from __future__ import annotations
@@ -89,13 +90,34 @@ def worker() -> int:
             f"ignis (comm-stream array) {ig_c:7.2f} (+{ig_c - r:6.2f}) | torch {th:7.2f}")
 
     row("everything on")
+    if os.environ.get("DIAG_SWEEP"):  # bench_allreduce's bandwidth sweep first (64-256 MiB), then the rows
+        size = 64 << 20
+        while size <= 256 << 20:
+            n, k = size // 4, max(20, min(2000, (16 << 30) // size))
+            big_t = torch.full((n,), 1.0, device="cuda")
+            big = ig.full(n, 1.0, "float32", device=dev)
+            for _ in range(3):
+                comm.barrier()
+                for _ in range(k):
+                    dist.all_reduce(big_t)
+                torch.cuda.synchronize()
+                comm.barrier()
+                for _ in range(k):
+                    comm.all_reduce(big)
+                dev.synchronize()
+            del big_t
+            big.free()
+            torch.cuda.empty_cache()
+            size *= 2
+        say("(after bench_allreduce's sweep)")
     if os.environ.get("DIAG_QUICK"):  # the first row only, three times (an A/B's turn)
         import gc
 
         def state() -> None:
             m = eng.matcher
             chans = m._channels() if m is not None and hasattr(m, "_channels") else []
-            say(f"  (in flight {len(eng._flight)}, matcher calls kept {sum(len(c.calls) for c in chans)}, "
+            say(f"  (in flight {len(eng._flight)}, watchdog events {len(eng._pending)}, "
+                f"matcher calls kept {sum(len(c.calls) for c in chans)}, "
                 f"gc collections {[g['collections'] for g in gc.get_stats()]}, objects {len(gc.get_objects())})")
         state()
         row("everything on")
