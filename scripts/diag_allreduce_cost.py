@@ -14,8 +14,10 @@ DIAG_QUICK=1: the first row only, three times (the third with the garbage collec
 what the engine keeps between them. DIAG_SRC=DIR: import Ignis from DIR (another
 tree's src, built), for an A/B of two trees in turns (scripts/gpu_coll_ab.sh).
 DIAG_COMM_BARRIER=1: each batch starts after ``comm.barrier()`` (as bench_allreduce's per-call
-row) instead of torch.distributed's barrier. DIAG_SWEEP=1: bench_allreduce's bandwidth sweep
-(64-256 MiB, three trials) runs first.
+row) instead of torch.distributed's barrier (=2: and starts at once, without the synchronizations
+the other rows make first, as bench_allreduce does; =3: after a 20 ms sleep instead). DIAG_SWEEP=1: bench_allreduce's bandwidth sweep
+(64-256 MiB, three trials) runs first. DIAG_NOPOLL=1: calls do not ask NCCL for an asynchronous
+error. DIAG_NOMATCH=1: the call matcher's thread is stopped.
 """
 
 from __future__ import annotations
@@ -61,7 +63,16 @@ def worker() -> int:
     say(f"# {torch.cuda.get_device_name(local)} x{world}, switch interval {sys.getswitchinterval()} s, "
         f"matcher {'on' if eng.matcher is not None else 'off'}")
 
-    comm_barrier = bool(os.environ.get("DIAG_COMM_BARRIER"))
+    comm_barrier = os.environ.get("DIAG_COMM_BARRIER", "")
+    if os.environ.get("DIAG_NOPOLL"):  # calls no longer ask NCCL for an asynchronous error
+        comm._poll = None
+    # The call matcher's thread stopped (never with DIAG_COMM_BARRIER: the barrier's confirmation
+    # waits for the peers' matchers to answer, until the communicator's time-out).
+    if os.environ.get("DIAG_NOMATCH") and eng.matcher is not None:
+        eng.matcher._stop = True
+        eng.matcher.mesh.notify()
+        eng.matcher._thread.join(5)
+        eng._match = None
 
     def per_call(fn, batch: int = 200, batches: int = 15) -> float:
         times = []
@@ -70,8 +81,13 @@ def worker() -> int:
                 comm.barrier()
             else:
                 dist.barrier()
-            torch.cuda.synchronize()
-            dev.synchronize()
+            if comm_barrier == "2":  # exactly as bench_allreduce: the batch starts at once
+                pass
+            elif comm_barrier == "3":  # ... after 20 ms with the GIL free for the other threads
+                time.sleep(0.02)
+            else:
+                torch.cuda.synchronize()
+                dev.synchronize()
             t0 = time.perf_counter()
             for _ in range(batch):
                 fn()
