@@ -17,10 +17,9 @@ from __future__ import annotations
 
 from typing import Any, Callable
 
-__all__ = ["add_listener", "remove_listener", "installed"]
+from ._tap import MethodTap
 
-_listeners: list[Callable[[Any, int], None]] = []
-_original: Any = None
+__all__ = ["add_listener", "remove_listener", "installed"]
 
 
 def _storage_class() -> Any:
@@ -28,45 +27,27 @@ def _storage_class() -> Any:
     return torch.UntypedStorage
 
 
-def _resize_(self: Any, size: int) -> Any:
-    for fn in list(_listeners):
-        fn(self, size)
-    return _original(self, size)
+def _resizing(original: Any, listeners: list, storage: Any, size: Any) -> Any:
+    for fn in list(listeners):
+        fn(storage, size)
+    return original(storage, size)
+
+
+_tap = MethodTap(_storage_class, "resize_", _resizing)
+_resize_ = _tap.wrapper
 
 
 def add_listener(fn: Callable[[Any, int], None]) -> bool:
     """Call ``fn(storage, nbytes)`` before every ``UntypedStorage.resize_``; returns whether
     the wrapper is installed."""
-    global _original
-    if _original is None:
-        cls = _storage_class()
-        original = getattr(cls, "resize_", None)
-        if original is None:
-            return False
-        try:
-            cls.resize_ = _resize_
-        except (TypeError, AttributeError):
-            return False
-        _original = original
-    if fn not in _listeners:
-        _listeners.append(fn)
-    return True
+    return _tap.add(fn)
 
 
 def remove_listener(fn: Callable[[Any, int], None]) -> None:
     """Forget ``fn``; the last listener gone, ``UntypedStorage.resize_`` is PyTorch's again."""
-    global _original
-    if fn in _listeners:
-        _listeners.remove(fn)
-    if not _listeners and _original is not None:
-        cls = _storage_class()
-        if cls.__dict__.get("resize_") is _resize_:
-            del cls.resize_  # the inherited method (torch._C.StorageBase's) shows through again
-            if getattr(cls, "resize_", None) is not _original:
-                cls.resize_ = _original
-        _original = None
+    _tap.remove(fn)
 
 
 def installed() -> bool:
     """Whether ``UntypedStorage.resize_`` is wrapped now."""
-    return _original is not None
+    return _tap.installed()

@@ -18,10 +18,9 @@ from __future__ import annotations
 
 from typing import Any, Callable
 
-__all__ = ["add_listener", "remove_listener", "installed", "work_class"]
+from ._tap import MethodTap
 
-_listeners: list[Callable[[Any], None]] = []
-_original: Any = None
+__all__ = ["add_listener", "remove_listener", "installed", "work_class"]
 
 
 def work_class() -> Any:
@@ -36,45 +35,29 @@ def work_class() -> Any:
         return None
 
 
-def _is_completed(self: Any) -> bool:
-    done = _original(self)
+def _answered(original: Any, listeners: list, work: Any) -> bool:
+    done = original(work)
     if done:
-        for fn in list(_listeners):
-            fn(self)
+        for fn in list(listeners):
+            fn(work)
     return done
+
+
+_tap = MethodTap(work_class, "is_completed", _answered)
+_is_completed = _tap.wrapper
 
 
 def add_listener(fn: Callable[[Any], None]) -> bool:
     """Call ``fn(work)`` whenever a ``Work.is_completed()`` returns True; returns whether the
     wrapper is installed."""
-    global _original
-    if _original is None:
-        cls = work_class()
-        if cls is None:
-            return False
-        original = cls.is_completed
-        try:
-            cls.is_completed = _is_completed
-        except (TypeError, AttributeError):
-            return False
-        _original = original
-    if fn not in _listeners:
-        _listeners.append(fn)
-    return True
+    return _tap.add(fn)
 
 
 def remove_listener(fn: Callable[[Any], None]) -> None:
     """Forget ``fn``; the last listener gone, ``Work.is_completed`` is PyTorch's again."""
-    global _original
-    if fn in _listeners:
-        _listeners.remove(fn)
-    if not _listeners and _original is not None:
-        cls = work_class()
-        if cls is not None and cls.__dict__.get("is_completed") is _is_completed:
-            cls.is_completed = _original
-        _original = None
+    _tap.remove(fn)
 
 
 def installed() -> bool:
     """Whether ``Work.is_completed`` is wrapped now."""
-    return _original is not None
+    return _tap.installed()

@@ -1,0 +1,73 @@
+"""A method of a PyTorch class, wrapped while something listens to it.
+
+``MethodTap(owner, name, call)`` replaces the method ``name`` of the class ``owner()``
+(once, for every listener) by a wrapper whose call ``obj.name(*args)`` returns
+``call(original, listeners, obj, *args)``. ``add(fn)`` installs it with the first
+listener; ``remove(fn)`` gives the class its own method back when the last one leaves
+(an inherited method shows through again). Where the class is missing or the method
+cannot be replaced, nothing is installed and ``add`` returns False.
+
+``_works`` (``Work.is_completed``) and ``_storage`` (``UntypedStorage.resize_``) are its
+users.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable
+
+__all__ = ["MethodTap"]
+
+
+class MethodTap:
+    """One method of one class, wrapped for a list of listeners (see the module docstring)."""
+
+    def __init__(self, owner: Callable[[], Any], name: str, call: Callable[..., Any]) -> None:
+        self._owner = owner
+        self._name = name
+        self._call = call
+        self._own: Any = None        # the class's own attribute before the wrapper (None: inherited)
+        self.listeners: list[Callable[..., Any]] = []
+        self.original: Any = None    # the method the wrapper calls, while installed
+        tap = self
+
+        def wrapper(obj: Any, *args: Any) -> Any:
+            return tap._call(tap.original, tap.listeners, obj, *args)
+
+        wrapper.__name__ = wrapper.__qualname__ = name
+        self.wrapper = wrapper
+
+    def add(self, fn: Callable[..., Any]) -> bool:
+        """Add a listener, installing the wrapper with the first; returns whether it is installed."""
+        if self.original is None:
+            cls = self._owner()
+            if cls is None:
+                return False
+            original = getattr(cls, self._name, None)
+            if original is None:
+                return False
+            own = cls.__dict__.get(self._name)
+            try:
+                setattr(cls, self._name, self.wrapper)
+            except (TypeError, AttributeError):
+                return False
+            self._own, self.original = own, original
+        if fn not in self.listeners:
+            self.listeners.append(fn)
+        return True
+
+    def remove(self, fn: Callable[..., Any]) -> None:
+        """Forget a listener; the last one gone, the class has its own method again."""
+        if fn in self.listeners:
+            self.listeners.remove(fn)
+        if not self.listeners and self.original is not None:
+            cls = self._owner()
+            if cls is not None and cls.__dict__.get(self._name) is self.wrapper:
+                if self._own is None:
+                    delattr(cls, self._name)
+                else:
+                    setattr(cls, self._name, self._own)
+            self.original = self._own = None
+
+    def installed(self) -> bool:
+        """Whether the wrapper is installed now."""
+        return self.original is not None
