@@ -13,11 +13,7 @@ export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVL
 export OPENBLAS_NUM_THREADS=1
 nvidia-smi -L
 t0=$(date +%s)
-bash scripts/gpu_build.sh -j 8 > "$out_dir/build.txt" 2>&1 &
-if [ -d .ab_old/src ]; then
-    (cd .ab_old && bash ../scripts/gpu_build.sh -j 8 > "$out_dir/build_old.txt" 2>&1) &
-fi
-wait
+bash scripts/gpu_build_ab.sh "$out_dir"
 tail -1 "$out_dir/build.txt"; [ -d .ab_old/src ] && tail -1 "$out_dir/build_old.txt"
 echo "build: $(( $(date +%s) - t0 )) s"
 export PYTHONPATH=src IGNIS_BACKEND=cuda
@@ -29,11 +25,5 @@ for turn in new old new old; do
     cat "$out_dir/diag_$turn.txt" >> "$out_dir/diag_all.txt"
 done
 echo "diag: $(( $(date +%s) - t0 )) s"
-if [ -z "${AB_ONLY:-}" ]; then
-    timeout 150 python3 benchmarks/bench_allreduce.py --min-mib 64 --max-mib 256 --trials 3 \
-        > "$out_dir/bench_allreduce.txt" 2>&1
-    echo "bench_allreduce rc=$?"; tail -6 "$out_dir/bench_allreduce.txt"
-    timeout 240 python3 benchmarks/bench_ddp.py --rounds "${ROUNDS:-2}" > "$out_dir/bench_ddp.txt" 2>&1
-    echo "bench_ddp rc=$?"; tail -12 "$out_dir/bench_ddp.txt"
-fi
+[ -n "${AB_ONLY:-}" ] || bash scripts/gpu_dist_bench.sh "$out_dir"
 echo "all: $(( $(date +%s) - t0 )) s"

@@ -8,9 +8,7 @@ mkdir -p "$out_dir"
 out_dir="$(cd "$out_dir" && pwd)"
 export PYTHONUNBUFFERED=1 OPENBLAS_NUM_THREADS=1 IGNIS_BACKEND=cuda
 t0=$(date +%s)
-bash scripts/gpu_build.sh -j 8 > "$out_dir/build.txt" 2>&1 &
-(cd .ab_old && bash ../scripts/gpu_build.sh -j 8 > "$out_dir/build_old.txt" 2>&1) &
-wait
+bash scripts/gpu_build_ab.sh "$out_dir"
 echo "build: $(( $(date +%s) - t0 )) s"
 for turn in new old new old new old; do
     src="$PWD/src"; [ "$turn" = old ] && src="$PWD/.ab_old/src"

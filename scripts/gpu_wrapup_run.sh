@@ -11,11 +11,7 @@ export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVL
 export OPENBLAS_NUM_THREADS=1
 t0=$(date +%s)
 nvidia-smi -L | head -2
-bash scripts/gpu_build.sh -j 8 > "$out_dir/build.txt" 2>&1 &
-if [ -d .ab_old/src ]; then  # another tree to compare bench_hotpath with (see gpu_coll_ab.sh)
-    (cd .ab_old && bash ../scripts/gpu_build.sh -j 8 > "$out_dir/build_old.txt" 2>&1) &
-fi
-wait
+bash scripts/gpu_build_ab.sh "$out_dir"
 echo "build: $(( $(date +%s) - t0 )) s"
 if ls .whl/ignis/*.whl >/dev/null 2>&1; then
     (OUT="$out_dir" timeout 300 bash scripts/gpu_wheel_check.sh .whl/ignis > "$out_dir/wheel_check.txt" 2>&1
@@ -32,9 +28,5 @@ for turn in new old new old; do  # --quick, the two trees in turns (new only wit
 done
 wait
 grep -E "FAILED|passed|driver functions|two-stream" "$out_dir/gpu_wheel_check.log" "$out_dir/wheel_check.txt" 2>/dev/null | head -8
-timeout 150 python3 benchmarks/bench_allreduce.py --min-mib 64 --max-mib 256 --trials 3 \
-    > "$out_dir/bench_allreduce.txt" 2>&1
-echo "bench_allreduce rc=$?"; tail -6 "$out_dir/bench_allreduce.txt"
-timeout 200 python3 benchmarks/bench_ddp.py --rounds "${ROUNDS:-2}" > "$out_dir/bench_ddp.txt" 2>&1
-echo "bench_ddp rc=$?"; tail -9 "$out_dir/bench_ddp.txt"
+bash scripts/gpu_dist_bench.sh "$out_dir"
 echo "all: $(( $(date +%s) - t0 )) s"

@@ -474,9 +474,7 @@ cdef class _TrackedAccess:
             try:
                 for use in uses:
                     a = <NvArray>use[0]
-                    r = a
-                    while r._base is not None:
-                        r = r._base
+                    r = a._root()
                     if id(r) not in roots:
                         if not _hold(r, by):
                             contract.acquire(a, by)

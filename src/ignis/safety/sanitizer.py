@@ -952,12 +952,10 @@ class Sanitizer:
                 ilo, ihi = it[2], it[3]
                 bad = not (0 <= ilo <= ihi < _ADDR_END and 0 <= it[0] < _ADDR_END and 0 <= it[1] <= _ADDR_LAST - it[0])
             if bad:
-                if not packed:
-                    raise ValueError(f"ignis sanitizer: {op} reports the byte span [{ilo:#x}, {ihi:#x}) of an extent "
-                                     f"of {items[k][1]} bytes at {items[k][0]:#x}, which is not an address range "
-                                     f"below 2**63 (every device and host pointer is)")
-                raise ValueError(f"ignis sanitizer: {op} reports the byte span [{lo:#x}, {hi:#x}) of an extent of "
-                                 f"{p[7 * k + 1]} bytes at {p[7 * k]:#x}, which is not an address range "
+                base_, size_, lo_, hi_ = ((p[7 * k], p[7 * k + 1], lo, hi) if packed else
+                                          (items[k][0], items[k][1], ilo, ihi))
+                raise ValueError(f"ignis sanitizer: {op} reports the byte span [{lo_:#x}, {hi_:#x}) of an extent of "
+                                 f"{size_} bytes at {base_:#x}, which is not an address range "
                                  f"below 2**63 (every device and host pointer is)")
         found: list | None = None
         self._lock.take()
