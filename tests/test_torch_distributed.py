@@ -488,6 +488,17 @@ def test_the_storage_wrapper_is_installed_while_a_front_end_is_on(coll):
         assert st.nbytes() == 0
     finally:
         coll.fe.enable()
+    # Wrapped, a bad call is still PyTorch's to refuse, with PyTorch's own message.
+    st = torch.ones(8).untyped_storage()
+    with pytest.raises(TypeError) as wrapped:
+        st.resize_()
+    coll.fe.disable()
+    try:
+        with pytest.raises(TypeError) as plain:
+            st.resize_()
+    finally:
+        coll.fe.enable()
+    assert str(wrapped.value) == str(plain.value) and st.nbytes() == 32
 
 
 def test_the_work_wrapper_is_installed_while_a_front_end_is_on(coll):

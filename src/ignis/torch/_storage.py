@@ -27,10 +27,11 @@ def _storage_class() -> Any:
     return torch.UntypedStorage
 
 
-def _resizing(original: Any, listeners: list, storage: Any, size: Any) -> Any:
-    for fn in list(listeners):
-        fn(storage, size)
-    return original(storage, size)
+def _resizing(original: Any, listeners: list, storage: Any, *args: Any) -> Any:
+    if len(args) == 1:  # (any other call is PyTorch's to refuse, with its own message)
+        for fn in list(listeners):
+            fn(storage, args[0])
+    return original(storage, *args)
 
 
 _tap = MethodTap(_storage_class, "resize_", _resizing)

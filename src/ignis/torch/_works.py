@@ -35,8 +35,8 @@ def work_class() -> Any:
         return None
 
 
-def _answered(original: Any, listeners: list, work: Any) -> bool:
-    done = original(work)
+def _answered(original: Any, listeners: list, work: Any, *args: Any) -> bool:
+    done = original(work, *args)  # (arguments: PyTorch's to refuse, with its own message)
     if done:
         for fn in list(listeners):
             fn(work)
