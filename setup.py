@@ -24,6 +24,7 @@ if not _cy or tuple(int(x or 0) for x in _cy.groups()) < (3, 3, 1):
 CYTHON_MODULES = [
     "ignis.runtime.stream",
     "ignis.runtime.kernel",
+    "ignis.memory.hooks",
     "ignis.memory.block",
     "ignis.memory.resource",
     "ignis.memory.pool",

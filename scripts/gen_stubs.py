@@ -40,6 +40,8 @@ ATTRIBUTE_TYPES: dict[str, dict[str, dict[str, str]]] = {
     "ignis.memory.block": {"DeviceBlock": {
         "ptr": "int", "alloc_stream": "Stream", "bytes": "int", "requested": "int", "tag": "str",
         "generation": "int", "state": "BlockState"}},
+    "ignis.memory.hooks": {"Hooks": {
+        "checker": "object | None", "recorder": "Callable[[str, Any, int, int, Any, Any], None] | None"}},
     "ignis.runtime.stream": {"Stream": {
         "handle": "int", "device": "Device", "id": "int", "ordering": "str"}},
     "ignis.runtime.kernel": {"Kernel": {

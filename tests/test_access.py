@@ -21,10 +21,10 @@ SRC = Path(__file__).resolve().parents[1] / "src" / "ignis"
 
 def _state(x: ig.NvArray, streams: list) -> tuple:
     """What the memory layer recorded about x's block: (last writer, readers), as stream indices."""
-    blk = x._block
+    writer, _, readers = x._block.hazard_record()
     idx = {id(s): i for i, s in enumerate(streams)}
-    ws = None if blk._write_stream is None else idx.get(id(blk._write_stream), "other")
-    rd = None if blk._readers is None else sorted(idx.get(id(s), "other") for s in blk._readers)
+    ws = None if writer is None else idx.get(id(writer), "other")
+    rd = None if readers is None else sorted(idx.get(id(s), "other") for s in readers)
     return ws, rd
 
 

@@ -369,7 +369,7 @@ def test_bad_scalar_on_the_direct_path_raises_ctypes_error_and_ends_the_uses(stu
             ig.launch(k, 1, 1, a, b, 1.5, stream=s2)  # a use on s2 of blocks from s1: begun, then ended
         assert _launches() == before and stub.direct == [] and stub.via_backend == []
         blk = b._block
-        assert blk._write_stream is s2  # the write's use was recorded, although nothing was queued
+        assert blk.hazard_record()[0] is s2  # the write's use was recorded, although nothing was queued
         ig.launch(k, 1, 1, a, b, 2, stream=s2)
         assert _launches() == before + 1
     finally:

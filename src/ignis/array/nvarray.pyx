@@ -43,7 +43,6 @@ from .._types import MAX_EXTENT, MAX_NDIM, Access, shape_problem
 from ..memory import DeviceMemoryResource, current, get_current_resource
 from ..memory.types import UNTAGGED
 from ..memory.block import DeviceBlock
-from ..memory import ordering as _ord
 from ..errors import StreamMisuseError
 from ..runtime import Device, Stream
 from ..runtime import current as _rt_current
@@ -53,9 +52,11 @@ from . import hostcopy
 from cpython.object cimport PyObject
 from posix.time cimport clock_gettime, timespec, CLOCK_REALTIME_COARSE
 from ..memory.resource cimport ResourceLock, lock_take, lock_give
+from ..memory.hooks cimport Hooks
+from ..memory.hooks import HOOKS as _HOOKS
 from ..memory.pool cimport PoolResource, pool_deallocate, pool_direct
 from ..memory.resource import ResourceLock
-from ..memory.block cimport DeviceBlock as _Block
+from ..memory.block cimport DeviceBlock as _Block, block_clean_on
 from ..memory.resource cimport TrackedResource
 from ..runtime.stream cimport Stream as _Stream
 
@@ -1711,7 +1712,7 @@ cdef class NvArray:
 # -- the tracked use of an array: NvArray._begin / _end / use, TrackedAccess, launch -----
 # (``begin_use`` / ``end_use`` are declared in nvarray.pxd for the compiled callers.)
 
-cdef dict _ORD = _ord.__dict__  # ``checker`` (the sanitizer's hook) changes at any time
+cdef Hooks _HK = _HOOKS  # the hook slots (memory/hooks.pyx), read as C fields
 cdef dict _PLAIN = {}  # resource type -> it keeps TrackedResource's prepare / finish_block_use
 
 
@@ -1728,14 +1729,10 @@ cdef inline bint _direct(object mr) except -1:
     return plain and not_on_instance(mr, "prepare_block_use") and not_on_instance(mr, "finish_block_use")
 
 
-cdef inline bint _clean_on(object block, object stream) except -1:
-    """``block`` is clean on ``stream`` (ignis.memory.resource, "Clean"): its last write was
-    there, nothing was recorded after it and no reader is pending; a use needs no wait or record."""
-    cdef _Block b
-    if type(block) is _Block:
-        b = <_Block>block
-        return b._write_stream is stream and not b._write_event and b._readers is None
-    return block._write_stream is stream and not block._write_event and block._readers is None
+cdef inline bint _clean_on(object block, object stream) noexcept:
+    """``block`` is clean on ``stream`` (the block's rule, ``block_clean_on``): a use needs no
+    wait or record. Anything but a DeviceBlock takes the resource's path."""
+    return type(block) is _Block and block_clean_on(<_Block>block, stream)
 
 
 cdef inline bint _stream_ok(object stream) except -1:
@@ -1751,7 +1748,7 @@ cdef int begin_use(NvArray arr, object stream, object access, object op, Py_ssiz
                    Py_ssize_t n) except -1:
     if not _plain_on(arr, stream):
         arr._check_live("use", access, op)
-    chk = _ORD["checker"]
+    chk = _HK.checker
     block = arr._block
     if arr._tracks:  # prepare_block_use refuses a closed or stale stream itself
         if chk is None:

@@ -42,8 +42,8 @@ from ..array import NvArray
 from ..backends import get_backend
 from ..errors import DriverError, UnsupportedError, UseAfterFreeError
 from ..memory import ResourceAdaptor, TrackedResource, VmmResource, get_current_resource
-from ..memory.types import UNTAGGED, _next_generation
-from ..memory.block import DeviceBlock
+from ..memory.types import UNTAGGED
+from ..memory.block import DeviceBlock, next_generation
 from ..memory.vmm import _Mapping, map_range, release_mapped_block, unmap_range
 from ..runtime import Device, Stream
 from . import liveness
@@ -275,7 +275,7 @@ class ImportedMemory(TrackedResource):
     def adopt(self, ptr: int, nbytes: int, stream: Stream, tag: str) -> DeviceBlock:
         """A live block for a mapping made by ``open``."""
         self._check_alive()
-        block = DeviceBlock(ptr, stream, nbytes, nbytes, tag, _next_generation(), _Mapping(None))
+        block = DeviceBlock(ptr, stream, nbytes, nbytes, tag, next_generation(), _Mapping(None))
         with self._lock:
             self._live[ptr] = block
             self._bytes += nbytes

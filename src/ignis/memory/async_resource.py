@@ -32,7 +32,7 @@ from collections import deque
 from ..errors import UnsupportedError
 from ..runtime import Device, Stream
 from ..runtime.stream import add_close_hook
-from . import history as _history
+from .hooks import HOOKS as _HOOKS
 from .resource import TrackedResource
 from .types import UNTAGGED, BlockState
 from .block import DeviceBlock
@@ -83,7 +83,7 @@ class AsyncResource(TrackedResource):
         with self._lock:
             self._unregister(block)
             if self.device.state.generation != self._generation:
-                block.state = BlockState.FREED  # the context that held it is gone
+                block.transition(BlockState.FREED)  # the context that held it is gone
                 return
             stream = block.alloc_stream
             try:
@@ -91,7 +91,7 @@ class AsyncResource(TrackedResource):
                     # The alloc stream is gone: order the free after everything on the device.
                     self._backend.device_synchronize(self.device.ordinal)
                     self._backend.mem_free(self.device.ordinal, block.ptr)
-                    block.state = BlockState.FREED
+                    block.transition(BlockState.FREED)
                     self._sanitize_free(block)
                     return
                 self._order_release(block)
@@ -101,7 +101,7 @@ class AsyncResource(TrackedResource):
                 self._reset_record_after_release(block)
                 self._relive(block)
                 raise
-            block.state = BlockState.RETIRED
+            block.transition(BlockState.RETIRED)
             q = self._pending.get(stream)
             if q is None:
                 q = self._pending[stream] = _Queued()
@@ -110,7 +110,7 @@ class AsyncResource(TrackedResource):
             if len(q.fresh) >= REAP_BATCH:
                 # Keep the record of queued frees short: one event per batch, queried, never waited for.
                 self._reap_stream(stream, q)
-        rec = _history.recorder
+        rec = _HOOKS.recorder
         if rec is not None:
             rec("free_requested", self, block.ptr, block.bytes, stream, block)
             # The driver's pool may hand the address out again at once, in stream
@@ -122,7 +122,7 @@ class AsyncResource(TrackedResource):
     def _finish(self, blocks: list[DeviceBlock]) -> None:
         """Lock held: these frees are complete."""
         for b in blocks:
-            b.state = BlockState.FREED
+            b.transition(BlockState.FREED)
             self._pending_bytes -= b.bytes
 
     def _drop_queue(self, q: _Queued, events_valid: bool) -> None:

@@ -3,16 +3,40 @@
 from typing import Any, ClassVar
 from .types import BlockId, BlockState
 from ..runtime.stream import Stream
-__all__ = ['DeviceBlock']
+__all__ = ['DeviceBlock', 'next_generation']
+
+def next_generation() -> int:
+    ...
 
 class DeviceBlock:
-    ptr: int
-    alloc_stream: Stream
-    bytes: int
-    requested: int
-    tag: str
-    generation: int
-    state: BlockState
+
+    @property
+    def ptr(self) -> int:
+        ...
+
+    @property
+    def alloc_stream(self) -> Stream:
+        ...
+
+    @property
+    def bytes(self) -> int:
+        ...
+
+    @property
+    def requested(self) -> int:
+        ...
+
+    @property
+    def tag(self) -> str:
+        ...
+
+    @property
+    def generation(self) -> int:
+        ...
+
+    @property
+    def state(self) -> BlockState:
+        ...
     align: ClassVar[int]
 
     def __init__(self, ptr: int, alloc_stream: Stream, nbytes: int, requested: int, tag: str, generation: int, impl: Any=...) -> None:
@@ -27,6 +51,15 @@ class DeviceBlock:
         ...
 
     def transition(self, new: BlockState) -> None:
+        ...
+
+    def clean_on(self, stream: Stream) -> bool:
+        ...
+
+    def hazard_record(self) -> tuple[Stream | None, int, dict[Stream, int] | None]:
+        ...
+
+    def lend_record(self) -> None:
         ...
 
     def __repr__(self) -> str:

@@ -1,8 +1,11 @@
-"""DeviceBlock: one allocation, with its cross-stream hazard record.
+"""DeviceBlock: one allocation, its lifecycle and its cross-stream hazard record.
 
 Compiled (typed fields in ``block.pxd``), because every allocation makes one and
-every tracked use reads and writes its hazard record. The other value types of
-the memory layer are in ``ignis.memory.types``.
+every tracked use reads and writes its hazard record. The block's rules are here:
+its state moves only through ``block_move`` (``DeviceBlock.transition`` from Python),
+checked against the transition table in C; its hazard record is C-only, and "clean
+on a stream" is one inline test (``block_clean_on``) that every fast path uses. The
+other value types of the memory layer are in ``ignis.memory.types``.
 """
 
 from __future__ import annotations
@@ -10,23 +13,84 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from ..errors import InvalidTransitionError
-from .types import TRANSITIONS, BlockId, BlockState
+from .types import BlockId, BlockState
 
 if TYPE_CHECKING:
     from ..runtime.stream import Stream
 
-__all__ = ["DeviceBlock"]
+__all__ = ["DeviceBlock", "next_generation"]
+
+cdef extern from *:
+    """
+    static unsigned long long ignis_generations = 0;
+    static inline unsigned long long ignis_next_generation(void) {
+        return __atomic_add_fetch(&ignis_generations, 1, __ATOMIC_RELAXED);
+    }
+    """
+    unsigned long long ignis_next_generation() noexcept nogil
+
+
+cdef object fresh_generation():
+    """A fresh generation (see block.pxd): every allocation's, from one counter."""
+    return ignis_next_generation()
+
+
+def next_generation() -> int:
+    """A fresh generation: larger than every one handed out before in this process (from any
+    thread). ``Generation.next()`` wraps it."""
+    return ignis_next_generation()
+
 
 cdef object _LIVE = BlockState.LIVE
+cdef object _RETIRED = BlockState.RETIRED
+cdef object _QUARANTINED = BlockState.QUARANTINED
+cdef object _FREED = BlockState.FREED
 cdef object _ZERO = 0
+
+
+cdef inline bint _allowed(object old, object new) noexcept:
+    # types.TRANSITIONS, by identity (a test keeps the two the same)
+    if old is _LIVE:
+        return new is _RETIRED or new is _QUARANTINED or new is _FREED
+    if old is _RETIRED:
+        return new is _QUARANTINED or new is _FREED
+    if old is _QUARANTINED:
+        return new is _RETIRED or new is _FREED
+    return False
+
+
+cdef int block_move(DeviceBlock b, object new) except -1:
+    """Move ``b`` to ``new`` along the transition table, or raise (see block.pxd)."""
+    if not _allowed(b.state, new):
+        if not isinstance(new, BlockState):
+            raise TypeError(f"a block's state is a BlockState, not {type(new).__name__}")
+        raise InvalidTransitionError(f"block {b.ptr:#x} (generation {b.generation}, tag {b.tag!r})",
+                                     b.state.name, new.name)
+    b.state = new
+    return 0
+
+
+cdef int block_drop_record(DeviceBlock b, list free) except -1:
+    """Hand the record's events to ``free`` and empty the record (see block.pxd)."""
+    if b._write_event:
+        free.append(b._write_event)
+    if b._readers:
+        for ev in (<dict>b._readers).values():
+            if ev:
+                free.append(ev)
+    b._write_stream = None
+    b._write_event = _ZERO
+    b._readers = None
+    return 0
 
 cdef class DeviceBlock:
     """One allocation, owned by the caller until handed back to the resource that made it.
 
     ``bytes`` may exceed the request (rounding); ``requested`` is what was asked.
     ``align`` is the guaranteed alignment (256 bytes, as cudaMalloc gives).
-    The ``_write_stream`` / ``_write_event`` / ``_readers`` fields hold the cross-stream hazard record (see
-    ``ignis.memory.resource``); ``_impl`` belongs to the resource that made it.
+    Its cross-stream hazard record is C-only (see ``block.pxd`` and ``ignis.memory.resource``);
+    ``hazard_record()`` shows it, ``clean_on()`` tests it. ``_impl`` belongs to the resource that
+    made it. Every field but ``_impl`` is read-only from Python; the state moves with ``transition``.
 
     Blocks are made by resources (``allocate``), not by users.
 
@@ -89,10 +153,32 @@ cdef class DeviceBlock:
         Raises:
             InvalidTransitionError: ``TRANSITIONS`` does not allow the move from the current state.
         """
-        if new not in TRANSITIONS[self.state]:
-            raise InvalidTransitionError(f"block {self.ptr:#x} (generation {self.generation}, tag {self.tag!r})",
-                                         self.state.name, new.name)
-        self.state = new
+        block_move(self, new)
+
+    def clean_on(self, stream: "Stream") -> bool:
+        """Whether a use on ``stream`` needs no wait and no record: the last write was on
+        ``stream``, nothing was recorded after it and no reader is pending.
+
+        Args:
+            stream: a ``Stream``.
+        """
+        return block_clean_on(self, stream)
+
+    def hazard_record(self) -> "tuple[Stream | None, int, dict[Stream, int] | None]":
+        """A copy of the cross-stream hazard record: ``(last_writer, its_event, readers)``.
+
+        ``last_writer`` is the stream of the last write (None once the release was ordered, or
+        while another block keeps the record); ``its_event`` the event recorded after it (0:
+        none needed yet); ``readers`` the streams that read since, each with its event (0: none
+        yet), or None.
+        """
+        return (self._write_stream, self._write_event, None if self._readers is None else dict(self._readers))
+
+    def lend_record(self) -> None:
+        """Mark the record as another block's (a guard's upstream block keeps it): the block is
+        then never clean, so no fast path skips the resource that tracks the other block.
+        For resources that wrap another's blocks."""
+        block_lend_record(self)
 
     def __repr__(self) -> str:
         return (f"<DeviceBlock {self.ptr:#x} {self.bytes} B gen={self.generation} dev={self.device_ordinal} "

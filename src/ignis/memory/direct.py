@@ -12,7 +12,7 @@ from __future__ import annotations
 import threading
 
 from ..runtime import Device, Stream
-from . import history as _history
+from .hooks import HOOKS as _HOOKS
 from .resource import DeviceMemoryResource
 from .types import UNTAGGED, BlockState
 from .block import DeviceBlock
@@ -49,7 +49,7 @@ class DirectResource(DeviceMemoryResource):
                 raise
         block.transition(BlockState.FREED)
         self._sanitize_free(block)
-        rec = _history.recorder
+        rec = _HOOKS.recorder
         if rec is not None:
             rec("free_requested", self, block.ptr, block.bytes, block.alloc_stream, block)
             rec("free_completed", self, block.ptr, block.bytes, block.alloc_stream, block)

@@ -73,14 +73,14 @@ import numpy as np
 
 from ..errors import IgnisError, OutOfBoundsError, UseAfterFreeError
 from ..runtime import Device, Stream
-from . import history as _history
+from .hooks import HOOKS as _HOOKS
 from . import ordering as _ord
 from .adaptors import ResourceAdaptor
 from .guard_base import GuardBase, _Guarded, fill_bytes
 from .resource import DeviceMemoryResource, ResourceLock, check_request
 from .._types import Access
-from .types import UNTAGGED, BlockId, BlockState, _next_generation
-from .block import DeviceBlock
+from .types import UNTAGGED, BlockId, BlockState
+from .block import DeviceBlock, next_generation
 
 __all__ = ["DebugGuardResource", "holds_poison", "first_poisoned_offset"]
 
@@ -252,14 +252,14 @@ class DebugGuardResource(GuardBase, ResourceAdaptor):
         g = self.canary_bytes
         up = self._upstream_allocate(nbytes + 2 * g, stream, tag)
         self._format(up, nbytes)
-        block = DeviceBlock(up.ptr + g, up.alloc_stream, nbytes, nbytes, tag, _next_generation())
-        block._write_stream = None  # its hazard record is the upstream block's: never "clean" (memory.resource)
+        block = DeviceBlock(up.ptr + g, up.alloc_stream, nbytes, nbytes, tag, next_generation())
+        block.lend_record()  # its hazard record is the upstream block's: never "clean" (memory.resource)
         entry = _Guarded(block, up, stack)
         block._impl = entry
         with self._lock:
             self._live[block.ptr] = entry
             self._live_bytes += nbytes
-        rec = _history.recorder
+        rec = _HOOKS.recorder
         if rec is not None:
             rec("alloc", self, block.ptr, nbytes, block.alloc_stream, block)
         return block
@@ -273,12 +273,12 @@ class DebugGuardResource(GuardBase, ResourceAdaptor):
             entry = self._live.get(block.ptr) if isinstance(block, DeviceBlock) else None
             if entry is None or entry.block is not block:
                 self._check_dealloc(block, self._live)
-            chk = _ord.checker
+            chk = _HOOKS.checker
             if chk is not None and not foreign:
                 chk.free(block)
             del self._live[block.ptr]
             self._live_bytes -= block.requested
-        rec = _history.recorder
+        rec = _HOOKS.recorder
         if rec is not None:
             rec("free_requested", self, block.ptr, block.requested, block.alloc_stream, block)
         if not self._context_alive():
@@ -401,7 +401,7 @@ class DebugGuardResource(GuardBase, ResourceAdaptor):
                 if n and (off < 0 or off + n > e.block.bytes):
                     # Outside the user's bytes (maybe inside a guard): the sanitizer must
                     # judge it against this block, not the larger upstream one.
-                    chk = _ord.checker
+                    chk = _HOOKS.checker
                     if chk is not None:
                         chk.access(e.block, stream, access, span)
                     span = None
@@ -620,7 +620,7 @@ class DebugGuardResource(GuardBase, ResourceAdaptor):
             self.upstream.deallocate(e.up)
         b.transition(BlockState.FREED)
         b._impl = None
-        rec = _history.recorder
+        rec = _HOOKS.recorder
         if rec is not None:
             rec("free_completed", self, b.ptr, b.requested, b.alloc_stream, b)
 

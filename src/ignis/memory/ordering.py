@@ -1,4 +1,4 @@
-"""Ordering policy of tracked uses, and the hook the sanitizer checks through.
+"""Ordering policy of tracked uses.
 
 - ``auto`` (the default): every tracked use queues the event waits it needs
   and a deallocation waits for every recorded use, so tracked code cannot race.
@@ -11,8 +11,9 @@ The policy is chosen per stream (``stream.ordering``), per context (the
 specific first. While nothing ever asked for ``manual``, looking it up costs
 one global test.
 
-(The design puts ordering in the safety layer; it lives here because the
-memory layer applies it on every tracked use. ``ignis.safety`` re-exports it.)
+The policy is the memory layer's (DESIGN.md, layer 2: the memory layer applies it on every
+tracked use); ``ignis.safety`` re-exports it. Its switch (``any_manual``) and the sanitizer's
+hook (``checker``) are slots of ``ignis.memory.hooks``, read here for Python callers.
 """
 
 from __future__ import annotations
@@ -20,6 +21,8 @@ from __future__ import annotations
 from contextlib import contextmanager
 from contextvars import ContextVar
 from typing import TYPE_CHECKING, Any, Iterator
+
+from .hooks import HOOKS, note_manual
 
 if TYPE_CHECKING:
     from ..runtime import Stream
@@ -30,12 +33,17 @@ AUTO, MANUAL = "auto", "manual"
 _VALID = (AUTO, MANUAL)
 _process = AUTO
 _context: ContextVar[str | None] = ContextVar("ignis_ordering", default=None)
-any_manual = False  # becomes True the first time anything asks for manual ordering
 
-# The sanitizer installs itself here: an object with
-#   access(block, stream, access, span)  -- span = (offset, nbytes, op) or None
-#   free(block)
-checker: Any = None
+
+def __getattr__(name: str) -> Any:
+    # ``checker``: the sanitizer, installed with ignis.memory.hooks.set_checker; ``any_manual``:
+    # whether "manual" was asked for (hooks.note_manual). One slot each, read here for the
+    # Python callers that ask this module.
+    if name == "checker":
+        return HOOKS.checker
+    if name == "any_manual":
+        return HOOKS.any_manual
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 def _valid(p: str) -> str:
@@ -51,7 +59,7 @@ def policy(stream: "Stream") -> str:
     Args:
         stream: the ``Stream`` the use is on.
     """
-    if not any_manual:
+    if not HOOKS.any_manual:
         return AUTO
     return stream.ordering or _context.get() or _process
 
@@ -68,13 +76,13 @@ def set_ordering(p: str, stream: "Stream | None" = None) -> None:
     Raises:
         ValueError: ``p`` is not ``"auto"`` or ``"manual"`` (or None for a stream).
     """
-    global _process, any_manual
+    global _process
     if stream is not None:
         stream.ordering = None if p is None else _valid(p)
     else:
         _process = _valid(p)
     if p == MANUAL:
-        any_manual = True
+        note_manual()
 
 
 def get_ordering(stream: "Stream | None" = None) -> str:
@@ -100,10 +108,9 @@ def ordering(p: str) -> Iterator[None]:
     Raises:
         ValueError: ``p`` is neither.
     """
-    global any_manual
     token = _context.set(_valid(p))
     if p == MANUAL:
-        any_manual = True
+        note_manual()
     try:
         yield
     finally:

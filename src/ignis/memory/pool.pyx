@@ -37,12 +37,13 @@ from ..errors import DriverError, OutOfMemoryError
 from ..runtime import Device, current_device
 from ..runtime.stream cimport Stream
 from ..runtime.stream import add_close_hook
-from . import history as _history
-from . import ordering as _ord
 from .resource import DeviceMemoryResource, check_request
 from .resource cimport TrackedResource, EventPool, ResourceLock, lock_take, lock_give
-from .types import UNTAGGED, BlockState, _next_generation
-from .block cimport DeviceBlock, new_block
+from .hooks cimport Hooks
+from .hooks import HOOKS as _HOOKS
+from .types import UNTAGGED, BlockState
+from .block cimport (DeviceBlock, block_drop_record, block_move, block_only_on, block_restore_record,
+                     fresh_generation, new_block)
 
 cdef extern from "Python.h":
     Py_ssize_t _as_ssize "PyLong_AsSsize_t"(object) noexcept
@@ -52,13 +53,7 @@ __all__ = ["PoolResource"]
 
 cdef object _RETIRED = BlockState.RETIRED
 cdef object _FREED = BlockState.FREED
-cdef object _LIVE = BlockState.LIVE
-cdef object _ZERO = 0
-cdef dict _HIST = _history.__dict__
-cdef dict _ORD = _ord.__dict__
-# The process-wide generation counter (ignis.memory.types._next_generation is its
-# __next__): one counter for every resource, read here without the method call.
-cdef object _GENERATIONS = _next_generation.__self__
+cdef Hooks _HK = _HOOKS  # the hook slots (memory/hooks.pyx), read as C fields
 # Requests up to this many bytes take the compiled arithmetic (far beyond any device).
 cdef enum:
     _C_SMALL_MAX = 1 << 20
@@ -68,7 +63,7 @@ cdef Py_ssize_t _SIZE_LIMIT = (<Py_ssize_t>1) << 60
 cdef inline DeviceBlock _new_block(object ptr, Stream stream, object nbytes, object requested, object tag,
                                    object impl):
     """A new LIVE DeviceBlock with the next generation (block.pxd's ``new_block``)."""
-    return new_block(ptr, stream, nbytes, requested, tag, next(_GENERATIONS), impl)
+    return new_block(ptr, stream, nbytes, requested, tag, fresh_generation(), impl)
 
 _ALIGN = 512
 _SMALL_MAX = 1 << 20
@@ -289,7 +284,7 @@ cdef class PoolResource(TrackedResource):
             self._live_bytes += b.size
         finally:
             lock_give(lk)
-        rec = _HIST["recorder"]
+        rec = _HK.recorder
         if rec is not None:
             rec("alloc", self, b.ptr, b.size, stream, block)
         return block
@@ -320,7 +315,7 @@ cdef class PoolResource(TrackedResource):
             block = _new_block(b.ptr, stream, b.size, nbytes, tag, b)
             self._live[b.ptr] = block
             self._live_bytes += b.size
-        rec = _HIST["recorder"]
+        rec = _HK.recorder
         if rec is not None:
             rec("alloc", self, b.ptr, b.size, stream, block)
         return block
@@ -350,23 +345,20 @@ cdef class PoolResource(TrackedResource):
             self._live_bytes -= size
             g = self._state.generation
             if g is not self._generation and g != self._generation:
-                block.state = _FREED
+                block_move(block, _FREED)
                 return 0
             stream = block.alloc_stream
-            if block._readers is not None or block._write_stream is not stream:
+            if block_only_on(block, stream):
+                block_drop_record(block, self._events._free)  # every use was on its own stream
+            else:
                 try:
                     self._order_release_c(block)
                 except BaseException:
                     # A refused event record or wait: the block stays LIVE and counted.
-                    self._reset_record_after_release(block)
+                    block_restore_record(block)
                     self._live[ptr] = block
                     self._live_bytes += size
                     raise
-            else:
-                if block._write_event:
-                    self._events._free.append(block._write_event)
-                    block._write_event = _ZERO
-                block._write_stream = None
             b.stream = stream
             fl = self._free.get(stream)
             if fl is None:
@@ -380,14 +372,14 @@ cdef class PoolResource(TrackedResource):
                 fl.add(b)
             if (b.prev is not None and b.prev.free) or (b.next is not None and b.next.free):
                 fl.dirty = True
-            block.state = _RETIRED
+            block_move(block, _RETIRED)
         finally:
             lock_give(lk)
-        rec = _HIST["recorder"]
+        rec = _HK.recorder
         if rec is not None:
             rec("free_requested", self, ptr, size, stream, block)
             rec("free_completed", self, ptr, size, stream, block)  # reusable at once, in order
-        checker = _ORD["checker"]
+        checker = _HK.checker
         if checker is not None:
             checker.free(block)  # after the release ordering was queued
         return 0
@@ -471,7 +463,7 @@ cdef class PoolResource(TrackedResource):
                 if isinstance(e2, DriverError) and e2.name != "CUDA_ERROR_OUT_OF_MEMORY":
                     raise
                 self.num_ooms += 1
-                rec = _history.recorder
+                rec = _HK.recorder
                 if rec is not None:
                     rec("oom", self, 0, size, stream, None)
                 raise self._oom(size, e2, **self._numbers_locked()) from e2
@@ -479,7 +471,7 @@ cdef class PoolResource(TrackedResource):
         self._segments[seg.ptr] = seg
         self._reserved += seg_size
         self.num_segment_allocs += 1
-        rec = _history.recorder
+        rec = _HK.recorder
         if rec is not None:
             rec("segment_alloc", self, seg.ptr, seg_size, stream, up)
         return _Block(seg.ptr, seg_size, seg, None, None, stream)
@@ -556,7 +548,7 @@ cdef class PoolResource(TrackedResource):
             self._reserved -= seg.size
             self.num_segment_frees += 1
             released += seg.size
-            rec = _history.recorder
+            rec = _HK.recorder
             if rec is not None:
                 rec("segment_free", self, seg.ptr, seg.size, up.alloc_stream, up)
         for owner in [o for o, fl in self._free.items() if not fl.count]:

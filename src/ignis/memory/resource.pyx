@@ -55,11 +55,12 @@ from ..errors import (ClosedError, DoubleFreeError, DriverError, OutOfMemoryErro
 from ..runtime import Device, current_device
 from ..runtime.stream cimport Stream
 from ..runtime.ctxcache cimport CtxCache, ctx_is_current
-from . import history as _history
 from . import ordering as _ord
 from .._types import Access
-from .types import UNTAGGED, BlockId, BlockState, _next_generation
-from .block cimport DeviceBlock
+from .types import UNTAGGED, BlockId, BlockState
+from .block cimport DeviceBlock, block_clean_on, block_drop_record, block_restore_record, fresh_generation
+from .hooks cimport Hooks
+from .hooks import HOOKS as _HOOKS
 
 cdef extern from "Python.h":
     void *PyLong_AsVoidPtr(object) except? NULL
@@ -67,10 +68,9 @@ cdef extern from "Python.h":
 cdef extern from "pythread.h":
     PY_TIMEOUT_T PY_TIMEOUT_MAX
 
-# The modules whose hooks the hot paths read on every call (``recorder``, ``checker``,
-# ``any_manual`` can change at any time): their dicts, read directly.
-cdef dict _HIST = _history.__dict__
-cdef dict _ORD = _ord.__dict__
+# The hooks the hot paths read on every call (``recorder``, ``checker``, ``any_manual`` can
+# change at any time): C fields of one object.
+cdef Hooks _HK = _HOOKS  # the hook slots (memory/hooks.pyx), read as C fields
 cdef object _READ = Access.READ
 cdef object _WRITE = Access.WRITE
 cdef object _RW = Access.READ_WRITE
@@ -89,9 +89,9 @@ cdef inline bint _writes(object access) except -1:
 
 cdef inline bint _auto_order(object stream) except -1:
     """Under ``auto`` ordering for a use on ``stream`` (``ordering.policy``)."""
-    if not _ORD["any_manual"]:
+    if not _HK.any_manual:
         return True
-    return _ORD["policy"](stream) == _AUTO
+    return _ord.policy(stream) == _AUTO
 
 if TYPE_CHECKING:
     from ..backends import Backend
@@ -171,7 +171,7 @@ cdef class _DriverQueue:
         cdef int r
         cdef _event_record_fn rec = self.raw_record
         cdef _stream_wait_fn wt = self.raw_wait
-        if rec == NULL or wt == NULL or _HIST["recorder"] is not None or _ORD["checker"] is not None:
+        if rec == NULL or wt == NULL or _HK.recorder is not None or _HK.checker is not None:
             return -1
         for c in self.off:  # trace listeners, armed faults, a fork marker: each one's methods must run
             if c:
@@ -692,12 +692,12 @@ cdef class DeviceMemoryResource:
     def _register(self, ptr: int, stream: Stream, nbytes: int, requested: int, tag: str,
                   impl: Any = None) -> DeviceBlock:
         """A new LIVE block for memory just obtained: in the live map, counted, recorded."""
-        block = DeviceBlock(ptr, stream, nbytes, requested, tag, _next_generation(), impl)
+        block = DeviceBlock(ptr, stream, nbytes, requested, tag, fresh_generation(), impl)
         with self._lock:
             self._live[ptr] = block
             self._bytes += nbytes
-        if _history.recorder is not None:
-            _history.recorder("alloc", self, ptr, nbytes, stream, block)
+        if _HK.recorder is not None:
+            _HK.recorder("alloc", self, ptr, nbytes, stream, block)
         return block
 
     def _unregister(self, block: DeviceBlock) -> None:
@@ -713,16 +713,16 @@ cdef class DeviceMemoryResource:
             self._relive(block)
 
     def _relive(self, block: DeviceBlock) -> None:
-        """Lock held: ``_reregister``'s work."""
+        """Lock held: ``_reregister``'s work (the block's state never left LIVE: a resource
+        moves it only once the free succeeded)."""
         self._live[block.ptr] = block
         self._bytes += block.bytes
-        block.state = BlockState.LIVE
 
     @staticmethod
     def _sanitize_free(block: DeviceBlock) -> None:
         """Let the sanitizer see a free, once the release ordering has been queued."""
-        if _ord.checker is not None:
-            _ord.checker.free(block)
+        if _HK.checker is not None:
+            _HK.checker.free(block)
 
     def _admit(self, nbytes: Any, stream: Any) -> Stream:
         """The stream an allocation goes on, after checking the request and the stream
@@ -896,7 +896,7 @@ cdef class TrackedResource(DeviceMemoryResource):
                                 rd[o] = self._wait_c(s, <Stream>o, ev)
         finally:
             lock_give(lk)
-        checker = _ORD["checker"]
+        checker = _HK.checker
         if checker is not None:
             checker.access(b, s, access, span)
         return 0
@@ -944,7 +944,7 @@ cdef class TrackedResource(DeviceMemoryResource):
         cdef dict rd
         cdef list free
         if stream is b.alloc_stream:
-            if b._write_stream is stream and not b._write_event and b._readers is None:
+            if block_clean_on(b, stream):
                 return 0  # clean on this stream: nothing to record (see "Clean" above)
             if _writes(access):
                 ev = _ZERO
@@ -1025,26 +1025,14 @@ cdef class TrackedResource(DeviceMemoryResource):
                 for o, ev in rd.items():
                     if o is not a:
                         rd[o] = self._wait_c(a, <Stream>o, ev)
-        free = self._events._free
-        if b._write_event:
-            free.append(b._write_event)
-        if b._readers:
-            for ev in (<dict>b._readers).values():
-                if ev:
-                    free.append(ev)
-        b._write_stream = None
-        b._write_event = _ZERO
-        b._readers = None
-        return 0
+        return block_drop_record(b, self._events._free)
 
     @staticmethod
     def _reset_record_after_release(DeviceBlock b) -> None:
         """A block whose release was ordered (``_order_release`` returned) but whose free
         then failed: its alloc stream already waits for every earlier use, so it counts as
         last written there (no event yet), which orders any later use after all of them."""
-        if b._write_stream is None and b._readers is None:
-            b._write_stream = b.alloc_stream
-            b._write_event = 0
+        block_restore_record(b)
 
 
 if hasattr(os, "register_at_fork"):

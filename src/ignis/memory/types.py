@@ -13,7 +13,6 @@ Rules:
 from __future__ import annotations
 
 import enum
-import itertools
 from typing import TYPE_CHECKING, Any, NamedTuple
 
 from .._types import Access  # foundation; re-exported here, where it was defined before
@@ -25,8 +24,6 @@ if TYPE_CHECKING:
 __all__ = ["Access", "AllocTag", "UNTAGGED", "Generation", "BlockId", "BlockState", "DeviceBlock",
            "TRANSITIONS", "StreamId"]
 
-# next() on itertools.count is atomic under the GIL: concurrent callers get distinct values.
-_next_generation = itertools.count(1).__next__
 
 
 class Generation(int):
@@ -37,7 +34,8 @@ class Generation(int):
     @staticmethod
     def next() -> "Generation":
         """A fresh generation, larger than every one handed out before in this process."""
-        return Generation(_next_generation())
+        from .block import next_generation  # the one counter, compiled (block.pyx imports this module)
+        return Generation(next_generation())
 
     def __repr__(self) -> str:
         return f"Generation({int(self)})"

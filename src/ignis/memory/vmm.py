@@ -40,7 +40,7 @@ from typing import TYPE_CHECKING, Any, Callable
 
 from ..errors import DriverError, UnsupportedError, UseAfterFreeError
 from ..runtime import Device, Stream
-from . import history as _history
+from .hooks import HOOKS as _HOOKS
 from . import ordering as _ord
 from .resource import TrackedResource, check_request
 from .types import UNTAGGED, BlockState
@@ -153,7 +153,7 @@ def release_mapped_block(mr: Any, block: DeviceBlock, on_unmapped: "Callable[[],
                 mr._unmapped[block.ptr] = block
                 mr._bytes += block.bytes
         raise
-    block.state = BlockState.FREED
+    block.transition(BlockState.FREED)
     mr._sanitize_free(block)
 
 
@@ -174,8 +174,9 @@ def release_streams(resource: TrackedResource, b: DeviceBlock) -> "list[Stream]"
     return the streams to synchronize before its memory may be unmapped."""
     a = b.alloc_stream
     streams = [a]
-    if _ord.any_manual and _ord.policy(a) != _ord.AUTO:
-        for s in (b._write_stream, *(b._readers or ())):
+    if _HOOKS.any_manual and _ord.policy(a) != _ord.AUTO:
+        writer, _, readers = b.hazard_record()
+        for s in (writer, *(readers or ())):
             if s is not None and s not in streams:
                 streams.append(s)
     resource._order_release(b)
@@ -223,7 +224,7 @@ class VmmResource(TrackedResource):
             handle = backend.vmm_create(ordinal, size)
         except DriverError as e:
             if e.name == "CUDA_ERROR_OUT_OF_MEMORY":
-                rec = _history.recorder
+                rec = _HOOKS.recorder
                 if rec is not None:
                     rec("oom", self, 0, size, stream, None)
                 raise self._oom(size, e, **self.memory_numbers()) from e
@@ -240,7 +241,7 @@ class VmmResource(TrackedResource):
         handle and unmap it. If the driver refuses, see the module docstring."""
         release_mapped_block(self, block, lambda: self._close_export(block))
         self._close_export(block)
-        rec = _history.recorder
+        rec = _HOOKS.recorder
         if rec is not None:
             rec("free_requested", self, block.ptr, block.bytes, block.alloc_stream, block)
             rec("free_completed", self, block.ptr, block.bytes, block.alloc_stream, block)

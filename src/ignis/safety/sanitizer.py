@@ -77,7 +77,7 @@ except ImportError:
     _COMPILED = False
 
 from ..errors import OutOfBoundsError, RaceError, UninitializedReadError
-from ..memory import ordering as _ord
+from ..memory.hooks import set_checker as _set_checker
 from .._types import Access
 from ..memory.block import DeviceBlock
 from ..memory.resource import ReentrantLock
@@ -600,7 +600,7 @@ class Sanitizer:
         trace.unsubscribe(self, b)
         self._backend = None
 
-    # -- checks of Ignis blocks (called by the memory layer through ordering.checker) --
+    # -- checks of Ignis blocks (called by the memory layer through its checker hook) --
     def access(self, block: DeviceBlock, stream: Any, access: Access, span: tuple | None) -> None:
         """Check a tracked use of an Ignis block (the memory layer calls it from
         ``prepare_block_use``), then record it.
@@ -1306,7 +1306,7 @@ class Sanitizer:
                 self._install(b)
             self.mode = mode
             self.active = True
-            _ord.checker = self
+            _set_checker(self)
         if mode == "collect" and not self._atexit:
             atexit.register(self._print_at_exit)
             self._atexit = True
@@ -1315,7 +1315,7 @@ class Sanitizer:
     def disable(self) -> None:
         """Stop checking and forget all state (reports are kept)."""
         with self._lock:
-            _ord.checker = None
+            _set_checker(None)
             self._uninstall()
             self._reset()
             self.active = False

@@ -20,6 +20,7 @@ import warnings
 from typing import Any, Callable
 
 from ..memory import history as _history
+from ..memory.hooks import HOOKS as _HOOKS
 
 __all__ = ["subscribe", "unsubscribe", "subscribed", "failed"]
 
@@ -57,7 +58,7 @@ def failed(name: str, error: BaseException) -> None:
 
 def _reinstall() -> None:
     global _installed, _foreign
-    current = _history.recorder
+    current = _HOOKS.recorder
     if current is not _installed:
         _foreign = current  # installed by someone else since: keep calling it
     fns = [*_subscribers.values(), *([_foreign] if _foreign is not None else [])]

@@ -254,8 +254,7 @@ class DeferredGuardResource(GuardCore, DebugGuardResource):
                 entry.rs = None
             # A block nobody tracked a use of (every framework tensor: the framework orders
             # its own work) is clean on its stream: no wait to queue, nothing to reset.
-            tracked = self._tracks and (up._write_stream is not up.alloc_stream or up._write_event
-                                        or up._readers is not None)
+            tracked = self._tracks and not up.clean_on(up.alloc_stream)
             if tracked and not closed and _ord.policy(stream) == _ord.AUTO:
                 self.upstream.prepare_block_use(up, stream, Access.READ_WRITE)
             fill_bytes(self._backend, block.ptr, self.poison, block.requested, h)

@@ -53,15 +53,16 @@ from libc.stdint cimport uintptr_t
 
 from .._cpython cimport ignis_finalizing
 
-from ..memory import history as _history
-from ..memory import ordering as _ord
 from ..memory.guard import _uniform
-from ..memory.block cimport DeviceBlock, new_block
+from ..memory.block cimport (DeviceBlock, block_clean_on, block_lend_record, block_move, fresh_generation,
+                             new_block)
+from ..memory.hooks cimport Hooks
+from ..memory.hooks import HOOKS as _HOOKS
 from ..memory.guard_base cimport FILL_SPLIT, GuardBase, _Guarded, as_bound, fill_bytes_c
 from ..memory.pool cimport PoolResource, pool_deallocate, pool_direct
 from ..memory.resource cimport ReentrantLock, ResourceLock, lock_take, lock_give
 from ..memory.resource import check_request
-from ..memory.types import UNTAGGED, BlockState, _next_generation
+from ..memory.types import UNTAGGED, BlockState
 from ..runtime.stream cimport Stream
 from ..safety.frames import format_frames
 from ..safety.frames cimport capture_c
@@ -86,10 +87,7 @@ cdef extern from *:
 
 __all__ = ["GuardCore", "torch_guard_bind", "torch_guard_poison"]
 
-cdef dict _HIST = _history.__dict__
-cdef dict _ORD = _ord.__dict__
-# The process-wide generation counter (ignis.memory.types._next_generation is its __next__).
-cdef object _GENERATIONS = _next_generation.__self__
+cdef Hooks _HK = _HOOKS  # the hook slots (memory/hooks.pyx), read as C fields
 cdef object _LIVE_STATE = BlockState.LIVE
 cdef object _QUARANTINED = BlockState.QUARANTINED
 cdef object _FREED = BlockState.FREED
@@ -204,11 +202,11 @@ extern "C" __global__ void ignis_guard_check(const u64* __restrict__ jobs, u64* 
 }
 """
 
-cdef inline bint _untracked_on(DeviceBlock up, object st):
-    """``up`` carries no hazard record of a tracked use: its last writer is its own stream
-    ``st``, with no event and no readers (every framework tensor: the framework orders its
-    own work). Such a block needs no wait before its poison, nor before a reuse on ``st``."""
-    return up._write_stream is st and not up._write_event and up._readers is None
+cdef inline bint _untracked_on(DeviceBlock up, object st) noexcept:
+    """``up`` carries no hazard record of a tracked use: it is clean on its own stream ``st``
+    (every framework tensor: the framework orders its own work). Such a block needs no wait
+    before its poison, nor before a reuse on ``st``."""
+    return block_clean_on(up, st)
 
 
 # -- the record of one allocation ---------------------------------------------------------------------
@@ -571,7 +569,7 @@ cdef class GuardCore(GuardBase):
         if self._unpoisoned_n:
             self._poison_due(stream)
         total = nbytes + 2 * g
-        rec = _HIST["recorder"]
+        rec = _HK.recorder
         up = None
         if self._ready_bytes:
             if rec is not None:  # recording: every block through the pool, for exact events
@@ -600,8 +598,8 @@ cdef class GuardCore(GuardBase):
                 self.formatted_fresh += 1
         n = nbytes
         ptr = up.ptr + g
-        block = new_block(ptr, up.alloc_stream, nbytes, nbytes, tag, next(_GENERATIONS), None)
-        block._write_stream = None  # its hazard record is the upstream block's (memory.resource)
+        block = new_block(ptr, up.alloc_stream, nbytes, nbytes, tag, fresh_generation(), None)
+        block_lend_record(block)  # its hazard record is the upstream block's (memory.resource)
         entry = _Entry.__new__(_Entry)
         entry.block = block
         entry.up = up
@@ -787,6 +785,7 @@ cdef class GuardCore(GuardBase):
             self._live_bytes -= n
             q = self._quarantine
             q[ptr] = e
+            block_move(block, _QUARANTINED)  # LIVE: it was in the live map
             self._quarantined_bytes += held
             if len(q) > max_count or self._quarantined_bytes > max_bytes:
                 evicted = self._take_quarantine_c(self._overflow_c())
@@ -795,7 +794,6 @@ cdef class GuardCore(GuardBase):
                     hx[x.block.ptr] = x
         finally:
             lock_give(lk)
-        block.state = _QUARANTINED
         if later:
             # Freed from another stream than its own: work of other streams may still read it
             # (PyTorch hands a freed block only to its own stream's later work, which the
@@ -808,7 +806,7 @@ cdef class GuardCore(GuardBase):
             self._unpoisoned_n += 1
         elif not poisoned:
             fill_bytes_c(self._backend, ptr, self.poison, n, s.handle)
-        rec = _HIST["recorder"]
+        rec = _HK.recorder
         if rec is not None:
             rec("free_requested", self, ptr, block.requested, s, block)
         self._checker._queue_free(s, e, evicted)
@@ -835,7 +833,7 @@ cdef class GuardCore(GuardBase):
         # cache instead (a plain pool only: a pool that overrides allocate or deallocate
         # sees every block). Not one with hazard records of a tracked use, nor one whose
         # stream closed.
-        rec = _HIST["recorder"]
+        rec = _HK.recorder
         ready = (fmt is not None and self.ready_limit > 0 and not self._closed and rec is None
                  and pool_direct(mr, "allocate") and pool_direct(mr, "deallocate"))
         failure = None
@@ -868,7 +866,7 @@ cdef class GuardCore(GuardBase):
                 if failure is None:
                     failure = exc
                 continue
-            b.state = _FREED
+            block_move(b, _FREED)
             b._impl = None  # no block <-> record cycle left for the garbage collector
             if rec is not None:
                 rec("free_completed", self, b.ptr, b.requested, b.alloc_stream, b)
@@ -975,7 +973,7 @@ cdef object _alloc_c(object size, object device, object handle, object tag, obje
             pool = st.capturing.get((device, handle))
             if pool is not None:  # a CUDA graph's capture: memory of its pool, unguarded
                 ptr = _graph_alloc(st, device, pool, size)
-                chk = _ORD["checker"]
+                chk = _HK.checker
                 if chk is not None and hasattr(chk, "extent_allocated"):
                     chk.extent_allocated(ptr, handle)
                 return ptr
@@ -985,7 +983,7 @@ cdef object _alloc_c(object size, object device, object handle, object tag, obje
         blk = g._allocate(size, s, tag or st.tag, capture_c(1, g.stack_depth) if g.capture_stacks else ())
         ptr = blk.ptr
         st.blocks[ptr] = blk
-        chk = _ORD["checker"]
+        chk = _HK.checker
         if chk is not None and hasattr(chk, "extent_allocated"):
             chk.extent_allocated(ptr, handle)  # the framework's own handle: its ops use the same
         return ptr
@@ -1034,7 +1032,7 @@ cdef int _free_c(object ptr, object size, object device, object handle, object p
             gb = st.graph_blocks.pop(ptr, None)
             if gb is not None:  # back to its graph's pool (a later capture there may take it)
                 st.graph_free.setdefault((gb[0], gb[1]), {}).setdefault(gb[2], []).append(ptr)
-                chk = _ORD["checker"]
+                chk = _HK.checker
                 if chk is not None and hasattr(chk, "extent_freed"):
                     chk.extent_freed(ptr)
                 return 0
@@ -1050,7 +1048,7 @@ cdef int _free_c(object ptr, object size, object device, object handle, object p
         g = st.guards.get(device)
         if g is None:  # its context was rebuilt and its guard dropped: nothing to check
             return 0
-        chk = _ORD["checker"]
+        chk = _HK.checker
         if chk is not None and hasattr(chk, "extent_freed"):
             chk.extent_freed(ptr)
         (<GuardCore?>g)._free_fast(<DeviceBlock?>blk, poisoned, later)

@@ -1,0 +1,85 @@
+"""The memory layer's hooks: where the sanitizer and telemetry plug in.
+
+Two slots and one switch, each written only through its function, read everywhere as a field
+of one object:
+
+- ``checker``: the sanitizer (``ignis.safety``), called for every tracked use
+  (``access(block, stream, access, span)``, span ``(offset, nbytes, op)`` or None) and every
+  free (``free(block)``). ``set_checker`` installs it; ``ordering.checker`` reads it.
+- ``recorder``: the allocation-event recorder (telemetry), called as
+  ``recorder(action, resource, ptr, size, stream, block)``. ``set_recorder`` (also
+  ``history.set_recorder``) installs it; ``history.recorder`` reads it.
+- ``any_manual``: the ordering policy's switch (``ignis.memory.ordering``): True from the first
+  time anything asks for ``manual`` ordering (``note_manual``); until then every use is ``auto``
+  and the hot paths ask no further.
+
+When a slot is None, the cost to a hot path is one C field test. Compiled readers take the
+``HOOKS`` object once (``from .hooks cimport Hooks``; ``cdef Hooks slots = HOOKS``); Python
+readers use ``HOOKS.checker`` / ``HOOKS.recorder``. Nothing reaches a slot through a module's
+``__dict__``, so a new listener cannot be missed by a reader that cached the old binding.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable
+
+__all__ = ["Hooks", "HOOKS", "set_checker", "set_recorder", "note_manual"]
+
+
+cdef class Hooks:
+    """The hook slots (see the module). Read-only from Python: use ``set_checker`` and
+    ``set_recorder``.
+
+    Attributes:
+        checker: the sanitizer, or None.
+        recorder: the allocation-event recorder, or None.
+        any_manual: whether ``manual`` ordering was asked for in this process.
+    """
+
+    def __repr__(self) -> str:
+        return f"<ignis.memory.hooks checker={self.checker!r} recorder={self.recorder!r}>"
+
+
+HOOKS: Hooks = Hooks()
+cdef Hooks _slots = HOOKS
+
+
+def set_checker(checker: "object | None") -> "object | None":
+    """Install the sanitizer (an object with ``access`` and ``free``), or with None remove it.
+
+    Args:
+        checker: the new checker, or None.
+
+    Returns:
+        The checker installed before.
+    """
+    if checker is not None and not (callable(getattr(checker, "access", None))
+                                    and callable(getattr(checker, "free", None))):
+        raise TypeError(f"a checker has methods access(block, stream, access, span) and free(block); "
+                        f"{type(checker).__name__} has not both")
+    prev = _slots.checker
+    _slots.checker = checker
+    return prev
+
+
+def set_recorder(recorder: "Callable[[str, Any, int, int, Any, Any], None] | None") -> \
+        "Callable[[str, Any, int, int, Any, Any], None] | None":
+    """Install the allocation-event recorder, or with None remove it.
+
+    Args:
+        recorder: called as ``recorder(action, resource, ptr, size, stream, block)``, or None.
+
+    Returns:
+        The recorder installed before.
+    """
+    if recorder is not None and not callable(recorder):
+        raise TypeError(f"a recorder is callable, not {type(recorder).__name__}")
+    prev = _slots.recorder
+    _slots.recorder = recorder
+    return prev
+
+
+def note_manual() -> None:
+    """Record that ``manual`` ordering was asked for (``ignis.memory.ordering`` calls it): from
+    now on a tracked use asks the ordering policy which applies."""
+    _slots.any_manual = True

@@ -1,0 +1,200 @@
+"""The block's rules in one place (memory/block.pyx): its state moves only along the transition
+table, checked in compiled code; its hazard record is not Python's to write; "clean on a stream"
+is one test that every fast path shares; and no other module writes a block's state."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import pytest
+
+import ignis as ig
+from ignis.memory import Access, BlockState
+from ignis.memory.block import DeviceBlock
+from ignis.memory.types import TRANSITIONS
+
+SRC = Path(__file__).resolve().parents[1] / "src" / "ignis"
+
+
+def _block(stream, state=BlockState.LIVE):
+    b = DeviceBlock(0x1000, stream, 512, 500, "t", ig.Generation.next())
+    if state is not BlockState.LIVE:
+        b.transition(state)
+    return b
+
+
+@pytest.mark.parametrize("old", list(BlockState), ids=lambda s: s.name)
+@pytest.mark.parametrize("new", list(BlockState), ids=lambda s: s.name)
+def test_the_compiled_table_is_the_documented_one(dev, old, new):
+    b = _block(dev.default_stream, old)
+    if new in TRANSITIONS[old]:
+        b.transition(new)
+        assert b.state is new
+    else:
+        with pytest.raises(ig.InvalidTransitionError) as ei:
+            b.transition(new)
+        assert (ei.value.state, ei.value.attempted) == (old.name, new.name)
+        assert b.state is old  # a refused move changes nothing
+
+
+def test_a_state_that_is_not_a_block_state_is_refused(dev):
+    b = _block(dev.default_stream)
+    with pytest.raises(TypeError, match="BlockState"):
+        b.transition("freed")
+    assert b.state is BlockState.LIVE
+
+
+@pytest.mark.parametrize("field", ["ptr", "alloc_stream", "bytes", "requested", "tag", "generation", "state"])
+def test_a_blocks_fields_are_read_only_from_python(dev, field):
+    b = _block(dev.default_stream)
+    before = getattr(b, field)
+    with pytest.raises(AttributeError):
+        setattr(b, field, BlockState.FREED if field == "state" else 0)
+    assert getattr(b, field) is before
+
+
+def test_the_hazard_record_is_not_an_attribute(dev):
+    b = _block(dev.default_stream)
+    for name in ("_write_stream", "_write_event", "_readers"):
+        assert not hasattr(b, name)
+        with pytest.raises(AttributeError):
+            setattr(b, name, None)
+
+
+def test_a_new_block_is_clean_on_its_stream_only(dev):
+    s0, s1 = dev.default_stream, dev.create_stream()
+    b = _block(s0)
+    assert b.clean_on(s0) and not b.clean_on(s1)
+    assert b.hazard_record() == (s0, 0, None)
+
+
+def test_the_record_shown_is_a_copy(dev, streams):
+    mr = ig.PoolResource(ig.DirectResource(dev))
+    b = mr.allocate(1024, streams[0])
+    mr.prepare_block_use(b, streams[1], Access.READ)
+    mr.finish_block_use(b, streams[1], Access.READ)
+    writer, _, readers = b.hazard_record()
+    assert writer is streams[0] and set(readers) == {streams[1]}
+    readers.clear()
+    assert set(b.hazard_record()[2]) == {streams[1]}  # the block's own record is untouched
+    assert not b.clean_on(streams[0])
+    mr.deallocate(b)
+    assert b.state is BlockState.RETIRED and b.hazard_record() == (None, 0, None)
+
+
+def test_a_lent_record_is_never_clean(dev, streams):
+    b = _block(streams[0])
+    b.lend_record()
+    assert not any(b.clean_on(s) for s in streams)
+    assert b.hazard_record()[0] is None
+
+
+def test_a_guarded_block_lends_its_record_to_the_upstream_block(dev, streams):
+    g = ig.DebugGuardResource(ig.PoolResource(ig.DirectResource(dev)))
+    b = g.allocate(256, streams[0])
+    try:
+        assert not b.clean_on(streams[0])  # every tracked use goes through the guard to the pool's block
+    finally:
+        g.deallocate(b)
+
+
+# -- no other writer ------------------------------------------------------------------------------
+
+# Assignments to an attribute named ``state`` that are not a block's (the device's state, the
+# event pool's): each named by its file and its text.
+_NOT_A_BLOCK = {
+    ("runtime/device.py", "dev.state = DeviceState(ordinal)"),
+    ("memory/resource.pyx", "self.state = device.state"),
+}
+_HAZARD = re.compile(r"\b_(write_stream|write_event|readers)\b")
+
+
+def _sources():
+    for p in sorted(SRC.rglob("*")):
+        if p.suffix in (".py", ".pyx", ".pxd") and "__pycache__" not in p.parts:
+            yield p.relative_to(SRC).as_posix(), p.read_text()
+
+
+def test_only_the_block_writes_a_blocks_state():
+    found = []
+    for rel, text in _sources():
+        if rel == "memory/block.pyx":
+            continue
+        for line in text.splitlines():
+            code = line.split("#", 1)[0].strip()
+            if re.search(r"\.state\s*=(?!=)", code) and (rel, code) not in _NOT_A_BLOCK:
+                found.append(f"{rel}: {code}")
+    assert not found, "a block's state moves only through block_move / DeviceBlock.transition:\n" + "\n".join(found)
+
+
+def test_the_hazard_record_is_touched_by_the_block_and_the_tracking_resource_only():
+    owners = {"memory/block.pyx", "memory/block.pxd", "memory/resource.pyx"}
+    found = [rel for rel, text in _sources() if rel not in owners and _HAZARD.search(text)]
+    assert not found, f"the hazard record's fields are read or written outside the block's core: {found}"
+
+
+def test_clean_is_written_once():
+    rule = re.compile(r"_write_stream is \w+ and not \w+\._write_event and \w+\._readers is None")
+    where = [rel for rel, text in _sources() if rule.search(text)]
+    assert where == ["memory/block.pxd"], where
+
+
+# -- the hook slots (memory/hooks.pyx) -------------------------------------------------------------
+
+class _Seen:
+    def __init__(self):
+        self.calls = []
+
+    def access(self, block, stream, access, span):
+        self.calls.append(("access", block.ptr, access))
+
+    def free(self, block):
+        self.calls.append(("free", block.ptr))
+
+
+def test_a_checker_installed_by_its_function_is_called_by_the_compiled_paths(dev):
+    from ignis.memory import hooks, ordering
+    seen = _Seen()
+    prev = hooks.set_checker(seen)
+    try:
+        assert ordering.checker is seen and hooks.HOOKS.checker is seen
+        a = ig.empty(256, dtype="uint8", mr=ig.PoolResource(ig.DirectResource(dev)))
+        ptr = a._block.ptr
+        a.fill_(1)  # NvArray's tracked use (compiled)
+        a.free()    # the pool's deallocate (compiled)
+        assert ("free", ptr) in seen.calls
+        assert any(c[0] == "access" and c[1] == ptr and c[2].writes for c in seen.calls)
+    finally:
+        assert hooks.set_checker(prev) is seen
+    assert ordering.checker is prev
+
+
+def test_hooks_refuse_what_they_cannot_call():
+    from ignis.memory import hooks
+    with pytest.raises(TypeError, match="access"):
+        hooks.set_checker(object())
+    with pytest.raises(TypeError, match="callable"):
+        hooks.set_recorder(42)
+    assert hooks.HOOKS.checker is None or hasattr(hooks.HOOKS.checker, "access")
+    for name in ("checker", "recorder", "any_manual"):
+        with pytest.raises(AttributeError):
+            setattr(hooks.HOOKS, name, None)
+
+
+def test_manual_ordering_turns_the_switch_on_for_the_compiled_readers(dev):
+    from ignis.memory import hooks, ordering
+    s = dev.create_stream()
+    ordering.set_ordering("manual", s)
+    try:
+        assert hooks.HOOKS.any_manual and ordering.any_manual
+        assert ordering.policy(s) == "manual" and ordering.policy(dev.default_stream) == "auto"
+    finally:
+        ordering.set_ordering(None, s)
+
+
+def test_no_module_reaches_a_hook_through_a_module_dict_or_assigns_it():
+    bound = re.compile(r"\b_?(ord|ordering|history|hist)\w*\.__dict__|"
+                       r"\b(ordering|_ord|history|_history)\.(checker|recorder|any_manual)\s*=(?!=)")
+    found = [f"{rel}: {m.group(0)}" for rel, text in _sources() for m in bound.finditer(text)]
+    assert not found, found
