@@ -194,7 +194,32 @@ def test_manual_ordering_turns_the_switch_on_for_the_compiled_readers(dev):
 
 
 def test_no_module_reaches_a_hook_through_a_module_dict_or_assigns_it():
-    bound = re.compile(r"\b_?(ord|ordering|history|hist)\w*\.__dict__|"
+    bound = re.compile(r"\b_?(ord|ordering|history|hist|backends|current)\w*\.__dict__|"
                        r"\b(ordering|_ord|history|_history)\.(checker|recorder|any_manual)\s*=(?!=)")
     found = [f"{rel}: {m.group(0)}" for rel, text in _sources() for m in bound.finditer(text)]
     assert not found, found
+
+
+def test_a_new_current_resource_reaches_the_next_array_at_once(dev):
+    from ignis.memory import set_current_resource
+    ig.empty(16).free()  # the defaults are cached now
+    mine = ig.PoolResource(ig.DirectResource(dev))
+    set_current_resource(mine, dev)
+    try:
+        a = ig.empty(16)
+        assert a.resource is mine
+        a.free()
+    finally:
+        set_current_resource(None, dev)  # the default again (made afresh on first use)
+    b = ig.empty(16)
+    assert b.resource is not mine
+    b.free()
+
+
+def test_change_listeners_take_functions_only():
+    from ignis import backends
+    from ignis.memory import current
+    with pytest.raises(TypeError, match="function"):
+        backends.on_backend_change(42)
+    with pytest.raises(TypeError, match="function"):
+        current.on_resource_change("x")

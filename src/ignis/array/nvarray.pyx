@@ -40,7 +40,8 @@ from ..dtypes import DType
 from ..errors import (DoubleFreeError, MemoryContractViolation, OutOfBoundsError, ReadOnlyError,
                        StaleHandleError, UseAfterFreeError)
 from .._types import MAX_EXTENT, MAX_NDIM, Access, shape_problem
-from ..memory import DeviceMemoryResource, current, get_current_resource
+from ..memory import DeviceMemoryResource, get_current_resource
+from ..memory.current import on_resource_change
 from ..memory.types import UNTAGGED
 from ..memory.block import DeviceBlock
 from ..errors import StreamMisuseError
@@ -183,7 +184,10 @@ def _check_fits(shape: tuple[int, ...], dt: DType) -> None:
 cdef object _INT_SHAPE_MAX = MAX_EXTENT // 16
 
 
-_fast = [None]  # (backend, device, stream, mr, generation, resource epoch) for device 0 defaults
+_fast = [None]  # (backend, device, stream, mr, generation, version, defaults) for device 0
+# The version of the defaults: a new backend or current resource makes a new one (their owners
+# call _drop_defaults, registered with them below), and a cache made with an older one is not used.
+cdef unsigned long long _defaults_version = 0
 
 # Memory of arrays collected by the cyclic garbage collector, returned at the next
 # array creation or free (never from inside the collector, see NvArray.__del__).
@@ -304,34 +308,41 @@ def _defaults() -> tuple[Device, Stream, DeviceMemoryResource, bool]:
     cached = _defaults_cached()
     if cached is not None:
         return cached
+    v = _defaults_version  # read first: a change while the defaults are looked up keeps them out
     dev = Device(0)
     mr = get_current_resource(dev)
     out = (dev, dev.default_stream, mr, mr.supports_block_use_tracking)
     with _rt_current.lock:  # an override that began meanwhile dropped the cache: leave it dropped
         if not _rt_current.overrides[0]:
-            _fast[0] = (dev.backend, dev, dev.default_stream, mr, dev.state.generation, current.epoch, out)
+            _fast[0] = (dev.backend, dev, dev.default_stream, mr, dev.state.generation, v, out)
     return out
 
 
-_rt_current.on_first_override(lambda: _fast.__setitem__(0, None))
+def _drop_defaults() -> None:
+    global _defaults_version
+    _defaults_version += 1
+    _fast[0] = None
+
+
+_rt_current.on_first_override(_drop_defaults)
+backends.on_backend_change(_drop_defaults)
+on_resource_change(_drop_defaults)
 
 cdef object _DEFERRED = _deferred
 cdef dict _NAMES_C = _NAMES
 cdef list _OVERRIDES = _rt_current.overrides
 cdef list _FAST = _fast
-cdef dict _BACKENDS = backends.__dict__
-cdef dict _CURRENT = current.__dict__
 
 
 cdef inline tuple _defaults_cached():
-    """``_defaults()``'s cache while it holds (the backend, the device's generation, the
-    resource epoch and the stream are those it was made with), else None."""
+    """``_defaults()``'s cache while it holds (no backend or current resource changed since, the
+    device's generation and the stream are those it was made with), else None."""
     f = _FAST[0]
     if f is None:
         return None
     t = <tuple>f
     st = t[2]
-    if t[0] is not _BACKENDS["_backend"] or t[5] != _CURRENT["epoch"]:
+    if <unsigned long long>t[5] != _defaults_version:
         return None
     state = t[1].state
     if state.generation != t[4] or not state.accepting_ops:

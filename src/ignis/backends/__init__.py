@@ -21,15 +21,17 @@ from __future__ import annotations
 import os
 import sys
 import threading
+from typing import Callable
 
 from . import base as _base
 from .base import CU_STATUS, OPS, Backend, DeviceProperties, driver_error
 
 __all__ = ["Backend", "DeviceProperties", "CU_STATUS", "OPS", "driver_error",
-           "get_backend", "set_backend", "backend_name"]
+           "get_backend", "set_backend", "backend_name", "on_backend_change"]
 
 _backend: Backend | None = None
 _lock = threading.Lock()
+_listeners: list = []  # called after set_backend replaced the backend (on_backend_change)
 _VALID = ("auto", "cuda", "emulated")
 
 
@@ -88,8 +90,23 @@ def set_backend(backend: Backend | str) -> Backend:
     previous backend must not be used afterwards."""
     global _backend
     with _lock:
-        _backend = _make(backend) if isinstance(backend, str) else backend
-        return _backend
+        _backend = b = _make(backend) if isinstance(backend, str) else backend
+        for fn in tuple(_listeners):
+            fn()
+        return b
+
+
+def on_backend_change(fn: "Callable[[], None]") -> None:
+    """Call ``fn()`` each time ``set_backend`` replaces the process's backend (caches of
+    objects made on the old one drop them there). ``fn`` runs under this module's lock: it
+    must not call back into it.
+
+    Args:
+        fn: a function of no arguments.
+    """
+    if not callable(fn):
+        raise TypeError(f"on_backend_change takes a function, not {type(fn).__name__}")
+    _listeners.append(fn)
 
 
 def backend_name() -> str:

@@ -10,14 +10,16 @@ from __future__ import annotations
 
 import os
 import threading
+from typing import Callable
 
 from ..runtime import Device, current_device
 from .resource import DeviceMemoryResource
 
-__all__ = ["get_current_resource", "set_current_resource", "default_upstream"]
+__all__ = ["get_current_resource", "set_current_resource", "default_upstream", "on_resource_change"]
 
 _current: dict[tuple[int, int], DeviceMemoryResource] = {}
-epoch = 0  # bumped whenever a current resource changes (callers cache against it)
+epoch = 0  # bumped whenever a current resource changes (then on_resource_change's listeners run)
+_listeners: list = []
 _explicit: set[tuple[int, int]] = set()
 _lock = threading.Lock()
 
@@ -61,10 +63,30 @@ def get_current_resource(device: "Device | int | None" = None) -> DeviceMemoryRe
         mr = _current.get(key)
         if mr is None or (mr._generation != dev.state.generation and key not in _explicit):
             from .pool import PoolResource
-            global epoch
             mr = _current[key] = PoolResource(default_upstream(dev))
-            epoch += 1
+            _changed()
         return mr
+
+
+def _changed() -> None:
+    """A current resource changed: a new epoch, and the listeners told."""
+    global epoch
+    epoch += 1
+    for fn in tuple(_listeners):
+        fn()
+
+
+def on_resource_change(fn: "Callable[[], None]") -> None:
+    """Call ``fn()`` whenever a device's current resource changes (set, reset, a default made
+    or replaced after a context rebuild, a fork's child). ``fn`` runs under this module's
+    lock: it must not call back into it.
+
+    Args:
+        fn: a function of no arguments.
+    """
+    if not callable(fn):
+        raise TypeError(f"on_resource_change takes a function, not {type(fn).__name__}")
+    _listeners.append(fn)
 
 
 def set_current_resource(mr: DeviceMemoryResource | None, device: "Device | int | None" = None
@@ -91,9 +113,8 @@ def set_current_resource(mr: DeviceMemoryResource | None, device: "Device | int 
     dev, key = _key(device)
     if mr is not None and mr.device is not dev:
         raise ValueError(f"{mr!r} serves device {mr.device.ordinal}, not device {dev.ordinal}")
-    global epoch
     with _lock:
-        epoch += 1
+        _changed()
         prev = _current.get(key)
         if mr is None:
             _current.pop(key, None)
@@ -108,9 +129,9 @@ def _after_fork_in_child() -> None:
     """os.register_at_fork(after_in_child=...): a fresh lock (a parent thread may have
     held this one), and a new epoch, so cached defaults are looked up again (and a
     child of a parent that used the device learns that at its first allocation)."""
-    global _lock, epoch
+    global _lock
     _lock = threading.Lock()
-    epoch += 1
+    _changed()
 
 
 if hasattr(os, "register_at_fork"):
