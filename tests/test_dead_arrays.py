@@ -43,7 +43,7 @@ N = 64  # elements of every array in the walk (float32)
 # -- what may not raise, and why -------------------------------------------------------
 METADATA = ("id", "shape", "dtype", "device", "stream", "owner", "ref_count", "created_at", "numel", "nbytes",
             "ndim", "freed", "is_view", "base", "owns_memory", "generation", "tag", "device_id", "resource",
-            "size", "itemsize", "strides", "readonly", "pinned_host", "__len__")
+            "size", "itemsize", "strides", "readonly", "pinned_host", "__len__", "block", "root", "tracked")
 EXEMPT: dict[str, str] = {
     **{f"NvArray.{n}": "reads the array's own fields (metadata), never its memory" for n in METADATA},
     "NvArray.__repr__": "never raises: it shows the error instead of the values",
@@ -70,6 +70,10 @@ EXEMPT: dict[str, str] = {
     "ignis.safety.MemoryContract.untrack": "leak-audit bookkeeping, no memory",
     "ignis.ipc.is_imported": "says whether the array maps another process's memory, reads no byte",
     "ignis.ipc.close": "unmaps an imported array's mapping (refuses others): no byte is read or written",
+    "NvArray.mark_read_only": "puts a mark on the array object (its later writes refuse): no byte is touched",
+    "NvArray.mark_failed": "puts a mark on the array object (its later uses refuse): no byte is touched",
+    "NvArray.from_foreign": "a constructor (a class method): it takes no array, so none can be dead",
+    "NvArray.from_block": "a constructor (a class method): it takes a resource's block, not an array",
 }
 if not ig.get_backend().cuda_driver:
     EXEMPT["NvArray.__cuda_array_interface__"] = ("the emulated backend has no CUDA array interface: "
@@ -251,6 +255,7 @@ ARGS: dict[str, Callable[[Scene, Any], Any]] = {
     "arrays": lambda sc, t: {"t": t},
     "uses": lambda sc, t: [(t, "read")],
     "sock": lambda sc, t: sc.sock(),
+    "dtype": lambda sc, t: "float32",
 }
 
 # Callables whose arguments are not one per parameter name.

@@ -11,17 +11,26 @@ at the emulator's host address, so NumPy imports it zero-copy.
 
 ``NvArray.__cuda_array_interface__``: version 3, with the array's stream.
 
-The DLPack structures and capsule names defined here are the ABI that the import
-side (``ignis.interop.dlpack``: ``from_dlpack``) reads too. The deleter and the
+The DLPack structures and capsule names are ``ignis._dlpack``'s (the ABI, which the import
+side, ``ignis.interop.dlpack``, reads too). The deleter and the
 capsule destructor are C functions of the compiled array module (``nvarray.pyx``).
 """
 
 from __future__ import annotations
 
 import ctypes
-import sys
 from typing import TYPE_CHECKING, Any
 
+from .._dlpack import DELETER as _DELETER
+from .._dlpack import FLAG_READ_ONLY as _FLAG_READ_ONLY
+from .._dlpack import LEGACY as _LEGACY
+from .._dlpack import VERSIONED as _VERSIONED
+from .._dlpack import DLDataType as _DLDataType
+from .._dlpack import DLDevice as _DLDevice
+from .._dlpack import DLManagedTensor as _DLManagedTensor
+from .._dlpack import DLManagedTensorVersioned as _DLManagedTensorVersioned
+from .._dlpack import DLPackVersion as _DLPackVersion
+from .._dlpack import capsule_new as _PyCapsule_New
 from ..errors import UnsupportedError
 from ..memory import Access
 from ..runtime import Stream
@@ -35,50 +44,6 @@ __all__ = ["export", "device_of", "cuda_array_interface", "KDL_CPU", "KDL_CUDA",
 KDL_CPU, KDL_CUDA, KDL_CUDA_HOST = 1, 2, 3
 
 
-class _DLDevice(ctypes.Structure):
-    _fields_ = [("device_type", ctypes.c_int32), ("device_id", ctypes.c_int32)]
-
-
-class _DLDataType(ctypes.Structure):
-    _fields_ = [("code", ctypes.c_uint8), ("bits", ctypes.c_uint8), ("lanes", ctypes.c_uint16)]
-
-
-class _DLTensor(ctypes.Structure):
-    _fields_ = [("data", ctypes.c_void_p), ("device", _DLDevice), ("ndim", ctypes.c_int32),
-                ("dtype", _DLDataType), ("shape", ctypes.POINTER(ctypes.c_int64)),
-                ("strides", ctypes.POINTER(ctypes.c_int64)), ("byte_offset", ctypes.c_uint64)]
-
-
-class _DLManagedTensor(ctypes.Structure):
-    pass
-
-
-_DELETER = ctypes.CFUNCTYPE(None, ctypes.c_void_p)
-_DLManagedTensor._fields_ = [("dl_tensor", _DLTensor), ("manager_ctx", ctypes.c_void_p),
-                             ("deleter", _DELETER)]
-
-
-class _DLPackVersion(ctypes.Structure):
-    _fields_ = [("major", ctypes.c_uint32), ("minor", ctypes.c_uint32)]
-
-
-class _DLManagedTensorVersioned(ctypes.Structure):
-    _fields_ = [("version", _DLPackVersion), ("manager_ctx", ctypes.c_void_p), ("deleter", _DELETER),
-                ("flags", ctypes.c_uint64), ("dl_tensor", _DLTensor)]
-
-
-_FLAG_READ_ONLY = 1
-_LEGACY, _VERSIONED = b"dltensor", b"dltensor_versioned"
-
-
-def _api(name: str, restype: Any, *argtypes: Any) -> Any:
-    return ctypes.PYFUNCTYPE(restype, *argtypes)((name, ctypes.pythonapi))
-
-
-_PyCapsule_New = _api("PyCapsule_New", ctypes.py_object, ctypes.c_void_p, ctypes.c_char_p, ctypes.c_void_p)
-_PyCapsule_GetPointer = _api("PyCapsule_GetPointer", ctypes.c_void_p, ctypes.py_object, ctypes.c_char_p)
-_PyCapsule_IsValid = _api("PyCapsule_IsValid", ctypes.c_int, ctypes.py_object, ctypes.c_char_p)
-_PyCapsule_SetName = _api("PyCapsule_SetName", ctypes.c_int, ctypes.py_object, ctypes.c_char_p)
 # Exported tensors not yet deleted: struct address -> (struct, shape array, array).
 # Single dict operations, atomic under the GIL: the deleter may run on any thread.
 _exports: dict[int, tuple[Any, Any, Any]] = {}

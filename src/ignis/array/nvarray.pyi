@@ -6,6 +6,7 @@ import numpy as np
 from ..dtypes import DType
 from .._types import Access
 from ..memory import DeviceMemoryResource
+from ..memory.block import DeviceBlock
 from ..runtime import Device, Stream
 from ..memory.resource import ResourceLock
 from ..memory import PinnedBuffer
@@ -51,6 +52,14 @@ class NvArray:
     def __init__(self, shape: Any, dtype: Any=..., *, device: Device | int | None=..., stream: Stream | None=..., owner: str=..., mr: DeviceMemoryResource | None=..., tag: str=...) -> None:
         ...
 
+    @classmethod
+    def from_foreign(cls, ptr: int, shape: Any, dtype: Any, device: Device | int, stream: Stream | None=..., *, owner: str=..., keepalive: Any=...) -> NvArray:
+        ...
+
+    @classmethod
+    def from_block(cls, block: DeviceBlock, resource: DeviceMemoryResource, shape: Any, dtype: Any, stream: Stream | None=..., *, offset: int=..., owner: str=...) -> NvArray:
+        ...
+
     @property
     def ndim(self) -> int:
         ...
@@ -89,6 +98,30 @@ class NvArray:
 
     @property
     def resource(self) -> DeviceMemoryResource | None:
+        ...
+
+    @property
+    def block(self) -> DeviceBlock | None:
+        ...
+
+    @property
+    def root(self) -> NvArray:
+        ...
+
+    @property
+    def tracked(self) -> bool:
+        ...
+
+    def check_usable(self, what: str=..., access: Access | None=...) -> None:
+        ...
+
+    def mark_read_only(self, reason: str) -> None:
+        ...
+
+    def mark_failed(self, make_error: Any) -> None:
+        ...
+
+    def view_bytes(self, offset: int, shape: Any, dtype: Any) -> NvArray:
         ...
 
     def __len__(self) -> int:

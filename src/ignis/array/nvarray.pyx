@@ -40,7 +40,7 @@ from ..dtypes import DType
 from ..errors import (DoubleFreeError, MemoryContractViolation, OutOfBoundsError, ReadOnlyError,
                        StaleHandleError, UseAfterFreeError)
 from .._types import MAX_EXTENT, MAX_NDIM, Access, shape_problem
-from ..memory import DeviceMemoryResource, get_current_resource
+from ..memory import BlockState, DeviceMemoryResource, get_current_resource
 from ..memory.current import on_resource_change
 from ..memory.types import UNTAGGED
 from ..memory.block import DeviceBlock
@@ -665,6 +665,87 @@ cdef class NvArray:
         return 0
 
     @classmethod
+    def from_foreign(cls, ptr: int, shape: Any, dtype: Any, device: "Device | int", stream: "Stream | None" = None,
+                     *, owner: str = DEFAULT_OWNER, keepalive: Any = None) -> "NvArray":
+        """An array over device memory Ignis did not allocate (another library's buffer, an
+        import): Ignis never frees it, and ``keepalive`` (the producer's object) lives as long
+        as the array and its views. Its uses are not ordered across streams (no block records
+        them): the producer's stream order is the program's to keep.
+
+        Args:
+            ptr: the device address of the first element.
+            shape: the array's shape.
+            dtype: its element type (a ``DType`` or its name).
+            device: the device the memory is on.
+            stream: the array's stream; None: the device's default stream.
+            owner: the array's owner (see ``transfer_ownership``).
+            keepalive: an object to keep alive while the array is.
+
+        Raises:
+            TypeError: ``ptr`` is not an int, or ``stream`` is not a Stream.
+            ValueError: ``ptr`` is negative (or 0 for a non-empty array), the shape is invalid,
+                or ``stream`` is another device's.
+        """
+        dt = dtype if isinstance(dtype, DType) else _dt.dtype(dtype)
+        shp = _shape(shape)
+        _check_fits(shp, dt)
+        if type(ptr) is not int and not isinstance(ptr, np.integer) or isinstance(ptr, bool):
+            raise TypeError(f"from_foreign: ptr must be an int device address, not {type(ptr).__name__}")
+        ptr = int(ptr)
+        if ptr < 0 or (ptr == 0 and _numel(shp)):
+            raise ValueError(f"from_foreign: {ptr:#x} is not a device address of {shp} {dt.name}")
+        validate_owner(owner)
+        dev = device if isinstance(device, Device) else Device(device)
+        s = dev.default_stream if stream is None else stream
+        if not isinstance(s, Stream):
+            raise TypeError(f"from_foreign: stream must be an ignis Stream, not {type(s).__name__}")
+        if s.device is not dev:
+            raise ValueError(f"from_foreign: {s!r} is a stream of device {s.device.ordinal}, not of device "
+                             f"{dev.ordinal}")
+        return cls._wrap(shp, dt, dev, s, ptr, None, None, owner, keepalive=keepalive)
+
+    @classmethod
+    def from_block(cls, block: DeviceBlock, resource: DeviceMemoryResource, shape: Any, dtype: Any,
+                   stream: "Stream | None" = None, *, offset: int = 0, owner: str = DEFAULT_OWNER) -> "NvArray":
+        """An array over a block that ``resource`` handed out (a resource of one's own, an
+        import's mapping), starting ``offset`` bytes in. The array takes the block: ``free()``
+        (or the array's collection) hands it back to ``resource``, and its uses are tracked as
+        the resource tracks them.
+
+        Args:
+            block: a LIVE ``DeviceBlock`` of ``resource``.
+            resource: the resource it came from.
+            shape: the array's shape.
+            dtype: its element type (a ``DType`` or its name).
+            stream: the array's stream; None: the block's.
+            offset: where the array starts in the block, in bytes.
+            owner: the array's owner.
+
+        Raises:
+            TypeError: ``block`` or ``resource`` is not one.
+            ValueError: the array would leave the block, the block is not live, or ``stream`` is
+                another device's.
+        """
+        if type(block) is not DeviceBlock:
+            raise TypeError(f"from_block: block must be a DeviceBlock, not {type(block).__name__}")
+        if not isinstance(resource, DeviceMemoryResource):
+            raise TypeError(f"from_block: resource must be a DeviceMemoryResource, not {type(resource).__name__}")
+        if block.state is not BlockState.LIVE:
+            raise ValueError(f"from_block: block {block.ptr:#x} is {block.state.name}, not LIVE")
+        dt = dtype if isinstance(dtype, DType) else _dt.dtype(dtype)
+        shp = _shape(shape)
+        _check_fits(shp, dt)
+        n = _numel(shp) * dt.itemsize
+        if type(offset) is not int or offset < 0 or offset + n > block.bytes:
+            raise ValueError(f"from_block: bytes [{offset}, {offset + n if type(offset) is int else '?'}) of {shp} "
+                             f"{dt.name} leave block {block.ptr:#x} ({block.bytes} bytes)")
+        validate_owner(owner)
+        s = block.alloc_stream if stream is None else stream
+        if not isinstance(s, Stream) or s.device is not resource.device:
+            raise ValueError(f"from_block: {s!r} is not a stream of device {resource.device.ordinal}")
+        return cls._wrap(shp, dt, resource.device, s, block.ptr + offset, block, resource, owner)
+
+    @classmethod
     def _wrap(cls, shape: tuple[int, ...], dt: DType, device: Device, stream: Stream, ptr: int,
               block: DeviceBlock | None, mr: DeviceMemoryResource | None, owner: str,
               base: "NvArray | None" = None, keepalive: Any = None) -> "NvArray":
@@ -736,6 +817,99 @@ cdef class NvArray:
     def resource(self) -> DeviceMemoryResource | None:
         """The memory resource the array's block came from (None for foreign memory)."""
         return self._mr
+
+    @property
+    def block(self) -> "DeviceBlock | None":
+        """The block the array's bytes live in (its root's, for a view); None for foreign
+        memory and for zero bytes. For resources and tools: it is the resource's to free."""
+        return self._block
+
+    @property
+    def root(self) -> "NvArray":
+        """The array that holds this one's memory: itself, unless it is a view."""
+        return self._root()
+
+    @property
+    def tracked(self) -> bool:
+        """Whether the array's resource orders its uses across streams (``use()`` queues the
+        waits a use needs); an untracked array may only be used on its own stream, or after
+        the program ordered it there."""
+        return bool(self._tracks)
+
+    def check_usable(self, what: str = "use", access: "Access | None" = None) -> None:
+        """Raise unless the array may be touched now: not freed, no freed base, made in its
+        device's current context, and no mark on it or its base refuses ``access`` (read-only
+        memory refuses a write; a failed operation's target refuses everything). Every
+        operation that takes an array passes here before it touches the array's memory.
+
+        Args:
+            what: the operation, as the error names it ("save", "use in all_reduce").
+            access: what it would do to the bytes (an ``Access``), or None (nothing yet).
+
+        Raises:
+            UseAfterFreeError: the array or its base was freed.
+            StaleHandleError: its device's context was rebuilt since it was made.
+            ReadOnlyError: ``access`` writes, and the memory is read-only.
+        """
+        if self._freed is False and self._base is None and self._gate is None and _in_context(self):
+            return
+        self._check_live(what, access)
+
+    def mark_read_only(self, reason: str) -> None:
+        """From now on refuse every write to this array and its views (reads pass), saying
+        ``reason`` (for memory whose producer said it is read-only, such as a DLPack import
+        with its read-only flag).
+
+        Args:
+            reason: why, as the errors say it.
+        """
+        if not isinstance(reason, str) or not reason:
+            raise TypeError("mark_read_only needs the reason as a non-empty str")
+        self._gate = _ReadOnly(reason)
+
+    def mark_failed(self, make_error: Any) -> None:
+        """A failed operation was to write this array (a collective that failed, say): from
+        now on every access to it, to its root and to every view of them raises
+        ``make_error(array, what)``; freeing stays allowed.
+
+        Args:
+            make_error: called as ``make_error(array, what)``; returns the exception to raise.
+        """
+        if not callable(make_error):
+            raise TypeError(f"mark_failed needs a function make_error(array, what), not {type(make_error).__name__}")
+        self._poison(make_error)
+
+    def view_bytes(self, offset: int, shape: Any, dtype: Any) -> "NvArray":
+        """A zero-copy view of ``shape`` elements of ``dtype`` starting ``offset`` bytes into
+        this array (a typed window into one buffer: a loader that places many tensors in one
+        allocation). The view shares the array's memory, owner and stream, as views do.
+
+        Args:
+            offset: the first byte, a multiple of ``dtype``'s item size (an empty view may
+                start anywhere, the end included: it touches no byte).
+            shape: the view's shape.
+            dtype: the view's element type (a ``DType`` or its name).
+
+        Raises:
+            ValueError: the window leaves the array, or ``offset`` is misaligned or negative.
+            UseAfterFreeError / StaleHandleError: as ``check_usable``.
+        """
+        self._check_live("view")
+        dt = dtype if isinstance(dtype, DType) else _dt.dtype(dtype)
+        shp = _shape(shape)
+        _check_fits(shp, dt)
+        n = _numel(shp) * dt.itemsize
+        if type(offset) is not int and not isinstance(offset, np.integer) or isinstance(offset, bool):
+            raise TypeError(f"view_bytes: offset must be an int, not {type(offset).__name__}")
+        offset = int(offset)
+        if offset < 0 or (n and offset + n > self.nbytes):  # an empty window touches no byte: anywhere
+            raise ValueError(f"view_bytes: bytes [{offset}, {offset + n}) of {shp} {dt.name} leave NvArray#{self.id} "
+                             f"({self.nbytes} bytes)")
+        if offset % dt.itemsize:
+            raise ValueError(f"view_bytes: offset {offset} is not a multiple of {dt.name}'s item size "
+                             f"({dt.itemsize} bytes)")
+        return self._register_view(NvArray._wrap(shp, dt, self.device, self.stream, self._ptr + offset,
+                                                 self._block, self._mr, self.owner, base=self))
 
     def __len__(self) -> int:
         if not self.shape:
@@ -1280,8 +1454,11 @@ cdef class NvArray:
     # -- views -------------------------------------------------------------------
     def _view(self, shape: tuple[int, ...], offset: int) -> "NvArray":
         self._check_live("view")
-        v = NvArray._wrap(shape, self.dtype, self.device, self.stream, self._ptr + offset, self._block,
-                          self._mr, self.owner, base=self)
+        return self._register_view(NvArray._wrap(shape, self.dtype, self.device, self.stream, self._ptr + offset,
+                                                 self._block, self._mr, self.owner, base=self))
+
+    def _register_view(self, v: "NvArray") -> "NvArray":
+        """Keep a weak reference to the new view ``v`` (its owner follows this array's)."""
         with self._lock:
             if self._views is None:
                 self._views = []

@@ -39,9 +39,8 @@ def _torch_front_end() -> dict[str, Any] | None:
     try:
         import torch
 
-        from ..torch._native import compiler, observer_path
-        path = observer_path()
-        cxx = compiler()
+        from ..torch import observer_build
+        path, cxx = observer_build()
         return {"torch": torch.__version__, "observer": path if os.path.exists(path) else None,
                 "compiler": shutil.which(cxx[0]) if cxx else None}
     except Exception as e:  # a torch that does not import: say so, go on

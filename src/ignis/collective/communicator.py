@@ -31,7 +31,7 @@ Design and rules:
   it returned. Each engine keeps the arrays that its queued operations are to
   write (weak references to their roots, until it knows the operations
   finished); when the communicator fails, every one of them is poisoned
-  (``NvArray._poison``) *before* the failure is published and before the
+  (``NvArray.mark_failed``) *before* the failure is published and before the
   engine aborts or lets its stream go on. From then on every access to such an
   array or a view of it (host copy, clone, fill, kernel launch, ``use()``,
   DLPack export, the next collective) raises a ``CollectiveError`` that names
@@ -184,7 +184,7 @@ class Health:
 
 
 class _Poison:
-    """``make_error`` for ``NvArray._poison``: a new ``CollectiveError`` per access, naming
+    """``make_error`` for ``NvArray.mark_failed``: a new ``CollectiveError`` per access, naming
     the operation that was to write the array, this rank, the failed rank and the cause."""
 
     __slots__ = ("label", "cause", "this_rank")
@@ -215,13 +215,13 @@ def poison(targets: "tuple | list", cause: CollectiveError, this_rank: int) -> N
     for ref, op in targets:
         a = ref()
         if a is not None:
-            a._poison(_Poison(op.label, cause, this_rank))
+            a.mark_failed(_Poison(op.label, cause, this_rank))
 
 
 def _target(a: NvArray, op: "_Op") -> tuple:
     """What an engine keeps of an array that ``op`` writes: a weak reference to its root
     (a view dropped meanwhile must not unpoison its parent), and the operation."""
-    return (_ref(a._root()), op)
+    return (_ref(a.root), op)
 
 
 class _Op:
@@ -239,12 +239,12 @@ class _Op:
         self.name = name
         self.seq = seq
         if send is not None:
-            self.send_ptr = send._ptr
+            self.send_ptr = send.device_ptr
             self.send_bytes = send.nbytes
         else:
             self.send_ptr = self.send_bytes = 0
         if recv is not None:
-            self.recv_ptr = recv._ptr
+            self.recv_ptr = recv.device_ptr
             self.recv_bytes = recv.nbytes
         else:
             self.recv_ptr = self.send_ptr
@@ -287,7 +287,7 @@ class _Group:
         """Acquire ``a`` for the group, once; an array used twice gets the union of the accesses."""
         entry = self.held.get(id(a))
         if entry is None:
-            root = a._root()
+            root = a.root
             if id(root) not in self.roots:
                 self.holds.enter_context(NvArray.access_all([(a, None)], self.stream, by=OWNER, op=op.name))
                 self.roots.add(id(root))
@@ -385,8 +385,7 @@ class Communicator:
             hint = ("; adopt it with ig.from_dlpack(x) (contiguous arrays only)"
                     if hasattr(a, "__dlpack__") or hasattr(a, "__cuda_array_interface__") else "")
             raise TypeError(f"{what}: {role} must be an ignis NvArray, got {type(a).__name__}{hint}")
-        if a._freed or a._base is not None or a._gate is not None:
-            a._check_live(f"use in {what}")  # freed, a freed base, or a failed collective's target
+        a.check_usable(f"use in {what}")  # freed, a freed base, stale, or a failed collective's target
         if a.device is not self.device:
             raise ValueError(f"{what}: {role} NvArray#{a.id} is on device {a.device.ordinal}, but this "
                              f"communicator (rank {self.rank}) works on device {self.device.ordinal}; allocate it "

@@ -32,10 +32,10 @@ def adopt_stream(handle: int, device: "Device | int" = 0) -> Stream:
     h = handle or _LEGACY
     key = (id(dev), h)
     s = _streams.get(key)
-    if s is None or s._generation != dev.state.generation:
+    if s is None or s.stale:
         with _lock:
             s = _streams.get(key)
-            if s is None or s._generation != dev.state.generation:
+            if s is None or s.stale:
                 s = _streams[key] = Stream.from_handle(h, dev)
     return s
 

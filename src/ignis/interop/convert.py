@@ -34,7 +34,7 @@ def asarray(obj: Any, *, dtype: Any = None, **kw: Any) -> NvArray:
         StaleHandleError: ``obj`` is an ``NvArray`` made before a context rebuild.
     """
     if isinstance(obj, NvArray):
-        obj._check_live("take as an array")  # freed, or made before a context rebuild: refused
+        obj.check_usable("take as an array")  # freed, or made before a context rebuild: refused
         if dtype is not None and _dt.dtype(dtype) is not obj.dtype:
             raise ValueError(f"asarray: array is {obj.dtype.name}, not {_dt.dtype(dtype).name}; "
                              "dtype conversion needs a copy")

@@ -16,10 +16,15 @@ import ctypes
 from typing import TYPE_CHECKING, Any
 
 from .. import dtypes as _dt
-from ..array.dlpack_export import (_FLAG_READ_ONLY, _LEGACY, _VERSIONED, KDL_CPU, KDL_CUDA, KDL_CUDA_HOST,
-                                   _DLManagedTensor, _DLManagedTensorVersioned, _PyCapsule_GetPointer,
-                                   _PyCapsule_IsValid, _PyCapsule_SetName, cuda_array_interface, device_of,
-                                   export)
+from .._dlpack import FLAG_READ_ONLY as _FLAG_READ_ONLY
+from .._dlpack import LEGACY as _LEGACY
+from .._dlpack import VERSIONED as _VERSIONED
+from .._dlpack import DLManagedTensor as _DLManagedTensor
+from .._dlpack import DLManagedTensorVersioned as _DLManagedTensorVersioned
+from .._dlpack import capsule_get_pointer as _PyCapsule_GetPointer
+from .._dlpack import capsule_is_valid as _PyCapsule_IsValid
+from .._dlpack import capsule_set_name as _PyCapsule_SetName
+from ..array.dlpack_export import KDL_CPU, KDL_CUDA, KDL_CUDA_HOST, cuda_array_interface, device_of, export
 from ..errors import UnsupportedError
 from ..runtime import Device, Stream, current_device
 
@@ -76,10 +81,9 @@ def from_dlpack(x: Any, *, stream: Stream | None = None, owner: str = "compute")
             is shut down.
     """
     from ..array import NvArray
-    from ..array.nvarray import _ReadOnly
 
     if isinstance(x, NvArray):
-        x._check_live("adopt")  # freed, or made before a context rebuild: refused, not passed on
+        x.check_usable("adopt")  # freed, or made before a context rebuild: refused, not passed on
         return x
     if not hasattr(x, "__dlpack__"):
         if hasattr(x, "__cuda_array_interface__"):
@@ -95,14 +99,14 @@ def from_dlpack(x: Any, *, stream: Stream | None = None, owner: str = "compute")
             raise UnsupportedError(f"importing DLPack device type {dev_type}", backend.name,
                                    "this backend adopts CPU tensors only")
         device = current_device()
-        device._check_usable("adopt an array")
+        device.check_usable("adopt an array")
         kwargs: dict[str, Any] = {}
     else:
         if dev_type != KDL_CUDA:
             raise ValueError(f"from_dlpack: the tensor lives on DLPack device type {dev_type}, not on a CUDA "
                              "device; copy it with ig.from_numpy / ig.asarray instead")
         device = Device(dev_id)
-        device._check_usable("adopt an array")
+        device.check_usable("adopt an array")
         kwargs = {"stream": (stream if stream is not None else device.default_stream).handle}
     try:
         capsule = x.__dlpack__(max_version=(1, 1), **kwargs)
@@ -149,9 +153,9 @@ def from_dlpack(x: Any, *, stream: Stream | None = None, owner: str = "compute")
     else:
         ptr = data
     s = stream if stream is not None else device.default_stream
-    out = NvArray._wrap(shape, dt, device, s, ptr, None, None, owner, keepalive=keep)
+    out = NvArray.from_foreign(ptr, shape, dt, device, s, owner=owner, keepalive=keep)
     if readonly:
-        out._gate = _ReadOnly(f"the {type(x).__name__} it was imported from is read-only (DLPack's read-only flag)")
+        out.mark_read_only(f"the {type(x).__name__} it was imported from is read-only (DLPack's read-only flag)")
     return out
 
 
@@ -181,16 +185,15 @@ def _from_cai(x: Any, owner: str) -> "NvArray":
     ptr = int(cai["data"][0])
     shape = tuple(int(d) for d in cai["shape"])
     device = current_device()  # the interface names no device: CUDA's current one, as CuPy takes it
-    device._check_usable("adopt an array")
+    device.check_usable("adopt an array")
     s = device.default_stream
     if cai.get("stream") not in (None, -1, 1, 2):
         ev = device.backend.event_create(device.ordinal, False)
         device.backend.event_record(ev, int(cai["stream"]))
         device.backend.stream_wait_event(s.handle, ev)
         device.backend.event_destroy(ev)
-    out = NvArray._wrap(shape, dt, device, s, ptr, None, None, owner, keepalive=x)
+    out = NvArray.from_foreign(ptr, shape, dt, device, s, owner=owner, keepalive=x)
     if cai["data"][1]:
-        from ..array.nvarray import _ReadOnly
-        out._gate = _ReadOnly(f"the {type(x).__name__} it was imported from is read-only "
-                              "(__cuda_array_interface__ data flag)")
+        out.mark_read_only(f"the {type(x).__name__} it was imported from is read-only "
+                           "(__cuda_array_interface__ data flag)")
     return out

@@ -33,7 +33,6 @@ from __future__ import annotations
 
 import os
 import stat
-import weakref
 from typing import Any, Iterable, Mapping
 
 from .. import dtypes as _dt
@@ -278,17 +277,6 @@ def _device_layout(entries: list[TensorEntry]) -> tuple[list[int], int]:
     return offsets, dev_end
 
 
-def _view(parent: NvArray, e: TensorEntry, offset: int) -> NvArray:
-    """A typed view of ``parent``'s bytes at ``offset`` (registered as ``NvArray._view`` does)."""
-    v = NvArray._wrap(e.shape, e.dtype, parent.device, parent.stream, parent._ptr + offset, parent._block,
-                      parent._mr, parent.owner, base=parent)
-    with parent._lock:
-        if parent._views is None:
-            parent._views = []
-        parent._views.append(weakref.ref(v))
-    return v
-
-
 def _load(fd: int, header: Header, entries: list[TensorEntry], target: Stream, separate: bool,
           progress: Progress | None, opts: PipelineOptions, check: Any) -> dict[str, NvArray]:
     arrays: dict[str, NvArray] = {}
@@ -306,10 +294,10 @@ def _load(fd: int, header: Header, entries: list[TensorEntry], target: Stream, s
             if parent is None:
                 a = NvArray(e.shape, e.dtype, stream=target, tag=LOAD_TAG)
             else:
-                a = _view(parent, e, offsets[i])
+                a = parent.view_bytes(offsets[i], e.shape, e.dtype)
             made.append(a)
             arrays[e.name] = a
-            runs.append((base + e.begin, a._ptr, e.nbytes))
+            runs.append((base + e.begin, a.device_ptr, e.nbytes))
         owners = [a for a in made if a.owns_memory]  # the parent, or each separate array
         # Held for "io" (a view's owner is its root's: holding the parent holds its views)
         # and written on ``target``; the writes are recorded only when the load succeeded:

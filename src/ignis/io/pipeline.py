@@ -391,7 +391,7 @@ def load(fd: int, chunks: Sequence[Chunk], stream: Stream, opts: PipelineOptions
             futures.pop(i).result()
             slot = i % k
             s = streams[i % len(streams)]
-            h = s._check()
+            h = s.live_handle()
             base = bufs[slot].ptr
             for boff, dptr, nb in chunks[i][2]:
                 backend.memcpy_htod_async(dptr, base + boff, nb, h)
@@ -555,7 +555,7 @@ def save(fd: int, path: str, chunks: Sequence[Chunk], stream: Stream, opts: Pipe
                 if progress is not None:
                     progress(done, total)
             s = streams[i % len(streams)]
-            h = s._check()
+            h = s.live_handle()
             base = bufs[slot].ptr
             off, length, pieces = chunks[i]
             for boff, sptr, nb in pieces:

@@ -60,7 +60,7 @@ def _check_arrays(arrays: Any) -> list[tuple[str, NvArray]]:
         if not isinstance(a, NvArray):
             raise TypeError(f"tensor {name!r} is a {type(a).__name__}, not an NvArray "
                             "(convert with ig.asarray first)")
-        a._check_live("save")
+        a.check_usable("save")
     devices = {a.device for _, a in items}
     if len(devices) > 1:
         raise ValueError(f"save_safetensors saves arrays of one device; these are on devices "
@@ -115,17 +115,17 @@ def save_safetensors(arrays: Mapping[str, NvArray], path: "str | os.PathLike[str
     unique = list({id(a): a for _, a in items}.values())
     data_start = len(header)
     file_size = data_start + (layout[-1][2] if layout else 0)
-    runs = [(data_start + b, by_name[n]._ptr, e - b) for n, b, e in layout]
+    runs = [(data_start + b, by_name[n].device_ptr, e - b) for n, b, e in layout]
     chunks = pipeline.plan_chunks(runs, opts.chunk_bytes)
     # Every array is held for "io" (a view through its root) before the first byte moves.
     # The device reads are tracked uses, ordered after earlier writes through the memory
     # layer; an array whose resource cannot track is only held (mode None), and the reads
     # wait for its own stream instead. A failed save still records the reads it queued.
-    uses = [(a, _READ if a._tracks else None) for a in unique]
+    uses = [(a, _READ if a.tracked else None) for a in unique]
     with NvArray.access_all(uses, stream, by=_OWNER, op="safetensors save"):
         waited: set[int] = set()
         for a in unique:
-            if not a._tracks and a.stream is not stream and id(a.stream) not in waited:
+            if not a.tracked and a.stream is not stream and id(a.stream) not in waited:
                 waited.add(id(a.stream))
                 stream.wait(a.stream)
         _write(path, header, chunks, file_size, stream, opts, progress)

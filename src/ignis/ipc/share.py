@@ -44,7 +44,7 @@ from ..errors import DriverError, UnsupportedError, UseAfterFreeError
 from ..memory import ResourceAdaptor, TrackedResource, VmmResource, get_current_resource
 from ..memory.types import UNTAGGED
 from ..memory.block import DeviceBlock, next_generation
-from ..memory.vmm import _Mapping, map_range, release_mapped_block, unmap_range
+from ..memory.vmm import VmmMapping, map_range, release_mapped_block, unmap_range
 from ..runtime import Device, Stream
 from . import liveness
 from .handle import IpcDescriptor, IpcHandle
@@ -59,7 +59,7 @@ _MAP_REFUSED = frozenset({"CUDA_ERROR_INVALID_VALUE", "CUDA_ERROR_INVALID_HANDLE
 
 
 def _vmm_of(array: NvArray) -> VmmResource:
-    mr = array._mr
+    mr = array.resource
     while isinstance(mr, ResourceAdaptor):
         mr = mr.upstream
     if isinstance(mr, VmmResource):
@@ -68,7 +68,7 @@ def _vmm_of(array: NvArray) -> VmmResource:
         raise ValueError(f"NvArray#{array.id} maps memory imported from another process; only the process that "
                          "allocated it can export it (send the original handle on, or copy into a "
                          "VmmResource array and export that)")
-    what = "foreign memory" if mr is None else f"a {type(array._mr).__name__}"
+    what = "foreign memory" if mr is None else f"a {type(array.resource).__name__}"
     raise ValueError(f"NvArray#{array.id} lives in {what}; only memory from a VmmResource can be shared "
                      f"between processes: allocate it with mr=ig.VmmResource(device), e.g. "
                      f"ig.empty(shape, dtype, mr=ig.VmmResource({array.device.ordinal}))")
@@ -94,8 +94,8 @@ def export(array: NvArray, *, stream: Stream | None = None) -> IpcHandle:
     """
     if not isinstance(array, NvArray):
         raise TypeError(f"ig.ipc.export needs an NvArray, got {type(array).__name__}")
-    array._check_live("export")
-    block = array._block
+    array.check_usable("export")
+    block = array.block
     if array.nbytes == 0 or block is None:
         raise ValueError(f"NvArray#{array.id} is empty: there is no device memory to share")
     vmm = _vmm_of(array)
@@ -103,7 +103,7 @@ def export(array: NvArray, *, stream: Stream | None = None) -> IpcHandle:
         finish(array, stream=stream)
         fd = vmm.export_fd(block)
         try:
-            desc = IpcDescriptor(size=block.bytes, offset=array._ptr - block.ptr, shape=tuple(array.shape),
+            desc = IpcDescriptor(size=block.bytes, offset=array.device_ptr - block.ptr, shape=tuple(array.shape),
                                  dtype=array.dtype.name, generation=int(block.generation),
                                  device_uuid=array.device.uuid, pid=os.getpid(), uid=os.geteuid(),
                                  service=liveness.register(block))
@@ -211,7 +211,7 @@ def open(handle: IpcHandle, *, device: "Device | int | None" = None, stream: Str
         unmap_range(backend, ptr, desc.size)
         raise
     # The array owns its mapping (not the memory): freeing it unmaps, through ImportedMemory.
-    return NvArray._wrap(desc.shape, _dt.dtype(desc.dtype), dev, s, ptr + desc.offset, block, res, "compute")
+    return NvArray.from_block(block, res, desc.shape, _dt.dtype(desc.dtype), s, offset=desc.offset)
 
 
 def _release_quietly(backend: Any, h: int, exc: BaseException) -> None:
@@ -224,14 +224,14 @@ def _release_quietly(backend: Any, h: int, exc: BaseException) -> None:
 
 def is_imported(array: NvArray) -> bool:
     """True for arrays (and their views) made by ``open``."""
-    return isinstance(array._mr, ImportedMemory) and array._block is not None \
-        and array._mr.holds(array._block)
+    return isinstance(array.resource, ImportedMemory) and array.block is not None \
+        and array.resource.holds(array.block)
 
 
 def close(array: NvArray) -> None:
     """Unmap an array made by ``open`` (same as ``array.free()``; idempotent).
     Views of it must be freed or dropped first."""
-    if not isinstance(array, NvArray) or not isinstance(array._mr, ImportedMemory):
+    if not isinstance(array, NvArray) or not isinstance(array.resource, ImportedMemory):
         raise ValueError(f"ig.ipc.close is for arrays made by ig.ipc.open, got {array!r}")
     if not array.freed:
         array.free()
@@ -275,7 +275,7 @@ class ImportedMemory(TrackedResource):
     def adopt(self, ptr: int, nbytes: int, stream: Stream, tag: str) -> DeviceBlock:
         """A live block for a mapping made by ``open``."""
         self._check_alive()
-        block = DeviceBlock(ptr, stream, nbytes, nbytes, tag, next_generation(), _Mapping(None))
+        block = DeviceBlock(ptr, stream, nbytes, nbytes, tag, next_generation(), VmmMapping(None))
         with self._lock:
             self._live[ptr] = block
             self._bytes += nbytes

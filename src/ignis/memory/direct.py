@@ -57,3 +57,8 @@ class DirectResource(DeviceMemoryResource):
     @property
     def bytes_outstanding(self) -> int:
         return self._bytes
+
+    def live_blocks(self) -> "list[DeviceBlock]":
+        """The blocks handed out and not deallocated yet, a copy."""
+        with self._lock:
+            return list(self._live.values())

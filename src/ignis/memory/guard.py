@@ -480,6 +480,17 @@ class DebugGuardResource(GuardBase, ResourceAdaptor):
         """User bytes live (requested sizes; guards and quarantine not counted)."""
         return self._live_bytes
 
+    def held_blocks(self) -> "list[tuple[int, DeviceBlock | None, str]]":
+        """Every upstream block the guard holds now, as ``(upstream address, the block handed to
+        the program or None, kind)``: kind ``"live"`` (handed out), ``"quarantined"`` (freed,
+        held back before reuse) or ``"ready"`` (checked and kept for reuse on its stream: no
+        block of the program's). For telemetry and tools."""
+        with self._lock:
+            out = [(e.up.ptr, e.block, "live") for e in self._live.values()]
+            out += [(e.up.ptr, e.block, "quarantined") for e in self._quarantine.values()]
+            out += [(up.ptr, None, "ready") for lst in (getattr(self, "_ready", None) or {}).values() for up in lst]
+        return out
+
     @property
     def quarantined_bytes(self) -> int:
         """Bytes held in the quarantine, counted as ``n + 2 * canary_bytes`` per block."""

@@ -44,6 +44,9 @@ class PoolResource(TrackedResource):
     def segments(self) -> list[dict[str, Any]]:
         ...
 
+    def small_block(self, block: DeviceBlock) -> bool:
+        ...
+
     def close(self) -> None:
         ...
 

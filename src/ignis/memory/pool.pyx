@@ -600,21 +600,38 @@ cdef class PoolResource(TrackedResource):
         self.upstream.reap_pending()
 
     def segments(self) -> list[dict[str, Any]]:
-        """The pool's segments and their blocks, in address order (for snapshots and tests)."""
+        """The pool's segments and their blocks, in address order (for snapshots, telemetry and
+        tests). Each segment: ``ptr``, ``size``, ``small`` (carved for requests of 1 MiB or
+        less), ``stream`` (the id of the stream it was allocated on) and ``stream_handle``,
+        and ``blocks``: each ``ptr``, ``size``, ``free``, ``stream`` (an id) and, for a
+        block handed out, ``block`` (the ``DeviceBlock``; None for a free one)."""
         with self._lock:
-            blocks: dict[int, list[_Block]] = {ptr: [] for ptr in self._segments}
+            blocks: dict[int, list] = {ptr: [] for ptr in self._segments}
             for live in self._live.values():
-                blocks[live._impl.seg.ptr].append(live._impl)
+                blocks[live._impl.seg.ptr].append((live._impl, live))
             for fl in self._free.values():
                 for b in fl.blocks:
-                    blocks[b.seg.ptr].append(b)
+                    blocks[b.seg.ptr].append((b, None))
             out = []
             for ptr, seg in self._segments.items():
                 out.append({"ptr": ptr, "size": seg.size, "small": seg.small,
-                            "stream": seg.block.alloc_stream.id,
-                            "blocks": [{"ptr": b.ptr, "size": b.size, "free": b.free, "stream": b.stream.id}
-                                       for b in sorted(blocks[ptr], key=lambda b: b.ptr)]})
+                            "stream": seg.block.alloc_stream.id, "stream_handle": seg.block.alloc_stream.handle,
+                            "blocks": [{"ptr": b.ptr, "size": b.size, "free": b.free, "stream": b.stream.id,
+                                        "block": blk}
+                                       for b, blk in sorted(blocks[ptr], key=lambda e: e[0].ptr)]})
             return out
+
+    def small_block(self, block: DeviceBlock) -> bool:
+        """Whether ``block`` (one this pool handed out) was carved from a segment for small
+        requests (1 MiB or less).
+
+        Raises:
+            ValueError: the block is not one of this pool's.
+        """
+        impl = block._impl if type(block) is DeviceBlock else None
+        if type(impl) is not _Block:
+            raise ValueError(f"{block!r} is not a block of this PoolResource")
+        return (<_Block>impl).seg.small
 
     def close(self) -> None:
         """Release the cache upstream; live blocks stay valid until deallocated."""

@@ -115,6 +115,9 @@ class DeviceMemoryResource:
     def supports_block_use_tracking(self) -> bool:
         ...
 
+    def live_blocks(self) -> list[DeviceBlock]:
+        ...
+
     def record_block_use(self, block: DeviceBlock | BlockId, stream: Stream) -> None:
         ...
 
@@ -141,6 +144,9 @@ class TrackedResource(DeviceMemoryResource):
 
     @property
     def supports_block_use_tracking(self) -> bool:
+        ...
+
+    def live_blocks(self) -> list[DeviceBlock]:
         ...
 
     def prepare_block_use(self, block: DeviceBlock | BlockId, stream: Stream, access: Access, span: tuple | None=...) -> None:

@@ -596,6 +596,11 @@ cdef class DeviceMemoryResource:
         orders cross-stream uses of its blocks. False here."""
         return False
 
+    def live_blocks(self) -> "list[DeviceBlock]":
+        """The blocks this resource handed out that are not deallocated yet, a copy (for
+        telemetry and tools); empty for a resource that keeps no such map (an adaptor)."""
+        return []
+
     def _no_tracking(self, op: str) -> StreamMisuseError:
         return StreamMisuseError(
             f"{op} is not supported by {type(self).__name__}: it does not track cross-stream uses. "
@@ -793,6 +798,11 @@ cdef class TrackedResource(DeviceMemoryResource):
     def supports_block_use_tracking(self) -> bool:
         """True: this resource orders cross-stream uses of its blocks."""
         return True
+
+    def live_blocks(self) -> "list[DeviceBlock]":
+        """The blocks this resource handed out that are not deallocated yet, a copy."""
+        with self._lock:
+            return list(self._live.values())
 
     # -- events ------------------------------------------------------------
     def _record(self, stream: Stream) -> int:

@@ -21,7 +21,7 @@ Design:
   physical memory lives on while an importer maps it or an exported fd is
   open (as the driver specifies).
 - A free the driver refuses loses nothing. ``deallocate`` releases the handle,
-  unmaps, then frees the addresses, each step once (``_Mapping`` remembers
+  unmaps, then frees the addresses, each step once (``VmmMapping`` remembers
   which are done). A failure before the unmap leaves the block LIVE and
   usable (its hazard record sound, counters unchanged); a failure after it
   (freeing the addresses) leaves the block unusable (``UseAfterFreeError``)
@@ -49,8 +49,8 @@ from .block import DeviceBlock
 if TYPE_CHECKING:
     from ..backends import Backend
 
-__all__ = ["VmmResource", "map_range", "unmap_range", "synchronize_streams", "release_streams", "unmap_block",
-           "release_mapped_block"]
+__all__ = ["VmmResource", "VmmMapping", "map_range", "unmap_range", "synchronize_streams", "release_streams",
+           "unmap_block", "release_mapped_block"]
 
 
 def _cleanup(exc: BaseException, fn: Callable[..., Any], *args: Any) -> None:
@@ -90,7 +90,7 @@ def unmap_range(backend: "Backend", ptr: int, nbytes: int) -> None:
     backend.vmm_free_address(ptr, nbytes)
 
 
-class _Mapping:
+class VmmMapping:
     """A VMM block's driver objects: its allocation handle (None once released, or
     for an import, whose handle is released at once) and whether it is still mapped."""
 
@@ -103,9 +103,9 @@ class _Mapping:
 
 def unmap_block(backend: "Backend", block: DeviceBlock, on_unmapped: "Callable[[], None] | None" = None) -> None:
     """Release ``block``'s handle, unmap it and free its addresses: the steps not done
-    yet, each marked done on ``block._impl`` (a ``_Mapping``) as it succeeds, so a
+    yet, each marked done on ``block._impl`` (a ``VmmMapping``) as it succeeds, so a
     failed free can be finished by calling this again. Synchronize first."""
-    m: _Mapping = block._impl
+    m: VmmMapping = block._impl
     if m.handle is not None:
         backend.vmm_release(m.handle)  # allowed while mapped: the memory goes at the unmap
         m.handle = None
@@ -234,7 +234,7 @@ class VmmResource(TrackedResource):
         except BaseException as exc:
             _cleanup(exc, backend.vmm_release, handle)
             raise
-        return self._register(ptr, stream, size, nbytes, tag, _Mapping(handle))
+        return self._register(ptr, stream, size, nbytes, tag, VmmMapping(handle))
 
     def deallocate(self, block: DeviceBlock) -> None:
         """Wait for the block's queued uses (a host synchronization), then release its

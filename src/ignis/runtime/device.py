@@ -185,6 +185,19 @@ class Device:
         return f"<ignis.Device {self.ordinal} ({self.backend.name}) generation={self.state.generation}>"
 
     # -- checks ------------------------------------------------------------
+    def check_usable(self, what: str) -> None:
+        """Raise unless work may be started on the device now: not in the child of a fork
+        that inherited it, and not shutting down.
+
+        Args:
+            what: the operation, as the error names it.
+
+        Raises:
+            ForkedProcessError: the device belongs to the parent of this forked process.
+            StaleHandleError: the device is shutting down.
+        """
+        self._check_usable(what)
+
     def _check_usable(self, what: str) -> None:
         if self.state.forked_from is not None:
             raise self.backend.forked_error(what)

@@ -21,6 +21,13 @@ class Stream:
     def from_handle(cls, handle: int, device: Device | int=..., *, owner: object=...) -> Stream:
         ...
 
+    def live_handle(self) -> int:
+        ...
+
+    @property
+    def stale(self) -> bool:
+        ...
+
     @property
     def is_closed(self) -> bool:
         ...

@@ -110,6 +110,23 @@ cdef class Stream:
             raise ValueError(f"stream handle must be a positive int, got {handle!r}")
         return cls(dev, handle, owned=False, keepalive=owner)
 
+    def live_handle(self) -> int:
+        """The stream's driver handle, once it is checked that work may be queued on it: not
+        closed, made in its device's current context, the device accepting work.
+
+        Raises:
+            ClosedError: the stream was closed.
+            StaleHandleError: the device's context was rebuilt since, or it is shutting down.
+            ForkedProcessError: in the child of a fork, on the parent's stream.
+        """
+        return self._check()
+
+    @property
+    def stale(self) -> bool:
+        """True when the stream was made before its device's context was rebuilt (its handle
+        is gone; make or adopt the stream again)."""
+        return self._generation != self.device.state.generation
+
     def _check(self) -> int:
         """The live handle, or an error saying why it cannot be used."""
         if self._closed:

@@ -84,11 +84,11 @@ from ..memory.resource import ReentrantLock
 from .frames import capture_frames, format_frames, last_from_library, resolve, sites
 
 __all__ = ["Sanitizer", "sanitizer", "enable", "disable", "enabled", "is_enabled", "reports", "pack_items",
-           "unpack_items", "UninitializedReadError", "READ", "WRITE", "OUTPUT", "NO_INIT_CHECK", "PINNED", "MAYBE_WRITE",
-           "HOST"]
+           "unpack_items", "user_frames", "UninitializedReadError", "READ", "WRITE", "OUTPUT", "NO_INIT_CHECK",
+           "PINNED", "MAYBE_WRITE", "HOST"]
 
 
-def _frames() -> tuple:
+def user_frames() -> tuple:
     """The user's frames at the call into Ignis. Nothing is skipped by count: this module
     is compiled (it has no Python frames), and the walk drops Ignis's own Python frames,
     so the innermost user frame is the first one kept however the call got here."""
@@ -396,7 +396,7 @@ class Sanitizer:
         self.reports: list[Exception] = []
         self._groups: dict[tuple, Exception] = {}
         self.notes: list[Callable[[], str]] = []   # front ends' lines for the summary
-        self.capture: Callable[[], Any] = _frames     # how a foreign free takes its stack (a front end's cheaper way)
+        self.capture: Callable[[], Any] = user_frames     # how a foreign free takes its stack (a front end's cheaper way)
         # A front end that does not announce allocations (``extent_allocated``) sets this
         # when every extent first seen as an op's output is memory that op allocated: the
         # new lifetime then starts there, its unwritten bytes checked as announced ones are.
@@ -649,7 +649,7 @@ class Sanitizer:
         if hi >= _ADDR_END:  # records keep addresses as C integers (lo and hi lie in the block: access() checked)
             raise ValueError(f"ignis sanitizer: block {block.ptr:#x} ({op}, bytes [{lo:#x}, {hi:#x})) is not an "
                              f"address range below 2**63 (every device and host pointer is)")
-        frames = _frames()
+        frames = user_frames()
         self._lock.take()
         try:
             self.checked += 1

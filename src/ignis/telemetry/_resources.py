@@ -42,9 +42,9 @@ INACTIVE = "inactive"
 
 
 def is_small(block: DeviceBlock | None, size: int) -> bool:
-    """The size class of a block as the pool files it (by its segment), else by size."""
-    seg = getattr(getattr(block, "_impl", None), "seg", None)
-    return seg.small if seg is not None else size <= SMALL_MAX
+    """The size class of a block of a resource that is not a pool (a pool files its blocks by
+    segment: ``PoolResource.small_block``): by its size."""
+    return size <= SMALL_MAX
 
 
 @dataclass(frozen=True)
@@ -114,12 +114,7 @@ def layout(allocator: DeviceMemoryResource) -> list[Segment]:
     """The allocator's memory now, segments and pieces in address order."""
     if isinstance(allocator, PoolResource):
         return _pool_layout(allocator)
-    lock = getattr(allocator, "_lock", None)
-    live_map = getattr(allocator, "_live", None)
-    if lock is None or not isinstance(live_map, dict):
-        return []
-    with lock:
-        live = list(live_map.values())
+    live = [b for b in allocator.live_blocks() if isinstance(b, DeviceBlock)]
     # An AsyncResource's queued frees are not shown: the driver's pool may already
     # have handed the same addresses out again, in stream order.
     segs = [Segment(b.ptr, b.bytes, b.bytes <= SMALL_MAX, b.alloc_stream.handle, [Piece(b.ptr, b.bytes, ACTIVE, b)])
@@ -129,19 +124,12 @@ def layout(allocator: DeviceMemoryResource) -> list[Segment]:
 
 
 def _pool_layout(pool: PoolResource) -> list[Segment]:
-    with pool._lock:
-        segs = {ptr: Segment(ptr, s.size, s.small, s.block.alloc_stream.handle) for ptr, s in pool._segments.items()}
-        for blk in pool._live.values():
-            b = blk._impl
-            seg = segs.get(b.seg.ptr)
-            if seg is not None:
-                seg.pieces.append(Piece(b.ptr, b.size, ACTIVE, blk))
-        for fl in pool._free.values():
-            for b in fl.blocks:
-                seg = segs.get(b.seg.ptr)
-                if seg is not None:
-                    seg.pieces.append(Piece(b.ptr, b.size, INACTIVE))
-    out = sorted(segs.values(), key=lambda s: s.ptr)
+    out = []
+    for s in pool.segments():
+        seg = Segment(s["ptr"], s["size"], s["small"], s["stream_handle"])
+        seg.pieces = [Piece(b["ptr"], b["size"], INACTIVE) if b["block"] is None
+                      else Piece(b["ptr"], b["size"], ACTIVE, b["block"]) for b in s["blocks"]]
+        out.append(seg)
     for seg in out:
         seg.pieces = _contiguous(seg)
     return out
@@ -169,8 +157,5 @@ def user_blocks(top: DeviceMemoryResource) -> dict[int, tuple[DeviceBlock | None
     guard's ready cache keeps."""
     if not isinstance(top, DebugGuardResource):
         return {}
-    with top._lock:
-        live = [(e.up.ptr, e.block, ACTIVE) for e in top._live.values()]
-        held = [(e.up.ptr, e.block, PENDING) for e in top._quarantine.values()]
-        ready = [(up.ptr, None, INACTIVE) for lst in (getattr(top, "_ready", None) or {}).values() for up in lst]
-    return {up: (blk, state) for up, blk, state in live + held + ready}
+    state = {"live": ACTIVE, "quarantined": PENDING, "ready": INACTIVE}
+    return {up: (blk, state[kind]) for up, blk, kind in top.held_blocks()}

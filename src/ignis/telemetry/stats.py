@@ -216,12 +216,11 @@ def _drain(t: _Tally) -> None:
             s[3] += added[g] - total[g]
 
 
-def _event(action: str, size: int, block: Any) -> tuple:
+def _event(action: str, size: int, block: Any, res: Any = None) -> tuple:
     """An event in its queued form."""
     code = _CODES[action]
     if code <= _FC:
-        seg = getattr(block._impl, "seg", None)
-        small = seg.small if seg is not None else size <= SMALL_MAX
+        small = res.small_block(block) if isinstance(res, PoolResource) else size <= SMALL_MAX
         return code, size, block.requested, 1 if small else 2, block.tag
     return code, size, 0, 1 if size == SMALL_SEGMENT else 2, None
 
@@ -260,7 +259,7 @@ def _on_event(action: str, res: Any, ptr: int, size: int, stream: Any, block: An
         if t is None or t.ref() is not res:
             if action[0] == "s" or action == "oom":
                 return  # reported under the pool's lock: meet it at its next allocation or free instead
-            t = _seed(res, _event(action, size, block))
+            t = _seed(res, _event(action, size, block, res))
             if t.ignore:
                 return
         elif t.ignore:
@@ -270,12 +269,12 @@ def _on_event(action: str, res: Any, ptr: int, size: int, stream: Any, block: An
             if t.pooled:
                 if action == "free_completed":
                     return  # a pool's frees complete as they are made
-                small = block._impl.seg.small
+                small = res.small_block(block)
             else:
                 small = size <= SMALL_MAX
             pending.append((_CODES[action], size, block.requested, 1 if small else 2, block.tag))
         else:
-            pending.append(_event(action, size, block))
+            pending.append(_event(action, size, block, res))
         if len(pending) > _BACKLOG:
             _drain(t)
     except Exception as e:  # never let statistics break an allocation that happened

@@ -38,7 +38,9 @@ if TYPE_CHECKING:
 
 __all__ = ["sanitize", "enable", "disable", "is_enabled", "use", "front_end",
            # the debug guard as PyTorch's allocator (``_guard``, imported when one is asked for)
-           "use_guard", "check", "reports", "summary", "guard_stats", "GuardError"]
+           "use_guard", "check", "reports", "summary", "guard_stats", "GuardError",
+           # the op observer's build (``_native``): where it is cached, with which compiler
+           "observer_build"]
 
 _fe: "TorchFrontEnd | None" = None
 
@@ -155,3 +157,10 @@ def __getattr__(name: str) -> Any:
         if name in guard.__all__:
             return getattr(guard, name)
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+def observer_build() -> "tuple[str, list[str]]":
+    """Where the op observer built for the installed torch is (or would be) cached, and the
+    C++ compiler command it is built with (for ``ignis doctor``). Imports torch."""
+    from ._native import compiler, observer_path
+    return observer_path(), compiler()

@@ -100,7 +100,7 @@ from ..errors import IgnisError
 from .._types import Access
 from ..safety.frames import add_library_dir, last_from_library
 from ..safety.sanitizer import HOST, NO_INIT_CHECK, OUTPUT, PINNED, READ, WRITE, Sanitizer, unpack_items
-from ..safety.sanitizer import _frames as _san_frames
+from ..safety.sanitizer import user_frames as _san_frames
 from . import _graphs, _hook, _storage, _triton, _works
 from ._ops import BROADCAST, P2P, REDUCE, SPECS, OpSpec, classify, flatten
 
