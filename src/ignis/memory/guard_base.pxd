@@ -25,6 +25,23 @@ cdef inline Py_ssize_t as_bound(object v) except? -1:
 cdef enum:
     FILL_SPLIT = 64 << 10
 
+
+# How a fill of n bytes at p splits (the one rule, for the backend's memsets here and the C free's
+# driver calls in torch/_guard_fast.pyx): 0, one word-wide memset of n / 4 words (aligned, whole
+# words); 1, one byte-wise memset of n bytes (unaligned and small); 2, a byte-wise head of
+# head[0] bytes, words[0] words, a byte-wise tail of tail[0] bytes (either byte-wise part may be 0).
+cdef inline int fill_plan(unsigned long long p, size_t n, size_t *head, size_t *words, size_t *tail) noexcept nogil:
+    head[0] = <size_t>((4 - (p & 3)) & 3)
+    if head[0] == 0 and (n & 3) == 0:
+        words[0] = n >> 2
+        tail[0] = 0
+        return 0
+    if n < FILL_SPLIT:
+        return 1
+    words[0] = (n - head[0]) >> 2
+    tail[0] = n - head[0] - 4 * words[0]
+    return 2
+
 cdef int fill_bytes_c(object backend, unsigned long long ptr, unsigned int value, Py_ssize_t nbytes,
                       object handle) except -1
 

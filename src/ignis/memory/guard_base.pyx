@@ -33,19 +33,18 @@ cdef int fill_bytes_c(object backend, unsigned long long ptr, unsigned int value
     (see the module): one ``memset_d32_async`` for an aligned region of whole words (the
     common case), one ``memset_d8_async`` for a small unaligned one, else byte-wise head,
     word-wide middle, byte-wise tail. A failing call raises its ``DriverError``."""
-    cdef Py_ssize_t head, words, tail
+    cdef size_t head, words, tail
     cdef unsigned int word = (value & 0xFF) * 0x01010101u
+    cdef int how
     if nbytes <= 0:
         return 0
-    head = <Py_ssize_t>((4 - (ptr & 3)) & 3)
-    if head == 0 and (nbytes & 3) == 0:
-        backend.memset_d32_async(ptr, word, nbytes >> 2, handle)
+    how = fill_plan(ptr, <size_t>nbytes, &head, &words, &tail)
+    if how == 0:
+        backend.memset_d32_async(ptr, word, words, handle)
         return 0
-    if nbytes < FILL_SPLIT:
+    if how == 1:
         backend.memset_d8_async(ptr, value, nbytes, handle)
         return 0
-    words = (nbytes - head) >> 2
-    tail = nbytes - head - 4 * words
     if head:
         backend.memset_d8_async(ptr, value, head, handle)
     backend.memset_d32_async(ptr + <unsigned long long>head, word, words, handle)

@@ -58,7 +58,7 @@ from ..memory.block cimport (DeviceBlock, block_clean_on, block_lend_record, blo
                              new_block)
 from ..memory.hooks cimport Hooks
 from ..memory.hooks import HOOKS as _HOOKS
-from ..memory.guard_base cimport FILL_SPLIT, GuardBase, _Guarded, as_bound, fill_bytes_c
+from ..memory.guard_base cimport GuardBase, _Guarded, as_bound, fill_bytes_c, fill_plan
 from ..memory.pool cimport PoolResource, pool_deallocate, pool_direct
 from ..memory.resource cimport ReentrantLock, ResourceLock, lock_take, lock_give
 from ..memory.resource import check_request
@@ -1151,13 +1151,12 @@ cdef int _poison_words(_memset8_fn ms8, _memset32_fn ms32, unsigned long long p,
     fills the block again)."""
     cdef unsigned int word = v * 0x01010101u
     cdef size_t head, words, tail
+    cdef int how
     if ms32 != NULL:
-        head = (4 - (p & 3)) & 3
-        if head == 0 and (n & 3) == 0:
-            return ms32(p, word, n >> 2, stream)
-        if n >= FILL_SPLIT:
-            words = (n - head) >> 2
-            tail = n - head - 4 * words
+        how = fill_plan(p, n, &head, &words, &tail)
+        if how == 0:
+            return ms32(p, word, words, stream)
+        if how == 2:
             if head and ms8(p, v, head, stream) != 0:
                 return -1
             if ms32(p + head, word, words, stream) != 0:
