@@ -223,3 +223,26 @@ def test_change_listeners_take_functions_only():
         backends.on_backend_change(42)
     with pytest.raises(TypeError, match="function"):
         current.on_resource_change("x")
+
+
+def test_the_names_that_read_the_hooks_refuse_assignment():
+    from ignis.memory import history, ordering
+    with pytest.raises(AttributeError, match="set_checker"):
+        ordering.checker = object()
+    with pytest.raises(AttributeError, match="set_ordering"):
+        ordering.any_manual = False
+    with pytest.raises(AttributeError, match="set_recorder"):
+        history.recorder = print
+    assert history.recorder is None or callable(history.recorder)
+
+
+def test_a_record_is_lent_only_before_any_use(dev, streams):
+    mr = ig.PoolResource(ig.DirectResource(dev))
+    b = mr.allocate(256, streams[0])
+    mr.prepare_block_use(b, streams[1], Access.WRITE)
+    mr.finish_block_use(b, streams[1], Access.WRITE)
+    before = b.hazard_record()
+    with pytest.raises(ValueError, match="uses in its own record"):
+        b.lend_record()
+    assert b.hazard_record() == before  # the write on streams[1] is not forgotten
+    mr.deallocate(b)

@@ -245,3 +245,25 @@ def test_a_guard_shows_what_it_holds(dev):
     assert kinds == {"live"}
     g.deallocate(b)
     assert {kind for _, blk, kind in g.held_blocks() if blk is b} <= {"quarantined"}
+
+
+def test_from_block_takes_only_a_live_block_of_the_resource_named(dev):
+    import numpy as np
+    mine, other = ig.PoolResource(ig.DirectResource(dev)), ig.PoolResource(ig.DirectResource(dev))
+    blk = other.allocate(1024, dev.default_stream)
+    with pytest.raises(ValueError, match="not a live block of PoolResource"):
+        ig.NvArray.from_block(blk, mine, (4,), "uint8")
+    with pytest.raises(TypeError, match="stream"):
+        ig.NvArray.from_block(blk, other, (4,), "uint8", stream=0)
+    a = ig.NvArray.from_block(blk, other, (4,), "uint8", offset=np.int64(8))
+    assert a.device_ptr == blk.ptr + 8 and other.holds(blk) and not mine.holds(blk)
+    stats = ig.StatisticsResource(other)
+    assert stats.holds(blk)  # an adaptor answers for its upstream
+    with pytest.raises(ValueError, match="not a block of this PoolResource"):
+        mine.small_block(blk)
+    a.free()
+    assert not other.holds(blk)
+    g = ig.DebugGuardResource(ig.PoolResource(ig.DirectResource(dev)))
+    gb = g.allocate(64, dev.default_stream)
+    assert g.holds(gb) and not g.upstream.holds(gb)
+    g.deallocate(gb)

@@ -710,10 +710,10 @@ cdef class NvArray:
         """An array over a block that ``resource`` handed out (a resource of one's own, an
         import's mapping), starting ``offset`` bytes in. The array takes the block: ``free()``
         (or the array's collection) hands it back to ``resource``, and its uses are tracked as
-        the resource tracks them.
+        the resource tracks them. Wrap a block once: two arrays over one block would free it twice.
 
         Args:
-            block: a LIVE ``DeviceBlock`` of ``resource``.
+            block: a LIVE ``DeviceBlock`` of ``resource`` (``resource.holds(block)``).
             resource: the resource it came from.
             shape: the array's shape.
             dtype: its element type (a ``DType`` or its name).
@@ -722,9 +722,9 @@ cdef class NvArray:
             owner: the array's owner.
 
         Raises:
-            TypeError: ``block`` or ``resource`` is not one.
-            ValueError: the array would leave the block, the block is not live, or ``stream`` is
-                another device's.
+            TypeError: ``block``, ``resource``, ``offset`` or ``stream`` is not one.
+            ValueError: the block is not live or not ``resource``'s, the array would leave it, or
+                ``stream`` is another device's.
         """
         if type(block) is not DeviceBlock:
             raise TypeError(f"from_block: block must be a DeviceBlock, not {type(block).__name__}")
@@ -732,16 +732,24 @@ cdef class NvArray:
             raise TypeError(f"from_block: resource must be a DeviceMemoryResource, not {type(resource).__name__}")
         if block.state is not BlockState.LIVE:
             raise ValueError(f"from_block: block {block.ptr:#x} is {block.state.name}, not LIVE")
+        if not resource.holds(block):
+            raise ValueError(f"from_block: block {block.ptr:#x} is not a live block of {type(resource).__name__}: "
+                             "an array frees its block into the resource named, so it must be the one that made it")
         dt = dtype if isinstance(dtype, DType) else _dt.dtype(dtype)
         shp = _shape(shape)
         _check_fits(shp, dt)
         n = _numel(shp) * dt.itemsize
-        if type(offset) is not int or offset < 0 or offset + n > block.bytes:
-            raise ValueError(f"from_block: bytes [{offset}, {offset + n if type(offset) is int else '?'}) of {shp} "
-                             f"{dt.name} leave block {block.ptr:#x} ({block.bytes} bytes)")
+        if type(offset) is not int and not isinstance(offset, np.integer) or isinstance(offset, bool):
+            raise TypeError(f"from_block: offset must be an int, not {type(offset).__name__}")
+        offset = int(offset)
+        if offset < 0 or offset + n > block.bytes:
+            raise ValueError(f"from_block: bytes [{offset}, {offset + n}) of {shp} {dt.name} leave block "
+                             f"{block.ptr:#x} ({block.bytes} bytes)")
         validate_owner(owner)
         s = block.alloc_stream if stream is None else stream
-        if not isinstance(s, Stream) or s.device is not resource.device:
+        if not isinstance(s, Stream):
+            raise TypeError(f"from_block: stream must be an ignis Stream, not {type(s).__name__}")
+        if s.device is not resource.device:
             raise ValueError(f"from_block: {s!r} is not a stream of device {resource.device.ordinal}")
         return cls._wrap(shp, dt, resource.device, s, block.ptr + offset, block, resource, owner)
 
@@ -886,7 +894,7 @@ cdef class NvArray:
 
         Args:
             offset: the first byte, a multiple of ``dtype``'s item size (an empty view may
-                start anywhere, the end included: it touches no byte).
+                start at any offset, past the end too: it touches no byte).
             shape: the view's shape.
             dtype: the view's element type (a ``DType`` or its name).
 

@@ -211,7 +211,11 @@ def open(handle: IpcHandle, *, device: "Device | int | None" = None, stream: Str
         unmap_range(backend, ptr, desc.size)
         raise
     # The array owns its mapping (not the memory): freeing it unmaps, through ImportedMemory.
-    return NvArray.from_block(block, res, desc.shape, _dt.dtype(desc.dtype), s, offset=desc.offset)
+    try:
+        return NvArray.from_block(block, res, desc.shape, _dt.dtype(desc.dtype), s, offset=desc.offset)
+    except BaseException:
+        res.deallocate(block)  # unmaps: nothing of the import is left
+        raise
 
 
 def _release_quietly(backend: Any, h: int, exc: BaseException) -> None:

@@ -57,6 +57,10 @@ class ResourceAdaptor(DeviceMemoryResource):
         TypeError: ``upstream`` is not a DeviceMemoryResource.
     """
 
+    def holds(self, block: "DeviceBlock") -> bool:
+        """The upstream's answer: an adaptor's blocks are its upstream's."""
+        return self.upstream.holds(block)
+
     def __init__(self, upstream: DeviceMemoryResource) -> None:
         if not isinstance(upstream, DeviceMemoryResource):
             raise TypeError(f"upstream must be a DeviceMemoryResource, got {type(upstream).__name__}")

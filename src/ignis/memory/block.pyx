@@ -177,7 +177,15 @@ cdef class DeviceBlock:
     def lend_record(self) -> None:
         """Mark the record as another block's (a guard's upstream block keeps it): the block is
         then never clean, so no fast path skips the resource that tracks the other block.
-        For resources that wrap another's blocks."""
+        For resources that wrap another's blocks, on a block they just made.
+
+        Raises:
+            ValueError: the block's own record holds a use already (lending it would forget
+                that use, and the waits a later use needs after it).
+        """
+        if not block_clean_on(self, self.alloc_stream):
+            raise ValueError(f"block {self.ptr:#x} has uses in its own record already: lend the record of a "
+                             "block only before any use")
         block_lend_record(self)
 
     def __repr__(self) -> str:

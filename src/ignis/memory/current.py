@@ -78,8 +78,9 @@ def _changed() -> None:
 
 def on_resource_change(fn: "Callable[[], None]") -> None:
     """Call ``fn()`` whenever a device's current resource changes (set, reset, a default made
-    or replaced after a context rebuild, a fork's child). ``fn`` runs under this module's
-    lock: it must not call back into it.
+    or replaced after a context rebuild, a fork's child), after the change. ``fn`` runs under
+    this module's lock (in a fork's child, on its fresh lock's behalf, before any other thread
+    runs): it must not call back into it.
 
     Args:
         fn: a function of no arguments.
@@ -114,7 +115,6 @@ def set_current_resource(mr: DeviceMemoryResource | None, device: "Device | int 
     if mr is not None and mr.device is not dev:
         raise ValueError(f"{mr!r} serves device {mr.device.ordinal}, not device {dev.ordinal}")
     with _lock:
-        _changed()
         prev = _current.get(key)
         if mr is None:
             _current.pop(key, None)
@@ -122,6 +122,7 @@ def set_current_resource(mr: DeviceMemoryResource | None, device: "Device | int 
         else:
             _current[key] = mr
             _explicit.add(key)
+        _changed()  # after the change: a cache made from what was read before is out of date
         return prev
 
 

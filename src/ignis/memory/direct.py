@@ -62,3 +62,7 @@ class DirectResource(DeviceMemoryResource):
         """The blocks handed out and not deallocated yet, a copy."""
         with self._lock:
             return list(self._live.values())
+
+    def holds(self, block: DeviceBlock) -> bool:
+        """Whether ``block`` is a live block of this resource."""
+        return self._live.get(getattr(block, "ptr", None)) is block

@@ -480,6 +480,11 @@ class DebugGuardResource(GuardBase, ResourceAdaptor):
         """User bytes live (requested sizes; guards and quarantine not counted)."""
         return self._live_bytes
 
+    def holds(self, block: DeviceBlock) -> bool:
+        """Whether ``block`` is a live block this guard handed out (not its upstream's)."""
+        e = self._live.get(getattr(block, "ptr", None))
+        return e is not None and e.block is block
+
     def held_blocks(self) -> "list[tuple[int, DeviceBlock | None, str]]":
         """Every upstream block the guard holds now, as ``(upstream address, the block handed to
         the program or None, kind)``: kind ``"live"`` (handed out), ``"quarantined"`` (freed,

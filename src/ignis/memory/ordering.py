@@ -9,7 +9,7 @@
 The policy is chosen per stream (``stream.ordering``), per context (the
 ``ordering(...)`` context manager) or per process (``set_ordering``), most
 specific first. While nothing ever asked for ``manual``, looking it up costs
-one global test.
+one C field test (``HOOKS.any_manual``).
 
 The policy is the memory layer's (DESIGN.md, layer 2: the memory layer applies it on every
 tracked use); ``ignis.safety`` re-exports it. Its switch (``any_manual``) and the sanitizer's
@@ -18,6 +18,8 @@ hook (``checker``) are slots of ``ignis.memory.hooks``, read here for Python cal
 
 from __future__ import annotations
 
+import sys
+import types
 from contextlib import contextmanager
 from contextvars import ContextVar
 from typing import TYPE_CHECKING, Any, Iterator
@@ -33,6 +35,23 @@ AUTO, MANUAL = "auto", "manual"
 _VALID = (AUTO, MANUAL)
 _process = AUTO
 _context: ContextVar[str | None] = ContextVar("ignis_ordering", default=None)
+
+
+class _ReadOnlyHooks(types.ModuleType):
+    """This module, refusing assignments to the names that read the hook slots (an assignment
+    would shadow the slot and change nothing the hot paths see)."""
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        if name == "checker":
+            raise AttributeError("ignis.memory.ordering.checker is read-only: install the sanitizer with "
+                                 "ignis.memory.hooks.set_checker (ignis.sanitizer.enable does)")
+        if name == "any_manual":
+            raise AttributeError("ignis.memory.ordering.any_manual is read-only: set_ordering('manual') or "
+                                 "ordering('manual') turns it on")
+        super().__setattr__(name, value)
+
+
+sys.modules[__name__].__class__ = _ReadOnlyHooks
 
 
 def __getattr__(name: str) -> Any:

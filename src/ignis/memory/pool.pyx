@@ -629,7 +629,7 @@ cdef class PoolResource(TrackedResource):
             ValueError: the block is not one of this pool's.
         """
         impl = block._impl if type(block) is DeviceBlock else None
-        if type(impl) is not _Block:
+        if type(impl) is not _Block or self._segments.get((<_Block>impl).seg.ptr) is not (<_Block>impl).seg:
             raise ValueError(f"{block!r} is not a block of this PoolResource")
         return (<_Block>impl).seg.small
 

@@ -118,6 +118,9 @@ class DeviceMemoryResource:
     def live_blocks(self) -> list[DeviceBlock]:
         ...
 
+    def holds(self, block: DeviceBlock) -> bool:
+        ...
+
     def record_block_use(self, block: DeviceBlock | BlockId, stream: Stream) -> None:
         ...
 
@@ -147,6 +150,9 @@ class TrackedResource(DeviceMemoryResource):
         ...
 
     def live_blocks(self) -> list[DeviceBlock]:
+        ...
+
+    def holds(self, block: DeviceBlock) -> bool:
         ...
 
     def prepare_block_use(self, block: DeviceBlock | BlockId, stream: Stream, access: Access, span: tuple | None=...) -> None:

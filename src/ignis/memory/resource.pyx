@@ -28,13 +28,13 @@ Hazard record, kept on each block (``TrackedResource``):
   captures an event's state when queued, so re-recording it later is safe).
 - If a lazily-ordered alloc stream was closed meanwhile, ordering falls back
   to a device synchronization (correct, slow, and only on that misuse).
-- Clean: a block whose last writer is stream S with no event recorded
-  (``_write_stream is S and not _write_event``) and no readers (``_readers is None``) is clean on S.
+- Clean: a block whose last writer is stream S with no event recorded and no
+  readers is clean on S (``block_clean_on``, memory/block.pxd; ``DeviceBlock.clean_on``).
   Then a use on S (read or write) needs no wait and changes nothing: whoever
   must wait for S later records its event at S's tail, after that use. Hot
-  paths with the sanitizer off (``ordering.checker is None``) may test that
-  expression themselves and skip ``prepare_block_use`` / ``finish_block_use``
-  (the checks of the stream and of the block's life are then theirs).
+  paths with the sanitizer off (``HOOKS.checker is None``, memory/hooks.pyx) may
+  ask ``block_clean_on`` themselves and skip ``prepare_block_use`` /
+  ``finish_block_use`` (the checks of the stream and of the block's life are then theirs).
 """
 
 from __future__ import annotations
@@ -601,6 +601,15 @@ cdef class DeviceMemoryResource:
         telemetry and tools); empty for a resource that keeps no such map (an adaptor)."""
         return []
 
+    def holds(self, block: DeviceBlock) -> bool:
+        """Whether ``block`` is a live block this resource handed out (one its ``deallocate``
+        takes). An adaptor answers for its upstream.
+
+        Args:
+            block: a ``DeviceBlock``.
+        """
+        return any(b is block for b in self.live_blocks())
+
     def _no_tracking(self, op: str) -> StreamMisuseError:
         return StreamMisuseError(
             f"{op} is not supported by {type(self).__name__}: it does not track cross-stream uses. "
@@ -803,6 +812,14 @@ cdef class TrackedResource(DeviceMemoryResource):
         """The blocks this resource handed out that are not deallocated yet, a copy."""
         with self._lock:
             return list(self._live.values())
+
+    def holds(self, block: DeviceBlock) -> bool:
+        """Whether ``block`` is a live block this resource handed out.
+
+        Args:
+            block: a ``DeviceBlock``.
+        """
+        return type(block) is DeviceBlock and self._live.get((<DeviceBlock>block).ptr) is block
 
     # -- events ------------------------------------------------------------
     def _record(self, stream: Stream) -> int:

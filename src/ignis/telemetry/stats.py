@@ -216,11 +216,21 @@ def _drain(t: _Tally) -> None:
             s[3] += added[g] - total[g]
 
 
+def _small(res: Any, block: Any, size: int) -> bool:
+    """The size class a pool filed ``block`` in (by its segment), else by size."""
+    if isinstance(res, PoolResource):
+        try:
+            return res.small_block(block)
+        except ValueError:  # not one of the pool's blocks (a segment event's): by size
+            pass
+    return size <= SMALL_MAX
+
+
 def _event(action: str, size: int, block: Any, res: Any = None) -> tuple:
     """An event in its queued form."""
     code = _CODES[action]
     if code <= _FC:
-        small = res.small_block(block) if isinstance(res, PoolResource) else size <= SMALL_MAX
+        small = _small(res, block, size)
         return code, size, block.requested, 1 if small else 2, block.tag
     return code, size, 0, 1 if size == SMALL_SEGMENT else 2, None
 
@@ -269,7 +279,7 @@ def _on_event(action: str, res: Any, ptr: int, size: int, stream: Any, block: An
             if t.pooled:
                 if action == "free_completed":
                     return  # a pool's frees complete as they are made
-                small = res.small_block(block)
+                small = _small(res, block, size)
             else:
                 small = size <= SMALL_MAX
             pending.append((_CODES[action], size, block.requested, 1 if small else 2, block.tag))

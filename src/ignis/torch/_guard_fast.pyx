@@ -782,10 +782,14 @@ cdef class GuardCore(GuardBase):
                 if other is not None:
                     self._live[ptr] = other
                 raise self._double(block)
+            try:
+                block_move(block, _QUARANTINED)  # LIVE: it was in the live map
+            except BaseException:
+                self._live[ptr] = e  # refused: nothing changed
+                raise
             self._live_bytes -= n
             q = self._quarantine
             q[ptr] = e
-            block_move(block, _QUARANTINED)  # LIVE: it was in the live map
             self._quarantined_bytes += held
             if len(q) > max_count or self._quarantined_bytes > max_bytes:
                 evicted = self._take_quarantine_c(self._overflow_c())
