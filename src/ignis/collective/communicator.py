@@ -333,6 +333,7 @@ class Communicator:
         self._p2p_sent = [0] * world_size
         self._p2p_recvd = [0] * world_size
         self._closed = False
+        self._on_close: list[Callable[[Communicator], None]] = []
         self._scratch: NvArray | None = None
         self._plans: dict[tuple[int, int], Plan] = {}
         self._poll: Callable[..., None] | None = engine.poll  # NCCL's asynchronous errors
@@ -706,8 +707,22 @@ class Communicator:
                     self.stream.close()
                 except Exception:
                     pass
-            from . import process_group
-            process_group._forget(self)
+            for fn in self._on_close:
+                try:
+                    fn(self)
+                except Exception:
+                    pass
+
+    def on_close(self, fn: "Callable[[Communicator], None]") -> None:
+        """Call ``fn(self)`` once this communicator has closed (its owner forgets it there:
+        the default process group does). Its errors are not raised from ``close()``.
+
+        Args:
+            fn: a function of the communicator.
+        """
+        if not callable(fn):
+            raise TypeError(f"on_close takes a function, not {type(fn).__name__}")
+        self._on_close.append(fn)
 
     def _abandon(self, why: str) -> None:
         """Fail this communicator for a reason of this rank's own (``why``), then close it: the

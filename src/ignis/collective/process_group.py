@@ -194,6 +194,7 @@ def init_process_group(backend: str | None = None, timeout: Any = DEFAULT_TIMEOU
     dev.set_current()  # device=None now means this rank's device, as torch.cuda.set_device(LOCAL_RANK) does
     if _default is None:
         _default = comm
+        comm.on_close(_forget)
         if not _atexit_registered:
             atexit.register(_close_at_exit)
             _atexit_registered = True
