@@ -17,7 +17,10 @@ DIAG_COMM_BARRIER=1: each batch starts after ``comm.barrier()`` (as bench_allred
 row) instead of torch.distributed's barrier (=2: and starts at once, without the synchronizations
 the other rows make first, as bench_allreduce does; =3: after a 20 ms sleep instead). DIAG_SWEEP=1: bench_allreduce's bandwidth sweep
 (64-256 MiB, three trials) runs first. DIAG_NOPOLL=1: calls do not ask NCCL for an asynchronous
-error. DIAG_NOMATCH=1: the call matcher's thread is stopped.
+error. DIAG_NOMATCH=1: the call matcher's thread is stopped. DIAG_NOWAKE=1: the matcher's thread
+wakes only on its clock (every 5 ms while calls wait), not on each message from a peer (its
+mesh's ``wait_news`` sleeps the whole time-out): whether the peers' batches, each waking the
+other's matcher at once, are what slows the first calls after a barrier.
 """
 
 from __future__ import annotations
@@ -73,6 +76,16 @@ def worker() -> int:
         eng.matcher.mesh.notify()
         eng.matcher._thread.join(5)
         eng._match = None
+
+    if os.environ.get("DIAG_NOWAKE") and eng.matcher is not None:
+        mesh = eng.matcher.mesh
+
+        def clock_only(seen: int, timeout: float) -> int:
+            time.sleep(timeout)
+            with mesh._cond:
+                return mesh._news
+
+        mesh.wait_news = clock_only
 
     def per_call(fn, batch: int = 200, batches: int = 15) -> float:
         times = []

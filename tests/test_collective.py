@@ -331,7 +331,12 @@ def worker_die(comm: "ig.collective.Communicator", args: argparse.Namespace) -> 
     first would be a second death, which a slower survivor could see first and name."""
     r, w = comm.rank, comm.world_size
     comm.barrier()
+    if args.flag:  # the death comes after every survivor left the barrier (a death inside it fails it)
+        Path(args.flag, f"passed{r}").touch()
     if r == w - 1:
+        if args.flag:
+            for other in range(w - 1):
+                _wait_flag(str(Path(args.flag, f"passed{other}")), limit=args.timeout)
         os._exit(3)
     a = ig.full(1 << 12, 1.0, "float32", device=comm.device)
     t0 = time.monotonic()
@@ -992,6 +997,22 @@ def test_default_communicator():
     assert ig.collective.get_communicator() is comm
     ig.collective.destroy_process_group()
     assert comm.is_closed and not ig.collective.is_initialized()
+
+
+def test_close_callbacks_run_once_and_cannot_break_close(solo):
+    seen = []
+
+    def boom(c):
+        raise RuntimeError("a callback's own error")
+
+    solo.on_close(seen.append)
+    solo.on_close(boom)
+    solo.on_close(seen.append)
+    with pytest.raises(TypeError, match="function"):
+        solo.on_close(42)
+    solo.close()
+    solo.close()
+    assert seen == [solo, solo] and solo.is_closed
 
 
 def test_rank_that_cannot_reach_rank0_times_out():

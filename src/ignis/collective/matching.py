@@ -11,7 +11,11 @@ Design:
   (``ignis-nccl-match-R``) turns them into descriptors (operation, dtype, count,
   root, reduction), ships them in batches to every other rank over the checker
   mesh (the loopback transport's TCP connections, set up with the
-  communicator), every few milliseconds while calls come, run-length encoded
+  communicator), every few milliseconds while calls come (``_BUSY``: a message
+  from a peer wakes the thread to take and compare, but it ships its own new
+  calls only on that clock, or at once when asked: a gate, a peer's confirm; so
+  two ranks' batches do not wake each other into a message per call, which took
+  the GIL from the calling threads), run-length encoded
   (a loop of equal calls is one descriptor and a count), and compares what
   the others ship with its own, position by position, as NCCL pairs them: the
   n-th collective of each rank; the n-th send to rank q with q's n-th receive
@@ -255,6 +259,8 @@ class OpMatcher:
         self._stop = False
         self._released = False                    # gates no longer wait (the communicator failed or closed)
         self._asked = 0                           # requests to ship sent by confirm()
+        self._urgent = False                      # ship at the next cycle, not on the clock (wake())
+        self._shipped_at = 0.0                    # time.monotonic() of the last shipment
         self._thread: threading.Thread | None = None
 
     # -- the calling thread ---------------------------------------------------------------
@@ -265,6 +271,7 @@ class OpMatcher:
 
     def wake(self) -> None:
         """Ship and match now (a gate waits), not at the next look."""
+        self._urgent = True
         self.mesh.notify()
 
     def close(self) -> None:
@@ -384,7 +391,7 @@ class OpMatcher:
         try:
             while not self._stop:
                 with self._work:
-                    busy = self._cycle()
+                    busy = self._cycle(self._urgent or time.monotonic() - self._shipped_at >= _BUSY)
                 if self._stop:
                     return
                 seen = self.mesh.wait_news(seen, _BUSY if busy else _IDLE)
@@ -395,11 +402,15 @@ class OpMatcher:
                 err.__cause__ = e
                 self.health.fail(err)
 
-    def _cycle(self) -> bool:
-        """Take new calls, ship them (and answer requests to: after them), take what the peers
-        shipped, compare, see who left. Returns whether anything waits (to look again soon)."""
+    def _cycle(self, ship: bool = True) -> bool:
+        """Take new calls, ship them (``ship``, or when a peer asks: its answer follows them),
+        take what the peers shipped, compare, see who left. Returns whether anything waits (to
+        look again soon)."""
         asks = [(q, req) for q in self.peers if (req := self.mesh.take(q, "ship")) is not None]
-        self._ship()
+        if ship or asks:
+            self._urgent = False
+            self._shipped_at = time.monotonic()
+            self._ship()
         for q, req in asks:  # behind the descriptors just shipped, on the same connection
             try:
                 self.mesh.post(q, {"tag": "shipped", "ask": req.get("ask", 0)})
