@@ -164,6 +164,19 @@ def _shape(shape: Any) -> tuple[int, ...]:
     return dims
 
 
+def _window(shape: Any, dtype: Any, offset: Any, what: str) -> tuple:
+    """``(shape, dtype, nbytes, offset)`` of a typed window ``shape`` x ``dtype`` at byte ``offset``
+    (``view_bytes``, ``from_block``): each checked, the offset a non-negative int."""
+    dt = dtype if isinstance(dtype, DType) else _dt.dtype(dtype)
+    shp = _shape(shape)
+    _check_fits(shp, dt)
+    if type(offset) is not int and not isinstance(offset, np.integer) or isinstance(offset, bool):
+        raise TypeError(f"{what}: offset must be an int, not {type(offset).__name__}")
+    if offset < 0:
+        raise ValueError(f"{what}: offset {offset} is negative")
+    return shp, dt, _numel(shp) * dt.itemsize, int(offset)
+
+
 def _numel(shape: tuple[int, ...]) -> int:
     n = 1
     for d in shape:
@@ -735,14 +748,8 @@ cdef class NvArray:
         if not resource.holds(block):
             raise ValueError(f"from_block: block {block.ptr:#x} is not a live block of {type(resource).__name__}: "
                              "an array frees its block into the resource named, so it must be the one that made it")
-        dt = dtype if isinstance(dtype, DType) else _dt.dtype(dtype)
-        shp = _shape(shape)
-        _check_fits(shp, dt)
-        n = _numel(shp) * dt.itemsize
-        if type(offset) is not int and not isinstance(offset, np.integer) or isinstance(offset, bool):
-            raise TypeError(f"from_block: offset must be an int, not {type(offset).__name__}")
-        offset = int(offset)
-        if offset < 0 or offset + n > block.bytes:
+        shp, dt, n, offset = _window(shape, dtype, offset, "from_block")
+        if offset + n > block.bytes:
             raise ValueError(f"from_block: bytes [{offset}, {offset + n}) of {shp} {dt.name} leave block "
                              f"{block.ptr:#x} ({block.bytes} bytes)")
         validate_owner(owner)
@@ -903,14 +910,8 @@ cdef class NvArray:
             UseAfterFreeError / StaleHandleError: as ``check_usable``.
         """
         self._check_live("view")
-        dt = dtype if isinstance(dtype, DType) else _dt.dtype(dtype)
-        shp = _shape(shape)
-        _check_fits(shp, dt)
-        n = _numel(shp) * dt.itemsize
-        if type(offset) is not int and not isinstance(offset, np.integer) or isinstance(offset, bool):
-            raise TypeError(f"view_bytes: offset must be an int, not {type(offset).__name__}")
-        offset = int(offset)
-        if offset < 0 or (n and offset + n > self.nbytes):  # an empty window touches no byte: anywhere
+        shp, dt, n, offset = _window(shape, dtype, offset, "view_bytes")
+        if n and offset + n > self.nbytes:  # an empty window touches no byte: anywhere
             raise ValueError(f"view_bytes: bytes [{offset}, {offset + n}) of {shp} {dt.name} leave NvArray#{self.id} "
                              f"({self.nbytes} bytes)")
         if offset % dt.itemsize:

@@ -10,8 +10,6 @@ snapshot vocabulary: ``alloc``, ``free_requested``, ``free_completed``,
 
 from __future__ import annotations
 
-import sys
-import types
 from typing import Any, Callable
 
 from . import hooks as _hooks
@@ -26,18 +24,7 @@ def set_recorder(fn: Recorder | None) -> Recorder | None:
     return _hooks.set_recorder(fn)
 
 
-class _ReadOnlyHook(types.ModuleType):
-    """This module, refusing assignments to ``recorder`` (it reads the hook slot: an assignment
-    would shadow it and change nothing the resources see)."""
-
-    def __setattr__(self, name: str, value: Any) -> None:
-        if name == "recorder":
-            raise AttributeError("ignis.memory.history.recorder is read-only: install a recorder with "
-                                 "history.set_recorder")
-        super().__setattr__(name, value)
-
-
-sys.modules[__name__].__class__ = _ReadOnlyHook
+_hooks.refuse_assignment(__name__, {"recorder": "install a recorder with history.set_recorder"})
 
 
 def __getattr__(name: str) -> Any:

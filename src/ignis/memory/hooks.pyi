@@ -2,13 +2,16 @@
 # Written by scripts/gen_stubs.py from that source; do not edit by hand.
 from typing import Any
 from typing import Callable
-__all__ = ['Hooks', 'HOOKS', 'set_checker', 'set_recorder', 'note_manual']
+__all__ = ['Hooks', 'HOOKS', 'set_checker', 'set_recorder', 'note_manual', 'refuse_assignment']
 HOOKS: Hooks
 
 def set_checker(checker: object | None) -> object | None:
     ...
 
 def set_recorder(recorder: Callable[[str, Any, int, int, Any, Any], None] | None) -> Callable[[str, Any, int, int, Any, Any], None] | None:
+    ...
+
+def refuse_assignment(module: str, refusals: dict[str, str]) -> None:
     ...
 
 def note_manual() -> None:

@@ -23,7 +23,10 @@ from __future__ import annotations
 
 from typing import Any, Callable
 
-__all__ = ["Hooks", "HOOKS", "set_checker", "set_recorder", "note_manual"]
+import sys
+import types
+
+__all__ = ["Hooks", "HOOKS", "set_checker", "set_recorder", "note_manual", "refuse_assignment"]
 
 
 cdef class Hooks:
@@ -77,6 +80,24 @@ def set_recorder(recorder: "Callable[[str, Any, int, int, Any, Any], None] | Non
     prev = _slots.recorder
     _slots.recorder = recorder
     return prev
+
+
+def refuse_assignment(module: str, refusals: "dict[str, str]") -> None:
+    """Make the names ``refusals`` of the (imported) module ``module`` refuse assignment, each
+    with its message: names that read a hook slot (``ordering.checker``, ``history.recorder``),
+    which an assignment would shadow without changing what the hot paths read.
+
+    Args:
+        module: the module's name (``__name__``).
+        refusals: name -> what the ``AttributeError`` says to do instead.
+    """
+    class _Module(types.ModuleType):
+        def __setattr__(self, name: str, value: Any) -> None:
+            if name in refusals:
+                raise AttributeError(f"{module}.{name} is read-only: {refusals[name]}")
+            super().__setattr__(name, value)
+
+    sys.modules[module].__class__ = _Module
 
 
 def note_manual() -> None:

@@ -18,13 +18,11 @@ hook (``checker``) are slots of ``ignis.memory.hooks``, read here for Python cal
 
 from __future__ import annotations
 
-import sys
-import types
 from contextlib import contextmanager
 from contextvars import ContextVar
 from typing import TYPE_CHECKING, Any, Iterator
 
-from .hooks import HOOKS, note_manual
+from .hooks import HOOKS, note_manual, refuse_assignment
 
 if TYPE_CHECKING:
     from ..runtime import Stream
@@ -37,21 +35,9 @@ _process = AUTO
 _context: ContextVar[str | None] = ContextVar("ignis_ordering", default=None)
 
 
-class _ReadOnlyHooks(types.ModuleType):
-    """This module, refusing assignments to the names that read the hook slots (an assignment
-    would shadow the slot and change nothing the hot paths see)."""
-
-    def __setattr__(self, name: str, value: Any) -> None:
-        if name == "checker":
-            raise AttributeError("ignis.memory.ordering.checker is read-only: install the sanitizer with "
-                                 "ignis.memory.hooks.set_checker (ignis.sanitizer.enable does)")
-        if name == "any_manual":
-            raise AttributeError("ignis.memory.ordering.any_manual is read-only: set_ordering('manual') or "
-                                 "ordering('manual') turns it on")
-        super().__setattr__(name, value)
-
-
-sys.modules[__name__].__class__ = _ReadOnlyHooks
+refuse_assignment(__name__, {
+    "checker": "install the sanitizer with ignis.memory.hooks.set_checker (ignis.sanitizer.enable does)",
+    "any_manual": "set_ordering('manual') or ordering('manual') turns it on"})
 
 
 def __getattr__(name: str) -> Any:
