@@ -129,6 +129,12 @@ cdef inline bint _in_context(NvArray a) except -1:
     return sg is g or sg == g
 
 
+cdef inline bint _plainly_usable(NvArray a) except -1:
+    """``a`` passes ``_check_live`` without a closer look: not freed, not a view, no gate, and
+    made in its device's current context."""
+    return a._freed is False and a._base is None and a._gate is None and _in_context(a)
+
+
 cdef inline bint _plain_on(NvArray a, object stream) except -1:
     """``a`` needs no check beyond those of ``stream`` (which every tracked use makes before
     its handle reaches the driver): not freed, not a view, no gate, and made in the context
@@ -197,7 +203,7 @@ def _check_fits(shape: tuple[int, ...], dt: DType) -> None:
 cdef object _INT_SHAPE_MAX = MAX_EXTENT // 16
 
 
-_fast = [None]  # (backend, device, stream, mr, generation, version, defaults) for device 0
+_fast = [None]  # (device, stream, generation, version, defaults) for device 0
 # The version of the defaults: a new backend or current resource makes a new one (their owners
 # call _drop_defaults, registered with them below), and a cache made with an older one is not used.
 cdef unsigned long long _defaults_version = 0
@@ -327,7 +333,7 @@ def _defaults() -> tuple[Device, Stream, DeviceMemoryResource, bool]:
     out = (dev, dev.default_stream, mr, mr.supports_block_use_tracking)
     with _rt_current.lock:  # an override that began meanwhile dropped the cache: leave it dropped
         if not _rt_current.overrides[0]:
-            _fast[0] = (dev.backend, dev, dev.default_stream, mr, dev.state.generation, v, out)
+            _fast[0] = (dev, dev.default_stream, dev.state.generation, v, out)
     return out
 
 
@@ -354,15 +360,15 @@ cdef inline tuple _defaults_cached():
     if f is None:
         return None
     t = <tuple>f
-    st = t[2]
-    if <unsigned long long>t[5] != _defaults_version:
+    st = t[1]
+    if <unsigned long long>t[3] != _defaults_version:
         return None
-    state = t[1].state
-    if state.generation != t[4] or not state.accepting_ops:
+    state = t[0].state
+    if state.generation != t[2] or not state.accepting_ops:
         return None
     if (<_Stream>st)._closed if type(st) is _Stream else st._closed:
         return None
-    return <tuple>t[6]
+    return <tuple>t[4]
 
 
 def _no_comparison(a: "NvArray", op: str) -> str:
@@ -485,7 +491,7 @@ cdef class _TrackedAccess:
         uses, by, op, s = self.uses, self.by, self.op, self.stream
         for use in uses:  # (1) every array may be touched, by this owner
             a = <NvArray>use[0]
-            if a._freed is not False or a._base is not None or a._gate is not None or not _in_context(a):
+            if not _plainly_usable(a):
                 a._check_live("use", use[1], op)
             if by == DEFAULT_OWNER:
                 owner = a._root().owner
@@ -699,13 +705,11 @@ cdef class NvArray:
             ValueError: ``ptr`` is negative (or 0 for a non-empty array), the shape is invalid,
                 or ``stream`` is another device's.
         """
-        dt = dtype if isinstance(dtype, DType) else _dt.dtype(dtype)
-        shp = _shape(shape)
-        _check_fits(shp, dt)
+        shp, dt, n, _ = _window(shape, dtype, 0, "from_foreign")
         if type(ptr) is not int and not isinstance(ptr, np.integer) or isinstance(ptr, bool):
             raise TypeError(f"from_foreign: ptr must be an int device address, not {type(ptr).__name__}")
         ptr = int(ptr)
-        if ptr < 0 or (ptr == 0 and _numel(shp)):
+        if ptr < 0 or (ptr == 0 and n):
             raise ValueError(f"from_foreign: {ptr:#x} is not a device address of {shp} {dt.name}")
         validate_owner(owner)
         dev = device if isinstance(device, Device) else Device(device)
@@ -866,9 +870,8 @@ cdef class NvArray:
             StaleHandleError: its device's context was rebuilt since it was made.
             ReadOnlyError: ``access`` writes, and the memory is read-only.
         """
-        if self._freed is False and self._base is None and self._gate is None and _in_context(self):
-            return
-        self._check_live(what, access)
+        if not _plainly_usable(self):
+            self._check_live(what, access)
 
     def mark_read_only(self, reason: str) -> None:
         """From now on refuse every write to this array and its views (reads pass), saying

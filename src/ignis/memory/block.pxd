@@ -51,8 +51,20 @@ cdef inline bint block_only_on(DeviceBlock b, object stream) noexcept:
 
 
 # Hand the record's events to ``free`` (a pool's spare list) and empty it: the block's release
-# is ordered (its alloc stream waits for every use), or nothing needs ordering.
-cdef int block_drop_record(DeviceBlock b, list free) except -1
+# is ordered (its alloc stream waits for every use), nothing needs ordering, or a write
+# supersedes every earlier use (the tracking resource then records the writer). Inline: the
+# tracked use's write path runs it.
+cdef inline int block_drop_record(DeviceBlock b, list free) except -1:
+    if b._write_event:
+        free.append(b._write_event)
+    if b._readers:
+        for ev in (<dict>b._readers).values():
+            if ev:
+                free.append(ev)
+    b._write_stream = None
+    b._write_event = 0
+    b._readers = None
+    return 0
 
 # The record is another block's (a guard's upstream block keeps it): never clean on any stream,
 # so every tracked use goes through the resource that tracks the other block.

@@ -69,20 +69,6 @@ cdef int block_move(DeviceBlock b, object new) except -1:
     b.state = new
     return 0
 
-
-cdef int block_drop_record(DeviceBlock b, list free) except -1:
-    """Hand the record's events to ``free`` and empty the record (see block.pxd)."""
-    if b._write_event:
-        free.append(b._write_event)
-    if b._readers:
-        for ev in (<dict>b._readers).values():
-            if ev:
-                free.append(ev)
-    b._write_stream = None
-    b._write_event = _ZERO
-    b._readers = None
-    return 0
-
 cdef class DeviceBlock:
     """One allocation, owned by the caller until handed back to the resource that made it.
 

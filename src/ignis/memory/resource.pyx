@@ -989,13 +989,7 @@ cdef class TrackedResource(DeviceMemoryResource):
             ev = self._record_c(_as_stream(stream))
         free = self._events._free
         if _writes(access):
-            if b._write_event:
-                free.append(b._write_event)
-            if b._readers:
-                for old in (<dict>b._readers).values():
-                    if old:
-                        free.append(old)
-            b._readers = None
+            block_drop_record(b, free)  # the write supersedes every earlier use
             b._write_stream = stream
             b._write_event = ev
         else:
