@@ -41,7 +41,8 @@ ATTRIBUTE_TYPES: dict[str, dict[str, dict[str, str]]] = {
         "ptr": "int", "alloc_stream": "Stream", "bytes": "int", "requested": "int", "tag": "str",
         "generation": "int", "state": "BlockState"}},
     "ignis.memory.hooks": {"Hooks": {
-        "checker": "object | None", "recorder": "Callable[[str, Any, int, int, Any, Any], None] | None"}},
+        "checker": "object | None", "recorder": "Callable[[str, Any, int, int, Any, Any], None] | None",
+        "format_frames": "Callable[[Any], str] | None"}},
     "ignis.runtime.stream": {"Stream": {
         "handle": "int", "device": "Device", "id": "int", "ordering": "str"}},
     "ignis.runtime.kernel": {"Kernel": {
@@ -51,8 +52,8 @@ ATTRIBUTE_TYPES: dict[str, dict[str, dict[str, str]]] = {
         "DeviceMemoryResource": {"device": "Device"}},
     "ignis.memory.pool": {"PoolResource": {"upstream": "DeviceMemoryResource"}},
     "ignis.memory.guard_base": {"GuardBase": {
-        "upstream": "DeviceMemoryResource", "quarantine_count": "int | None", "quarantine_bytes": "int | None"}},
-    "ignis.torch._guard_fast": {"GuardCore": {"stack_depth": "int"}},
+        "upstream": "DeviceMemoryResource", "quarantine_count": "int | None", "quarantine_bytes": "int | None",
+        "stack_depth": "int"}},
 }
 
 PROBLEMS: list[str] = []  # what stops the script, all said at once

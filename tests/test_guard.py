@@ -708,3 +708,77 @@ def test_trim_flushes_the_quarantine(up, streams):
     guard.trim()
     assert guard.quarantined_count == 0 and b.state is BlockState.FREED
     assert upstream_bytes(guard) == start
+
+
+# -- one guard, two modes: the eager one here, the deferred one (DeferredGuardResource) --------
+
+def _damage_past_the_end(mr, s, n=1000):
+    b = mr.allocate(n, s, tag="twice")  # the allocation site both reports name
+    k = write(b.ptr + n + 3, b"\x11\x22", s)
+    return b, k
+
+
+def test_both_modes_report_the_same_damage_the_same_way(up, streams):
+    """The deferred guard is the debug guard with its checks batched on the device: the same
+    allocation, the same record, the same report (only when it is found differs)."""
+    s = streams[0]
+    eager = ig.DebugGuardResource(up, quarantine_count=0)
+    b1, k1 = _damage_past_the_end(eager, s)
+    with pytest.raises(ig.OutOfBoundsError) as ei:
+        eager.deallocate(b1)
+    deferred = ig.DeferredGuardResource(up, quarantine_count=0)
+    b2, k2 = _damage_past_the_end(deferred, s)
+    deferred.deallocate(b2)  # never waits: the check is queued
+    (e2,) = deferred.check(raise_=False)
+    e1 = ei.value
+    for e, b in ((e1, b1), (e2, b2)):
+        assert (e.side, e.offset, e.last_offset, e.damaged, e.nbytes, e.tag) == ("after", 1003, 1004, 2, 1000, "twice")
+        assert e.found[:2] == b"\x11\x22" and e.ptr == b.ptr and e.generation == b.generation
+        assert "_damage_past_the_end" in e.stack and "ignis" not in e.stack.split("test_guard.py")[0]
+    # one wording (the block's address and generation aside; the eager mode keeps more frames)
+    head = [str(e).partition("\nallocated at")[0].replace(f"{b.ptr:#x}", "P").replace(f"generation {b.generation}", "G")
+            for e, b in ((e1, b1), (e2, b2))]
+    assert head[0] == head[1] and "allocated at" in str(e1) and "allocated at" in str(e2)
+    deferred.close()  # gives back its ready cache (checked blocks kept for a reuse on their stream)
+    assert upstream_bytes(eager) == 0 and deferred.bytes_outstanding == 0
+    del k1, k2
+
+
+def test_the_eager_mode_reports_every_damaged_byte_after_free(guard, streams):
+    s = streams[0]
+    b = guard.allocate(3 << 20, s, tag="uaf")
+    guard.deallocate(b)
+    k = write(b.ptr + 5, b"\x01", s)
+    k2 = write(b.ptr + (2 << 20) + 7, b"\x02\x03", s)  # in another chunk of the read-back
+    (e,) = guard.flush(raise_=False)
+    assert type(e) is ig.UseAfterFreeError
+    assert (e.offset, e.last_offset, e.damaged) == (5, (2 << 20) + 8, 3)
+    assert e.found == b"\x01" + bytes([POISON]) * 15
+    assert "3 byte(s) at offsets 5..2097160" in str(e) and "allocated at" in str(e)
+    del k, k2
+
+
+def test_a_closed_deferred_guard_still_checks_and_returns_what_is_freed(up, streams):
+    s = streams[0]
+    mr = ig.DeferredGuardResource(up)
+    kept = mr.allocate(512, s, tag="kept")
+    k = write(kept.ptr - 4, b"\x00", s)
+    mr.close()
+    with pytest.raises(ig.ClosedError):
+        mr.allocate(16, s)
+    mr.deallocate(kept)  # no batches any more: checked at once, handed back
+    assert kept.state is BlockState.FREED and upstream_bytes(mr) == 0
+    (e,) = mr.found
+    assert isinstance(e, ig.OutOfBoundsError) and (e.side, e.offset) == ("before", -4)
+    del k
+
+
+@pytest.mark.parametrize("kw,match", [({"batch": 0}, "batch must be an int from 1 to 1024"),
+                                      ({"batch": True}, "batch must be"),
+                                      ({"ready_limit": -1}, "ready_limit must be a non-negative int"),
+                                      ({"stack_depth": 0}, "stack_depth must be an int from 1 to 64")])
+def test_the_deferred_guard_refuses_bad_options(up, kw, match):
+    with pytest.raises(ValueError, match=match):
+        ig.DeferredGuardResource(up, **kw)
+    with pytest.raises(ValueError, match="stack_depth"):
+        ig.DebugGuardResource(up, stack_depth=65)

@@ -128,6 +128,7 @@ ADAPTOR_FACTORIES = {
     ig.StatisticsResource: lambda up, tmp: ig.StatisticsResource(up),
     ig.TrackingResource: lambda up, tmp: ig.TrackingResource(up, capture_stacks=True),
     ig.DebugGuardResource: lambda up, tmp: ig.DebugGuardResource(up),
+    ig.DeferredGuardResource: lambda up, tmp: ig.DeferredGuardResource(up),
 }
 # Every adaptor Ignis exports (a new one without a factory above fails the test below).
 ADAPTOR_CLASSES = [c for c in (getattr(ig.memory, n) for n in ig.memory.__all__)

@@ -731,11 +731,19 @@ def test_the_entry_points_are_exported_by_the_compiled_module():
 
 
 def test_the_guards_hot_path_is_the_compiled_one():
+    from ignis.memory.guard_base import GuardBase
+    # One guard, in the memory layer: the deferred guard is the debug guard (no second base), and
+    # the allocation (both modes), the deferred free and the return of checked blocks are compiled there.
+    assert tg.DeferredGuardResource is ig.DeferredGuardResource
+    assert tg.DeferredGuardResource.__bases__ == (ig.DebugGuardResource,)
     for name in ("allocate", "free_fast", "_release_exits"):
-        assert name not in tg.DeferredGuardResource.__dict__ and name in _fast.GuardCore.__dict__
+        assert getattr(tg.DeferredGuardResource, name) is GuardBase.__dict__[name]
+        assert getattr(ig.DebugGuardResource, name) is GuardBase.__dict__[name]
     for name in ("_held", "_overflow", "_take_quarantine"):  # the quarantine's bookkeeping: one, compiled
         assert not any(name in c.__dict__ for c in tg.DeferredGuardResource.__mro__
                        if c.__module__ not in ("ignis.memory.guard_base",))
+    for name in ("_oob", "_after_free"):  # one report path for both modes
+        assert name in ig.DebugGuardResource.__dict__ and name not in tg.DeferredGuardResource.__dict__
     assert tg._alloc is _fast._alloc and tg._free is _fast._free and tg._s is _fast._s
 
 

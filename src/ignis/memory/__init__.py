@@ -5,7 +5,7 @@ from .adaptors import (LOG_HEADER, BudgetResource, Counter, LoggingResource, Res
 from .async_resource import AsyncResource
 from .current import get_current_resource, set_current_resource
 from .direct import DirectResource
-from .guard import DebugGuardResource, first_poisoned_offset, holds_poison
+from .guard import DebugGuardResource, DeferredGuardResource, first_poisoned_offset, holds_poison
 from .pinned import PinnedBuffer, PinnedHostResource
 from .pool import PoolResource
 from .resource import DeviceMemoryResource, TrackedResource
@@ -19,7 +19,8 @@ __all__ = [
     "StreamId", "DeviceMemoryResource", "TrackedResource", "DirectResource", "AsyncResource", "PoolResource",
     "PinnedHostResource", "PinnedBuffer", "VmmResource", "ResourceAdaptor", "BudgetResource",
     "LoggingResource",
-    "StatisticsResource", "TrackingResource", "DebugGuardResource", "holds_poison", "first_poisoned_offset",
+    "StatisticsResource", "TrackingResource", "DebugGuardResource", "DeferredGuardResource", "holds_poison",
+    "first_poisoned_offset",
     "Counter", "Statistics", "LOG_HEADER",
     "get_current_resource", "set_current_resource",
 ]

@@ -1,4 +1,9 @@
-"""DebugGuardResource: canaries, poison and a quarantine around every block.
+"""The debug guard: canaries, poison and a quarantine around every block, in two modes.
+
+``DebugGuardResource`` checks at the free (the host waits: exact, for programs and
+tests); ``DeferredGuardResource`` is the same guard with its checks run on the device
+in batches, never waiting (for frameworks' allocators). One record, one quarantine, one
+allocation and one report path serve both.
 
 Design:
 - An allocation of ``n`` bytes takes ``n + 2*G`` bytes from the upstream, where
@@ -47,46 +52,70 @@ Rules:
   fails), a block being deallocated stays LIVE here and a block leaving the
   quarantine goes back into it, counted, and the error is raised: a later
   ``deallocate`` / ``flush`` returns it. Counters stay exact on every path.
-- Errors carry ``ptr``, ``tag``, ``side``, ``offset``, ``generation``,
-  ``found`` (the first damaged bytes) and ``stack`` (the allocation stack,
-  captured as frames and formatted only for a report). When one call finds
-  several problems it raises the first; the others are in its ``others`` field.
+- Errors carry ``ptr``, ``tag``, ``side``, ``offset``, ``last_offset``, ``damaged``
+  (how many bytes), ``generation``, ``found`` (the first damaged bytes), ``when``,
+  ``stack`` (the allocation site: the user's frames, taken through the memory layer's
+  stack-capture hook and formatted only for a report) and ``frames``. One report path
+  (``_oob``, ``_after_free``) writes them for both modes. When one call finds several
+  problems it raises the first; the others are in its ``others`` field.
 - One lock guards the live map, the quarantine and the counters; host I/O of
   ``deallocate`` runs outside it. Lock order is always guard, then upstream.
 - A context rebuild makes every block's memory gone: nothing is checked, the
   upstream blocks are handed back and the inner blocks become FREED.
-- The fields read on every allocation and free, the record of one allocation
-  (``_Guarded``) and the quarantine's bookkeeping are compiled
-  (``guard_base.pyx``, typed in ``guard_base.pxd``): one implementation, which
-  the deferred guard's compiled hot path (``ignis.torch._guard_fast``) shares.
-  The lock is a ``ResourceLock`` (the compiled path takes it without a call).
+
+The deferred mode (``DeferredGuardResource``, the guard ``ignis.torch`` and ``ignis.cupy``
+install as their framework's allocator) is this guard with its checks run on the device:
+- Its free never waits: the user bytes are poisoned at once (a memset on the allocation
+  stream, after the waits that cross-stream tracking and ``record_stream`` need) and a job
+  "check the guards" joins the stream's pending batch; a block pushed out of the quarantine
+  gets a job "check guards and poison, then repair them" and goes back upstream as soon as
+  that batch is queued (stream order puts the check before any reuse). A batch (up to
+  ``batch`` jobs) is one kernel pair (check, then sample-and-repair) and a copy of the
+  results into pinned memory behind an event; results are read when the event has
+  completed (polled on frees, at ``on_sync``, by ``check()``) and go to ``on_problem``.
+- Because a block leaves its check repaired, a reuse of the same pool block for the same
+  size needs no memset, and for another size only the bytes that differ (``_reformat``).
+- The ready cache: a block leaving the quarantine waits in the guard, keyed by (stream,
+  user bytes, tag), up to ``ready_limit`` bytes, instead of going back to the pool; an
+  allocation of the same size and tag on the same stream takes it as it is. Another
+  stream, size or tag, a block with tracked uses, a full cache, a closed stream, a dead
+  context, or memory events being recorded: the pool. ``flush()``, ``close()``,
+  ``trim()`` and running out of memory give the cache back.
+- Closed, it has no batches: a block freed after ``close()`` is checked at once (the
+  host waits) and handed back; what the check finds is reported as usual.
+
+Both modes run one compiled core (``guard_base.pyx``, typed in ``guard_base.pxd``): the
+fields read on every allocation and free, the record of one allocation (``_Guarded``),
+the quarantine's bookkeeping, the one ``allocate``, the deferred free (``free_fast``) and
+the check batches. The framework allocators (``ignis.torch._guard_fast``) call it without
+a Python call. The lock is a ``ResourceLock`` (the compiled path takes it without a call).
 """
 
 from __future__ import annotations
 
-import sys
-import traceback
 from collections import OrderedDict
-from typing import Any
+from typing import Any, Callable
 
 import numpy as np
 
 from ..errors import IgnisError, OutOfBoundsError, UseAfterFreeError
 from ..runtime import Device, Stream
+from ..runtime.stream import add_close_hook
 from .hooks import HOOKS as _HOOKS
 from . import ordering as _ord
 from .adaptors import ResourceAdaptor
-from .guard_base import GuardBase, _Guarded, fill_bytes
-from .resource import DeviceMemoryResource, ResourceLock, check_request
+from .guard_base import _NONE, EXIT, FREE, HELD, LIVE, MAX_BATCH, GuardBase, _Checker, _Guarded, _uniform, fill_bytes
+from .pool import PoolResource
+from .resource import DeviceMemoryResource, ResourceLock
 from .._types import Access
-from .types import UNTAGGED, BlockId, BlockState
-from .block import DeviceBlock, next_generation
+from .types import BlockId, BlockState
+from .block import DeviceBlock
 
-__all__ = ["DebugGuardResource", "holds_poison", "first_poisoned_offset"]
+__all__ = ["DebugGuardResource", "DeferredGuardResource", "holds_poison", "first_poisoned_offset", "MAX_BATCH"]
 
 _GUARD_ALIGN = 256
 _CHUNK = 4 << 20      # bytes read back per host copy when scanning a region
-_STACK_DEPTH = 16
+_STACK_DEPTH = 16     # user frames kept per allocation (the eager mode's default)
 _SAMPLE = 16          # damaged bytes quoted in a report
 
 
@@ -100,20 +129,6 @@ def _count(name: str, value: Any) -> int:
     if isinstance(value, bool) or not isinstance(value, int) or value < 0:
         raise ValueError(f"{name} must be a non-negative int, got {value!r}")
     return value
-
-
-def _uniform(data: np.ndarray, value: int) -> bool:
-    """True when every byte of the contiguous uint8 array ``data`` equals ``value``. A large
-    region is compared eight bytes at a time (a uint64 view, aligned or not: a few times
-    faster than byte by byte), its last ``size % 8`` bytes alone; a small one (under 16 KiB,
-    where the view's own cost would dominate) byte by byte."""
-    n = data.size
-    if n < 1 << 14:
-        return not (data != value).any()
-    m = n & ~7
-    if m != n and (data[m:] != value).any():
-        return False
-    return not (data[:m].view(np.uint64) != np.uint64(value * 0x0101010101010101)).any()
 
 
 def _scan(backend: Any, ptr: int, nbytes: int, stream: Stream, value: int, match: bool
@@ -136,6 +151,44 @@ def _scan(backend: Any, ptr: int, nbytes: int, stream: Stream, value: int, match
         if mask[i]:
             return off + i, view[i:i + _SAMPLE].tobytes()
     return None
+
+
+def _damage(backend: Any, ptr: int, nbytes: int, stream: Stream, value: int
+            ) -> tuple[int, int, int, bytes] | None:
+    """The bytes of ``[ptr, ptr + nbytes)`` that differ from ``value``: ``(first, last, count,
+    the bytes from first on)`` as offsets, or None if every byte holds it. Reads on ``stream``
+    and waits for each chunk."""
+    if nbytes <= 0:
+        return None
+    handle = stream._check()
+    buf = np.empty(min(nbytes, _CHUNK), np.uint8)
+    first = last = -1
+    count = 0
+    found = b""
+    for off in range(0, nbytes, _CHUNK):
+        view = buf[:min(_CHUNK, nbytes - off)]
+        backend.memcpy_dtoh_async(view.ctypes.data, ptr + off, view.nbytes, handle)
+        backend.stream_synchronize(handle)
+        if _uniform(view, value):  # the common case: nothing differs
+            continue
+        bad = np.flatnonzero(view != value)
+        if first < 0:
+            first = off + int(bad[0])
+            found = view[int(bad[0]):int(bad[0]) + _SAMPLE].tobytes()
+        last = off + int(bad[-1])
+        count += int(bad.size)
+    if first < 0:
+        return None
+    if len(found) < _SAMPLE and first + len(found) < nbytes:  # the sample crosses a chunk: read it whole
+        tail = np.empty(min(_SAMPLE, nbytes - first), np.uint8)
+        backend.memcpy_dtoh_async(tail.ctypes.data, ptr + first, tail.nbytes, handle)
+        backend.stream_synchronize(handle)
+        found = tail.tobytes()
+    return first, last, count, found
+
+
+def _noun(tag: str) -> str:
+    return "array" if tag == "cupy" else "tensor" if tag == "torch" else "block"
 
 
 def _target(target: Any, stream: Stream | None) -> tuple[int, int, Stream]:
@@ -209,13 +262,15 @@ class DebugGuardResource(GuardBase, ResourceAdaptor):
     Arguments: ``canary_bytes`` per side (rounded up to 256); ``poison`` and
     ``canary`` byte values; the quarantine bound (``quarantine_count`` blocks,
     ``quarantine_bytes`` bytes; 0 turns it off); ``capture_stacks`` keeps the
-    allocation stack for reports. ``deallocate``, ``check``, ``flush`` and the
-    poison helpers synchronize with the host; ``allocate`` does not.
+    allocation site (the user's frames, at most ``stack_depth``) for reports.
+    ``deallocate``, ``check``, ``flush`` and the poison helpers synchronize with the
+    host; ``allocate`` does not. ``DeferredGuardResource`` is the same guard with its
+    checks run on the device in batches, never waiting.
     """
 
     def __init__(self, upstream: DeviceMemoryResource, canary_bytes: int = 256, poison: int = 0xA5,
                  canary: int = 0xFD, quarantine_count: int = 64, quarantine_bytes: int = 64 << 20,
-                 capture_stacks: bool = True) -> None:
+                 capture_stacks: bool = True, stack_depth: int = _STACK_DEPTH) -> None:
         super().__init__(upstream)
         # The adaptor base binds the tracking hooks straight to the upstream's;
         # the guard must translate inner blocks, so drop those bindings.
@@ -230,6 +285,9 @@ class DebugGuardResource(GuardBase, ResourceAdaptor):
         self.quarantine_count = _count("quarantine_count", quarantine_count)
         self.quarantine_bytes = _count("quarantine_bytes", quarantine_bytes)
         self.capture_stacks = bool(capture_stacks)
+        if isinstance(stack_depth, bool) or not isinstance(stack_depth, int) or not 1 <= stack_depth <= 64:
+            raise ValueError(f"stack_depth must be an int from 1 to 64, got {stack_depth!r}")
+        self.stack_depth = stack_depth
         self._tracks = upstream.supports_block_use_tracking
         self._lock = ResourceLock()
         self._live: dict[int, _Guarded] = {}
@@ -238,31 +296,9 @@ class DebugGuardResource(GuardBase, ResourceAdaptor):
         self._quarantined_bytes = 0
 
     # -- the contract ------------------------------------------------------
-    def allocate(self, nbytes: int, stream: Stream | None = None, tag: str = UNTAGGED) -> DeviceBlock:
-        """A LIVE block of ``nbytes`` poisoned bytes between two canary guards."""
-        stream = self._stream(stream)
-        check_request(nbytes, stream)
-        if self._closed:
-            self._check_alive()
-        stack = None
-        if self.capture_stacks:
-            stack = traceback.StackSummary.extract(traceback.walk_stack(sys._getframe(1)),
-                                                   limit=_STACK_DEPTH, lookup_lines=False)
-            stack.reverse()
-        g = self.canary_bytes
-        up = self._upstream_allocate(nbytes + 2 * g, stream, tag)
-        self._format(up, nbytes)
-        block = DeviceBlock(up.ptr + g, up.alloc_stream, nbytes, nbytes, tag, next_generation())
-        block.lend_record()  # its hazard record is the upstream block's: never "clean" (memory.resource)
-        entry = _Guarded(block, up, stack)
-        block._impl = entry
-        with self._lock:
-            self._live[block.ptr] = entry
-            self._live_bytes += nbytes
-        rec = _HOOKS.recorder
-        if rec is not None:
-            rec("alloc", self, block.ptr, nbytes, block.alloc_stream, block)
-        return block
+    # ``allocate`` is ``GuardBase.allocate`` (compiled, both modes): the allocation site, an
+    # upstream block of ``n + 2 * canary_bytes`` (``_after_oom`` where it runs out), its
+    # canaries and poison (``_format``), a user block with a fresh generation.
 
     def _take_for_free(self, block: DeviceBlock, foreign: bool = False) -> "_Guarded | None":
         """The first step of a free: the checks, then the block leaves the live table and the
@@ -323,19 +359,17 @@ class DebugGuardResource(GuardBase, ResourceAdaptor):
             if hasattr(exc, "add_note"):
                 exc.add_note(f"the block stays live: returning it upstream also failed: {undo}")
 
-    def _upstream_allocate(self, nbytes: int, stream: Stream, tag: str) -> DeviceBlock:
-        """Allocate upstream; on running out, empty the quarantine (checking it) and retry once."""
-        try:
-            return self.upstream.allocate(nbytes, stream, tag)
-        except MemoryError:
-            with self._lock:
-                if not self._quarantine:
-                    raise
-                entries = self._take_quarantine(len(self._quarantine))
-            problems = self._release(entries, full_sync=True)
-            if problems:
-                raise _first(problems)
-            self.upstream.reap_pending()
+    def _after_oom(self, nbytes: int, stream: Stream, tag: str) -> DeviceBlock:
+        """The upstream ran out (called while its ``MemoryError`` is handled): empty the
+        quarantine (checking it) and retry once; re-raise if nothing was held."""
+        with self._lock:
+            if not self._quarantine:
+                raise
+            entries = self._take_quarantine(len(self._quarantine))
+        problems = self._release(entries, full_sync=True)
+        if problems:
+            raise _first(problems)
+        self.upstream.reap_pending()
         return self.upstream.allocate(nbytes, stream, tag)
 
     def deallocate(self, block: DeviceBlock) -> None:
@@ -557,38 +591,50 @@ class DebugGuardResource(GuardBase, ResourceAdaptor):
         for side, data, base in (("before", buf[:g], -g), ("after", buf[g:], n)):
             bad = np.flatnonzero(data != self.canary)
             if bad.size:
-                problems.append(self._out_of_bounds(e, side, base + int(bad[0]), base + int(bad[-1]),
-                                                    int(bad.size), data[bad[0]:bad[0] + _SAMPLE].tobytes(), when))
+                problems.append(self._oob(e, side, base + int(bad[0]), base + int(bad[-1]), int(bad.size),
+                                          data[bad[0]:bad[0] + _SAMPLE].tobytes(), when, freed=False))
         return problems
-
-    def _out_of_bounds(self, e: _Guarded, side: str, first: int, last: int, count: int, found: bytes,
-                       when: str) -> OutOfBoundsError:
-        b = e.block
-        where = "past the end" if side == "after" else "before the start"
-        return OutOfBoundsError(
-            f"something wrote {where} of block {b.ptr:#x} ({b.requested} B, tag {b.tag!r}, generation "
-            f"{b.generation}): {count} of the {self.canary_bytes} guard bytes {side} it were overwritten, at "
-            f"offsets {first}..{last} from the block's start (found {found.hex(' ')}, expected "
-            f"{self.canary:#04x}); detected {when}. Check the sizes and index arithmetic of the kernels and "
-            "copies that write this buffer",
-            generation=b.generation, ptr=b.ptr, tag=b.tag, side=side, offset=first, last_offset=last,
-            damaged=count, found=found, nbytes=b.requested, stack=e.stack_text())
 
     def _check_poison(self, e: _Guarded, when: str) -> UseAfterFreeError | None:
         """The write-after-free report of a quarantined block, or None if it still holds the poison."""
         b = e.block
-        hit = _scan(self._backend, b.ptr, b.requested, self._stream_of(e), self.poison, False)
+        hit = _damage(self._backend, b.ptr, b.requested, self._stream_of(e), self.poison)
         if hit is None:
             return None
-        off, found = hit
+        first, last, count, found = hit
+        return self._after_free(e, first, last, count, found, when)
+
+    # -- reports (both modes) ----------------------------------------------------------
+    def _oob(self, e: _Guarded, side: str, first: int, last: int, count: int, found: bytes, when: str,
+             freed: bool) -> OutOfBoundsError:
+        """The report of a damaged guard: ``side`` "before" / "after", the damaged bytes at offsets
+        ``first..last`` from the block's start (``count`` of them, ``found`` from the first on),
+        ``when`` it was seen, ``freed`` if the block was freed by then."""
+        b = e.block
+        where = "past the end" if side == "after" else "before the start"
+        after = " (it was already freed: the write may have come through a stale pointer)" if freed else ""
+        return OutOfBoundsError(
+            f"a write {where} of a {b.requested}-byte {_noun(b.tag)} (tag {b.tag!r}, ptr {b.ptr:#x}, generation "
+            f"{b.generation}){after}: {count} of the {self.canary_bytes} guard bytes {side} it were overwritten, at "
+            f"offsets {first}..{last} from its start (found {found.hex(' ')}, expected {self.canary:#04x}); "
+            f"detected {when}. Check the sizes and index arithmetic of the kernels and copies that write it",
+            generation=b.generation, ptr=b.ptr, tag=b.tag, side=side, offset=first, last_offset=last,
+            damaged=count, found=found, nbytes=b.requested, stack=e.stack_text(), when=when,
+            frames=e.stack)
+
+    def _after_free(self, e: _Guarded, first: int, last: int, count: int, found: bytes, when: str
+                    ) -> UseAfterFreeError:
+        """The report of a write into a freed block: ``count`` bytes at offsets ``first..last``
+        no longer hold the poison (``found`` from the first on), seen ``when``."""
+        b = e.block
         stack = e.stack_text()
         err = UseAfterFreeError(
-            f"block {b.ptr:#x} ({b.requested} B, tag {b.tag!r}) was written after it was freed: the byte at "
-            f"offset {off} no longer holds the poison {self.poison:#04x} (found {found.hex(' ')}); detected "
-            f"{when}. Some kernel or copy still writes through a pointer to it after deallocate "
-            "(order that work before the free, or stop keeping the raw pointer)",
-            generation=b.generation, ptr=b.ptr, tag=b.tag, side="after-free", offset=off, found=found,
-            nbytes=b.requested, stack=stack)
+            f"a {b.requested}-byte {_noun(b.tag)} (tag {b.tag!r}, ptr {b.ptr:#x}) was written after it was freed: "
+            f"{count} byte(s) at offsets {first}..{last} no longer hold the poison {self.poison:#04x} (found "
+            f"{found.hex(' ')}); detected {when}. Some kernel or copy still writes through a stale pointer or "
+            "array to it (order that work before the free, or stop keeping the stale reference)",
+            generation=b.generation, ptr=b.ptr, tag=b.tag, side="after-free", offset=first, last_offset=last,
+            damaged=count, found=found, nbytes=b.requested, stack=stack, when=when, frames=e.stack)
         if stack:
             err.message += f"\nallocated at:\n{stack}"
             err.args = (err.message,)
@@ -650,3 +696,331 @@ class DebugGuardResource(GuardBase, ResourceAdaptor):
                 self._live[e.block.ptr] = e
                 self._live_bytes += e.block.requested
             raise
+class DeferredGuardResource(DebugGuardResource):
+    """The debug guard whose checks run on the device in batches, for frameworks'
+    allocators (``ignis.torch`` and ``ignis.cupy`` install it): ``allocate`` and
+    ``deallocate`` never wait for the device. Problems go to ``on_problem(err)`` (default: kept in ``found``);
+    ``check()`` and ``flush()`` wait for everything and return (or raise) the
+    problems found since the previous ``check()`` / ``flush()``.
+
+    Args:
+        upstream: the resource the guarded blocks (with their canaries) come from; a
+            ``PoolResource`` lets checked blocks be reused without a memset.
+        batch: jobs per check batch on a stream (1 to ``MAX_BATCH``).
+        stack_depth: user frames kept per allocation (1 to 64).
+        ready_limit: bytes the ready cache may hold, guards included (0: none).
+        **guard_options: ``DebugGuardResource``'s (``canary_bytes``, ``poison``, ``canary``,
+            ``quarantine_count``, ``quarantine_bytes``, ``capture_stacks``).
+
+    ``allocate`` (both modes'), ``free_fast`` (a framework's free, its common case) and the
+    return of blocks whose checks are queued are compiled (``GuardBase``, ``guard_base.pyx``);
+    the methods here are the rest, and the slow cases those call back into. The records,
+    the quarantine, the canaries and poison, and the reports are the eager guard's."""
+
+    def __init__(self, upstream: Any, *, batch: int = 64, stack_depth: int = 6, ready_limit: int = 64 << 20,
+                 **guard_options: Any) -> None:
+        if isinstance(batch, bool) or not isinstance(batch, int) or not 1 <= batch <= MAX_BATCH:
+            raise ValueError(f"batch must be an int from 1 to {MAX_BATCH}, got {batch!r}")
+        if isinstance(ready_limit, bool) or not isinstance(ready_limit, int) or ready_limit < 0:
+            raise ValueError(f"ready_limit must be a non-negative int, got {ready_limit!r}")
+        super().__init__(upstream, stack_depth=stack_depth, **guard_options)
+        self.batch = batch
+        self.on_problem: Callable[[IgnisError], None] | None = None
+        self.found: list[IgnisError] = []
+        self._unreturned: list[IgnisError] = []
+        # pool block address -> (pool block, its size, user bytes) of blocks whose guards and
+        # poison a check left intact: allocating the same again needs no memset, another
+        # size only the bytes that differ (_reformat).
+        self._reuse = isinstance(upstream, PoolResource)
+        self._formatted: dict[int, tuple] = {}
+        self._held_exit: dict[int, _Guarded] = {}  # left the quarantine, check queued, not yet upstream
+        # The ready cache: (stream, user bytes, tag) -> pool blocks that left the quarantine
+        # with their check and repair queued on that stream, kept from the pool (at most
+        # ``ready_limit`` bytes with their guards): an allocation of the same size and tag
+        # on the same stream takes one as it is, without the pool's round trip or a memset.
+        self._ready: dict[tuple, list] = {}
+        self._ready_bytes = 0
+        self.ready_limit = ready_limit
+        self._ready_stale = False  # a stream closed: its ready blocks go back at the next release
+        # Blocks freed from another stream than theirs (see _guard_fast's free): their poison
+        # waits for their stream's next allocation or check, as a reuse would.
+        self._unpoisoned: dict = {}
+        self._unpoisoned_n = 0
+        add_close_hook(self._note_stream_close)
+        self._rs_event = 0
+        self._checker = _Checker(self)
+        self._state = self.device.state  # its generation moves when the context is rebuilt
+        self.reused = 0           # allocations of a checked block of the same size: no memset
+        self.resized = 0          # of a checked block of another size: the bytes that differ
+        self.formatted_fresh = 0  # of a block formatted whole
+
+    def _after_oom(self, nbytes: int, stream: Stream, tag: str) -> DeviceBlock:
+        """The upstream ran out: empty the quarantine (its checks queued, then waited
+        for, so the blocks are back in the pool) and retry once; re-raise if nothing was held."""
+        with self._lock:
+            held = bool(self._quarantine or self._held_exit or self._ready or any(self._checker.pending.values()))
+        if not held:
+            raise
+        self._drain(wait=True)
+        self.upstream.reap_pending()
+        return self.upstream.allocate(nbytes, stream, tag)
+
+    def deallocate(self, block: DeviceBlock, *, foreign: bool = False) -> None:
+        """Poison the bytes (in stream order, after every recorded use), queue the
+        check of the guards and quarantine the block. Never waits for the device;
+        what the checks find goes to ``on_problem`` later. ``foreign``: a framework's
+        tensor, which the sanitizer follows as a foreign extent (not as an Ignis block)."""
+        entry = self._take_for_free(block, foreign)
+        if entry is None:
+            return
+        up = entry.up
+        try:
+            closed = up.alloc_stream._closed
+            stream = self._stream_of(entry)
+            h = stream.handle
+            rs = entry.rs
+            if rs:
+                # record_stream: the free waits for the work queued so far on those streams
+                # (PyTorch's rule), whatever the ordering policy (the program declared it).
+                b = self._backend
+                if not self._rs_event:
+                    self._rs_event = b.event_create(self.device.ordinal)
+                for o in rs:
+                    if o is not stream and not o._closed:
+                        b.event_record(self._rs_event, o.handle)
+                        b.stream_wait_event(h, self._rs_event)
+                entry.rs = None
+            # A block nobody tracked a use of (every framework tensor: the framework orders
+            # its own work) is clean on its stream: no wait to queue, nothing to reset.
+            tracked = self._tracks and not up.clean_on(up.alloc_stream)
+            if tracked and not closed and _ord.policy(stream) == _ord.AUTO:
+                self.upstream.prepare_block_use(up, stream, Access.READ_WRITE)
+            fill_bytes(self._backend, block.ptr, self.poison, block.requested, h)
+            if closed:
+                self._backend.stream_synchronize(h)
+            if tracked:
+                self.upstream.finish_block_use(up, up.alloc_stream, Access.READ_WRITE)
+        except BaseException as exc:
+            self._undo_free(entry, exc)
+            raise
+        with self._lock:
+            bypass, evicted = self._enter_quarantine(entry)
+            for e in evicted:
+                self._held_exit[e.block.ptr] = e
+            if bypass:
+                self._held_exit[block.ptr] = entry
+        if bypass and self._closed:
+            # Closed: its batches are gone. The guards are read here (the host waits), the block
+            # goes back upstream at once, and what the read found is reported as usual.
+            try:
+                problems = self._check_guards(entry, stream, "on free")
+            finally:
+                self._release_exit(entry, formatted=False)
+            for p in problems:
+                self._report(p)
+            return
+        ck = self._checker
+        if bypass:
+            ck.add(stream, entry, EXIT, "on free")
+        else:
+            ck.add(stream, entry, FREE, "on free")
+        for e in evicted:
+            ck.add(self._stream_of(e), e, EXIT, "when its memory left the quarantine")
+        ck.after_free()
+
+    def _double(self, block: DeviceBlock) -> Exception:
+        try:
+            self._check_dealloc(block, self._live)
+        except Exception as exc:  # noqa: BLE001 - the error to raise
+            return exc
+        return RuntimeError(f"block {block.ptr:#x} could not be freed")
+
+    def _release_exit(self, e: _Guarded, *, formatted: bool) -> None:
+        """A block leaving the quarantine whose check is queued: back to the pool now."""
+        with self._lock:
+            self._held_exit.pop(e.block.ptr, None)
+        up = e.up
+        try:
+            self._return(e)
+        except BaseException:
+            with self._lock:  # the upstream refused it: keep it (counted) for a later flush
+                self._quarantine[e.block.ptr] = e
+                self._quarantined_bytes += self._held(e)
+            raise
+        if formatted and self._reuse and up._impl is not None:
+            if len(self._formatted) > 1 << 16:
+                self._formatted.clear()
+            self._formatted[up.ptr] = (up._impl, up._impl.size, e.block.requested)
+
+    def _reformat(self, up: DeviceBlock, old: int, nbytes: int) -> None:
+        """Format for ``nbytes`` user bytes a pool block that a check left intact for ``old``
+        user bytes (canary ``[0, G)``, poison ``[G, G + old)``, canary ``[G + old, 2G + old)``,
+        checked and repaired in stream order before the block went back to the pool): only
+        the bytes that differ are written. Smaller: the poison ``[G + nbytes, G + old)`` that
+        the new after-guard covers becomes canary. Larger: poison from ``G + old`` (over the
+        old after-guard) to ``G + nbytes``, then the new after-guard. The block then holds
+        exactly what ``_format`` writes. If a memset fails, the block goes back upstream and
+        the error propagates."""
+        g = self.canary_bytes
+        try:
+            handle = up.alloc_stream._check()
+            b = self._backend
+            if nbytes < old:
+                fill_bytes(b, up.ptr + g + nbytes, self.canary, min(g, old - nbytes), handle)
+            else:
+                fill_bytes(b, up.ptr + g + old, self.poison, nbytes - old, handle)
+                fill_bytes(b, up.ptr + g + nbytes, self.canary, g, handle)
+        except BaseException:
+            self.upstream.deallocate(up)
+            raise
+
+    def note_record_stream(self, block: DeviceBlock, stream: Stream) -> None:
+        """Work on ``stream`` uses the live ``block`` (``Tensor.record_stream``): its free
+        will wait for the work queued there up to the free."""
+        with self._lock:
+            e = self._resolve(block)
+            if stream is e.up.alloc_stream:
+                return
+            if e.rs is None:
+                e.rs = {stream}
+            else:
+                e.rs.add(stream)
+
+    # -- checks ------------------------------------------------------------------------
+    def live_check(self, when: str = "at a synchronize point") -> None:
+        """Queue a check of the guards of every live block (on each block's stream)."""
+        if not self._context_alive():
+            return
+        ck = self._checker
+        with ck.lock:  # held first: a block freed meanwhile gets its jobs after these
+            with self._lock:
+                live = list(self._live.values())
+            for e in live:
+                ck.add(self._stream_of(e), e, LIVE, when)
+            ck.launch_all()
+
+    def on_sync(self, live: bool) -> None:
+        """A synchronize point: queue what is pending, read what finished, and (``live``)
+        check the guards of the live blocks."""
+        if not self._context_alive():
+            return
+        ck = self._checker
+        ck.launch_all()
+        ck.poll()
+        if live:
+            self.live_check()
+
+    def check(self, *, raise_: bool = True) -> list[IgnisError]:
+        """Check now the guards of every live block and the poison and guards of every
+        quarantined one, wait for every check queued so far, and return the problems
+        found since the previous ``check()`` / ``flush()`` (raise the first with ``raise_``).
+        Changes nothing: damaged blocks stay as they are."""
+        if self._context_alive():
+            ck = self._checker
+            with ck.lock:  # held first: a block leaving the quarantine meanwhile is checked after these
+                self.live_check("by check()")
+                with self._lock:
+                    held = list(self._quarantine.values())
+                for e in held:
+                    ck.add(self._stream_of(e), e, HELD, "by check() (the block waits in the quarantine)")
+                ck.wait()
+        return self._take_found(raise_)
+
+    def flush(self, *, raise_: bool = True) -> list[IgnisError]:
+        """Empty the quarantine: check each block's poison and guards, return it to the
+        pool, and wait for every check; return (or raise) the problems found since the
+        previous ``check()`` / ``flush()``."""
+        self._drain(wait=True)
+        return self._take_found(raise_)
+
+    def _drain(self, *, wait: bool) -> None:
+        """Empty the quarantine (its blocks' checks queued, or with ``wait`` waited for) and
+        hand the ready cache back to the pool, the blocks that just left the quarantine too."""
+        try:
+            with self._lock:
+                entries = self._take_quarantine(len(self._quarantine))
+                for e in entries:
+                    self._held_exit[e.block.ptr] = e
+            if not self._context_alive():
+                for e in entries:
+                    self._release_exit(e, formatted=False)
+                return
+            ck = self._checker
+            with ck.lock:
+                for e in entries:
+                    ck.add(self._stream_of(e), e, EXIT, "when its memory left the quarantine")
+                ck.launch_all()
+                if wait:
+                    ck.wait()
+        finally:  # whatever failed above, nothing stays behind in the ready cache
+            self._release_ready()
+
+    def _take_found(self, raise_: bool) -> list[IgnisError]:
+        with self._lock:
+            out, self._unreturned = self._unreturned, []
+        if out and raise_:
+            err = out[0]
+            err.others = out[1:]
+            raise err
+        return out
+
+    def close(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        try:
+            self.flush()
+        finally:
+            self._checker.close()
+
+    def memory_numbers(self) -> dict[str, int]:
+        nums = super().memory_numbers()
+        with self._lock:
+            nums["cached_bytes"] += sum(self._held(e) for e in self._held_exit.values()) + self._ready_bytes
+        return nums
+
+    # -- reports -----------------------------------------------------------------------
+    def _problems_from(self, e: _Guarded, kind: str, when: str, r: list[int]) -> None:
+        b = e.block
+        n = b.requested
+        G = self.canary_bytes
+        for zone in (0, 2, 1):
+            first = r[zone]
+            if first == _NONE:
+                continue
+            side = ("before", "after-free", "after")[zone]
+            if e.reported is not None and side in e.reported:
+                continue
+            last = (~r[3 + zone]) & _NONE
+            count = _NONE - r[6 + zone]
+            zlen = n if zone == 1 else G
+            found = (r[9 + 2 * zone].to_bytes(8, "little") + r[10 + 2 * zone].to_bytes(8, "little"))
+            found = found[:min(16, zlen - first)]
+            if zone == 1:
+                err = self._after_free(e, first, last, count, found, when)
+            else:
+                base = -G if zone == 0 else n
+                # freed: the damage may be newer than the free (a block that skipped the quarantine
+                # is checked at its free: what it finds was there before)
+                err = self._oob(e, "before" if zone == 0 else "after", base + first, base + last, count, found,
+                                when, freed=kind == HELD or (kind == EXIT and when != "on free"))
+            if e.reported is None:
+                e.reported = {side}
+            else:
+                e.reported.add(side)
+            self._report(err)
+
+    def _report(self, err: IgnisError) -> None:
+        with self._lock:
+            self.found.append(err)
+            self._unreturned.append(err)
+        sink = self.on_problem
+        if sink is not None:
+            try:
+                sink(err)
+            except Exception:  # a report must never break the allocator
+                pass
+
+    def __repr__(self) -> str:
+        return (f"<DeferredGuardResource live={self._live_bytes} quarantined={len(self._quarantine)} "
+                f"({self._quarantined_bytes} B) over {self.upstream!r}>")

@@ -1,9 +1,12 @@
-# Typed fields of DebugGuardResource and its record of one allocation (guard_base.pyx), for
-# the compiled quarantine bookkeeping here and the deferred guard's compiled hot path
-# (ignis/torch/_guard_fast.pyx). The guards keep an instance dict too (DeviceMemoryResource).
+# The guard's compiled core (guard_base.pyx): the typed fields of DebugGuardResource and
+# DeferredGuardResource (ignis.memory.guard), the record of one allocation, the check batches
+# of the deferred mode, and the allocate / free / release that both modes run. The framework
+# allocators (ignis/torch/_guard_fast.pyx) call allocate_c and free_fast_c. The guards keep an
+# instance dict too (DeviceMemoryResource).
 
 from ignis.memory.block cimport DeviceBlock
-from ignis.memory.resource cimport DeviceMemoryResource, ResourceLock
+from ignis.memory.resource cimport DeviceMemoryResource, ReentrantLock, ResourceLock
+from ignis.runtime.stream cimport Stream
 
 
 cdef extern from "Python.h":
@@ -49,10 +52,51 @@ cdef int fill_bytes_c(object backend, unsigned long long ptr, unsigned int value
 cdef class _Guarded:
     cdef public DeviceBlock block
     cdef public DeviceBlock up
-    cdef public object stack
+    cdef public object stack      # the allocation site (the hooks' stack capture), or None
+    cdef public object rs         # streams Tensor.record_stream named (deferred mode), or None
+    cdef public object reported   # the sides of it already reported (a damage is reported once), or None
+
+
+cdef class _Slot:
+    cdef public object jobs
+    cdef public object jobs_ptr
+    cdef public object jobs_dev
+    cdef public object res
+    cdef public object res_ptr
+    cdef public object res_dev
+    cdef public object event
+    cdef unsigned long long *jobs_host   # jobs / res in host memory (pinned, or the arrays' data)
+    cdef unsigned long long *res_host
+
+
+cdef class _Batch:
+    cdef public _Slot slot
+    cdef public list items
+    cdef public object stream
+
+
+cdef class _Checker:
+    cdef public GuardBase g
+    cdef public object backend
+    cdef public object device
+    cdef public bint cuda
+    cdef public ReentrantLock lock
+    cdef public dict pending
+    cdef public object inflight
+    cdef public list free_slots
+    cdef public list all_slots
+    cdef public object fn
+    cdef public Py_ssize_t frees
+    cdef public Py_ssize_t batches
+    cdef public Py_ssize_t jobs
+
+    cdef _Slot _take_slot(self)
+    cdef int _launch(self, object stream, list items) except -1
+    cdef int _queue_free(self, Stream s, _Guarded e, list evicted) except -1
 
 
 cdef class GuardBase(DeviceMemoryResource):
+    # both modes
     cdef public object upstream
     cdef public ResourceLock _lock
     cdef public dict _live
@@ -65,8 +109,32 @@ cdef class GuardBase(DeviceMemoryResource):
     cdef public object quarantine_count
     cdef public object quarantine_bytes
     cdef public bint capture_stacks
+    cdef public object stack_depth
     cdef public bint _tracks
+    cdef public dict _formatted           # pool block address -> (its pool record, its size, user bytes)
+    cdef public Py_ssize_t reused
+    cdef public Py_ssize_t formatted_fresh
+    cdef public Py_ssize_t resized
+    # the deferred mode (None / 0 in the eager one)
+    cdef public object _state
+    cdef public Py_ssize_t batch
+    cdef public dict _held_exit
+    cdef public _Checker _checker
+    cdef public bint _reuse
+    cdef public dict _ready
+    cdef public Py_ssize_t _ready_bytes
+    cdef public Py_ssize_t ready_limit
+    cdef public bint _ready_stale
+    cdef public dict _unpoisoned          # stream -> [(ptr, user bytes)] freed, poison not queued yet
+    cdef public Py_ssize_t _unpoisoned_n
 
     cdef Py_ssize_t _held_c(self, _Guarded e) except -1
     cdef Py_ssize_t _overflow_c(self) except -1
     cdef list _take_quarantine_c(self, Py_ssize_t k)
+    cdef DeviceBlock allocate_c(self, object nbytes, object stream, object tag, object frames)
+    cdef int free_fast_c(self, DeviceBlock block, bint poisoned, bint later=*) except -1
+    cdef int _poison_due(self, object stream, object target=*) except -1
+    cdef bint _ready_ok(self, object stream) except -1
+    cdef Py_ssize_t _held_n(self, object nbytes) except -1
+    cdef DeviceBlock _take_ready(self, object stream, object nbytes, object tag)
+    cdef bint _keep_ready(self, DeviceBlock up, object nbytes, object tag, bint force) except -1

@@ -1,6 +1,6 @@
 """The memory layer's hooks: where the sanitizer and telemetry plug in.
 
-Two slots and one switch, each written only through its function, read everywhere as a field
+Three slots and one switch, each written only through its function, read everywhere as a field
 of one object:
 
 - ``checker``: the sanitizer (``ignis.safety``), called for every tracked use
@@ -9,6 +9,11 @@ of one object:
 - ``recorder``: the allocation-event recorder (telemetry), called as
   ``recorder(action, resource, ptr, size, stream, block)``. ``set_recorder`` (also
   ``history.set_recorder``) installs it; ``history.recorder`` reads it.
+- ``capture`` / ``format_frames``: the stack walker (``ignis.safety.frames``, which installs
+  itself at import through ``set_stack_capture``, a C function for compiled callers): the
+  user's frames at an allocation, for the guard's reports, taken by a C call without a
+  Python frame. ``capture_stack`` / ``format_stack`` serve Python callers. Unset (only
+  while ``ignis`` itself is still importing), a capture is empty.
 - ``any_manual``: the ordering policy's switch (``ignis.memory.ordering``): True from the first
   time anything asks for ``manual`` ordering (``note_manual``); until then every use is ``auto``
   and the hot paths ask no further.
@@ -26,7 +31,8 @@ from typing import Any, Callable
 import sys
 import types
 
-__all__ = ["Hooks", "HOOKS", "set_checker", "set_recorder", "note_manual", "refuse_assignment"]
+__all__ = ["Hooks", "HOOKS", "set_checker", "set_recorder", "note_manual", "refuse_assignment", "capture_stack",
+           "format_stack"]
 
 
 cdef class Hooks:
@@ -80,6 +86,39 @@ def set_recorder(recorder: "Callable[[str, Any, int, int, Any, Any], None] | Non
     prev = _slots.recorder
     _slots.recorder = recorder
     return prev
+
+
+cdef int set_stack_capture(capture_fn fn, object format_frames) except -1:
+    """Install the stack walker ``fn`` and ``format_frames``, which turns what it returns into
+    traceback text (see the module)."""
+    _slots.format_frames = format_frames
+    _slots.capture = fn
+    return 0
+
+
+def capture_stack(skip: int = 1, limit: int = 16) -> tuple:
+    """The user's frames at the caller (the installed stack walker's capture: ``skip`` frames
+    passed over first, counting the caller as frame 1; at most ``limit``), or () when no
+    walker is installed.
+
+    Args:
+        skip: frames to pass over (1: from the caller on).
+        limit: the most frames kept.
+    """
+    if _slots.capture == NULL:
+        return ()
+    return _slots.capture(skip, limit)
+
+
+def format_stack(frames: object) -> "str | None":
+    """``frames`` (from ``capture_stack``) as traceback text, or None for no frames.
+
+    Args:
+        frames: a capture, or None.
+    """
+    if not frames or _slots.format_frames is None:
+        return None
+    return _slots.format_frames(frames).rstrip()
 
 
 def refuse_assignment(module: str, refusals: "dict[str, str]") -> None:

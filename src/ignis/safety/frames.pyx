@@ -27,6 +27,7 @@ from typing import Any
 
 from cpython.ref cimport PyObject, Py_DECREF, Py_INCREF, Py_XDECREF, Py_XINCREF
 from .._cpython cimport ignis_finalizing
+from ..memory.hooks cimport set_stack_capture
 from libc.stdint cimport uint64_t, uintptr_t
 from libc.stdlib cimport calloc, free
 
@@ -450,3 +451,8 @@ def format_frames(frames: Any) -> str:
         if src:
             lines.append(f"    {src}")
     return "\n".join(lines) if lines else "  (no Python frames of the program's own)"
+
+
+# The memory layer's guard captures allocation sites through its hook slot (memory/hooks.pyx):
+# this walker, called from C.
+set_stack_capture(capture_c, format_frames)

@@ -1,12 +1,16 @@
 """The debug guard under PyTorch and CuPy: Ignis as the framework's CUDA allocator.
 
 What it does: every tensor PyTorch (or array CuPy) allocates on a GPU comes
-from a ``DeferredGuardResource`` (a ``DebugGuardResource``: canaries before
-and after, poison on allocation and on free, a quarantine before reuse) over
-Ignis's ``PoolResource`` on that device, ordered on the framework's stream.
-Writes past either end of a tensor, writes into a freed tensor and reads of
+from a ``DeferredGuardResource`` (``ignis.memory.guard``: the debug guard with
+its checks run on the device in batches; canaries before and after, poison on
+allocation and on free, a quarantine before reuse) over Ignis's
+``PoolResource`` on that device, ordered on the framework's stream. Writes
+past either end of a tensor, writes into a freed tensor and reads of
 never-written memory (the poison pattern) become reports with the tensor's
 size, tag, allocation site (Python frames) and the bytes found.
+
+This module is the framework side; the guard itself (its records, checks,
+batches, ready cache and reports) is the memory layer's, described there.
 
 Design:
 - PyTorch: ``torch.cuda.memory.CUDAPluggableAllocator`` loads the C entry
@@ -19,37 +23,10 @@ Design:
   ``cupy.cuda.set_allocator`` with a Python function over the same two.
   A stream handle is adopted once (``Stream.from_handle``; 0 is the legacy
   default stream). Pointer -> block is one dict.
-- The hot path is compiled, once (``_guard_fast.pyx``, typed in ``.pxd``): the
-  entry points, ``_alloc`` / ``_free`` and the front end's state, the guard's
-  ``allocate`` / ``free_fast`` and the check batches (``_Checker``). This module
-  has the rest (options, installation, the guard's slow paths, checks and
-  reports), and the compiled code calls back into it for the rare cases.
-- Checks run on the device, in batches, never with a host synchronization
-  on the allocation path. Free: the user bytes are poisoned at once (a
-  memset on the allocation stream, after the waits that cross-stream
-  tracking queues) and a job "check the guards" joins the stream's pending
-  batch; a block pushed out of the quarantine gets a job "check guards and
-  poison, then repair them" and goes back to the pool as soon as that batch
-  is queued (stream order puts the check before any reuse). A batch (up to
-  ``batch`` jobs) is one kernel pair (check, then sample-and-repair) and a
-  copy of the results into pinned memory behind an event; results are read
-  when the event has completed (polled on frees, at synchronize points, by
-  ``check()``). Because a block leaves the check repaired, a reuse of the
-  same pool block for the same size needs no memset at all, and for another
-  size only the bytes that differ (the new after-guard, and where it grew, the
-  new poison). Memsets fill words (the poison byte replicated into 32 bits)
-  where the memory is aligned.
-- The ready cache: a block leaving the quarantine (its check and repair
-  queued on its stream) waits in the guard, keyed by (stream, user bytes, tag), up
-  to ``ready_limit`` bytes (an option, 64 MiB), instead of going back to the pool; an
-  allocation of the same size and tag on the same stream takes it as it is
-  (stream order puts the repair first), without the pool's round trip. Another stream
-  or size or tag, a block with tracked uses, a full cache, a closed stream, a
-  dead context, or memory events being recorded (statistics, history: the
-  pool's events stay exact): the pool, as before. ``flush()``, ``close()``,
-  ``trim()`` and running out of memory give the cache back to the pool, and a
-  stream's close its blocks; its bytes count as cached in the statistics
-  (``guard.ready_bytes``) and show as inactive (``ignis.guard``) in snapshots.
+- The hot path is compiled, once: the entry points and ``_alloc`` / ``_free``
+  (``_guard_fast.pyx``) call the guard's compiled ``allocate_c`` / ``free_fast_c``
+  (``ignis.memory.guard_base``). This module has the rest (options, installation,
+  the reports list, PyTorch's hooks).
 - Synchronize points (PyTorch's GPU trace: device / stream / event
   synchronize) queue the pending batches, read finished ones, and at most
   every ``sync_check_interval`` seconds check the guards of every live block.
@@ -84,19 +61,13 @@ import sys
 import time
 from typing import Any, Callable
 
-from ..errors import IgnisError, OutOfBoundsError, UseAfterFreeError
-from ..memory.guard import DebugGuardResource
-from ..memory.guard_base import fill_bytes
+from ..errors import IgnisError
+from ..memory.guard import MAX_BATCH as _CAP, DeferredGuardResource
 from ..memory.pool import PoolResource
-from .._types import Access
-from ..memory import ordering as _ord
-from ..memory.block import DeviceBlock
 from ..runtime import Device, Stream
-from ..runtime.stream import add_close_hook
 from ..safety.frames import add_library_dir, sites
 from . import _guard_fast as _fast
-from ._guard_fast import (_CAP, _NONE, EXIT, FREE, HELD, LIVE, GuardCore, _alloc, _Checker, _drain_deferred,
-                          _Entry, _free, _s)
+from ._guard_fast import _alloc, _drain_deferred, _free, _s
 
 __all__ = ["DeferredGuardResource", "GuardError", "use_guard", "use_cupy_guard", "install_on_import", "check",
            "reports", "clear_reports", "summary", "finish", "is_installed", "guard_resource", "guards",
@@ -161,355 +132,6 @@ def _validate_guard_args(o: dict[str, Any]) -> None:
 
 
 # -- the resource -----------------------------------------------------------------------------------
-class DeferredGuardResource(GuardCore, DebugGuardResource):
-    """A ``DebugGuardResource`` whose checks run on the device in batches, for
-    frameworks' allocators: ``allocate`` and ``deallocate`` never wait for the
-    device. Problems go to ``on_problem(err)`` (default: kept in ``found``);
-    ``check()`` and ``flush()`` wait for everything and return (or raise) the
-    problems found since the previous ``check()`` / ``flush()``.
-
-    Options beyond the guard's: ``batch`` (jobs per check batch on a stream),
-    ``stack_depth`` (user frames kept per allocation), ``ready_limit`` (bytes the ready
-    cache may hold, guards included; 0: none).
-
-    ``allocate``, ``free_fast`` (a framework's free, its common case) and the return of
-    blocks whose checks are queued are compiled (``GuardCore``, ``_guard_fast.pyx``);
-    the methods here are the rest, and the slow cases those call back into."""
-
-    def __init__(self, upstream: Any, *, batch: int = 64, stack_depth: int = 6, ready_limit: int = 64 << 20,
-                 **guard_options: Any) -> None:
-        super().__init__(upstream, **guard_options)
-        self.batch = batch
-        self.stack_depth = stack_depth
-        self.on_problem: Callable[[IgnisError], None] | None = None
-        self.found: list[IgnisError] = []
-        self._unreturned: list[IgnisError] = []
-        # pool block address -> (pool block, its size, user bytes) of blocks whose guards and
-        # poison a check left intact: allocating the same again needs no memset, another
-        # size only the bytes that differ (_reformat).
-        self._reuse = isinstance(upstream, PoolResource)
-        self._formatted: dict[int, tuple] = {}
-        self._held_exit: dict[int, _Entry] = {}  # left the quarantine, check queued, not yet upstream
-        # The ready cache: (stream, user bytes, tag) -> pool blocks that left the quarantine
-        # with their check and repair queued on that stream, kept from the pool (at most
-        # ``ready_limit`` bytes with their guards): an allocation of the same size and tag
-        # on the same stream takes one as it is, without the pool's round trip or a memset.
-        self._ready: dict[tuple, list] = {}
-        self._ready_bytes = 0
-        self.ready_limit = ready_limit
-        self._ready_stale = False  # a stream closed: its ready blocks go back at the next release
-        # Blocks freed from another stream than theirs (see _guard_fast's free): their poison
-        # waits for their stream's next allocation or check, as a reuse would.
-        self._unpoisoned: dict = {}
-        self._unpoisoned_n = 0
-        add_close_hook(self._note_stream_close)
-        self._rs_event = 0
-        self._checker = _Checker(self)
-        self._state = self.device.state  # its generation moves when the context is rebuilt
-        self.reused = 0           # allocations of a checked block of the same size: no memset
-        self.resized = 0          # of a checked block of another size: the bytes that differ
-        self.formatted_fresh = 0  # of a block formatted whole
-
-    def _after_oom(self, nbytes: int, stream: Stream, tag: str) -> DeviceBlock:
-        """The upstream ran out: empty the quarantine (its checks queued, then waited
-        for, so the blocks are back in the pool) and retry once; re-raise if nothing was held."""
-        with self._lock:
-            held = bool(self._quarantine or self._held_exit or self._ready or any(self._checker.pending.values()))
-        if not held:
-            raise
-        self._drain(wait=True)
-        self.upstream.reap_pending()
-        return self.upstream.allocate(nbytes, stream, tag)
-
-    def _upstream_allocate(self, nbytes: int, stream: Stream, tag: str) -> DeviceBlock:
-        try:
-            return self.upstream.allocate(nbytes, stream, tag)
-        except MemoryError:
-            return self._after_oom(nbytes, stream, tag)
-
-    def deallocate(self, block: DeviceBlock, *, foreign: bool = False) -> None:
-        """Poison the bytes (in stream order, after every recorded use), queue the
-        check of the guards and quarantine the block. Never waits for the device;
-        what the checks find goes to ``on_problem`` later. ``foreign``: a framework's
-        tensor, which the sanitizer follows as a foreign extent (not as an Ignis block)."""
-        entry = self._take_for_free(block, foreign)
-        if entry is None:
-            return
-        up = entry.up
-        try:
-            closed = up.alloc_stream._closed
-            stream = self._stream_of(entry)
-            h = stream.handle
-            rs = entry.rs
-            if rs:
-                # record_stream: the free waits for the work queued so far on those streams
-                # (PyTorch's rule), whatever the ordering policy (the program declared it).
-                b = self._backend
-                if not self._rs_event:
-                    self._rs_event = b.event_create(self.device.ordinal)
-                for o in rs:
-                    if o is not stream and not o._closed:
-                        b.event_record(self._rs_event, o.handle)
-                        b.stream_wait_event(h, self._rs_event)
-                entry.rs = None
-            # A block nobody tracked a use of (every framework tensor: the framework orders
-            # its own work) is clean on its stream: no wait to queue, nothing to reset.
-            tracked = self._tracks and not up.clean_on(up.alloc_stream)
-            if tracked and not closed and _ord.policy(stream) == _ord.AUTO:
-                self.upstream.prepare_block_use(up, stream, Access.READ_WRITE)
-            fill_bytes(self._backend, block.ptr, self.poison, block.requested, h)
-            if closed:
-                self._backend.stream_synchronize(h)
-            if tracked:
-                self.upstream.finish_block_use(up, up.alloc_stream, Access.READ_WRITE)
-        except BaseException as exc:
-            self._undo_free(entry, exc)
-            raise
-        with self._lock:
-            bypass, evicted = self._enter_quarantine(entry)
-            for e in evicted:
-                self._held_exit[e.block.ptr] = e
-            if bypass:
-                self._held_exit[block.ptr] = entry
-        ck = self._checker
-        if bypass:
-            ck.add(stream, entry, EXIT, "on free")
-        else:
-            ck.add(stream, entry, FREE, "on free")
-        for e in evicted:
-            ck.add(self._stream_of(e), e, EXIT, "when its memory left the quarantine")
-        ck.after_free()
-
-    def _double(self, block: DeviceBlock) -> Exception:
-        try:
-            self._check_dealloc(block, self._live)
-        except Exception as exc:  # noqa: BLE001 - the error to raise
-            return exc
-        return RuntimeError(f"block {block.ptr:#x} could not be freed")
-
-    def _release_exit(self, e: _Entry, *, formatted: bool) -> None:
-        """A block leaving the quarantine whose check is queued: back to the pool now."""
-        with self._lock:
-            self._held_exit.pop(e.block.ptr, None)
-        up = e.up
-        try:
-            self._return(e)
-        except BaseException:
-            with self._lock:  # the upstream refused it: keep it (counted) for a later flush
-                self._quarantine[e.block.ptr] = e
-                self._quarantined_bytes += self._held(e)
-            raise
-        if formatted and self._reuse and up._impl is not None:
-            if len(self._formatted) > 1 << 16:
-                self._formatted.clear()
-            self._formatted[up.ptr] = (up._impl, up._impl.size, e.block.requested)
-
-    def _reformat(self, up: DeviceBlock, old: int, nbytes: int) -> None:
-        """Format for ``nbytes`` user bytes a pool block that a check left intact for ``old``
-        user bytes (canary ``[0, G)``, poison ``[G, G + old)``, canary ``[G + old, 2G + old)``,
-        checked and repaired in stream order before the block went back to the pool): only
-        the bytes that differ are written. Smaller: the poison ``[G + nbytes, G + old)`` that
-        the new after-guard covers becomes canary. Larger: poison from ``G + old`` (over the
-        old after-guard) to ``G + nbytes``, then the new after-guard. The block then holds
-        exactly what ``_format`` writes. If a memset fails, the block goes back upstream and
-        the error propagates."""
-        g = self.canary_bytes
-        try:
-            handle = up.alloc_stream._check()
-            b = self._backend
-            if nbytes < old:
-                fill_bytes(b, up.ptr + g + nbytes, self.canary, min(g, old - nbytes), handle)
-            else:
-                fill_bytes(b, up.ptr + g + old, self.poison, nbytes - old, handle)
-                fill_bytes(b, up.ptr + g + nbytes, self.canary, g, handle)
-        except BaseException:
-            self.upstream.deallocate(up)
-            raise
-
-    def note_record_stream(self, block: DeviceBlock, stream: Stream) -> None:
-        """Work on ``stream`` uses the live ``block`` (``Tensor.record_stream``): its free
-        will wait for the work queued there up to the free."""
-        with self._lock:
-            e = self._resolve(block)
-            if stream is e.up.alloc_stream:
-                return
-            if e.rs is None:
-                e.rs = {stream}
-            else:
-                e.rs.add(stream)
-
-    # -- checks ------------------------------------------------------------------------
-    def live_check(self, when: str = "at a synchronize point") -> None:
-        """Queue a check of the guards of every live block (on each block's stream)."""
-        if not self._context_alive():
-            return
-        ck = self._checker
-        with ck.lock:  # held first: a block freed meanwhile gets its jobs after these
-            with self._lock:
-                live = list(self._live.values())
-            for e in live:
-                ck.add(self._stream_of(e), e, LIVE, when)
-            ck.launch_all()
-
-    def on_sync(self, live: bool) -> None:
-        """A synchronize point: queue what is pending, read what finished, and (``live``)
-        check the guards of the live blocks."""
-        if not self._context_alive():
-            return
-        ck = self._checker
-        ck.launch_all()
-        ck.poll()
-        if live:
-            self.live_check()
-
-    def check(self, *, raise_: bool = True) -> list[IgnisError]:
-        """Check now the guards of every live block and the poison and guards of every
-        quarantined one, wait for every check queued so far, and return the problems
-        found since the previous ``check()`` / ``flush()`` (raise the first with ``raise_``).
-        Changes nothing: damaged blocks stay as they are."""
-        if self._context_alive():
-            ck = self._checker
-            with ck.lock:  # held first: a block leaving the quarantine meanwhile is checked after these
-                self.live_check("by check()")
-                with self._lock:
-                    held = list(self._quarantine.values())
-                for e in held:
-                    ck.add(self._stream_of(e), e, HELD, "by check() (the block waits in the quarantine)")
-                ck.wait()
-        return self._take_found(raise_)
-
-    def flush(self, *, raise_: bool = True) -> list[IgnisError]:
-        """Empty the quarantine: check each block's poison and guards, return it to the
-        pool, and wait for every check; return (or raise) the problems found since the
-        previous ``check()`` / ``flush()``."""
-        self._drain(wait=True)
-        return self._take_found(raise_)
-
-    def _drain(self, *, wait: bool) -> None:
-        """Empty the quarantine (its blocks' checks queued, or with ``wait`` waited for) and
-        hand the ready cache back to the pool, the blocks that just left the quarantine too."""
-        try:
-            with self._lock:
-                entries = self._take_quarantine(len(self._quarantine))
-                for e in entries:
-                    self._held_exit[e.block.ptr] = e
-            if not self._context_alive():
-                for e in entries:
-                    self._release_exit(e, formatted=False)
-                return
-            ck = self._checker
-            with ck.lock:
-                for e in entries:
-                    ck.add(self._stream_of(e), e, EXIT, "when its memory left the quarantine")
-                ck.launch_all()
-                if wait:
-                    ck.wait()
-        finally:  # whatever failed above, nothing stays behind in the ready cache
-            self._release_ready()
-
-    def _take_found(self, raise_: bool) -> list[IgnisError]:
-        with self._lock:
-            out, self._unreturned = self._unreturned, []
-        if out and raise_:
-            err = out[0]
-            err.others = out[1:]
-            raise err
-        return out
-
-    def close(self) -> None:
-        if self._closed:
-            return
-        self._closed = True
-        try:
-            self.flush()
-        finally:
-            self._checker.close()
-
-    def memory_numbers(self) -> dict[str, int]:
-        nums = super().memory_numbers()
-        with self._lock:
-            nums["cached_bytes"] += sum(self._held(e) for e in self._held_exit.values()) + self._ready_bytes
-        return nums
-
-    # -- reports -----------------------------------------------------------------------
-    def _problems_from(self, e: _Entry, kind: str, when: str, r: list[int]) -> None:
-        b = e.block
-        n = b.requested
-        G = self.canary_bytes
-        for zone in (0, 2, 1):
-            first = r[zone]
-            if first == _NONE:
-                continue
-            side = ("before", "after-free", "after")[zone]
-            if e.reported is not None and side in e.reported:
-                continue
-            last = (~r[3 + zone]) & _NONE
-            count = _NONE - r[6 + zone]
-            zlen = n if zone == 1 else G
-            found = (r[9 + 2 * zone].to_bytes(8, "little") + r[10 + 2 * zone].to_bytes(8, "little"))
-            found = found[:min(16, zlen - first)]
-            if zone == 1:
-                err = self._after_free(e, first, last, count, found, when)
-            else:
-                base = -G if zone == 0 else n
-                err = self._oob(e, "before" if zone == 0 else "after", base + first, base + last, count, found,
-                                when, freed=kind in (EXIT, HELD))
-            if e.reported is None:
-                e.reported = {side}
-            else:
-                e.reported.add(side)
-            self._report(err)
-
-    def _report(self, err: IgnisError) -> None:
-        with self._lock:
-            self.found.append(err)
-            self._unreturned.append(err)
-        sink = self.on_problem
-        if sink is not None:
-            try:
-                sink(err)
-            except Exception:  # a report must never break the allocator
-                pass
-
-    def _oob(self, e: _Entry, side: str, first: int, last: int, count: int, found: bytes, when: str,
-             freed: bool) -> OutOfBoundsError:
-        b = e.block
-        where = "past the end" if side == "after" else "before the start"
-        after = " (it was already freed: the write may have come through a stale pointer)" if freed else ""
-        return OutOfBoundsError(
-            f"a write {where} of a {b.requested}-byte {_noun(b.tag)} (tag {b.tag!r}, ptr {b.ptr:#x}, generation "
-            f"{b.generation}){after}: {count} of the {self.canary_bytes} guard bytes {side} it were overwritten, at "
-            f"offsets {first}..{last} from its start (found {found.hex(' ')}, expected {self.canary:#04x}); "
-            f"detected {when}. Check the sizes and index arithmetic of the kernels and copies that write it",
-            generation=b.generation, ptr=b.ptr, tag=b.tag, side=side, offset=first, last_offset=last,
-            damaged=count, found=found, nbytes=b.requested, stack=e.stack_text(), when=when,
-            frames=e.stack)
-
-    def _after_free(self, e: _Entry, first: int, last: int, count: int, found: bytes, when: str
-                    ) -> UseAfterFreeError:
-        b = e.block
-        stack = e.stack_text()
-        err = UseAfterFreeError(
-            f"a {b.requested}-byte {_noun(b.tag)} (tag {b.tag!r}, ptr {b.ptr:#x}) was written after it was freed: "
-            f"{count} byte(s) at offsets {first}..{last} no longer hold the poison {self.poison:#04x} (found "
-            f"{found.hex(' ')}); detected {when}. Some kernel or copy still writes through a stale tensor or "
-            "pointer to it (order that work before the free, or stop keeping the stale reference)",
-            generation=b.generation, ptr=b.ptr, tag=b.tag, side="after-free", offset=first, last_offset=last,
-            damaged=count, found=found, nbytes=b.requested, stack=stack, when=when, frames=e.stack)
-        if stack:
-            err.message += f"\nallocated at:\n{stack}"
-            err.args = (err.message,)
-        return err
-
-    def __repr__(self) -> str:
-        return (f"<DeferredGuardResource live={self._live_bytes} quarantined={len(self._quarantine)} "
-                f"({self._quarantined_bytes} B) over {self.upstream!r}>")
-
-
-def _noun(tag: str) -> str:
-    return "array" if tag == "cupy" else "tensor" if tag == "torch" else "block"
-
-
 # -- the front end's state ------------------------------------------------------------------------
 _LEGACY = 1  # CU_STREAM_LEGACY: what PyTorch's and CuPy's default stream handle 0 means
 

@@ -1,9 +1,6 @@
 # Type stub of the compiled module ignis.torch._guard_fast (its source: src/ignis/torch/_guard_fast.pyx).
 # Written by scripts/gen_stubs.py from that source; do not edit by hand.
-from ..memory.block import DeviceBlock
-from ..memory.guard_base import GuardBase
-from ..runtime.stream import Stream
-__all__ = ['GuardCore', 'torch_guard_bind', 'torch_guard_poison']
+__all__ = ['torch_guard_bind', 'torch_guard_poison']
 
 def graph_begin(device: int, stream: int, pool: object) -> None:
     ...
@@ -16,17 +13,3 @@ def torch_guard_bind(alloc: object, free: object) -> tuple:
 
 def torch_guard_poison(memset: int, ctx_device: int, poison: int, blocks: dict | None, rs: set | None, memset32: int=...) -> None:
     ...
-
-class GuardCore(GuardBase):
-    batch: int
-    stack_depth: int
-    reused: int
-    formatted_fresh: int
-    resized: int
-    ready_limit: int
-
-    def allocate(self, nbytes: int, stream: Stream | None=..., tag: str=..., frames: tuple | None=...) -> DeviceBlock:
-        ...
-
-    def free_fast(self, block: DeviceBlock, poisoned: bool=...) -> None:
-        ...
