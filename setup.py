@@ -22,6 +22,7 @@ if not _cy or tuple(int(x or 0) for x in _cy.groups()) < (3, 3, 1):
 
 # Modules compiled from .pyx (one extension each), by dotted name.
 CYTHON_MODULES = [
+    "ignis.backends.direct",
     "ignis.runtime.stream",
     "ignis.runtime.kernel",
     "ignis.memory.hooks",

@@ -40,6 +40,8 @@ ATTRIBUTE_TYPES: dict[str, dict[str, dict[str, str]]] = {
     "ignis.memory.block": {"DeviceBlock": {
         "ptr": "int", "alloc_stream": "Stream", "bytes": "int", "requested": "int", "tag": "str",
         "generation": "int", "state": "BlockState"}},
+    "ignis.backends.direct": {"DirectCalls": {
+        "backend": "Any", "current": "Any", "epoch": "list[int] | None"}},
     "ignis.memory.hooks": {"Hooks": {
         "checker": "object | None", "recorder": "Callable[[str, Any, int, int, Any, Any], None] | None",
         "format_frames": "Callable[[Any], str] | None"}},

@@ -2,7 +2,7 @@
 functions over the driver's own functions, which the module takes from ``libcuda.so.1``
 at run time (no CUDA headers or cuda-bindings at build time), and whose addresses the
 cuda backend hands to cross-stream tracking and the kernel launch
-(``tracking_calls()["raw"]``) and the guard hands to PyTorch's free.
+(``direct_calls()``) and the guard hands to PyTorch's free.
 
 Anywhere: the module is built and imports; its addresses; how it takes the functions from
 a driver library, checked against small real shared libraries named ``libcuda.so.1``
@@ -353,9 +353,10 @@ def cuda_backend():
 @pytest.mark.gpu
 def test_the_cuda_backend_hands_over_these_entry_points(cudriver, cuda_backend):
     ep = cudriver.entry_points()
-    calls = cuda_backend.tracking_calls()
-    assert calls["raw"] == (ep["cuEventRecord"], ep["cuStreamWaitEvent"], ep["cuLaunchKernel"])
-    assert calls["entry_points"] == ep
+    dc = cuda_backend.direct_calls()
+    assert dc.raw == (ep["cuEventRecord"], ep["cuStreamWaitEvent"], ep["cuLaunchKernel"])
+    assert dc.entry_points == ep and dc.backend is cuda_backend and dc is cuda_backend.direct_calls()
+    assert any(g is cuda_backend._trace for g in dc.gates) and dc.is_open()
 
 
 @pytest.mark.gpu
@@ -435,9 +436,9 @@ def test_auto_says_the_cuda_backend_is_not_built(without_cudriver, monkeypatch, 
 
 def test_the_guard_under_pytorch_refuses_a_backend_without_entry_points(monkeypatch):
     """The guard takes the poison's entry points from the active backend (the cuda backend's
-    ``tracking_calls()["entry_points"]``); one that gives none is refused before anything is swapped."""
+    ``direct_calls().entry_points``); one that gives none is refused before anything is swapped."""
     tg = pytest.importorskip("ignis.torch._guard", reason="the PyTorch front end does not import here")
-    stand_in = types.SimpleNamespace(name="stand-in", cuda_driver=True, tracking_calls=lambda: {"raw": (1, 2, 3)})
+    stand_in = types.SimpleNamespace(name="stand-in", cuda_driver=True, direct_calls=lambda: None)
     monkeypatch.setattr(ignis.backends, "get_backend", lambda: stand_in)
     with pytest.raises(tg.GuardError, match="cuMemsetD8Async, cuMemsetD32Async, cuCtxGetDevice.*stand-in.*"
                                             "ignis.backends._cudriver.*IGNIS_BACKEND"):

@@ -157,22 +157,28 @@ def test_bad_fault_requests_are_refused():
     assert b.armed_faults() == {}
 
 
+def _offer_direct_calls(inner: EmulatedBackend) -> None:
+    """Give the emulated backend direct calls (no entry points: only the gates matter here)."""
+    inner.direct_calls = lambda: inner._direct_calls({}, {}, None, None, (0, 0, 0))
+
+
 def test_the_direct_driver_path_is_handed_the_fault_table(emu):
-    """The memory layer's direct driver path queues records and waits without calling the
-    backend's methods: it is given the inner backend's calls, and the wrapper's fault table
-    under "off", so it stays off (and the armed call fails in Python) while a fault is armed
-    (tests/test_memory.py runs that path)."""
+    """The direct driver calls (the memory layer's records and waits, the launch) make no call
+    of the backend's methods: through the wrapper they are the inner backend's, for the wrapper,
+    gated by its fault table too, so they stay off (and the armed call fails in Python) while a
+    fault is armed (tests/test_memory.py runs that path)."""
+    assert FaultInjectingBackend(emu).direct_calls() is None  # the emulator offers none
+    _offer_direct_calls(emu)
     b = FaultInjectingBackend(emu)
-    calls = b.tracking_calls()
-    inner = emu.tracking_calls()
-    assert set(calls) == set(inner)
-    assert calls["record"].func is inner["record"].func and calls["record"].args == (emu,)
-    assert any(x is b._faults for x in calls["off"]) and any(x is emu._trace for x in calls["off"])
-    assert not any(calls["off"])
+    dc = b.direct_calls()
+    assert dc.backend is b and emu.direct_calls().backend is emu
+    assert any(x is b._faults for x in dc.gates) and any(x is emu._trace for x in dc.gates)
+    assert any(x is b._faults for x in dc.launch_gates) and not any(x is emu._trace for x in dc.launch_gates)
+    assert not any(dc.gates) and not any(dc.launch_gates)
     b.inject_fault("event_record")
-    assert any(calls["off"])
+    assert any(dc.gates) and any(dc.launch_gates)
     b.clear_faults()
-    assert not any(calls["off"])
+    assert not any(dc.gates)
 
 
 def test_injected_faults_are_not_in_the_backends():
@@ -188,8 +194,9 @@ def test_injected_faults_are_not_in_the_backends():
 
 def test_a_marked_forked_backend_refuses_every_operation():
     inner = EmulatedBackend(devices=1, memory="1MiB", jitter=False)
+    _offer_direct_calls(inner)
     b = FaultInjectingBackend(inner)
-    off = b.tracking_calls()["off"]
+    off = b.direct_calls().gates
     inner.mark_forked(os.getpid())
     b.mark_forked(os.getpid())
     assert type(inner).__name__ == "ForkedEmulatedBackend" and isinstance(inner, EmulatedBackend)
@@ -200,3 +207,21 @@ def test_a_marked_forked_backend_refuses_every_operation():
             with pytest.raises(ForkedProcessError, match="spawn"):
                 getattr(backend, op)(0, 16)
     assert inner.device_count() == 1  # what needs no device state still answers
+
+
+def test_direct_calls_refuse_what_they_cannot_use(emu):
+    from ignis.backends.direct import DirectCalls
+    with pytest.raises(TypeError, match="handle tables"):
+        DirectCalls(emu, [], {}, None, None, (), (), (0, 0, 0))
+    with pytest.raises(TypeError, match="epoch"):
+        DirectCalls(emu, {}, {}, None, [0, 1], (), (), (0, 0, 0))
+    with pytest.raises(TypeError, match="three entry point addresses"):
+        DirectCalls(emu, {}, {}, None, None, (), (), (1, 2))
+    dc = DirectCalls(emu, {}, {}, None, None, (), (), (1, 2, 3), {"cuX": 4})
+    assert dc.raw == (1, 2, 3) and dc.entry_points == {"cuX": 4} and dc.is_open()
+    gate: dict = {}
+    gated = dc.with_gates("wrapper", (gate,), ())
+    assert gated.backend == "wrapper" and gated.raw == dc.raw and gated.is_open()
+    gate["armed"] = 1
+    assert not gated.is_open() and dc.is_open()
+    assert not DirectCalls(emu, {}, {}, None, None, (), (), (0, 2, 3)).is_open()  # no record entry point

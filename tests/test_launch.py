@@ -7,9 +7,10 @@ Three parts:
   the ctypes type of its declaration makes of the value, and a value it refuses
   raises ctypes' own error.
 - The direct path, driven here without a GPU: ``DirectStub`` is the emulated backend
-  dressed as the cuda backend is for the compiled launch (its ``tracking_calls`` gives
-  a stream table, a current-context record, its fault table and, third in ``raw``, the
-  address of a "cuLaunchKernel" that is a ctypes callback recording its arguments).
+  dressed as the cuda backend is for the compiled launch (its ``direct_calls`` gives
+  a stream table, a current-context record and, third in ``raw``, the address of a
+  "cuLaunchKernel" that is a ctypes callback recording its arguments; the gates are the
+  backend's own).
   Every decision of ``Kernel._queue`` (direct, or the backend's method) is checked.
 - On a real GPU (``@pytest.mark.gpu``): built-in and declared kernels launched through
   the driver's own cuLaunchKernel, their results, and the count of direct launches.
@@ -178,10 +179,8 @@ class DirectStub(EmulatedBackend):
         self.direct.append((f, (gx, gy, gz), (bx, by, bz), shm, stream, data, extra))
         return self.status
 
-    def tracking_calls(self):
-        return {"streams": self.table, "events": {}, "current": self.cur, "off": (self._fast_off, self._trace),
-                "launch_off": (self._fast_off,),
-                "raw": (0, 0, ctypes.cast(self._raw, ctypes.c_void_p).value)}
+    def direct_calls(self):  # a launch only; no epoch: the context is asked at every launch
+        return self._direct_calls(self.table, {}, self.cur, None, (0, 0, ctypes.cast(self._raw, ctypes.c_void_p).value))
 
     def stream_create(self, ordinal: int, priority: int = 0) -> int:
         h = super().stream_create(ordinal, priority)

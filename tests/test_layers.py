@@ -92,7 +92,7 @@ def module_names() -> dict[str, Path]:
             parts.pop()
         out[".".join(parts)] = path
     # compiled modules: ignis/memory/pool.pyx -> ignis.memory.pool; a .pxd alone declares
-    # inline functions that its cimporters compile in (ignis/runtime/ctxcache.pxd)
+    # inline functions that its cimporters compile in (ignis/_cpython.pxd)
     for ext in ("*.pyx", "*.c", "*.pxd"):
         for path in sorted(PACKAGE.rglob(ext)):
             out.setdefault(".".join(path.relative_to(SRC).with_suffix("").parts), path)

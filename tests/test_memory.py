@@ -1121,7 +1121,7 @@ _WAIT_FN = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.c_void_p, ctypes.c_void_p, ctyp
 
 
 class _DirectEmulated(ignis.backends.emulated.EmulatedBackend):
-    """An emulated backend whose ``tracking_calls`` offers the direct driver path."""
+    """An emulated backend whose ``direct_calls`` offers the direct driver path."""
 
     def __init__(self) -> None:
         super().__init__(devices=1, memory="64MiB", jitter=False)
@@ -1161,11 +1161,9 @@ class _DirectEmulated(ignis.backends.emulated.EmulatedBackend):
         self.event_table[h] = (self.ctx_dev, None)
         return h
 
-    def tracking_calls(self) -> dict:
-        calls = super().tracking_calls()
-        calls.update(streams=self.stream_table, events=self.event_table, current=self.current,
-                     ctx_epoch=self.ctx_epoch, raw=tuple(ctypes.cast(f, ctypes.c_void_p).value for f in self._raw))
-        return calls
+    def direct_calls(self):
+        raw = (*(ctypes.cast(f, ctypes.c_void_p).value for f in self._raw), 0)  # no direct launch
+        return self._direct_calls(self.stream_table, self.event_table, self.current, self.ctx_epoch, raw)
 
 
 class _Heard(ig.backends.trace.TraceListener):

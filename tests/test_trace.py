@@ -112,10 +112,10 @@ def test_listening_patches_nothing(emu):
 
 
 def test_the_list_the_direct_driver_path_holds_is_the_live_one(emu):
-    """The memory layer's direct driver path (which queues records without calling the
-    backend's methods) gets the listener list itself, so it sees a subscription made after
-    it bound (tests/test_memory.py runs that path)."""
-    off = emu.tracking_calls()["off"]
+    """A backend's direct driver calls (which queue records without calling its methods) are
+    gated by its listener list itself, so they see a subscription made after they were made
+    (tests/test_memory.py runs that path)."""
+    off = emu._direct_calls({}, {}, None, None, (0, 0, 0)).gates
     assert any(x is emu._trace for x in off) and not any(off)
     log = Log()
     trace.subscribe(log, emu)

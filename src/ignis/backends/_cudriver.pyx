@@ -201,7 +201,7 @@ CUDA_ABI_VERSION: int = IGNIS_CU_ABI_VERSION  # the CUDA release whose signature
 def entry_points() -> dict[str, int]:
     """The address of each wrapper, by the driver function it calls: ``cuEventRecord``,
     ``cuStreamWaitEvent``, ``cuLaunchKernel`` (``raw`` of the cuda backend's
-    ``tracking_calls()``), ``cuMemsetD8Async``, ``cuMemsetD32Async``, ``cuCtxGetDevice``
+    ``direct_calls()``), ``cuMemsetD8Async``, ``cuMemsetD32Async``, ``cuCtxGetDevice``
     (the guard's poison under PyTorch). Taking them loads no driver: a wrapper loads it
     at its first call, if ``load()`` has not."""
     return {

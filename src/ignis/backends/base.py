@@ -28,13 +28,13 @@ Rules every backend follows:
 
 from __future__ import annotations
 
-import functools
 import os
 import weakref
 from dataclasses import dataclass, field
 from typing import Any, Callable, Sequence
 
 from ..errors import DriverError, ForkedProcessError, UnsupportedError
+from .direct import DirectCalls
 
 __all__ = ["Backend", "DeviceProperties", "CU_STATUS", "OPS", "driver_error", "REFUSED_AFTER_FORK"]
 
@@ -230,20 +230,21 @@ class Backend:
         if self._forked_from is not None:
             raise self.forked_error(what)
 
-    def tracking_calls(self) -> dict[str, Any]:
-        """What the memory layer's compiled tracking (ignis/memory/resource.pyx) may call
-        to queue the event records and stream waits of cross-stream tracking directly, and
-        the compiled kernel launch (ignis/runtime/kernel.pyx) its launches. Here nothing
-        direct: the backend's own ``event_record`` / ``stream_wait_event`` (for reference;
-        tracking calls the methods on the instance, launches ``kernel_launch``); and under
-        ``"off"`` the containers (changed in place, never replaced) that keep a direct path
-        off while any of them is non-empty: the trace listeners (a direct call emits nothing)
-        and the fork marker (a wrapper adds its own, such as armed faults); under
-        ``"launch_off"`` those that keep the direct launch off (launches are not traced)."""
-        cls = type(self)
-        return {"record": functools.partial(cls.event_record, self),
-                "wait": functools.partial(cls.stream_wait_event, self), "off": (self._fast_off, self._trace),
-                "launch_off": (self._fast_off,)}  # launches are not traced: listeners do not turn it off
+    def direct_calls(self) -> DirectCalls | None:
+        """The driver calls the compiled hot paths may make without this backend's methods
+        (the memory layer's event records and stream waits, the kernel launch), as one typed
+        capability (``ignis.backends.direct``), or None: every call goes through the methods.
+        Here None; a backend that has them builds them with ``_direct_calls``, which gates
+        them with this backend's own state."""
+        return None
+
+    def _direct_calls(self, streams: dict, events: dict, current: Any, epoch: list | None, raw: tuple,
+                      entry_points: dict | None = None) -> DirectCalls:
+        """A ``DirectCalls`` over this backend's handle tables and entry points, gated by its
+        trace listeners (a direct call emits no trace event) and its fork marker; a launch (not
+        traced) by the fork marker only."""
+        return DirectCalls(self, streams, events, current, epoch, (self._fast_off, self._trace), (self._fast_off,),
+                           raw, entry_points)
 
     def _unsupported(self, what: str, hint: str = "") -> UnsupportedError:
         return UnsupportedError(what, self.name, hint)

@@ -61,6 +61,7 @@ import numpy as np
 
 from ..errors import DriverError
 from .base import CU_STATUS, Backend, DeviceProperties, driver_error
+from .direct import DirectCalls
 from .trace import emit
 from .vmm_cuda import CudaVmm
 
@@ -243,7 +244,8 @@ class CudaBackend(CudaVmm, Backend):
         self._entry_points: dict[str, int] = _cudriver.entry_points()
         self._lock = threading.RLock()
         self._cur = _Current()
-        self._ctx_epoch = [0]  # bumped whenever a context is made current or rebuilt (tracking_calls)
+        self._ctx_epoch = [0]  # bumped whenever a context is made current or rebuilt (direct_calls)
+        self._direct: DirectCalls | None = None
         self._devs: dict[int, _Device] = {}
         self._count: int | None = None
         self._props: dict[int, DeviceProperties] = {}
@@ -289,27 +291,24 @@ class CudaBackend(CudaVmm, Backend):
         """Always: cuInit ran in this process, and the driver's state does not survive a fork."""
         return True
 
-    def tracking_calls(self) -> dict[str, Any]:
+    def direct_calls(self) -> DirectCalls:
         """For the compiled hot paths: the memory layer's tracking (ignis/memory/resource.pyx)
         and the kernel launch (ignis/runtime/kernel.pyx). This backend's handle tables
         (handle -> (device, binding object)), the thread's current-context record and the
-        epoch it bumps whenever it changes (``ctx_epoch``, a one-item list), the
-        binding functions for event record and stream wait, and in ``raw`` the addresses
-        of the C entry points for cuEventRecord, cuStreamWaitEvent and cuLaunchKernel
-        (``ignis.backends._cudriver``: each calls the driver's function of that name and
-        returns its CUresult; the handles are the driver's pointers). The
-        direct paths use them only for handles in these tables whose context is current on
-        the calling thread, and only while every container of ``"off"`` is empty (see
-        ``Backend.tracking_calls``); the launch also only while no ``kernel_launch``
-        replaces this class's on the instance. ``entry_points``: all of that module's
-        addresses by driver name (``_cudriver.entry_points()``), for the guard's poison
-        under PyTorch (cuMemsetD8Async, cuMemsetD32Async, cuCtxGetDevice)."""
-        ep = self._entry_points
-        raw = (ep["cuEventRecord"], ep["cuStreamWaitEvent"], ep["cuLaunchKernel"])
-        return {"streams": self._streams, "events": self._events, "current": self._cur,
-                "ctx_epoch": self._ctx_epoch,
-                "record": cu.cuEventRecord, "wait": cu.cuStreamWaitEvent, "off": (self._fast_off, self._trace),
-                "launch_off": (self._fast_off,), "raw": raw, "entry_points": dict(ep)}
+        epoch it bumps whenever it changes, and the C entry points for cuEventRecord,
+        cuStreamWaitEvent and cuLaunchKernel (``ignis.backends._cudriver``: each calls the
+        driver's function of that name and returns its CUresult; the handles are the
+        driver's pointers), with every entry point of that module by driver name (the
+        guard's poison under PyTorch takes cuMemsetD8Async, cuMemsetD32Async and
+        cuCtxGetDevice). Gated by this backend's trace listeners and fork marker
+        (``Backend._direct_calls``). Made once."""
+        dc = self._direct
+        if dc is None:
+            ep = self._entry_points
+            raw = (ep["cuEventRecord"], ep["cuStreamWaitEvent"], ep["cuLaunchKernel"])
+            dc = self._direct = self._direct_calls(self._streams, self._events, self._cur, self._ctx_epoch, raw,
+                                                   dict(ep))
+        return dc
 
     # -- contexts ----------------------------------------------------------
     def _retain(self, ordinal: int) -> _Device:

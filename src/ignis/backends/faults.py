@@ -19,11 +19,11 @@ Rules:
   changes nothing: no memory, stream, event or mapping is made, nothing is queued.
 - Only the wrapper pays: the backends themselves have no fault checks. A wrapped
   operation costs one dict test and one forwarding call while nothing is armed.
-- The memory layer's direct driver path (compiled tracking, ignis/memory/resource.pyx,
-  which queues event records and stream waits without calling the backend's methods)
-  is handed the fault table with the inner backend's calls (``tracking_calls()["off"]``),
-  so it stays off while a fault is armed: an armed ``event_record`` or ``stream_wait_event``
-  fails for real, through Python.
+- The direct driver calls (``direct_calls()``: the memory layer's event records and
+  stream waits, the kernel launch, made without calling the backend's methods) are the
+  inner backend's, gated by this wrapper's fault table and fork marker too
+  (``DirectCalls.with_gates``), so they stay off while a fault is armed: an armed
+  ``event_record``, ``stream_wait_event`` or ``kernel_launch`` fails for real, through Python.
 - Capabilities, name and trace listeners are the inner backend's (a listener
   subscribed through the wrapper hears the inner backend's operations).
 - Set the wrapper as the process's backend before devices are used: objects made
@@ -37,6 +37,7 @@ import threading
 from typing import Any, Callable
 
 from .base import CU_STATUS, OPS, Backend, DeviceProperties, driver_error
+from .direct import DirectCalls
 
 __all__ = ["FaultInjectingBackend"]
 
@@ -133,13 +134,13 @@ class FaultInjectingBackend(Backend):
         self._fault_lock = threading.Lock()
         super().mark_forked(parent_pid)
 
-    def tracking_calls(self) -> dict[str, Any]:
-        """The inner backend's calls, with this wrapper's fault table (and fork marker) added to
-        ``"off"``: the direct driver path stays off while a fault is armed."""
-        calls = dict(self.inner.tracking_calls())
-        calls["off"] = (*calls["off"], self._faults, self._fast_off)
-        calls["launch_off"] = (*calls.get("launch_off", ()), self._faults, self._fast_off)
-        return calls
+    def direct_calls(self) -> DirectCalls | None:
+        """The inner backend's direct calls, for this wrapper (its methods are the way around
+        them), gated by its fault table and fork marker too: they stay off while a fault is armed."""
+        dc = self.inner.direct_calls()
+        if dc is None:
+            return None
+        return dc.with_gates(self, (self._faults, self._fast_off), (self._faults, self._fast_off))
 
     def device_count(self) -> int:
         """The inner backend's."""

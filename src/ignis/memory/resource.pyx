@@ -54,7 +54,7 @@ from ..errors import (ClosedError, DoubleFreeError, DriverError, OutOfMemoryErro
                       UseAfterFreeError)
 from ..runtime import Device, current_device
 from ..runtime.stream cimport Stream
-from ..runtime.ctxcache cimport CtxCache, ctx_is_current
+from ..backends.direct cimport DirectCalls
 from . import ordering as _ord
 from .._types import Access
 from .types import UNTAGGED, BlockId, BlockState
@@ -132,118 +132,36 @@ def check_request(nbytes: Any, stream: Any) -> None:
 
 
 # -- the driver calls of tracking ---------------------------------------------------
-# Tracking queues its event records and stream waits through ``_queue``. On the cuda
-# backend (``backend.tracking_calls()`` gives its handle tables and, in "raw", the
-# addresses of the C entry points for cuEventRecord / cuStreamWaitEvent: functions of
-# ignis.backends._cudriver that call the driver's functions, without the GIL), a call
-# for handles in those tables whose context is current on this thread goes straight to
-# the driver through them, with the GIL released and no Python call, while
-# every container of ``tracking_calls()["off"]`` is empty (no trace listener is
-# subscribed, no fault of a FaultInjectingBackend is armed, the backend was not
-# inherited through fork()) and no recorder or sanitizer hook is installed; everything else,
-# and any call the driver refuses there (it is then made again, to raise the backend's
-# error), goes through the backend's methods.
-
-ctypedef int (*_event_record_fn)(void *event, void *stream) noexcept nogil
-ctypedef int (*_stream_wait_fn)(void *stream, void *event, unsigned int flags) noexcept nogil
+# Tracking queues its event records and stream waits through ``_queue``: straight to the
+# driver through the backend's direct calls (``backend.direct_calls()``, a typed
+# ``ignis.backends.direct.DirectCalls``: the backend decides from its own tables, gates and
+# current context whether a call may go direct, and makes it with the GIL released, no
+# Python call) while no recorder or sanitizer hook is installed (they hear every call);
+# everything else, and any call the direct path did not make, goes through the backend's
+# methods.
 
 cdef unsigned long long _n_record = 0
 cdef unsigned long long _n_wait = 0
-
-
-cdef class _DriverQueue:
-    """The direct driver calls bound for one backend (none for a backend without them)."""
-    cdef object backend
-    cdef dict streams
-    cdef dict events
-    cdef object cur
-    cdef object epoch
-    cdef CtxCache seen
-    cdef tuple off
-    cdef _event_record_fn raw_record
-    cdef _stream_wait_fn raw_wait
-
-    cdef int call(self, bint wait, object h, object ev) except -2:
-        """Queue the record (or the wait) directly: 0 done, -1 not done (take the backend's method)."""
-        global _n_record, _n_wait
-        cdef void *e
-        cdef void *st
-        cdef int r
-        cdef _event_record_fn rec = self.raw_record
-        cdef _stream_wait_fn wt = self.raw_wait
-        if rec == NULL or wt == NULL or _HK.recorder is not None or _HK.checker is not None:
-            return -1
-        for c in self.off:  # trace listeners, armed faults, a fork marker: each one's methods must run
-            if c:
-                return -1
-        sr = self.streams.get(h)
-        er = self.events.get(ev)
-        if type(sr) is not tuple or type(er) is not tuple or len(<tuple>sr) != 2 or len(<tuple>er) != 2:
-            return -1
-        dev = (<tuple>sr)[0]
-        if dev is not (<tuple>er)[0]:
-            return -1
-        try:
-            if not ctx_is_current(&self.seen, self.cur, self.epoch, dev):
-                return -1  # not current on this thread: the backend's method makes it current
-            if type(ev) is not int or type(h) is not int:
-                return -1
-            e = PyLong_AsVoidPtr(ev)
-            st = PyLong_AsVoidPtr(h)
-        except Exception:
-            return -1
-        # sr / er (locals) keep the driver objects alive while the GIL is released.
-        if wait:
-            with nogil:
-                r = wt(st, e, 0)
-        else:
-            with nogil:
-                r = rec(e, st)
-        if r != 0:
-            return -1
-        if wait:
-            _n_wait += 1
-        else:
-            _n_record += 1
-        return 0
-
-
-cdef _DriverQueue _bound = None
-
-
-cdef _DriverQueue _bind(object backend):
-    """The direct calls for ``backend`` (bound once, then while it stays the one in use)."""
-    global _bound
-    cdef _DriverQueue q = _DriverQueue()
-    cdef uintptr_t raw_record = 0, raw_wait = 0
-    q.backend = backend
-    try:
-        calls = backend.tracking_calls()
-    except Exception:  # noqa: BLE001 - a backend without it: its methods only
-        calls = {}
-    if isinstance(calls, dict) and isinstance(calls.get("streams"), dict) and isinstance(calls.get("events"), dict) \
-            and calls.get("current") is not None:
-        raw = calls.get("raw") or (0, 0)
-        raw_record = raw[0] or 0
-        raw_wait = raw[1] or 0
-        if raw_record and raw_wait:
-            q.streams = calls["streams"]
-            q.events = calls["events"]
-            q.cur = calls["current"]
-            q.epoch = calls.get("ctx_epoch")
-            q.off = tuple(calls.get("off") or ())
-            q.raw_record = <_event_record_fn>raw_record
-            q.raw_wait = <_stream_wait_fn>raw_wait
-    _bound = q
-    return q
+cdef object _dc_backend = None     # the backend the direct calls below are its (bound once per backend)
+cdef DirectCalls _dc = None
 
 
 cdef int _queue(object backend, bint wait, object h, object ev) except -1:
     """Queue on stream handle ``h`` a record of event ``ev`` (or, ``wait``, a wait for it)."""
-    cdef _DriverQueue q = _bound
-    if q is None or q.backend is not backend:
-        q = _bind(backend)
-    if q.raw_record != NULL and q.call(wait, h, ev) == 0:
+    global _dc, _dc_backend, _n_record, _n_wait
+    cdef DirectCalls dc = _dc
+    if _dc_backend is not backend:
+        try:
+            found = backend.direct_calls()
+        except Exception:  # noqa: BLE001 - a backend without them: its methods only
+            found = None
+        dc = _dc = found if isinstance(found, DirectCalls) else None
+        _dc_backend = backend
+    if dc is not None and _HK.recorder is None and _HK.checker is None and dc.queue(wait, h, ev) == 0:
+        if wait:
+            _n_wait += 1
+        else:
+            _n_record += 1
         return 0
     if wait:
         backend.stream_wait_event(h, ev)

@@ -26,8 +26,8 @@ argument, the value as its declared C type in the slot's first bytes; an
 array passes its device address). On the cuda backend the common case goes
 straight to the driver's ``cuLaunchKernel`` with that buffer and the GIL
 released, through a C entry point of ``ignis.backends._cudriver`` that calls
-the driver's own function (``backend.tracking_calls()["raw"]`` hands over its
-address); every other case goes through the backend's ``kernel_launch`` with
+the driver's own function (the backend's ``direct_calls()``, which also decides
+which launches may go direct); every other case goes through the backend's ``kernel_launch`` with
 the same bytes as ctypes values (``Kernel.marshal``), so its errors are the
 backend's.
 """
@@ -49,7 +49,7 @@ from .. import dtypes as _dt
 from .._types import Access
 from ..errors import UnsupportedError
 from .stream cimport Stream
-from .ctxcache cimport CtxCache, ctx_is_current
+from ..backends.direct cimport DirectCalls
 
 if TYPE_CHECKING:
     from .device import Device
@@ -76,72 +76,30 @@ cdef enum:
 
 
 # -- the direct driver launch --------------------------------------------------------
-# On the cuda backend, ``backend.tracking_calls()`` gives its stream table, the thread's
-# current-context record, the fault table and (third in "raw") the address of the C
-# entry point for cuLaunchKernel (ignis.backends._cudriver: it calls the driver's
-# cuLaunchKernel and returns the CUresult). A launch on a stream of that table
-# whose context is current on this thread, of a kernel whose CUfunction is known, with
-# every dimension a C unsigned int, goes straight to the driver with the GIL released,
-# through it, while no fault is
-# armed and no ``kernel_launch`` replaces the backend's own on the instance (a listener,
-# a test's stand-in: it must see every launch). Everything else, and a launch the driver
-# refuses there (it is then made again, to raise the backend's error), goes through the
-# backend's ``kernel_launch``.
-
-ctypedef int (*_launch_fn)(void *f, unsigned int gx, unsigned int gy, unsigned int gz, unsigned int bx,
-                           unsigned int by, unsigned int bz, unsigned int shared_mem, void *stream,
-                           void **params, void **extra) noexcept nogil
+# On a backend with direct driver calls (``backend.direct_calls()``, a typed
+# ``ignis.backends.direct.DirectCalls``), a launch whose stream the backend lets go direct
+# (``launch_target``: its own table, gates and current context decide) of a kernel whose
+# CUfunction is known, with every dimension a C unsigned int, goes straight to the driver
+# with the GIL released through its cuLaunchKernel entry point. Everything else, and a
+# launch the driver refuses there (it is then made again, to raise the backend's error),
+# goes through the backend's ``kernel_launch``.
 
 cdef unsigned long long _n_launch = 0
+cdef object _dc_backend = None     # the backend the direct calls below are its (bound once per backend)
+cdef DirectCalls _dc = None
 
 
-cdef class _Launcher:
-    """The direct launch bound for one backend (none for a backend without it)."""
-    cdef object backend
-    cdef dict streams
-    cdef object cur
-    cdef object epoch
-    cdef CtxCache seen
-    cdef tuple off  # armed faults, a fork marker: while any is non-empty, the backend's path
-    cdef dict own  # the backend's instance dict: a ``kernel_launch`` there takes the backend's path
-    cdef _launch_fn raw
-
-
-cdef _Launcher _bound = None
-
-
-cdef inline bint _any(tuple containers) except -1:
-    """Any of ``containers`` is non-empty (a reason to take the backend's own path)."""
-    for c in containers:
-        if c:
-            return True
-    return False
-
-
-cdef _Launcher _bind(object backend):
-    """The direct launch for ``backend`` (bound once, then while it stays the one in use)."""
-    global _bound
-    cdef _Launcher q = _Launcher()
-    cdef size_t addr = 0
-    q.backend = backend
-    try:
-        calls = backend.tracking_calls()
-    except Exception:  # noqa: BLE001 - a backend without it: its kernel_launch only
-        calls = {}
-    own = getattr(backend, "__dict__", None)
-    if isinstance(calls, dict) and isinstance(calls.get("streams"), dict) and calls.get("current") is not None \
-            and isinstance(own, dict):
-        raw = calls.get("raw") or ()
-        addr = (raw[2] or 0) if isinstance(raw, tuple) and len(raw) > 2 else 0
-        if addr:
-            q.streams = calls["streams"]
-            q.cur = calls["current"]
-            q.epoch = calls.get("ctx_epoch")
-            q.off = tuple(calls.get("launch_off") or ())  # launches are not traced: only faults, a fork
-            q.own = own
-            q.raw = <_launch_fn>addr
-    _bound = q
-    return q
+cdef DirectCalls _direct(object backend):
+    """The direct calls of ``backend`` (asked once, then while it stays the one in use), or None."""
+    global _dc, _dc_backend
+    if _dc_backend is not backend:
+        try:
+            found = backend.direct_calls()
+        except Exception:  # noqa: BLE001 - a backend without them: its kernel_launch only
+            found = None
+        _dc = found if isinstance(found, DirectCalls) else None
+        _dc_backend = backend
+    return _dc
 
 
 cdef inline bint _dim(object v, unsigned int *out) except -1:
@@ -492,7 +450,7 @@ cdef class Kernel:
         through the backend's ``kernel_launch``. Compiles the kernel at its first launch
         on the device and context generation."""
         global _n_launch
-        cdef _Launcher q
+        cdef DirectCalls q
         cdef uint64_t slots_s[_SMALL]
         cdef void *params_s[_SMALL]
         cdef uint64_t *slots = slots_s
@@ -508,40 +466,37 @@ cdef class Kernel:
             last = self._last
         fn = (<tuple>last)[2]
         backend = device.backend
-        q = _bound
-        if q is None or q.backend is not backend:
-            q = _bind(backend)
+        q = _direct(backend)
         h = stream.handle
-        if q.raw != NULL and (<tuple>last)[3] and not _any(q.off) and "kernel_launch" not in q.own:
-            sr = q.streams.get(h)  # keeps the driver's stream object alive while the GIL is released
-            if type(sr) is tuple and len(<tuple>sr) == 2 and type(h) is int \
+        if q is not None and (<tuple>last)[3]:
+            sr = q.launch_target(h)  # keeps the driver's stream object alive while the GIL is released
+            if sr is not None \
                     and _dim(grid[0], d) and _dim(grid[1], d + 1) and _dim(grid[2], d + 2) \
                     and _dim(block[0], d + 3) and _dim(block[1], d + 4) and _dim(block[2], d + 5) \
                     and _dim(shared_mem, d + 6):
-                if ctx_is_current(&q.seen, q.cur, q.epoch, (<tuple>sr)[0]):
-                    if n > _SMALL:
-                        slots = <uint64_t *>PyMem_Malloc(n * sizeof(uint64_t))
-                        params = <void **>PyMem_Malloc(n * sizeof(void *))
-                        if slots == NULL or params == NULL:
-                            PyMem_Free(slots)
-                            PyMem_Free(params)
-                            raise MemoryError()
-                    try:
-                        self._pack(args, slots)
-                        for i in range(n):
-                            params[i] = slots + i
-                        f = PyLong_AsVoidPtr((<tuple>last)[3])
-                        st = PyLong_AsVoidPtr(h)
-                        with nogil:
-                            r = q.raw(f, d[0], d[1], d[2], d[3], d[4], d[5], d[6], st, params, NULL)
-                    finally:
-                        if slots != slots_s:
-                            PyMem_Free(slots)
-                            PyMem_Free(params)
-                    if r == 0:
-                        _n_launch += 1
-                        return 0
-                    # refused: the backend's method makes the same launch, and raises its error
+                if n > _SMALL:
+                    slots = <uint64_t *>PyMem_Malloc(n * sizeof(uint64_t))
+                    params = <void **>PyMem_Malloc(n * sizeof(void *))
+                    if slots == NULL or params == NULL:
+                        PyMem_Free(slots)
+                        PyMem_Free(params)
+                        raise MemoryError()
+                try:
+                    self._pack(args, slots)
+                    for i in range(n):
+                        params[i] = slots + i
+                    f = PyLong_AsVoidPtr((<tuple>last)[3])
+                    st = PyLong_AsVoidPtr(h)
+                    with nogil:
+                        r = q.launch_fn(f, d[0], d[1], d[2], d[3], d[4], d[5], d[6], st, params, NULL)
+                finally:
+                    if slots != slots_s:
+                        PyMem_Free(slots)
+                        PyMem_Free(params)
+                if r == 0:
+                    _n_launch += 1
+                    return 0
+                # refused: the backend's method makes the same launch, and raises its error
         backend.kernel_launch(fn, grid, block, shared_mem, h, self.marshal(*args))
         return 0
 

@@ -427,12 +427,13 @@ def use_guard(**options: Any) -> None:
 
 def _driver_entry_points() -> dict[str, int]:
     """The C entry points the C free's poison calls: the active backend's (the cuda backend's
-    ``tracking_calls()["entry_points"]``: ``ignis.backends._cudriver``, over the driver's
-    own functions, without which that backend does not start). GuardError where they are missing."""
+    ``direct_calls().entry_points``: ``ignis.backends._cudriver``, over the driver's own
+    functions, without which that backend does not start). GuardError where they are missing."""
     from ..backends import get_backend
     b = get_backend()
     try:
-        ep = b.tracking_calls().get("entry_points") or {}
+        dc = b.direct_calls()
+        ep = dict(getattr(dc, "entry_points", None) or {})
     except Exception:  # noqa: BLE001 - a backend without them: said below
         ep = {}
     missing = [n for n in ("cuMemsetD8Async", "cuMemsetD32Async", "cuCtxGetDevice") if not ep.get(n)]
