@@ -49,6 +49,7 @@ cdef class DirectCalls:
     cdef readonly tuple gates          # containers: while any is non-empty, no direct record / wait
     cdef readonly tuple launch_gates   # the same for the launch
     cdef readonly dict entry_points    # the C entry points by driver name (addresses)
+    cdef object own                    # the backend's instance dict: a ``kernel_launch`` there gates the launch
     cdef event_record_fn record_fn
     cdef stream_wait_fn wait_fn
     cdef launch_fn launch_fn

@@ -64,6 +64,7 @@ cdef class DirectCalls:
         if not (isinstance(raw, tuple) and len(raw) == 3 and all(type(a) is int and a >= 0 for a in raw)):
             raise TypeError("DirectCalls: raw is three entry point addresses (ints, 0 for none)")
         self.backend = backend
+        self.own = getattr(backend, "__dict__", None)  # (an instance's dict object stays the same)
         self.streams = streams
         self.events = events
         self.current = current
@@ -143,7 +144,7 @@ cdef class DirectCalls:
         for c in self.launch_gates:
             if c:
                 return None
-        own = getattr(self.backend, "__dict__", None)
+        own = self.own
         if type(own) is not dict or "kernel_launch" in <dict>own:
             return None
         sr = self.streams.get(h)
