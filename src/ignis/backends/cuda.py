@@ -63,15 +63,8 @@ from ..errors import DriverError
 from .base import CU_STATUS, Backend, DeviceProperties, driver_error
 from .direct import DirectCalls
 from .trace import emit
+from ._cu import _check, _error, cu
 from .vmm_cuda import CudaVmm
-
-try:
-    from cuda.bindings import driver as cu
-except ImportError:  # pragma: no cover - cuda-python < 12.6 layout, or not installed
-    try:
-        from cuda import cuda as cu  # type: ignore[no-redef]
-    except ImportError:
-        cu = None  # type: ignore[assignment]
 
 __all__ = ["CudaBackend"]
 
@@ -84,30 +77,7 @@ _CUDRIVER_MISSING = (
     "source checkout; or set IGNIS_BACKEND=emulated")
 
 
-# -- status checking: the one place where driver statuses become errors -----
-def _describe(err: Any) -> str:
-    """The driver's own description of ``err`` ("" when it has none)."""
-    try:
-        res = cu.cuGetErrorString(err)
-    except Exception:
-        return ""
-    if res[0] or not res[1]:
-        return ""
-    text = res[1]
-    return text.decode(errors="replace") if isinstance(text, bytes) else str(text)
-
-
-def _error(err: Any, call: str, detail: str = "") -> DriverError:
-    status = int(err)
-    name = getattr(err, "name", None) or f"CUDA_ERROR_{status}"
-    return DriverError(status, name, call, detail or _describe(err))
-
-
-def _check(res: tuple, call: str) -> tuple:
-    """Raise DriverError unless ``res`` (a binding's result tuple) is CUDA_SUCCESS."""
-    if res[0]:
-        raise _error(res[0], call)
-    return res
+# -- status checking: ``_cu._check``, the one place where driver statuses become errors
 
 
 def _ready(res: tuple, call: str) -> bool:

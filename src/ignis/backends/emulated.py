@@ -69,7 +69,7 @@ import numpy as np
 from .base import OPS, Backend, DeviceProperties, driver_error
 from .trace import emit
 from ..units import parse_bytes
-from .vmm_emulated import EmulatedVmm
+from .vmm_emulated import EmulatedVmm, _Alloc
 
 __all__ = ["EmulatedBackend"]
 
@@ -100,14 +100,6 @@ def _parse_jitter(text: str) -> tuple[int, float]:
         pass
     raise ValueError(f"IGNIS_EMU_JITTER={text!r} is not valid; use SEED or SEED:MAX_US, "
                      f"e.g. 1234 or 1234:500")
-
-
-class _Alloc:
-    __slots__ = ("base", "nbytes", "span", "buf", "host", "freeing")
-
-    def __init__(self, base: int, nbytes: int, span: int, buf: np.ndarray, host: int) -> None:
-        self.base, self.nbytes, self.span, self.buf, self.host = base, nbytes, span, buf, host
-        self.freeing = False  # an async free is queued: no new work may touch it
 
 
 class _Device:

@@ -11,26 +11,21 @@ Design and rules:
   ``cuMemSetAccess`` (PROT_READWRITE for one device) makes them usable;
   ``cuMemUnmap`` / ``cuMemAddressFree`` / ``cuMemRelease`` undo it. Handles,
   pointers and fds are plain ints at the protocol boundary.
-- Every status goes through ``cuda._check`` (DriverError naming the cu* call);
+- Every status goes through ``_cu._check`` (DriverError naming the cu* call);
   nothing is masked. (Faults are injected by wrapping the backend: ``ignis.backends.faults``.)
 - Calls that name a device make its primary context current; the others
   need only some context (``_enter_any``).
-- ``cuda.py`` imports this module before it defines its helpers, so they are
-  looked up at call time (``_drv()``), never at import.
+- The binding and the status check are ``_cu``'s, which ``cuda.py`` imports too.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
+from ._cu import _check, cu
 from .base import driver_error
 
 __all__ = ["CudaVmm"]
-
-
-def _drv() -> Any:
-    from . import cuda
-    return cuda
 
 
 class CudaVmm:
@@ -45,7 +40,6 @@ class CudaVmm:
         props = self._vmm_props
         prop = props.get(ordinal)
         if prop is None:
-            cu = _drv().cu
             prop = cu.CUmemAllocationProp()
             prop.type = cu.CUmemAllocationType.CU_MEM_ALLOCATION_TYPE_PINNED
             prop.location.type = cu.CUmemLocationType.CU_MEM_LOCATION_TYPE_DEVICE
@@ -57,80 +51,69 @@ class CudaVmm:
     def vmm_granularity(self, ordinal: int, recommended: bool = False) -> int:
         """``cuMemGetAllocationGranularity`` for exportable memory on ``ordinal``: the minimum granularity in
         bytes, or the recommended one if ``recommended``."""
-        c = _drv()
         self._enter(ordinal)
-        flags = c.cu.CUmemAllocationGranularity_flags
+        flags = cu.CUmemAllocationGranularity_flags
         which = (flags.CU_MEM_ALLOC_GRANULARITY_RECOMMENDED if recommended
                  else flags.CU_MEM_ALLOC_GRANULARITY_MINIMUM)
-        res = c._check(c.cu.cuMemGetAllocationGranularity(self._vmm_prop(ordinal), which),
-                       "cuMemGetAllocationGranularity")
+        res = _check(cu.cuMemGetAllocationGranularity(self._vmm_prop(ordinal), which),
+                     "cuMemGetAllocationGranularity")
         return int(res[1])
 
     def vmm_create(self, ordinal: int, nbytes: int) -> int:
         """``cuMemCreate``: ``nbytes`` (a multiple of the granularity) of physical memory on ``ordinal``,
         exportable as a POSIX fd. Returns the allocation handle."""
-        c = _drv()
         self._enter(ordinal)
-        return int(c._check(c.cu.cuMemCreate(nbytes, self._vmm_prop(ordinal), 0), "cuMemCreate")[1])
+        return int(_check(cu.cuMemCreate(nbytes, self._vmm_prop(ordinal), 0), "cuMemCreate")[1])
 
     def vmm_release(self, handle: int) -> None:
         """``cuMemRelease`` the allocation ``handle``; the memory goes once no mapping uses it."""
-        c = _drv()
         self._enter_any()
-        c._check(c.cu.cuMemRelease(handle), "cuMemRelease")
+        _check(cu.cuMemRelease(handle), "cuMemRelease")
 
     def vmm_export_fd(self, handle: int) -> int:
         """``cuMemExportToShareableHandle``: a new POSIX file descriptor for ``handle`` (the caller closes it)."""
-        c = _drv()
         self._enter_any()
-        kind = c.cu.CUmemAllocationHandleType.CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR
-        return int(c._check(c.cu.cuMemExportToShareableHandle(handle, kind, 0),
-                            "cuMemExportToShareableHandle")[1])
+        kind = cu.CUmemAllocationHandleType.CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR
+        return int(_check(cu.cuMemExportToShareableHandle(handle, kind, 0),
+                          "cuMemExportToShareableHandle")[1])
 
     def vmm_import_fd(self, fd: int) -> int:
         """``cuMemImportFromShareableHandle``: an allocation handle for the memory behind ``fd`` (which stays
         the caller's). A value that is not a non-negative int is ``CUDA_ERROR_INVALID_VALUE``."""
-        c = _drv()
         if type(fd) is not int or fd < 0:
             raise driver_error("CUDA_ERROR_INVALID_VALUE", "cuMemImportFromShareableHandle",
                                f"{fd!r} is not a file descriptor")
         self._enter_any()
-        kind = c.cu.CUmemAllocationHandleType.CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR
-        return int(c._check(c.cu.cuMemImportFromShareableHandle(fd, kind),
-                            "cuMemImportFromShareableHandle")[1])
+        kind = cu.CUmemAllocationHandleType.CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR
+        return int(_check(cu.cuMemImportFromShareableHandle(fd, kind),
+                          "cuMemImportFromShareableHandle")[1])
 
     def vmm_reserve(self, ordinal: int, nbytes: int, alignment: int = 0) -> int:
         """``cuMemAddressReserve``: a device virtual address range of ``nbytes`` (aligned to ``alignment``,
         0 for the default); returns its start."""
-        c = _drv()
         self._enter(ordinal)
-        return int(c._check(c.cu.cuMemAddressReserve(nbytes, alignment, 0, 0), "cuMemAddressReserve")[1])
+        return int(_check(cu.cuMemAddressReserve(nbytes, alignment, 0, 0), "cuMemAddressReserve")[1])
 
     def vmm_free_address(self, ptr: int, nbytes: int) -> None:
         """``cuMemAddressFree`` a range from ``vmm_reserve``."""
-        c = _drv()
         self._enter_any()
-        c._check(c.cu.cuMemAddressFree(ptr, nbytes), "cuMemAddressFree")
+        _check(cu.cuMemAddressFree(ptr, nbytes), "cuMemAddressFree")
 
     def vmm_map(self, ptr: int, nbytes: int, handle: int, offset: int = 0) -> None:
         """``cuMemMap``: back ``nbytes`` at the reserved ``ptr`` with ``handle``'s memory from ``offset``."""
-        c = _drv()
         self._enter_any()
-        c._check(c.cu.cuMemMap(ptr, nbytes, offset, handle, 0), "cuMemMap")
+        _check(cu.cuMemMap(ptr, nbytes, offset, handle, 0), "cuMemMap")
 
     def vmm_unmap(self, ptr: int, nbytes: int) -> None:
         """``cuMemUnmap`` a mapped range. Does not wait for queued work: synchronize first."""
-        c = _drv()
         self._enter_any()
-        c._check(c.cu.cuMemUnmap(ptr, nbytes), "cuMemUnmap")
+        _check(cu.cuMemUnmap(ptr, nbytes), "cuMemUnmap")
 
     def vmm_set_access(self, ordinal: int, ptr: int, nbytes: int) -> None:
         """``cuMemSetAccess``: give device ``ordinal`` read-write access to a mapped range."""
-        c = _drv()
         self._enter(ordinal)
-        cu = c.cu
         desc = cu.CUmemAccessDesc()
         desc.location.type = cu.CUmemLocationType.CU_MEM_LOCATION_TYPE_DEVICE
         desc.location.id = ordinal
         desc.flags = cu.CUmemAccess_flags.CU_MEM_ACCESS_FLAGS_PROT_READWRITE
-        c._check(cu.cuMemSetAccess(ptr, nbytes, [desc], 1), "cuMemSetAccess")
+        _check(cu.cuMemSetAccess(ptr, nbytes, [desc], 1), "cuMemSetAccess")

@@ -58,6 +58,17 @@ _MEMFD_PREFIX = "ignis-vmm-dev"
 _SEALS = fcntl.F_SEAL_SHRINK | fcntl.F_SEAL_GROW | fcntl.F_SEAL_SEAL
 
 
+class _Alloc:
+    """One block of emulated device memory (an allocation's, or a mapping's once its access is
+    set): its base address, size, the span it reserves, its host buffer and address. Here,
+    beside the mappings that make them too; ``emulated.py`` imports it."""
+    __slots__ = ("base", "nbytes", "span", "buf", "host", "freeing")
+
+    def __init__(self, base: int, nbytes: int, span: int, buf: np.ndarray, host: int) -> None:
+        self.base, self.nbytes, self.span, self.buf, self.host = base, nbytes, span, buf, host
+        self.freeing = False  # an async free is queued: no new work may touch it
+
+
 class _Phys:
     """One physical allocation: a memfd (created here or imported)."""
 
@@ -353,8 +364,6 @@ class EmulatedVmm:
         """Make the mappings in ``[ptr, ptr + nbytes)`` usable (each becomes an emulated allocation that
         copies, memsets and kernels can reach)."""
         call = OPS["vmm_set_access"]
-        from .emulated import _Alloc  # emulated.py imports this module first
-
         self._device(ordinal, call)
         with self._vmm_lock:
             rec = self._vmm_range(ptr, nbytes, call)
