@@ -27,7 +27,7 @@ import pytest
 SRC = Path(__file__).resolve().parents[1] / "src" / "ignis"  # the source text (the .pyx files too)
 BACKEND_NAMES = {"cuda", "emulated"}
 BACKEND_CLASSES = {"EmulatedBackend", "CudaBackend", "EmulatedVmm", "CudaVmm"}
-BACKEND_MODULES = {"emulated", "cuda", "vmm_emulated", "vmm_cuda"}
+BACKEND_MODULES = {"emulated", "cuda", "vmm_emulated", "vmm_cuda", "_cu"}
 
 
 def _names_a_backend(node: ast.AST, derived: set[str]) -> bool:

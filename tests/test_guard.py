@@ -782,3 +782,31 @@ def test_the_deferred_guard_refuses_bad_options(up, kw, match):
         ig.DeferredGuardResource(up, **kw)
     with pytest.raises(ValueError, match="stack_depth"):
         ig.DebugGuardResource(up, stack_depth=65)
+
+
+def test_a_closed_deferred_guard_reports_a_damage_once_and_queues_nothing(up, streams):
+    s = streams[0]
+    mr = ig.DeferredGuardResource(up)
+    b = mr.allocate(256, s, tag="once")
+    k = write(b.ptr + 256, b"\x01", s)
+    (e,) = mr.check(raise_=False)  # found by check(), on the device
+    assert (e.side, e.when) == ("after", "by check()")
+    mr.close()
+    slots = len(mr._checker.all_slots)
+    assert mr.check(raise_=False) == []  # closed: read here, already reported
+    mr.on_sync(True)
+    mr.deallocate(b)  # checked at once: the same damage, not reported again
+    assert len(mr.found) == 1 and len(mr._checker.all_slots) == slots == 0
+    assert upstream_bytes(mr) == 0
+    del k
+
+
+def test_the_eager_guard_takes_the_deferred_free_and_refuses_bad_frames(guard, streams):
+    s = streams[0]
+    with pytest.raises(TypeError, match="frames must be a tuple"):
+        guard.allocate(64, s, frames=["not", "a", "capture"])
+    b = guard.allocate(64, s, frames=())  # no site
+    assert guard.stack_of(b) is None
+    guard.free_fast(b)  # the eager mode's free_fast is its deallocate
+    assert b.state is BlockState.QUARANTINED and guard.quarantined_count == 1
+    guard.flush()

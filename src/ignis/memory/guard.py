@@ -372,12 +372,12 @@ class DebugGuardResource(GuardBase, ResourceAdaptor):
         self.upstream.reap_pending()
         return self.upstream.allocate(nbytes, stream, tag)
 
-    def deallocate(self, block: DeviceBlock) -> None:
+    def deallocate(self, block: DeviceBlock, *, foreign: bool = False) -> None:
         """Check the guards (synchronizing the allocation stream), poison the
         bytes and quarantine the block. Raises ``OutOfBoundsError`` for a damaged
         guard and ``UseAfterFreeError`` for a write after free found in a block
         pushed out of the quarantine, in both cases after the free completed."""
-        entry = self._take_for_free(block)
+        entry = self._take_for_free(block, foreign)
         if entry is None:
             return
         try:
@@ -417,7 +417,7 @@ class DebugGuardResource(GuardBase, ResourceAdaptor):
                      if q is not None and q.block.generation == block.generation
                      else "freed, reused or never allocated here")
             raise UseAfterFreeError(
-                f"block {block.ptr:#x} is not live in this DebugGuardResource ({where}); the memory may "
+                f"block {block.ptr:#x} is not live in this {type(self).__name__} ({where}); the memory may "
                 "now belong to another allocation", generation=block.generation, ptr=block.ptr,
                 live_generation=None if e is None else e.block.generation)
         return e
@@ -696,6 +696,8 @@ class DebugGuardResource(GuardBase, ResourceAdaptor):
                 self._live[e.block.ptr] = e
                 self._live_bytes += e.block.requested
             raise
+
+
 class DeferredGuardResource(DebugGuardResource):
     """The debug guard whose checks run on the device in batches, for frameworks'
     allocators (``ignis.torch`` and ``ignis.cupy`` install it): ``allocate`` and
@@ -817,7 +819,7 @@ class DeferredGuardResource(DebugGuardResource):
             finally:
                 self._release_exit(entry, formatted=False)
             for p in problems:
-                self._report(p)
+                self._report_once(entry, p)
             return
         ck = self._checker
         if bypass:
@@ -888,8 +890,9 @@ class DeferredGuardResource(DebugGuardResource):
 
     # -- checks ------------------------------------------------------------------------
     def live_check(self, when: str = "at a synchronize point") -> None:
-        """Queue a check of the guards of every live block (on each block's stream)."""
-        if not self._context_alive():
+        """Queue a check of the guards of every live block (on each block's stream); nothing
+        once closed (``check()`` reads them then)."""
+        if self._closed or not self._context_alive():
             return
         ck = self._checker
         with ck.lock:  # held first: a block freed meanwhile gets its jobs after these
@@ -901,8 +904,8 @@ class DeferredGuardResource(DebugGuardResource):
 
     def on_sync(self, live: bool) -> None:
         """A synchronize point: queue what is pending, read what finished, and (``live``)
-        check the guards of the live blocks."""
-        if not self._context_alive():
+        check the guards of the live blocks. Nothing once closed."""
+        if self._closed or not self._context_alive():
             return
         ck = self._checker
         ck.launch_all()
@@ -914,8 +917,15 @@ class DeferredGuardResource(DebugGuardResource):
         """Check now the guards of every live block and the poison and guards of every
         quarantined one, wait for every check queued so far, and return the problems
         found since the previous ``check()`` / ``flush()`` (raise the first with ``raise_``).
-        Changes nothing: damaged blocks stay as they are."""
-        if self._context_alive():
+        Changes nothing: damaged blocks stay as they are. Closed (no batches any more), the
+        live blocks' guards are read here, the host waiting."""
+        if self._closed and self._context_alive():
+            with self._lock:
+                live = list(self._live.values())
+            for e in live:
+                for p in self._check_guards(e, self._stream_of(e), "by check()"):
+                    self._report_once(e, p)
+        elif self._context_alive():
             ck = self._checker
             with ck.lock:  # held first: a block leaving the quarantine meanwhile is checked after these
                 self.live_check("by check()")
@@ -965,6 +975,10 @@ class DeferredGuardResource(DebugGuardResource):
         return out
 
     def close(self) -> None:
+        """Flush the quarantine and the ready cache (waiting for their checks), then give back
+        the check batches' buffers and events (a guard dropped without ``close()`` keeps them
+        until the process ends). Live blocks stay valid; a block freed from now on is checked
+        at once and handed back. Idempotent."""
         if self._closed:
             return
         self._closed = True
@@ -972,6 +986,12 @@ class DeferredGuardResource(DebugGuardResource):
             self.flush()
         finally:
             self._checker.close()
+            if self._rs_event:
+                try:
+                    self._backend.event_destroy(self._rs_event)
+                except Exception:  # noqa: BLE001 - a dead context took it already
+                    pass
+                self._rs_event = 0
 
     def memory_numbers(self) -> dict[str, int]:
         nums = super().memory_numbers()
@@ -988,9 +1008,6 @@ class DeferredGuardResource(DebugGuardResource):
             first = r[zone]
             if first == _NONE:
                 continue
-            side = ("before", "after-free", "after")[zone]
-            if e.reported is not None and side in e.reported:
-                continue
             last = (~r[3 + zone]) & _NONE
             count = _NONE - r[6 + zone]
             zlen = n if zone == 1 else G
@@ -1004,11 +1021,19 @@ class DeferredGuardResource(DebugGuardResource):
                 # is checked at its free: what it finds was there before)
                 err = self._oob(e, "before" if zone == 0 else "after", base + first, base + last, count, found,
                                 when, freed=kind == HELD or (kind == EXIT and when != "on free"))
-            if e.reported is None:
-                e.reported = {side}
-            else:
-                e.reported.add(side)
-            self._report(err)
+            self._report_once(e, err)
+
+    def _report_once(self, e: _Guarded, err: IgnisError) -> None:
+        """``_report`` unless a problem on the same side of ``e`` was reported already (a damage
+        stays until the block is repaired: one report of it)."""
+        side = err.side
+        if e.reported is not None and side in e.reported:
+            return
+        if e.reported is None:
+            e.reported = {side}
+        else:
+            e.reported.add(side)
+        self._report(err)
 
     def _report(self, err: IgnisError) -> None:
         with self._lock:

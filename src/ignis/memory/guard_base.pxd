@@ -89,6 +89,7 @@ cdef class _Checker:
     cdef public Py_ssize_t frees
     cdef public Py_ssize_t batches
     cdef public Py_ssize_t jobs
+    cdef public bint closed
 
     cdef _Slot _take_slot(self)
     cdef int _launch(self, object stream, list items) except -1

@@ -330,6 +330,9 @@ cdef class _Checker:
     cdef _Slot _take_slot(self):
         """A free slot: an unused one, a finished batch's, a new one, or the oldest batch's once it finished."""
         cdef _Batch b
+        if self.closed:
+            raise RuntimeError("this guard's checks are closed (DeferredGuardResource.close()): nothing more is "
+                               "queued on the device")
         if self.free_slots:
             return self.free_slots.pop()
         if self.inflight and self.backend.event_query((<_Batch>self.inflight[0]).slot.event):
@@ -347,6 +350,7 @@ cdef class _Checker:
         cdef _Slot s
         with self.lock:
             self.wait()
+            self.closed = True
             b, dev = self.backend, self.device.ordinal
             for s in self.all_slots:
                 try:
@@ -616,7 +620,11 @@ cdef class GuardBase(DeviceMemoryResource):
                  frames: tuple | None = None) -> DeviceBlock:
         """A LIVE block of ``nbytes`` poisoned bytes between two canary guards, ordered on
         ``stream`` (no host synchronization). ``frames``: the allocation site, if the caller
-        captured it already (else it is captured here when ``capture_stacks``)."""
+        captured it already, as ``hooks.capture_stack`` takes it (else it is captured here
+        when ``capture_stacks``)."""
+        if frames is not None and type(frames) is not tuple:
+            raise TypeError(f"frames must be a tuple of the allocation site's frames (hooks.capture_stack()), "
+                            f"or None, got {type(frames).__name__}")
         return self.allocate_c(nbytes, stream, tag, frames)
 
     cdef DeviceBlock allocate_c(self, object nbytes, object stream, object tag, object frames):

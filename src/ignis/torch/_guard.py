@@ -73,6 +73,7 @@ __all__ = ["DeferredGuardResource", "GuardError", "use_guard", "use_cupy_guard",
            "reports", "clear_reports", "summary", "finish", "is_installed", "guard_resource", "guards",
            "note_record_stream", "guard_stats", "DEFAULTS"]
 
+
 class GuardError(IgnisError):
     """The guard cannot be installed as asked (too late, no extension, wrong backend, bad option)."""
 
