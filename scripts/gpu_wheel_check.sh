@@ -106,9 +106,9 @@ funcs = _cudriver.load()
 print("driver functions found with", _cudriver.resolved_via(), "for CUDA", _cudriver.CUDA_ABI_VERSION,
       {k: hex(v) for k, v in funcs.items()})
 assert all(funcs.values()) and _cudriver.load_error() is None
-calls = b.tracking_calls()
+dc = b.direct_calls()  # the backend's direct calls: the compiled hot paths take them
 ep = _cudriver.entry_points()
-assert calls["entry_points"] == ep and calls["raw"] == (ep["cuEventRecord"], ep["cuStreamWaitEvent"], ep["cuLaunchKernel"])
+assert dc.entry_points == ep and dc.raw == (ep["cuEventRecord"], ep["cuStreamWaitEvent"], ep["cuLaunchKernel"])
 b.init_device(0)
 b.set_current(0)
 dev = ctypes.c_int(-1)
