@@ -170,6 +170,29 @@ def test_a_checker_installed_by_its_function_is_called_by_the_compiled_paths(dev
     assert ordering.checker is prev
 
 
+def test_the_memory_layer_is_the_one_that_feeds_the_checker(dev, streams):
+    """A use of an array of a resource that does not track reaches the checker through the
+    resource (``note_use``), as a tracked use does through ``prepare_block_use``: no module
+    above the memory layer calls the checker's ``access``."""
+    from ignis.memory import hooks
+    seen = _Seen()
+    mr = ig.DirectResource(dev)
+    a = ig.empty(256, dtype="uint8", mr=mr, stream=streams[0])
+    prev = hooks.set_checker(seen)
+    try:
+        a.fill_(1)
+    finally:
+        hooks.set_checker(prev)
+    assert any(c[0] == "access" and c[1] == a.block.ptr and c[2].writes for c in seen.calls)
+    n = len(seen.calls)
+    mr.note_use(a.block, streams[0], Access.WRITE)  # no checker installed now: nothing heard
+    assert len(seen.calls) == n
+    a.free()
+    calls = re.compile(r"\b(chk|checker|_HK\.checker|HOOKS\.checker)\.access\(")
+    above = [rel for rel, text in _sources() if calls.search(text) and not rel.startswith("memory/")]
+    assert not above, above
+
+
 def test_hooks_refuse_what_they_cannot_call():
     from ignis.memory import hooks
     with pytest.raises(TypeError, match="access"):

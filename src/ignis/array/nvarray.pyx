@@ -1970,8 +1970,8 @@ cdef int begin_use(NvArray arr, object stream, object access, object op, Py_ssiz
             f"NvArray#{arr.id} lives in a {type(arr._mr).__name__}, which cannot track cross-stream "
             f"uses, so it can only be used on its own stream #{block.alloc_stream.id} "
             f"(asked: stream #{stream.id}); allocate it from a PoolResource or AsyncResource")
-    if chk is not None and block is not None:
-        chk.access(block, stream, access, (arr._ptr - block.ptr + off, arr.nbytes if n < 0 else n, op))
+    if chk is not None and block is not None:  # the memory layer tells the sanitizer (one place)
+        arr._mr.note_use(block, stream, access, (arr._ptr - block.ptr + off, arr.nbytes if n < 0 else n, op))
     return 0
 
 

@@ -124,6 +124,9 @@ class DeviceMemoryResource:
     def record_block_use(self, block: DeviceBlock | BlockId, stream: Stream) -> None:
         ...
 
+    def note_use(self, block: DeviceBlock, stream: Stream, access: Access, span: tuple | None=...) -> None:
+        ...
+
     def prepare_block_use(self, block: DeviceBlock | BlockId, stream: Stream, access: Access, span: tuple | None=...) -> None:
         ...
 

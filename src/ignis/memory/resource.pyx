@@ -547,6 +547,23 @@ cdef class DeviceMemoryResource:
         """
         raise self._no_tracking("record_block_use")
 
+    def note_use(self, block: DeviceBlock, stream: Stream, access: Access, span: tuple | None = None) -> None:
+        """A use of ``block`` on its own stream, by a resource that does not track uses (its
+        blocks are used on their own stream only): the sanitizer (``hooks.HOOKS.checker``)
+        hears of it here, as it hears of a tracked use in ``prepare_block_use``; nothing
+        without one. The memory layer is the one place that feeds the sanitizer a block's uses.
+
+        Args:
+            block: the ``DeviceBlock`` used.
+            stream: the ``Stream`` the use is queued on.
+            access: what the use does to the bytes (an ``Access``).
+            span: ``(offset, nbytes, op)``: the bytes used and the operation's name; None for
+                the whole block.
+        """
+        chk = _HK.checker
+        if chk is not None:
+            chk.access(block, stream, access, span)
+
     def prepare_block_use(self, block: "DeviceBlock | BlockId", stream: Stream, access: Access,
                           span: tuple | None = None) -> None:
         """Queue on ``stream`` the waits that a use with ``access`` needs. Refused here.
