@@ -769,9 +769,10 @@ class DeferredGuardResource(DebugGuardResource):
 
     def deallocate(self, block: DeviceBlock, *, foreign: bool = False) -> None:
         """Poison the bytes (in stream order, after every recorded use), queue the
-        check of the guards and quarantine the block. Never waits for the device;
-        what the checks find goes to ``on_problem`` later. ``foreign``: a framework's
-        tensor, which the sanitizer follows as a foreign extent (not as an Ignis block)."""
+        check of the guards and quarantine the block. Never waits for the device (but once
+        ``close()``d, when the guards are read at once); what the checks find goes to
+        ``on_problem`` later. ``foreign``: a framework's tensor, which the sanitizer follows
+        as a foreign extent (not as an Ignis block)."""
         entry = self._take_for_free(block, foreign)
         if entry is None:
             return
