@@ -269,3 +269,16 @@ def test_a_record_is_lent_only_before_any_use(dev, streams):
         b.lend_record()
     assert b.hazard_record() == before  # the write on streams[1] is not forgotten
     mr.deallocate(b)
+
+
+def test_the_stack_capture_slot_is_the_safety_layers_walker():
+    """The memory layer takes allocation sites through its hook slot, which ``ignis.safety.frames``
+    fills at import: the same frames as the walker's own capture, formatted by it."""
+    from ignis.memory import hooks
+    from ignis.safety import frames
+    here, walked = hooks.capture_stack(1, 8), frames.capture_frames(1, 8)
+    assert here and [code for code, _ in here] == [code for code, _ in walked]  # the same frames
+    assert here[0][1] == walked[0][1] and here[1:] == walked[1:]  # this line (one for both), the same callers
+    text = hooks.format_stack(here)
+    assert "test_the_stack_capture_slot_is_the_safety_layers_walker" in text and "test_block_core.py" in text
+    assert hooks.format_stack(()) is None and hooks.format_stack(None) is None
