@@ -7,6 +7,7 @@ layer's cross-stream tracking queues its event records and stream waits through
 ``queue``, and ``Kernel``'s launch asks ``launch_target`` and calls ``launch_fn``.
 
 What it holds, and the one rule of when a direct call may be made, are the backend's:
+
 - the C entry points (functions of ``ignis.backends._cudriver`` that call the driver's
   cuEventRecord, cuStreamWaitEvent and cuLaunchKernel and return the CUresult; the
   handles are the driver's pointers) and every entry point by name (``entry_points``:
