@@ -131,19 +131,26 @@ def _count(name: str, value: Any) -> int:
     return value
 
 
-def _scan(backend: Any, ptr: int, nbytes: int, stream: Stream, value: int, match: bool
-          ) -> tuple[int, bytes] | None:
-    """The first offset in ``[ptr, ptr + nbytes)`` whose byte equals ``value``
-    (``match``) or differs from it (not ``match``), with the bytes from there;
-    ``None`` if there is none. Reads on ``stream`` and waits for each chunk."""
+def _chunks(backend: Any, ptr: int, nbytes: int, stream: Stream) -> Any:
+    """The bytes of ``[ptr, ptr + nbytes)`` read back on ``stream`` (the host waits for each
+    chunk), as ``(offset, view)`` pairs; the view's buffer is reused for the next chunk."""
     if nbytes <= 0:
-        return None
+        return
     handle = stream._check()
     buf = np.empty(min(nbytes, _CHUNK), np.uint8)
     for off in range(0, nbytes, _CHUNK):
         view = buf[:min(_CHUNK, nbytes - off)]
         backend.memcpy_dtoh_async(view.ctypes.data, ptr + off, view.nbytes, handle)
         backend.stream_synchronize(handle)
+        yield off, view
+
+
+def _scan(backend: Any, ptr: int, nbytes: int, stream: Stream, value: int, match: bool
+          ) -> tuple[int, bytes] | None:
+    """The first offset in ``[ptr, ptr + nbytes)`` whose byte equals ``value``
+    (``match``) or differs from it (not ``match``), with the bytes from there;
+    ``None`` if there is none. Reads on ``stream`` and waits for each chunk."""
+    for off, view in _chunks(backend, ptr, nbytes, stream):
         if not match and _uniform(view, value):  # the common case: nothing differs
             continue
         mask = (view == value) if match else (view != value)
@@ -158,17 +165,10 @@ def _damage(backend: Any, ptr: int, nbytes: int, stream: Stream, value: int
     """The bytes of ``[ptr, ptr + nbytes)`` that differ from ``value``: ``(first, last, count,
     the bytes from first on)`` as offsets, or None if every byte holds it. Reads on ``stream``
     and waits for each chunk."""
-    if nbytes <= 0:
-        return None
-    handle = stream._check()
-    buf = np.empty(min(nbytes, _CHUNK), np.uint8)
     first = last = -1
     count = 0
     found = b""
-    for off in range(0, nbytes, _CHUNK):
-        view = buf[:min(_CHUNK, nbytes - off)]
-        backend.memcpy_dtoh_async(view.ctypes.data, ptr + off, view.nbytes, handle)
-        backend.stream_synchronize(handle)
+    for off, view in _chunks(backend, ptr, nbytes, stream):
         if _uniform(view, value):  # the common case: nothing differs
             continue
         bad = np.flatnonzero(view != value)
@@ -180,10 +180,7 @@ def _damage(backend: Any, ptr: int, nbytes: int, stream: Stream, value: int
     if first < 0:
         return None
     if len(found) < _SAMPLE and first + len(found) < nbytes:  # the sample crosses a chunk: read it whole
-        tail = np.empty(min(_SAMPLE, nbytes - first), np.uint8)
-        backend.memcpy_dtoh_async(tail.ctypes.data, ptr + first, tail.nbytes, handle)
-        backend.stream_synchronize(handle)
-        found = tail.tobytes()
+        found = b"".join(v.tobytes() for _, v in _chunks(backend, ptr + first, min(_SAMPLE, nbytes - first), stream))
     return first, last, count, found
 
 
@@ -560,7 +557,7 @@ class DebugGuardResource(GuardBase, ResourceAdaptor):
         self.flush()
 
     def __repr__(self) -> str:
-        return (f"<DebugGuardResource live={self._live_bytes} quarantined={len(self._quarantine)} "
+        return (f"<{type(self).__name__} live={self._live_bytes} quarantined={len(self._quarantine)} "
                 f"({self._quarantined_bytes} B) over {self.upstream!r}>")
 
     # -- internals ---------------------------------------------------------
@@ -663,10 +660,7 @@ class DebugGuardResource(GuardBase, ResourceAdaptor):
             try:
                 self._return(e)
             except BaseException as exc:
-                # The upstream refused it: back into the quarantine (counted), for a later flush.
-                with self._lock:
-                    self._quarantine[e.block.ptr] = e
-                    self._quarantined_bytes += self._held(e)
+                self._requarantine(e)  # the upstream refused it: kept for a later flush
                 if failure is None:
                     failure = exc
         if failure is not None:
@@ -685,6 +679,13 @@ class DebugGuardResource(GuardBase, ResourceAdaptor):
         rec = _HOOKS.recorder
         if rec is not None:
             rec("free_completed", self, b.ptr, b.requested, b.alloc_stream, b)
+
+    def _requarantine(self, e: _Guarded) -> None:
+        """A block the upstream refused to take back goes into the quarantine again (counted),
+        for a later ``flush``."""
+        with self._lock:
+            self._quarantine[e.block.ptr] = e
+            self._quarantined_bytes += self._held(e)
 
     def _return_or_relive(self, e: _Guarded) -> None:
         """``_return`` for a block being deallocated (still LIVE); if the upstream refuses,
@@ -846,9 +847,7 @@ class DeferredGuardResource(DebugGuardResource):
         try:
             self._return(e)
         except BaseException:
-            with self._lock:  # the upstream refused it: keep it (counted) for a later flush
-                self._quarantine[e.block.ptr] = e
-                self._quarantined_bytes += self._held(e)
+            self._requarantine(e)  # the upstream refused it: kept for a later flush
             raise
         if formatted and self._reuse and up._impl is not None:
             if len(self._formatted) > 1 << 16:
@@ -1046,7 +1045,3 @@ class DeferredGuardResource(DebugGuardResource):
                 sink(err)
             except Exception:  # a report must never break the allocator
                 pass
-
-    def __repr__(self) -> str:
-        return (f"<DeferredGuardResource live={self._live_bytes} quarantined={len(self._quarantine)} "
-                f"({self._quarantined_bytes} B) over {self.upstream!r}>")

@@ -254,13 +254,6 @@ extern "C" __global__ void ignis_guard_check(const u64* __restrict__ jobs, u64* 
 }
 """
 
-cdef inline bint _untracked_on(DeviceBlock up, object st) noexcept:
-    """``up`` carries no hazard record of a tracked use: it is clean on its own stream ``st``
-    (every framework tensor: the framework orders its own work). Such a block needs no wait
-    before its poison, nor before a reuse on ``st``."""
-    return block_clean_on(up, st)
-
-
 # -- check batches ------------------------------------------------------------------------------------
 cdef class _Slot:
     """Buffers for one batch in flight: jobs and results, on the host and the device, and its event."""
@@ -844,10 +837,12 @@ cdef class GuardBase(DeviceMemoryResource):
         gen = self._state.generation
         max_count = as_bound(self.quarantine_count)
         max_bytes = as_bound(self.quarantine_bytes)
+        # A block clean on its own stream carries no tracked use (every framework tensor: the
+        # framework orders its own work): no wait before its poison, nor before a reuse there.
         if (type(st) is not Stream or e.rs is not None or (<Stream>st)._closed or self._closed
                 or held > max_bytes or max_count == 0
                 or (gen is not self._generation and gen != self._generation)
-                or not _untracked_on(up, st) or self._live.get(ptr) is not e):
+                or not block_clean_on(up, st) or self._live.get(ptr) is not e):
             self.deallocate(block, foreign=True)
             return 0
         s = <Stream>st
@@ -930,7 +925,7 @@ cdef class GuardBase(DeviceMemoryResource):
             try:
                 if up.state is _LIVE_STATE:
                     st = up.alloc_stream
-                    if not (ready and type(st) is Stream and not (<Stream>st)._closed and _untracked_on(up, st)
+                    if not (ready and type(st) is Stream and not (<Stream>st)._closed and block_clean_on(up, st)
                             and self._keep_ready(up, b.requested, b.tag, False)):
                         pool_deallocate(mr, up)
                         if fmt is not None:
