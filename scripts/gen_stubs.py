@@ -53,6 +53,11 @@ ATTRIBUTE_TYPES: dict[str, dict[str, dict[str, str]]] = {
         "EventPool": {"generation": "int", "state": "DeviceState"},
         "DeviceMemoryResource": {"device": "Device"}},
     "ignis.memory.pool": {"PoolResource": {"upstream": "DeviceMemoryResource"}},
+    "ignis.safety.guard_alloc": {"State": {
+        "opts": "dict[str, Any] | None", "lock": "Any", "torch": "bool", "cupy": "bool", "lib": "Any",
+        "problems": "list[Any]", "groups": "dict[Any, Any]", "tls": "Any", "last_live": "float", "atexit": "bool",
+        "hooks": "list[Any]", "saved": "dict[str, Any]", "tag": "str",
+        "graph_alloc": "Callable[[int, int], int] | None", "current_stream": "Callable[[int], int] | None"}},
     "ignis.memory.guard_base": {"GuardBase": {
         "upstream": "DeviceMemoryResource", "quarantine_count": "int | None", "quarantine_bytes": "int | None",
         "stack_depth": "int"}},

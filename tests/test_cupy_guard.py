@@ -19,7 +19,8 @@ import pytest
 import ignis as ig
 import ignis.cupy
 from helpers import IMPORT_ROOT, read, write
-from ignis.torch import _guard as tg
+from ignis.safety import guard_front as tg
+from ignis.safety.guard_alloc import state as _s
 
 G, POISON = 256, 0xA5
 
@@ -44,22 +45,22 @@ def _fake_cupy(stream: ig.Stream) -> types.SimpleNamespace:
 
 @pytest.fixture
 def cupy_alloc(streams):
-    tg._reset()
-    tg._configure({"batch": 4})
-    yield tg._cupy_allocator(_fake_cupy(streams[0])), streams[0]
-    tg._reset()
+    tg.reset()
+    tg.configure({"batch": 4})
+    yield ignis.cupy._cupy_allocator(_fake_cupy(streams[0])), streams[0]
+    tg.reset()
 
 
 def test_arrays_get_guards_poison_and_are_freed_when_cupy_lets_go(cupy_alloc):
     alloc, s = cupy_alloc
     mp = alloc(4000)
     g = tg.guard_resource(0)
-    assert g.bytes_outstanding == 4000 and tg._s.blocks[mp.ptr].tag == "cupy"
+    assert g.bytes_outstanding == 4000 and _s.blocks[mp.ptr].tag == "cupy"
     assert read(mp.ptr, 4000, s) == bytes([POISON]) * 4000
     ptr = mp.ptr
     del mp
     gc.collect()
-    assert g.bytes_outstanding == 0 and ptr not in tg._s.blocks
+    assert g.bytes_outstanding == 0 and ptr not in _s.blocks
     assert tg.check(raise_=False) == []
 
 
@@ -85,12 +86,12 @@ def test_use_guard_needs_the_cuda_backend(monkeypatch, streams):
     if ig.get_backend().name == "cuda":
         pytest.skip("the cuda backend is active")
     monkeypatch.setitem(sys.modules, "cupy", _fake_cupy(streams[0]))
-    tg._reset()
+    tg.reset()
     try:
         with pytest.raises(tg.GuardError, match="cuda backend"):
             ignis.cupy.use_guard()
     finally:
-        tg._reset()
+        tg.reset()
 
 
 def test_the_package_imports_neither_framework():
@@ -104,11 +105,11 @@ def test_the_package_imports_neither_framework():
 @pytest.mark.gpu
 def test_real_cupy_arrays_under_the_guard():
     cupy = pytest.importorskip("cupy")
-    tg._reset()
+    tg.reset()
     try:
         ignis.cupy.use_guard(batch=4)
         x = cupy.arange(1000, dtype=cupy.float32)
-        assert int(x.data.ptr) in tg._s.blocks
+        assert int(x.data.ptr) in _s.blocks
         y = (x * 2).sum()
         assert float(y) == 999000.0
         z = cupy.empty(256, dtype=cupy.uint8)
@@ -120,4 +121,4 @@ def test_real_cupy_arrays_under_the_guard():
             ignis.cupy.check()
     finally:
         cupy.cuda.set_allocator(cupy.get_default_memory_pool().malloc)
-        tg._reset()
+        tg.reset()

@@ -24,11 +24,6 @@ SRC = Path(__file__).resolve().parents[1] / "src" / "ignis"
 # What remains, each with the reason and the change that removes it. Every entry must still
 # be found (a stale entry fails the test too).
 REMAINING: dict[tuple[str, str], str] = {
-    # The guard is one, in memory/ (issue 35, item 2); the framework allocators' shared front
-    # (its state per process, the reports list, the installation) is still ignis.torch._guard's,
-    # which the CuPy adapter and telemetry reach.
-    ("cupy/__init__.py", "torch._guard"): "the framework allocators' front is ignis.torch._guard's",
-    ("telemetry/_torch.py", "torch._guard"): "the framework allocators' front is ignis.torch._guard's",
     # The facade turns the PyTorch front end on at import under IGNIS_SANITIZE=1 (ignis run
     # sets it): the facade wires front ends, as DESIGN.md draws it.
     ("__init__.py", "torch._hook"): "the facade wires the front end",

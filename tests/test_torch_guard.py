@@ -30,6 +30,7 @@ from helpers import IMPORT_ROOT, read, sleep_on, write
 from ignis.telemetry._torch import guard_memory_stats
 from ignis.torch import _guard as tg
 from ignis.torch import _guard_fast as _fast
+from ignis.safety import guard_alloc, guard_front
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ZOO = os.path.join(HERE, "guard_zoo")
@@ -744,7 +745,10 @@ def test_the_guards_hot_path_is_the_compiled_one():
                        if c.__module__ not in ("ignis.memory.guard_base",))
     for name in ("_oob", "_after_free"):  # one report path for both modes
         assert name in ig.DebugGuardResource.__dict__ and name not in tg.DeferredGuardResource.__dict__
-    assert tg._alloc is _fast._alloc and tg._free is _fast._free and tg._s is _fast._s
+    # The frameworks' allocate and free: the front's, compiled (PyTorch's entry points and CuPy's
+    # allocator call the same two).
+    assert tg._alloc is guard_alloc.alloc and tg._free is guard_alloc.free and tg._s is guard_alloc.state
+    assert guard_alloc.__file__.endswith((".so", ".pyd")) and _fast.__file__.endswith((".so", ".pyd"))
 
 
 def test_the_compiled_free_keeps_double_free_detection(guard, streams):
@@ -903,7 +907,7 @@ def test_an_allocation_nothing_can_serve_fails_with_the_pools_error(guard, strea
 ])
 def test_options_are_checked(opts, match):
     with pytest.raises(tg.GuardError, match=match):
-        tg._options(opts)
+        guard_front._options(opts)
 
 
 def test_one_set_of_options_per_process():
@@ -1056,7 +1060,7 @@ def test_a_capturing_streams_memory_is_its_graph_pools_and_nothing_is_queued_on_
 
     tg._s.graph_alloc = graph_memory
     outside = alloc(1024, s)                       # a guarded block of the stream, before the capture
-    _fast.graph_begin(0, s.handle, (1, 0))
+    guard_alloc.graph_begin(0, s.handle, (1, 0))
     jobs = guard._checker.jobs
     p = alloc(4096, s)                             # inside the capture: the pool's, unguarded
     assert p not in tg._s.blocks and tg._s.graph_blocks[p] == (0, (1, 0), 4096)
@@ -1066,7 +1070,7 @@ def test_a_capturing_streams_memory_is_its_graph_pools_and_nothing_is_queued_on_
     assert q in tg._s.blocks
     free(outside, 1024, s)                         # a guarded block of the capturing stream: waits
     assert outside in tg._s.blocks and tg._s.after_capture and guard._checker.jobs == jobs
-    _fast.graph_end(0, s.handle)
+    guard_alloc.graph_end(0, s.handle)
     assert outside not in tg._s.blocks and not tg._s.after_capture   # freed (and poisoned) now
     r = alloc(4096, s)                             # after the capture: guarded again, not the pool's memory
     assert r in tg._s.blocks and r != p

@@ -16,6 +16,7 @@ from typing import Any, Callable
 
 from .. import torch as _front_end
 from ..runtime import Device
+from ..safety import guard_front
 from .snapshot import dump_snapshot, record_memory_history, snapshot
 from .stats import memory_stats, memory_summary, reset_peak_stats
 
@@ -26,19 +27,18 @@ def guard_memory_stats(device: "Device | int" = 0) -> dict[str, int]:
     """Ignis's statistics for the guard of ``device`` (PyTorch's key layout), with the
     guard's own numbers (``guard.*``: live user bytes, quarantine, checks); the device's
     statistics while it has no guard."""
-    from ..torch import _guard
     ordinal = device.ordinal if isinstance(device, Device) else int(device)
-    g = _guard.guards().get(ordinal)
+    g = guard_front.guards().get(ordinal)
     if g is None:
         return memory_stats(device)
     out = memory_stats(resource=g)
-    out.update(_guard.guard_stats(ordinal) or {})
+    out.update(guard_front.guard_stats(ordinal) or {})
     return out
 
 
 def torch_memory_views(torch: Any) -> dict[str, Callable[..., Any]]:
     """The replacements of ``torch.cuda.memory``'s functions, by name, for the guard to install."""
-    from ..torch._guard import guard_resource
+    guard_resource = guard_front.guard_resource
 
     def index(device: Any) -> int:
         if device is None:

@@ -2,12 +2,6 @@
 # Written by scripts/gen_stubs.py from that source; do not edit by hand.
 __all__ = ['torch_guard_bind', 'torch_guard_poison']
 
-def graph_begin(device: int, stream: int, pool: object) -> None:
-    ...
-
-def graph_end(device: int, stream: int) -> None:
-    ...
-
 def torch_guard_bind(alloc: object, free: object) -> tuple:
     ...
 
