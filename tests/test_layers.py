@@ -294,6 +294,34 @@ def test_no_module_level_import_cycle(graph):
     assert not found, "module-level import cycles:\n" + "\n".join(lines)
 
 
+# Import circles inside one package that close only through an import in a function body
+# (lazy), each with its reason. A new one fails, and so does an entry that no longer happens.
+ALLOWED_LAZY_CIRCLES: dict[frozenset[str], str] = {
+    frozenset({"ignis.array.nvarray", "ignis.array.dlpack_export"}):
+        "NvArray's __dlpack__ and __cuda_array_interface__ hand over to the export module, which "
+        "builds on NvArray's export records",
+    frozenset({"ignis.memory.block", "ignis.memory.types"}):
+        "Generation.next() and types.DeviceBlock reach the compiled block module, which is built on types",
+    frozenset({"ignis.memory.current", "ignis.memory.pool"}):
+        "the default resource of a device is a pool, whose own default upstream is current's",
+}
+
+
+def _package_of(module: str) -> str:
+    return module.rsplit(".", 1)[0]
+
+
+def test_no_import_circle_inside_a_package_lazy_imports_included(graph):
+    inner = {m: [Import(i.target, i.line, True) for i in imps
+                 if _package_of(i.target) == _package_of(m) and i.target != _package_of(m)]
+             for m, imps in graph.items()}
+    found = {frozenset(c): c for c in cycles(inner)}
+    new = [" -> ".join(c) for k, c in found.items() if k not in ALLOWED_LAZY_CIRCLES]
+    assert not new, "import circles inside a package (lazy imports counted):\n  " + "\n  ".join(new)
+    gone = [sorted(k) for k in ALLOWED_LAZY_CIRCLES if k not in found]
+    assert not gone, f"these circles are gone: delete them from ALLOWED_LAZY_CIRCLES: {gone}"
+
+
 # -- the reader itself -------------------------------------------------------------------------
 def test_the_reader_counts_lazy_imports_and_skips_type_checking():
     source = ("from typing import TYPE_CHECKING\n"

@@ -26,12 +26,31 @@ if TYPE_CHECKING:
     from .device import Device
     from .stream import Stream
 
-__all__ = ["current_device", "current_stream", "overrides", "on_first_override"]
+__all__ = ["current_device", "current_stream", "overrides", "on_first_override", "register_device_type",
+           "as_device", "is_device"]
 
 overrides = [0]  # how many overrides (a current device other than 0, or a current stream) are active
 lock = threading.Lock()  # held while the count changes and while a layer refills a cache for count 0
 _hooks: list[Callable[[], None]] = []
 _tls = threading.local()
+_Device: Any = None  # ig.Device, which ``ignis.runtime.device`` registers at import (register_device_type)
+
+
+def register_device_type(cls: type) -> None:
+    """Called once, by ``ignis.runtime.device`` at import: the class every ``device``
+    argument is (the modules below it, streams and events, take devices without importing it)."""
+    global _Device
+    _Device = cls
+
+
+def is_device(obj: object) -> bool:
+    """Whether ``obj`` is an ``ig.Device``."""
+    return isinstance(obj, _Device)
+
+
+def as_device(device: "Device | int") -> "Device":
+    """``device`` as an ``ig.Device`` (an ordinal gives that device)."""
+    return device if isinstance(device, _Device) else _Device(device)
 
 
 def on_first_override(hook: Callable[[], None]) -> None:
@@ -59,19 +78,17 @@ def _state() -> Any:
 
 def current_device() -> "Device":
     """The thread's current device (what ``device=None`` means)."""
-    from .device import Device
     if overrides[0]:
         d = getattr(_tls, "device", None)
         if d is not None:
             return d
-    return Device(0)
+    return _Device(0)
 
 
 def current_stream(device: "Device | int | None" = None) -> "Stream":
     """The thread's current stream on ``device`` (default: the current device): the stream
     of the innermost ``with stream:`` block for it, else the device's default stream."""
-    from .device import Device
-    dev = current_device() if device is None else Device(device)
+    dev = current_device() if device is None else as_device(device)
     if overrides[0]:
         s = stream_override(dev)
         if s is not None:

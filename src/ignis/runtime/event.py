@@ -10,6 +10,7 @@ import sys
 from typing import TYPE_CHECKING
 
 from ..errors import ClosedError, StaleHandleError
+from . import current as _current
 
 if TYPE_CHECKING:
     from .device import Device
@@ -38,9 +39,7 @@ class Event:
     __slots__ = ("handle", "device", "timing", "_generation", "_closed", "__weakref__")
 
     def __init__(self, device: "Device", *, timing: bool = False) -> None:
-        from .device import Device
-
-        if not isinstance(device, Device):
+        if not _current.is_device(device):
             raise TypeError(f"Event(device) needs an ignis.Device, got {type(device).__name__}; use "
                             "device.create_event() or stream.record(), e.g. ig.Device(0).create_event()")
         device._check_usable("create an event")

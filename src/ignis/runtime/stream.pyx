@@ -14,6 +14,7 @@ import weakref
 from typing import TYPE_CHECKING, Callable
 
 from ..errors import ClosedError, StaleHandleError
+from . import current
 from .event import Event
 
 from .._cpython cimport ignis_finalizing
@@ -65,13 +66,11 @@ cdef class Stream:
 
     def __init__(self, device: "Device | None" = None, handle: "int | None" = None, *, owned: bool = False,
                  keepalive: object = None) -> None:
-        from .device import Device
-
         if device is None and handle is None:
             raise TypeError("a Stream is made by its device, not by Stream(): device.create_stream() makes a new "
                             "one (ig.Device(0).create_stream()), device.default_stream and ig.current_stream() "
                             "are there already, and Stream.from_handle(handle, device) adopts a foreign one")
-        if not isinstance(device, Device):
+        if not current.is_device(device):
             raise TypeError(f"Stream(device, handle, owned=...) needs an ignis.Device, got {type(device).__name__}; "
                             "make a stream with device.create_stream(), or adopt a foreign handle with "
                             "Stream.from_handle(handle, device)")
@@ -102,9 +101,7 @@ cdef class Stream:
             StaleHandleError: the device is shutting down.
             ForkedProcessError: this is a forked child of a process that used the device.
         """
-        from .device import Device
-
-        dev = device if isinstance(device, Device) else Device(device)
+        dev = current.as_device(device)
         dev._check_usable("adopt a stream")
         if not isinstance(handle, int) or handle <= 0:
             raise ValueError(f"stream handle must be a positive int, got {handle!r}")
@@ -261,12 +258,10 @@ cdef class Stream:
         current) for the block, as ``torch.cuda.stream(s)`` and CuPy's ``with s:`` do: Ignis
         work given ``stream=None`` runs on it. Closing the stream is ``close()``."""
         self._check()
-        from . import current
         current.push_stream(self)
         return self
 
     def __exit__(self, *exc: object) -> None:
-        from . import current
         current.pop_stream(self)
 
     def __del__(self) -> None:
