@@ -20,7 +20,7 @@ torch = pytest.importorskip("torch", reason="PyTorch is not installed (the ignis
 
 import ignis as ig  # noqa: E402
 from ignis.safety.sanitizer import NO_INIT_CHECK, OUTPUT, READ, WRITE, Sanitizer, _disjoint, _Rec, unpack_items  # noqa: E402
-from ignis.torch._frontend import TorchFrontEnd, _item, _pattern  # noqa: E402
+from ignis.torch._frontend import TorchFrontEnd, _bind_native, _item  # noqa: E402
 from ignis.torch._ops import classify  # noqa: E402
 
 A = torch.ops.aten
@@ -91,32 +91,36 @@ def test_the_table_is_cached_per_overload():
     assert classify(A.add.Tensor) is classify(A.add.Tensor)
 
 
-# -- byte ranges of views -------------------------------------------------------------------------
+# -- byte ranges of views (the observer library's measure, which both engines use) ----------------
+
+@pytest.fixture(autouse=True)
+def _measure():
+    try:
+        _bind_native()
+    except RuntimeError as e:
+        pytest.skip(str(e))
+
 
 def test_contiguous_views_are_exact_byte_ranges():
     x = torch.zeros(8, 16)  # float32: 64-byte rows
     base = x.untyped_storage().data_ptr()
-    b, size, lo, hi, per, ch, mode = _item(x[2:5], READ, {})
+    b, size, lo, hi, per, ch, mode = _item(x[2:5], READ)
     assert (b, size, lo - base, hi - base, per, ch) == (base, 512, 128, 320, 0, 0)
-    assert _item(x[3], READ, {})[2:4] == (base + 192, base + 256)
-    assert _item(x[:0], READ, {}) is None
-    assert _item(x, READ, {x.untyped_storage().data_ptr(): _Known()})[1] == 0   # size only for a new extent
-
-
-class _Known:
-    end = 1
+    assert _item(x[3], READ)[2:4] == (base + 192, base + 256)
+    assert _item(x[:0], READ) is None and _item(3, READ) is None   # no bytes, or not a tensor
+    assert _item(x[3], READ)[1] == 512   # the whole storage's size, whatever the view
 
 
 def test_columns_are_strided_patterns_and_halves_do_not_overlap():
     x = torch.zeros(8, 16)
     base = x.data_ptr()
-    left = _item(x[:, :8], WRITE, {})
-    right = _item(x[:, 8:], WRITE, {})
+    left = _item(x[:, :8], WRITE)
+    right = _item(x[:, 8:], WRITE)
     assert left[2:] == (base, base + 7 * 64 + 32, 64, 32, WRITE)
     assert right[2:] == (base + 32, base + 7 * 64 + 64, 64, 32, WRITE)
     r = _Rec(1, "s", 1, "write", left[2], left[3], "op", None, 1, base, left[4], left[5])
     assert _disjoint(r, right[2], right[3], right[4], right[5])
-    col = _item(x[:, 3], READ, {})
+    col = _item(x[:, 3], READ)
     assert (col[4], col[5]) == (64, 4)
     assert not _disjoint(r, col[2], col[3], col[4], col[5])
 
@@ -124,11 +128,13 @@ def test_columns_are_strided_patterns_and_halves_do_not_overlap():
 def test_transposed_and_expanded_views_span_their_bytes():
     x = torch.zeros(8, 16)
     base = x.data_ptr()
-    assert _item(x.t(), READ, {})[2:6] == (base, base + 512, 0, 0)
+    assert _item(x.t(), READ)[2:6] == (base, base + 512, 0, 0)
     e = torch.zeros(16).expand(4, 16)
-    assert _item(e, READ, {})[3] - _item(e, READ, {})[2] == 64
-    assert _pattern(torch.Size([2, 3, 4]), (15, 5, 1), 4) == ((15 + 10 + 3 + 1) * 4, 20, 16)
-    assert _pattern(torch.Size([2, 3, 4]), (60, 5, 1), 4)[1] == 0     # two irregular levels: span only
+    assert _item(e, READ)[3] - _item(e, READ)[2] == 64
+    y = torch.zeros(256)
+    lo, hi, per, ch = _item(y.as_strided((2, 3, 4), (15, 5, 1)), READ)[2:6]
+    assert (hi - lo, per, ch) == ((15 + 10 + 3 + 1) * 4, 20, 16)
+    assert _item(y.as_strided((2, 3, 4), (60, 5, 1)), READ)[4] == 0     # two irregular levels: span only
 
 
 # -- the front end on CPU tensors ------------------------------------------------------------------
@@ -220,6 +226,45 @@ def test_ops_report_their_reads_and_writes(traced):
     assert calls(traced, lambda: torch.zeros_like(a)) == [("aten::zeros_like", [(WRITE | OUTPUT, 0, 16)])]
     assert calls(traced, lambda: a.new_empty(3)) == [("aten::new_empty", [(OUTPUT, 0, 12)])]
     assert calls(traced, lambda: c[1:3].copy_(a[:2])) == [("aten::copy_", [(READ, 0, 8), (WRITE, 4, 12)])]
+
+
+def test_both_engines_measure_an_op_alike():
+    # One rule (the observer library's measure): the dispatch mode and the observer hand the
+    # sanitizer the same items, byte for byte, for views, lists of tensors, out= and tuples.
+    need_engine("observer")
+    x = torch.zeros(8, 16)
+    ps = [torch.ones(5) for _ in range(4)]
+    gs = [torch.ones(5) for _ in range(4)]
+    out = torch.empty(8)
+
+    def program():
+        x[:, 3].add_(1)                       # a strided column, read and written
+        x.t().mul(2)                          # a transposed read, a fresh output
+        torch._foreach_add_(ps, gs)           # lists of tensors: every element, one call
+        torch.sum(x[2:4], dim=1, out=out[:2])  # out= of a view
+        torch.max(x, dim=0)                   # two fresh outputs
+
+    seen = {}
+    for engine in ENGINES:
+        san = Sanitizer()
+        san.mode = "collect"
+        fe = Traced(san, engine)
+        got = []
+        real = san.foreign_access
+        san.foreign_access = lambda stream, op, frames, items, synced=False: got.append(
+            (op, sorted(unpack_items(items) if isinstance(items, bytes) else items)))
+        fe.enable()
+        try:
+            program()
+        finally:
+            fe.disable()
+            san.foreign_access = real
+        seen[engine] = [(op, [it for it in items if not it[6] & OUTPUT]) for op, items in got]  # fresh outputs differ per run
+    assert seen["mode"] == seen["observer"], seen
+    ops = [op for op, _ in seen["mode"]]
+    assert "aten::_foreach_add_.List" in ops
+    foreach = dict(seen["mode"])["aten::_foreach_add_.List"]
+    assert len(foreach) == 8  # 4 parameters read and written, 4 gradients read
 
 
 def test_a_race_between_streams_with_both_stacks(traced):
@@ -382,17 +427,18 @@ def test_sanitize_on_cpu_tensors_checks_nothing_and_says_so(engine, monkeypatch)
     assert not igt.is_enabled() and _get_current_dispatch_mode() is None and not ig.sanitizer.is_enabled()
 
 
-def test_without_a_compiler_the_observer_says_why_and_the_dispatch_mode_serves(tmp_path):
+def test_without_a_compiler_enabling_says_why_and_leaves_nothing_on(tmp_path):
+    # Both engines measure tensors with the observer's library (one rule): without it, neither
+    # starts, and each says what to do.
     code = ("import sys, torch, ignis.torch as igt\n"
             "from ignis.torch._native import observer, observer_error\n"
             "assert observer() is None\n"
             "print('ERROR', observer_error())\n"
-            "with igt.sanitize('collect'):\n"
-            "    print('ENGINE', igt.front_end().engine)\n"
-            "try:\n"
-            "    igt.enable('collect', engine='observer')\n"
-            "except RuntimeError as e:\n"
-            "    print('ASKED', e)\n"
+            "for mode, engine in (('collect', None), ('raise', None), ('raise', 'mode'), ('collect', 'observer')):\n"
+            "    try:\n"
+            "        igt.enable(mode, engine=engine)\n"
+            "    except RuntimeError as e:\n"
+            "        print(f'REFUSED-{mode}-{engine}', e)\n"
             "print('LEFT', igt.is_enabled(), __import__('ignis').sanitizer.is_enabled())\n")
     env = dict(os.environ, PYTHONPATH=IMPORT_ROOT, IGNIS_BACKEND="emulated", IGNIS_CACHE_DIR=str(tmp_path),
                CXX=str(tmp_path / "no-such-compiler"))
@@ -401,9 +447,9 @@ def test_without_a_compiler_the_observer_says_why_and_the_dispatch_mode_serves(t
     assert p.returncode == 0, p.stderr
     lines = dict(line.split(" ", 1) for line in p.stdout.splitlines())
     assert "no-such-compiler" in lines["ERROR"]
-    assert lines["ENGINE"] == "mode"
-    assert "cannot be built here" in lines["ASKED"] and "engine='mode'" in lines["ASKED"]
-    assert lines["LEFT"] == "False False"  # the failed enable left nothing on
+    for key in ("REFUSED-collect-None", "REFUSED-raise-None", "REFUSED-raise-mode", "REFUSED-collect-observer"):
+        assert "cannot be built here" in lines[key] and "install a C++ compiler" in lines[key], key
+    assert lines["LEFT"] == "False False"  # each failed enable left nothing on
     assert "building the op observer" in p.stderr
     assert not list(tmp_path.rglob("*.so"))  # nothing half-built left behind
 

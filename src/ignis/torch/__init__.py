@@ -60,8 +60,9 @@ def enable(mode: str = "raise", *, engine: str | None = None) -> "Sanitizer":
     needed once); it cannot raise inside an op, so in raise mode an error waits until
     checking stops. ``"mode"``: a TorchDispatchMode on this thread (and the autograd
     engine's), which raises at the op; slower per op. None (default, or
-    ``IGNIS_TORCH_ENGINE``): the observer in collect mode where it can be built, else
-    the dispatch mode."""
+    ``IGNIS_TORCH_ENGINE``): the observer in collect mode, else the dispatch mode. Both
+    measure tensors with the observer's library: RuntimeError, saying why, where it
+    cannot be built."""
     global _fe
     from ..safety.sanitizer import sanitizer
     was, prev_mode = sanitizer.active, sanitizer.mode

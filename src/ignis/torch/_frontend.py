@@ -109,7 +109,6 @@ __all__ = ["TorchFrontEnd"]
 _set_eval_frame = torch._C._dynamo.eval_frame.set_eval_frame
 _raw_stream = getattr(torch._C, "_cuda_getCurrentRawStream", None)
 Tensor = torch.Tensor
-_PATTERNS: dict[tuple, tuple[int, int, int]] = {}
 
 
 # The user's frames at the current op: the sanitizer's own capture (Ignis's walker, interned:
@@ -118,45 +117,37 @@ _PATTERNS: dict[tuple, tuple[int, int, int]] = {}
 capture_stack = _san_frames
 
 
-def _pattern(shape: Any, strides: tuple, isz: int) -> tuple[int, int, int]:
-    """(span, period, chunk) in bytes of a non-contiguous view; period 0 when the
-    bytes it touches are not one regular set of chunks (then the span stands for them)."""
-    key = (shape, strides, isz)
-    r = _PATTERNS.get(key)
-    if r is None:
-        dims = sorted((s, n) for n, s in zip(shape, strides) if n > 1 and s > 0)
-        span = 1 + sum((n - 1) * s for s, n in dims)
-        chunk, i = 1, 0
-        while i < len(dims) and dims[i][0] == chunk:
-            chunk *= dims[i][1]
-            i += 1
-        rest = dims[i:]
-        regular = bool(rest) and all(rest[j + 1][0] == rest[j][0] * rest[j][1] for j in range(len(rest) - 1))
-        per = rest[0][0] if regular and rest[0][0] > chunk else 0
-        r = (span * isz, per * isz, chunk * isz if per else 0)
-        if len(_PATTERNS) > 4096:
-            _PATTERNS.clear()
-        _PATTERNS[key] = r
-    return r
+# The observer library's measure of tensors (``_observer.cpp``: ``measure``), bound by
+# ``_bind_native`` when a front end starts: ``item(tensor, mode)`` -> one tensor's access, a
+# tuple (storage base, storage size, span lo, span hi, period, chunk, mode), or None for a tensor
+# of no bytes; ``op_items(native spec, args, kwargs, out, host)`` -> a whole op's, packed;
+# ``op_spec(inputs, outputs, multi, cuda)`` -> an OpSpec's native spec. Both engines measure with
+# it: the rule (views, strides, lists, out= arguments, aliases) is written once, in C++.
+_ITEM: Callable[[Any, int], tuple | None] | None = None
+_OP_ITEMS: Callable[..., tuple | None] | None = None
+_OP_SPEC: Callable[..., Any] | None = None
 
 
-def _item(t: torch.Tensor, mode: int, live: dict) -> tuple | None:
-    """One tensor's access: (storage base, storage size if its extent is new, span lo,
-    span hi, period, chunk, mode), or None for a tensor of no bytes."""
-    n = t.nbytes
-    if not n:
-        return None
-    p = t.data_ptr()
-    isz = t.element_size()
-    base = p - t.storage_offset() * isz
-    if t.is_contiguous():
-        hi, per, ch = p + n, 0, 0
-    else:
-        span, per, ch = _pattern(t.shape, t.stride(), isz)
-        hi = p + span
-    ext = live.get(base)
-    size = 0 if ext is not None and ext.end is not None else t.untyped_storage().nbytes()
-    return (base, size, p, hi, per, ch, mode)
+def _bind_native() -> None:
+    """Bind the observer library's measure (built against this torch at first use);
+    RuntimeError where it cannot be built."""
+    global _ITEM, _OP_ITEMS, _OP_SPEC
+    if _ITEM is not None:
+        return
+    from ._native import observer, observer_error
+    lib = observer()
+    if lib is None:
+        raise RuntimeError(f"ignis.torch: the op observer cannot be built here ({observer_error()}); both ways of "
+                           "checking PyTorch's ops measure tensors with it: install a C++ compiler (or set CXX to "
+                           "one) and try again")
+    fns = lib.ignis_obs_py_functions()
+    _OP_ITEMS, _OP_SPEC, _ITEM = fns["op_items"], fns["op_spec"], fns["item"]
+
+
+def _item(t: torch.Tensor, mode: int) -> tuple | None:
+    """One tensor's access: (storage base, storage size, span lo, span hi, period, chunk,
+    mode), or None for a tensor of no bytes (the observer library's ``item``)."""
+    return _ITEM(t, mode)
 
 
 def _after(first: Callable[[], Any], fn: Callable) -> Callable:
@@ -291,63 +282,30 @@ class TorchFrontEnd:
         return _raw_stream(t.get_device())
 
     def _item(self, t: torch.Tensor, mode: int) -> tuple | None:
-        return _item(t, mode, self.san._live)
+        return _ITEM(t, mode)
 
     def on_op(self, spec: OpSpec, args: tuple, kwargs: dict | None, out: Any, hv: int = -1) -> None:
         """Report one op's accesses (called after it ran; ``hv``: the host clock's version
-        before it ran, so that a synchronization inside the op covers the op itself)."""
-        items: list = []
-        host: list | None = None
-        dev = None
+        before it ran, so that a synchronization inside the op covers the op itself). The
+        op's tensors are measured in one call into the observer library (``op_items``)."""
         san = self.san
-        live = san._live  # the sanitizer's foreign extents: a storage's size is needed only for a new one
-        is_dev = self._is_dev
-        nargs = len(args)
-        for pos, name, mode, many in spec.inputs:
-            v = args[pos] if pos < nargs else (kwargs.get(name) if kwargs else None)
-            if not many:
-                if not isinstance(v, Tensor):  # None, or a wrapped number
-                    continue
-                if is_dev(v):
-                    it = _item(v, mode, live)
-                    if it is not None:
-                        items.append(it)
-                        dev = v
-                elif san.pinned:
-                    host = self._host_item(v, mode, host)
-                continue
-            for t in v or ():
-                if not isinstance(t, Tensor):
-                    continue
-                if is_dev(t):
-                    it = _item(t, mode, live)
-                    if it is not None:
-                        items.append(it)
-                        dev = t
-                elif san.pinned:
-                    host = self._host_item(t, mode, host)
-        if spec.outputs:
-            nin = len(items)
-            outs = out if spec.multi else (out,)
-            for i, mode, many in spec.outputs:
-                v = outs[i]
-                for t in (v if many else (v,)):
-                    if not isinstance(t, Tensor) or not is_dev(t):
-                        continue
-                    it = _item(t, mode, live)
-                    if it is None:
-                        continue
-                    for k in range(nin):
-                        if items[k][0] == it[0]:
-                            break  # an alias of an input (a view the schema does not annotate)
-                    else:
-                        items.append(it)
-                        dev = t
-        if dev is None and host is None:
+        native = spec.native
+        if native is None or native[0] is not self._cuda:  # (made once per op and kind of front end)
+            native = spec.native = (self._cuda, _OP_SPEC(spec.inputs, spec.outputs, spec.multi, self._cuda))
+        r = _OP_ITEMS(native[1], args, kwargs, out, bool(san.pinned))
+        host = None
+        if r is not None:
+            items, host, dev = r
+            if host is not None:
+                pinned = san.pinned
+                host = [it for it in unpack_items(host) if it[0] in pinned]
+            if items is None and not host:
+                r = None
+        if r is None:
             self.cpu_ops += 1
             return
         frames = capture_stack()
-        if dev is not None:
+        if items is not None:
             self._ops += 1
             san.foreign_access(self.stream_of(dev), spec.name, frames, items, san._host_version != hv)
         if host:
@@ -618,7 +576,6 @@ class TorchFrontEnd:
         items: list = []
         if not roles:
             return items
-        live = self.san._live
         is_dev = self._is_dev
         for role in roles:
             mode = role.mode
@@ -632,7 +589,7 @@ class TorchFrontEnd:
                 modes = [mode] * len(tensors)
             for t, m in zip(tensors, modes):
                 if isinstance(t, Tensor) and is_dev(t):
-                    it = _item(t, m, live)
+                    it = _ITEM(t, m)
                     if it is not None:
                         items.append(it)
         return items
@@ -730,13 +687,12 @@ class TorchFrontEnd:
             roles = kernel.__dict__["_ignis_roles"] = tuple(
                 (i, m) for i, m in enumerate(_triton.kernel_roles(names, ttir)) if m)
         items: list = []
-        live = self.san._live
         dev = None
         n = len(args)
         for i, mode in roles:
             a = args[i] if i < n else None
             if isinstance(a, Tensor) and self._is_dev(a):
-                it = _item(a, mode, live)
+                it = _ITEM(a, mode)
                 if it is not None:
                     items.append(it)
                     dev = a
@@ -953,30 +909,27 @@ class TorchFrontEnd:
 
     # -- control -------------------------------------------------------------------------
     def enable(self) -> None:
-        """Start checking: the op observer (every thread) where it is asked for or, in
-        collect mode, where it can be built; else the dispatch mode (this thread, and the
-        autograd engine's). Then subscribe to PyTorch's GPU trace."""
+        """Start checking: the op observer (every thread) where it is asked for or, by
+        default, in collect mode; else the dispatch mode (this thread, and the autograd
+        engine's), which raises at the op. Both measure tensors with the observer library,
+        built against this torch at first use: RuntimeError, saying why, where it cannot be
+        built. Then subscribe to PyTorch's GPU trace."""
         if self._mode is not None or self._obs is not None:
             return
+        _bind_native()
         add_library_dir(os.path.dirname(torch.__file__))
         engine = self.engine_asked or ("observer" if self.san.mode == "collect" else "mode")
         if engine == "observer":
-            from ._native import observer, observer_error
-            lib = observer()
-            if lib is None:
-                if self.engine_asked == "observer":
-                    raise RuntimeError(f"ignis.torch: the op observer cannot be built here ({observer_error()}); "
-                                       "install a C++ compiler, or use engine='mode'")
-                engine = "mode"
-            else:
-                rc = lib.ignis_obs_start(self._obs_classify, self._observed, self._observed_special, self._direct(),
-                                         1 if self._cuda else 0)
-                if rc == -1:
-                    raise RuntimeError("ignis.torch: another front end observes PyTorch's ops already; disable it first")
-                if rc != 0:  # the direct path's callables were refused: a bug of this package
-                    raise RuntimeError(f"ignis.torch: the op observer refused to start (status {rc})")
-                lib.ignis_obs_set_collective(self._observed_collective)
-                self._obs = lib
+            from ._native import observer
+            lib = observer()  # (built: _bind_native)
+            rc = lib.ignis_obs_start(self._obs_classify, self._observed, self._observed_special, self._direct(),
+                                     1 if self._cuda else 0)
+            if rc == -1:
+                raise RuntimeError("ignis.torch: another front end observes PyTorch's ops already; disable it first")
+            if rc != 0:  # the direct path's callables were refused: a bug of this package
+                raise RuntimeError(f"ignis.torch: the op observer refused to start (status {rc})")
+            lib.ignis_obs_set_collective(self._observed_collective)
+            self._obs = lib
         self.engine = engine
         if self._cuda and _raw_stream is not None:
             try:

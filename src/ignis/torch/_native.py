@@ -6,7 +6,8 @@ here, the first time the front end wants it, with the C++ compiler torch's own e
 use (``CXX``, else ``c++``), into ``$IGNIS_CACHE_DIR`` (default ``~/.cache/ignis``), one file
 per torch version, Python, source and compile command. Later runs load the cached file. Without a compiler,
 or when the build fails, ``observer()`` returns None and ``observer_error()`` says why: the
-front end then uses its dispatch mode (slower per op, the same checks).
+front end then refuses to start, saying so (both of its engines measure tensors with this
+library: the observer's rule is the only one).
 """
 
 from __future__ import annotations
@@ -105,6 +106,8 @@ def _load(path: str) -> ctypes.PyDLL:
     lib.ignis_obs_trace_active.restype = ctypes.c_int
     lib.ignis_obs_trace_fire.argtypes = [ctypes.c_int, ctypes.c_int, ctypes.c_ulonglong, ctypes.c_ulonglong, ctypes.c_int]
     lib.ignis_obs_trace_fire.restype = ctypes.c_int
+    lib.ignis_obs_py_functions.argtypes = []
+    lib.ignis_obs_py_functions.restype = ctypes.py_object
     for name in ("ignis_obs_take_cpu_ops", "ignis_obs_take_ops", "ignis_obs_errors", "ignis_obs_trace_take_events"):
         fn = getattr(lib, name)
         fn.argtypes = []
@@ -133,7 +136,7 @@ def observer() -> ctypes.PyDLL | None:
                   f"(once; cached in {os.path.dirname(path)})", file=sys.stderr)
             _build(path)
             _lib = _load(path)
-        except Exception as e:  # no compiler, no headers, a torch without them: the dispatch mode serves
+        except Exception as e:  # no compiler, no headers, a torch without them: said at enable
             _error = f"{type(e).__name__}: {e}"
             _lib = None
         return _lib

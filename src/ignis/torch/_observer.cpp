@@ -168,7 +168,7 @@ struct InPython {
 };
 
 // (span, period, chunk) in bytes of a non-contiguous view; period 0 when its bytes are
-// not one regular set of chunks (then the span stands for them). As _frontend._pattern.
+// not one regular set of chunks (then the span stands for them).
 void pattern(const at::Tensor &t, uint64_t isz, uint64_t &span, uint64_t &per, uint64_t &chunk) {
   c10::SmallVector<std::pair<int64_t, int64_t>, 6> dims;  // (stride, size)
   auto sizes = t.sizes();
@@ -193,22 +193,19 @@ void pattern(const at::Tensor &t, uint64_t isz, uint64_t &span, uint64_t &per, u
   chunk = p ? (uint64_t)ch * isz : 0;
 }
 
-// One tensor's access, into the device list or (a host tensor, host checks on) the host list.
-// Tensors without real memory (wrapped Python numbers, fake and functional tensors, sparse
-// ones) touch no bytes here.
-void add(Ctx *c, const at::Tensor &t, int mode) {
-  if (!t.defined() || !t.has_storage() || t.unsafeGetTensorImpl()->is_wrapped_number()) return;
-  if (t.layout() != c10::kStrided) return;
-  auto dt = t.device().type();
-  bool dev = dt == g_dev;
-  if (!dev && !(dt == c10::DeviceType::CPU && g_host_check.load(std::memory_order_relaxed))) return;
+// One tensor's access as a packed item: false for a tensor without real memory (wrapped Python
+// numbers, fake and functional tensors, sparse ones), which touches no bytes here. The one rule
+// for every path: the observer's (dispatcher values) and the front end's Python (py_item,
+// py_op_items below).
+bool measure(const at::Tensor &t, int mode, Item &it) {
+  if (!t.defined() || !t.has_storage() || t.unsafeGetTensorImpl()->is_wrapped_number()) return false;
+  if (t.layout() != c10::kStrided) return false;
   uint64_t n = t.nbytes();
-  if (!n) return;
+  if (!n) return false;
   const c10::Storage &st = t.storage();
-  if (st.data() == nullptr) return;
+  if (st.data() == nullptr) return false;
   uint64_t isz = t.itemsize();
   uint64_t p = (uint64_t)(uintptr_t)st.data() + (uint64_t)t.storage_offset() * isz;
-  Item it;
   it.base = (uint64_t)(uintptr_t)st.data();
   it.size = st.nbytes();
   it.lo = p;
@@ -221,6 +218,17 @@ void add(Ctx *c, const at::Tensor &t, int mode) {
     pattern(t, isz, span, it.per, it.chunk);
     it.hi = p + span;
   }
+  return true;
+}
+
+// One tensor's access, into the device list or (a host tensor, host checks on) the host list.
+void add(Ctx *c, const at::Tensor &t, int mode) {
+  if (!t.defined()) return;
+  auto dt = t.device().type();
+  bool dev = dt == g_dev;
+  if (!dev && !(dt == c10::DeviceType::CPU && g_host_check.load(std::memory_order_relaxed))) return;
+  Item it;
+  if (!measure(t, mode, it)) return;
   if (dev) {
     c->items.push_back(it);
     if (c->device < 0) c->device = t.device().index();
@@ -997,11 +1005,223 @@ void clear_trace_tables() {
   }
 }
 
+// ---- The same measure for Python's tensors ------------------------------------------------
+//
+// The dispatch mode (raise mode's engine) and the front end's Python paths (copies with a host
+// side, collectives, Triton launches, declared uses) hand tensors as Python objects. They are
+// measured here, by ``measure`` above, as the observer measures the dispatcher's: one rule.
+// ``item(tensor, mode)``: one tensor's packed item as a tuple (or None for no bytes), and
+// ``op_items(spec, args, kwargs, out, host)``: a whole op's, in one call (``spec`` from
+// ``op_spec(inputs, outputs, multi, cuda)``). They need no observing session.
+
+// One argument of a dispatch-mode op: its position, its name (a keyword argument), its mode and
+// whether it is a list of tensors.
+struct PyArg {
+  Py_ssize_t pos;
+  PyObject *name;
+  int mode;
+  bool many;
+};
+
+struct PySpec {
+  std::vector<PyArg> in;
+  std::vector<Arg> out;
+  bool multi = false;
+  c10::DeviceType dev = c10::DeviceType::CUDA;  // the checked backend's tensors (CPU: the front end's test mode)
+  ~PySpec() {
+    for (auto &a : in) Py_XDECREF(a.name);
+  }
+};
+
+const char *PYSPEC = "ignis.torch op items";
+
+// A Python object as a tensor with bytes of the checked backend (``dev``) or, with ``host``,
+// of the host; true and ``it`` filled then.
+bool py_measure(PyObject *v, c10::DeviceType dev, int mode, bool host, Item &it, bool &on_dev, int &device) {
+  if (!THPVariable_Check(v)) return false;
+  const at::Tensor &t = THPVariable_Unpack(v);
+  if (!measure(t, mode, it)) return false;
+  auto dt = t.device().type();
+  on_dev = dt == dev;
+  if (!on_dev && !(host && dt == c10::DeviceType::CPU)) return false;
+  if (on_dev) device = t.device().index();
+  return true;
+}
+
+struct PyItems {
+  c10::SmallVector<Item, 6> dev;
+  c10::SmallVector<Item, 2> host;
+  PyObject *last = nullptr;  // the last device tensor (borrowed)
+  int device = -1;
+};
+
+void py_add(PyItems &r, c10::DeviceType dev, PyObject *v, int mode, bool many, bool host, size_t nin) {
+  auto one = [&](PyObject *x) {
+    Item it;
+    bool on_dev = false;
+    if (!py_measure(x, dev, mode, host, it, on_dev, r.device)) return;
+    if (!on_dev) {
+      r.host.push_back(it);
+      return;
+    }
+    for (size_t j = 0; j < nin; j++)
+      if (r.dev[j].base == it.base) return;  // an output aliasing an input: that input's access
+    r.dev.push_back(it);
+    r.last = x;
+  };
+  if (!many) {
+    one(v);
+  } else if (PyList_Check(v) || PyTuple_Check(v)) {
+    Py_ssize_t n = PySequence_Fast_GET_SIZE(v);
+    PyObject **xs = PySequence_Fast_ITEMS(v);
+    for (Py_ssize_t i = 0; i < n; i++) one(xs[i]);
+  }
+}
+
+void drop_spec(PyObject *capsule) { delete static_cast<PySpec *>(PyCapsule_GetPointer(capsule, PYSPEC)); }
+
+// op_spec(inputs, outputs, multi, cuda): inputs ((pos, name, mode, many), ...), outputs
+// ((index, mode, many), ...) as _ops.OpSpec has them; ``cuda``: CUDA tensors are the device's
+// (else the host's: the front end's test mode).
+PyObject *py_op_spec(PyObject *, PyObject *const *argv, Py_ssize_t argc) {
+  if (argc != 4 || !PyTuple_Check(argv[0]) || !PyTuple_Check(argv[1])) {
+    PyErr_SetString(PyExc_TypeError, "op_spec(inputs: tuple, outputs: tuple, multi: bool, cuda: bool)");
+    return nullptr;
+  }
+  auto spec = std::make_unique<PySpec>();
+  spec->multi = PyObject_IsTrue(argv[2]) == 1;
+  spec->dev = PyObject_IsTrue(argv[3]) == 1 ? c10::DeviceType::CUDA : c10::DeviceType::CPU;
+  for (Py_ssize_t i = 0; i < PyTuple_GET_SIZE(argv[0]); i++) {
+    PyObject *a = PyTuple_GET_ITEM(argv[0], i);
+    if (!PyTuple_Check(a) || PyTuple_GET_SIZE(a) != 4) {
+      PyErr_SetString(PyExc_TypeError, "an input spec is not (pos, name, mode, many)");
+      return nullptr;
+    }
+    PyObject *name = PyTuple_GET_ITEM(a, 1);
+    Py_INCREF(name);
+    spec->in.push_back(PyArg{PyLong_AsSsize_t(PyTuple_GET_ITEM(a, 0)), name, (int)PyLong_AsLong(PyTuple_GET_ITEM(a, 2)),
+                             PyObject_IsTrue(PyTuple_GET_ITEM(a, 3)) == 1});
+  }
+  for (Py_ssize_t i = 0; i < PyTuple_GET_SIZE(argv[1]); i++) {
+    PyObject *a = PyTuple_GET_ITEM(argv[1], i);
+    if (!PyTuple_Check(a) || PyTuple_GET_SIZE(a) != 3) {
+      PyErr_SetString(PyExc_TypeError, "an output spec is not (index, mode, many)");
+      return nullptr;
+    }
+    spec->out.push_back(Arg{(int)PyLong_AsLong(PyTuple_GET_ITEM(a, 0)), (int)PyLong_AsLong(PyTuple_GET_ITEM(a, 1)),
+                            PyObject_IsTrue(PyTuple_GET_ITEM(a, 2)) == 1});
+  }
+  if (PyErr_Occurred()) return nullptr;
+  PyObject *cap = PyCapsule_New(spec.get(), PYSPEC, drop_spec);
+  if (cap != nullptr) spec.release();
+  return cap;
+}
+
+// op_items(spec, args, kwargs, out, host) -> (device items, host items or None, a device tensor)
+// with the items packed, or None when the op touched no device tensor and no host one.
+PyObject *py_op_items(PyObject *, PyObject *const *argv, Py_ssize_t argc) {
+  if (argc != 5 || !PyTuple_Check(argv[1])) {
+    PyErr_SetString(PyExc_TypeError, "op_items(spec, args: tuple, kwargs, out, host: bool)");
+    return nullptr;
+  }
+  auto *spec = static_cast<PySpec *>(PyCapsule_GetPointer(argv[0], PYSPEC));
+  if (spec == nullptr) return nullptr;
+  PyObject *args = argv[1], *kwargs = argv[2], *out = argv[3];
+  bool host = PyObject_IsTrue(argv[4]) == 1;
+  bool kw = kwargs != Py_None && PyDict_Check(kwargs);
+  Py_ssize_t nargs = PyTuple_GET_SIZE(args);
+  PyItems r;
+  try {
+    for (const PyArg &a : spec->in) {
+      PyObject *v = a.pos < nargs ? PyTuple_GET_ITEM(args, a.pos) : (kw ? PyDict_GetItem(kwargs, a.name) : nullptr);
+      if (v != nullptr && v != Py_None) py_add(r, spec->dev, v, a.mode, a.many, host, 0);
+    }
+    if (!spec->out.empty()) {
+      size_t nin = r.dev.size();
+      bool seq = spec->multi && (PyTuple_Check(out) || PyList_Check(out));
+      for (const Arg &a : spec->out) {
+        PyObject *v = out;
+        if (spec->multi) {
+          if (!seq || a.pos >= PySequence_Fast_GET_SIZE(out)) continue;
+          v = PySequence_Fast_ITEMS(out)[a.pos];
+        }
+        py_add(r, spec->dev, v, a.mode, a.many, false, nin);
+      }
+    }
+  } catch (const std::exception &e) {
+    PyErr_SetString(PyExc_RuntimeError, e.what());
+    return nullptr;
+  }
+  if (r.dev.empty() && r.host.empty()) Py_RETURN_NONE;
+  PyObject *d = r.dev.empty() ? (Py_INCREF(Py_None), Py_None) : items_bytes(r.dev);
+  PyObject *h = r.host.empty() ? (Py_INCREF(Py_None), Py_None) : items_bytes(r.host);
+  PyObject *t = r.last != nullptr ? r.last : Py_None;
+  Py_INCREF(t);
+  if (d == nullptr || h == nullptr) {
+    Py_XDECREF(d);
+    Py_XDECREF(h);
+    Py_DECREF(t);
+    return nullptr;
+  }
+  PyObject *res = PyTuple_New(3);
+  if (res == nullptr) return nullptr;
+  PyTuple_SET_ITEM(res, 0, d);
+  PyTuple_SET_ITEM(res, 1, h);
+  PyTuple_SET_ITEM(res, 2, t);
+  return res;
+}
+
+// item(tensor, mode) -> (base, size, lo, hi, period, chunk, mode), or None for a tensor of no
+// bytes (or not a tensor): any device's, the host's too.
+PyObject *py_item(PyObject *, PyObject *const *argv, Py_ssize_t argc) {
+  if (argc != 2) {
+    PyErr_SetString(PyExc_TypeError, "item(tensor, mode)");
+    return nullptr;
+  }
+  if (!THPVariable_Check(argv[0])) Py_RETURN_NONE;
+  int mode = (int)PyLong_AsLong(argv[1]);
+  if (mode == -1 && PyErr_Occurred()) return nullptr;
+  Item it;
+  try {
+    if (!measure(THPVariable_Unpack(argv[0]), mode, it)) Py_RETURN_NONE;
+  } catch (const std::exception &e) {
+    PyErr_SetString(PyExc_RuntimeError, e.what());
+    return nullptr;
+  }
+  return Py_BuildValue("(KKKKKKL)", (unsigned long long)it.base, (unsigned long long)it.size,
+                       (unsigned long long)it.lo, (unsigned long long)it.hi, (unsigned long long)it.per,
+                       (unsigned long long)it.chunk, (long long)it.mode);
+}
+
+PyMethodDef g_py_methods[] = {
+    {"op_spec", (PyCFunction)(void (*)(void))py_op_spec, METH_FASTCALL, "op_spec(inputs, outputs, multi, cuda)"},
+    {"op_items", (PyCFunction)(void (*)(void))py_op_items, METH_FASTCALL,
+     "op_items(spec, args, kwargs, out, host)"},
+    {"item", (PyCFunction)(void (*)(void))py_item, METH_FASTCALL, "item(tensor, mode)"},
+    {nullptr, nullptr, 0, nullptr}};
+
 }  // namespace
 
 #define IGNIS_API __attribute__((visibility("default")))
 
 extern "C" {
+
+// The measure of Python's tensors (see py_item / py_op_items), as Python functions:
+// {"item": ..., "op_items": ..., "op_spec": ...} (a new reference; NULL with an error set).
+IGNIS_API PyObject *ignis_obs_py_functions(void) {
+  PyObject *d = PyDict_New();
+  if (d == nullptr) return nullptr;
+  for (PyMethodDef *m = g_py_methods; m->ml_name != nullptr; m++) {
+    PyObject *f = PyCFunction_New(m, nullptr);
+    if (f == nullptr || PyDict_SetItemString(d, m->ml_name, f) != 0) {
+      Py_XDECREF(f);
+      Py_DECREF(d);
+      return nullptr;
+    }
+    Py_DECREF(f);
+  }
+  return d;
+}
 
 // Start observing: ``classify``, ``on_op`` and ``on_special`` are the front end's callables
 // (kept referenced until ``ignis_obs_stop``); ``device_type`` the backend checked (c10's

@@ -166,7 +166,7 @@ class OpSpec:
     the name of a special handling, or None; ``active``: whether the op touches
     bytes at all."""
 
-    __slots__ = ("op", "name", "call", "inputs", "outputs", "multi", "special", "active", "comm", "issue")
+    __slots__ = ("op", "name", "call", "inputs", "outputs", "multi", "special", "active", "comm", "issue", "native")
 
     def __init__(self, op: Any, name: str, inputs: tuple, outputs: tuple, multi: bool, special: str | None,
                  active: bool, comm: tuple = (), issue: tuple = ()) -> None:
@@ -177,6 +177,7 @@ class OpSpec:
         # A collective's ``Role``s: on the stream the communication runs on, and on the issuing
         # stream before the launch (a functional collective's fresh output).
         self.comm, self.issue = comm, issue
+        self.native: Any = None  # the observer library's form of inputs and outputs (the front end's, at first use)
 
     def __repr__(self) -> str:
         def m(mode: int) -> str:
