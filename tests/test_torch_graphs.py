@@ -319,8 +319,12 @@ def test_a_triton_launch_is_the_accesses_its_ir_says_on_the_launch_stream():
     from types import SimpleNamespace
 
     from ignis.safety.sanitizer import unpack_items
-    from ignis.torch._frontend import TorchFrontEnd
+    from ignis.torch._frontend import TorchFrontEnd, _bind_native
 
+    try:
+        _bind_native()  # (the launch handler alone, without enable(): its measure of tensors)
+    except RuntimeError as e:
+        pytest.skip(str(e))
     san = Sanitizer()
     san.mode = "collect"
     fe = TorchFrontEnd(san, device_type="cpu", stream_of=lambda t: 0x10, engine="mode")
