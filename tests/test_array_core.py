@@ -330,3 +330,19 @@ def test_a_subclass_is_made_by_its_constructor(dev):
     a.extra = 1  # arrays keep an instance dict
     a.free()
     assert a.freed and type(ig.empty(4)) is ig.NvArray
+
+
+def test_an_arrays_private_state_is_read_only_from_python(dev):
+    # NvArray's own compiled code is the one writer of its pointer, block, resource, lifecycle,
+    # views, gate and exports; Python code (a subsystem, a user) reads them at most.
+    a = ig.empty(16, dtype="float32")
+    for name in ("_ptr", "_block", "_mr", "_tracks", "_freed", "_base", "_views", "_pinned", "_keepalive",
+                 "_gate", "_exports"):
+        getattr(a, name)
+        with pytest.raises(AttributeError):
+            setattr(a, name, None)
+    a.mark_read_only("a test says so")  # the array's own code still sets its gate
+    with pytest.raises(ig.ReadOnlyError, match="a test says so"):
+        a.fill_(1.0)
+    a.free()
+    assert a._freed

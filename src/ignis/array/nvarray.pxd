@@ -1,20 +1,21 @@
-# NvArray's fields, typed for the compiled callers (launch.pyx, the tracked use), and
-# readable and writable from Python under the same names (the layers above read the
-# private ones: the block, the resource, the pointer).
+# NvArray's fields, typed for the compiled callers (launch.pyx, the tracked use). The
+# descriptive ones are readable and writable from Python; the private state (pointer,
+# block, resource, lifecycle, views, gate, exports) is readable only: NvArray's own code,
+# compiled, is its one writer (the layers above use the public tracked-access API).
 
 cdef class NvArray:
     cdef public object id, shape, dtype, device, stream, owner, ref_count, created_at, numel, nbytes
-    cdef public object _ptr          # the device address of byte 0
-    cdef public object _block        # the DeviceBlock the bytes live in (a view: its root's), or None
-    cdef public object _mr           # the resource the block came from (None for foreign memory)
-    cdef public object _tracks       # the resource tracks cross-stream uses of the block
-    cdef public object _freed        # True once freed (or while the constructor has no memory yet)
-    cdef public object _base         # the parent of a view
-    cdef public object _views        # weak references to this array's views, once it has any
-    cdef public object _pinned       # the host staging buffer of pin()
-    cdef public object _keepalive    # the producer of adopted foreign memory
-    cdef public object _gate         # what every access must pass first: read-only memory, or a failed write
-    cdef public object _exports      # live exports: weak references to DLPack export tokens, and _CAI
+    cdef readonly object _ptr          # the device address of byte 0
+    cdef readonly object _block        # the DeviceBlock the bytes live in (a view: its root's), or None
+    cdef readonly object _mr           # the resource the block came from (None for foreign memory)
+    cdef readonly object _tracks       # the resource tracks cross-stream uses of the block
+    cdef readonly object _freed        # True once freed (or while the constructor has no memory yet)
+    cdef readonly object _base         # the parent of a view
+    cdef readonly object _views        # weak references to this array's views, once it has any
+    cdef readonly object _pinned       # the host staging buffer of pin()
+    cdef readonly object _keepalive    # the producer of adopted foreign memory
+    cdef readonly object _gate         # what every access must pass first: read-only memory, or a failed write
+    cdef readonly object _exports      # live exports: weak references to DLPack export tokens, and _CAI
     cdef dict __dict__
     cdef object __weakref__
 

@@ -1041,7 +1041,8 @@ cdef class NvArray:
     def _poison(self, make_error: Any) -> None:
         """A failed operation was to write this array: from now on every access to it, to its
         root and to every view of them raises ``make_error(array, what)``; freeing stays allowed."""
-        self._root()._gate = _Poisoned(make_error)
+        cdef NvArray root = self._root()
+        root._gate = _Poisoned(make_error)
 
     def _begin(self, stream, access, op="use", off=0, n=-1):
         """Checks and waits before queuing work that touches bytes ``[off, off + n)``
@@ -1369,7 +1370,7 @@ cdef class NvArray:
 
     def _add_export(self, token: "_Export | str") -> None:
         """Count an export (a DLPack token, or _CAI) on this array and on each base up to its root."""
-        a: NvArray | None = self
+        cdef NvArray a = self
         while a is not None:
             with a._lock:
                 if a._exports is not None and len(a._exports) > 64:
