@@ -35,13 +35,15 @@ cdef class _FreeList:
 
 
 cdef class PoolResource(TrackedResource):
-    cdef public dict _free
-    cdef public object _state
-    cdef public object _live_bytes
-    cdef public object upstream
-    cdef public dict _segments
-    cdef public object _reserved
-    cdef public dict _final
+    # The pool's state: C only (its compiled code the one reader and writer); the upstream
+    # resource is readable from Python.
+    cdef dict _free
+    cdef object _state
+    cdef object _live_bytes
+    cdef readonly object upstream
+    cdef dict _segments
+    cdef object _reserved
+    cdef dict _final
 
     cdef int _split_if_worth(self, _Block b, object size, bint small) except -1
     cdef DeviceBlock _allocate_c(self, object nbytes, object stream_, object tag)

@@ -9,7 +9,10 @@ from .block import DeviceBlock
 __all__ = ['PoolResource']
 
 class PoolResource(TrackedResource):
-    upstream: DeviceMemoryResource
+
+    @property
+    def upstream(self) -> DeviceMemoryResource:
+        ...
 
     def __init__(self, upstream: DeviceMemoryResource | None=..., *, device: Device | int | None=...) -> None:
         ...
