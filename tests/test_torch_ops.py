@@ -451,6 +451,17 @@ def test_without_a_compiler_enabling_says_why_and_leaves_nothing_on(tmp_path):
         assert "cannot be built here" in lines[key] and "install a C++ compiler" in lines[key], key
     assert lines["LEFT"] == "False False"  # each failed enable left nothing on
     assert "building the op observer" in p.stderr
+    # Under ``ignis run --sanitize`` (enable on import), the program's own ``import torch``
+    # goes on: the reason is printed and PyTorch's ops run unchecked.
+    code = ("from ignis.torch import _hook\n"
+            "_hook.enable_on_import('collect')\n"
+            "import torch\n"
+            "import ignis.torch as igt\n"
+            "print('IMPORTED', float(torch.ones(3).sum()), igt.is_enabled())\n")
+    p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, env=env)
+    assert p.returncode == 0, p.stderr
+    assert "IMPORTED 3.0 False" in p.stdout
+    assert "PyTorch's ops are not checked" in p.stderr and "install a C++ compiler" in p.stderr
     assert not list(tmp_path.rglob("*.so"))  # nothing half-built left behind
 
 

@@ -43,8 +43,8 @@ VARIABLES: tuple[Variable, ...] = (
     Variable("IGNIS_NCCL_BINDINGS", "``nccl4py``, ``cupy`` or ``ctypes``: which NCCL bindings collectives use on a "
                                     "GPU (default: the first that imports)."),
     Variable("IGNIS_TORCH_ENGINE", "``observer`` or ``mode``: how ``ignis.torch`` sees PyTorch's ops (default: the "
-                                   "C++ op observer in collect mode where it can be built, else the dispatch "
-                                   "mode)."),
+                                   "C++ op observer in collect mode, else the dispatch mode; both need the "
+                                   "observer's library, built once with a C++ compiler)."),
     Variable("IGNIS_CACHE_DIR", "Where the PyTorch front end's op observer is built once and kept (default "
                                 "``$XDG_CACHE_HOME/ignis``, else ``~/.cache/ignis``)."),
     Variable("IGNIS_RUN_MERGE_TIMEOUT", "Seconds ``ignis run`` waits for the other ranks' reports in a distributed "

@@ -87,7 +87,7 @@ install as their framework's allocator) is this guard with its checks run on the
 Both modes run one compiled core (``guard_base.pyx``, typed in ``guard_base.pxd``): the
 fields read on every allocation and free, the record of one allocation (``_Guarded``),
 the quarantine's bookkeeping, the one ``allocate``, the deferred free (``free_fast``) and
-the check batches. The framework allocators (``ignis.torch._guard_fast``) call it without
+the check batches. The framework allocators (``ignis.safety.guard_alloc``) call it without
 a Python call. The lock is a ``ResourceLock`` (the compiled path takes it without a call).
 """
 
@@ -745,7 +745,7 @@ class DeferredGuardResource(DebugGuardResource):
         self._ready_bytes = 0
         self.ready_limit = ready_limit
         self._ready_stale = False  # a stream closed: its ready blocks go back at the next release
-        # Blocks freed from another stream than theirs (see _guard_fast's free): their poison
+        # Blocks freed from another stream than theirs (see the torch entry points' free, ignis.torch._guard_fast): their poison
         # waits for their stream's next allocation or check, as a reuse would.
         self._unpoisoned: dict = {}
         self._unpoisoned_n = 0

@@ -69,7 +69,7 @@ cdef class State:
     (``graph_free``) for the pool's later allocations, never handed to anyone else;
     ``after_capture``: frees of guarded blocks of a capturing stream, done when it ends."""
 
-    # Fields: see _guard_fast.pxd.
+    # Fields: see guard_alloc.pxd.
 
     def __init__(self) -> None:
         self.opts = None

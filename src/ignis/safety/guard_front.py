@@ -400,6 +400,7 @@ class _AfterImport:
         if loader is None or not hasattr(loader, "exec_module"):
             return spec
         names = self.names
+        finder = self
 
         class _Loader:
             def create_module(self, spec: Any) -> Any:
@@ -413,8 +414,8 @@ class _AfterImport:
                 fn = names.pop(fullname, None)
                 if fn is not None:
                     fn(module)
-                if not names:
-                    _remove_finders()
+                if not names:  # this finder's work is done (another's may still wait)
+                    sys.meta_path[:] = [f for f in sys.meta_path if f is not finder]
 
         spec.loader = _Loader()
         return spec

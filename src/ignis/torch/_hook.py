@@ -32,18 +32,28 @@ class _TorchFinder(importlib.abc.MetaPathFinder):
 
         def exec_module(module: Any) -> None:
             run(module)
-            from . import enable
-            enable(mode)
+            _enable_or_say(mode)
 
         loader.exec_module = exec_module
         return spec
 
 
-def enable_on_import(mode: str = "collect") -> None:
-    """Enable ``ignis.torch`` now if torch is imported, else as soon as it is."""
-    if "torch" in sys.modules:
-        from . import enable
+def _enable_or_say(mode: str) -> None:
+    """Enable ``ignis.torch``; where its op observer cannot be built here (no C++ compiler),
+    say so on stderr and leave the program's import of torch alone: PyTorch's ops then go
+    unchecked, and the summary says no ops were seen."""
+    from . import enable
+    try:
         enable(mode)
+    except RuntimeError as e:
+        print(f"ignis: PyTorch's ops are not checked: {e}", file=sys.stderr)
+
+
+def enable_on_import(mode: str = "collect") -> None:
+    """Enable ``ignis.torch`` now if torch is imported, else as soon as it is (where it cannot
+    start, the reason is printed and the program runs unchecked)."""
+    if "torch" in sys.modules:
+        _enable_or_say(mode)
         return
     remove()
     sys.meta_path.insert(0, _TorchFinder(mode))

@@ -1040,10 +1040,11 @@ const char *PYSPEC = "ignis.torch op items";
 bool py_measure(PyObject *v, c10::DeviceType dev, int mode, bool host, Item &it, bool &on_dev, int &device) {
   if (!THPVariable_Check(v)) return false;
   const at::Tensor &t = THPVariable_Unpack(v);
-  if (!measure(t, mode, it)) return false;
+  if (!t.defined()) return false;
   auto dt = t.device().type();
   on_dev = dt == dev;
-  if (!on_dev && !(host && dt == c10::DeviceType::CPU)) return false;
+  if (!on_dev && !(host && dt == c10::DeviceType::CPU)) return false;  // (not measured: skipped)
+  if (!measure(t, mode, it)) return false;
   if (on_dev) device = t.device().index();
   return true;
 }
