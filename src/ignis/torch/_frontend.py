@@ -281,9 +281,6 @@ class TorchFrontEnd:
     def _current_stream(t: torch.Tensor) -> int:
         return _raw_stream(t.get_device())
 
-    def _item(self, t: torch.Tensor, mode: int) -> tuple | None:
-        return _ITEM(t, mode)
-
     def on_op(self, spec: OpSpec, args: tuple, kwargs: dict | None, out: Any, hv: int = -1) -> None:
         """Report one op's accesses (called after it ran; ``hv``: the host clock's version
         before it ran, so that a synchronization inside the op covers the op itself). The
@@ -311,14 +308,6 @@ class TorchFrontEnd:
         if host:
             san.foreign_access(HOST, spec.name, frames, host)
 
-    def _host_item(self, t: Any, mode: int, host: list | None) -> list | None:
-        if not t.is_cpu:
-            return host
-        it = self._item(t, mode)
-        if it is not None and it[0] in self.san.pinned:
-            host = (host or []) + [it]
-        return host
-
     def special(self, spec: OpSpec, args: tuple, kwargs: dict | None, hv: int = -1) -> Any:
         """Ops with more to them than their schema: record_stream, copies, resize_."""
         kw = kwargs or {}
@@ -345,7 +334,7 @@ class TorchFrontEnd:
         if kind == "record_stream":
             t = args[0]
             if self._is_dev(t):
-                it = self._item(t, READ)
+                it = _ITEM(t, READ)
                 if it is not None:
                     self.san.extent_record_stream(it[0], self._handle(args[1]))
             return
@@ -354,7 +343,7 @@ class TorchFrontEnd:
             if pre is None or not self._is_dev(t):
                 return
             old_base, old_n = pre
-            after = self._item(t, OUTPUT)
+            after = _ITEM(t, OUTPUT)
             if after is not None and after[0] != old_base:  # reallocated: the old bytes were copied over
                 kept = min(old_n, after[1])
                 items = [after]
@@ -377,7 +366,7 @@ class TorchFrontEnd:
         items = []
         for t, mode, on_dev in ((src, READ, sd), (dst, wmode, dd)):
             if on_dev:
-                it = self._item(t, mode)
+                it = _ITEM(t, mode)
             else:  # the host side: a stream access when pinned (an async copy may still be using it)
                 it = self._pinned_item(t, mode, bool(non_blocking))
             if it is not None:
@@ -391,7 +380,7 @@ class TorchFrontEnd:
             self._obs.ignis_obs_host_check(1)
 
     def _pinned_item(self, t: torch.Tensor, mode: int, non_blocking: bool) -> tuple | None:
-        it = self._item(t, mode | PINNED)
+        it = _ITEM(t, mode | PINNED)
         if it is None:
             return None
         base = it[0]
@@ -725,7 +714,7 @@ class TorchFrontEnd:
     def declare(self, t: torch.Tensor, access: Access, stream: Any, op: str) -> None:
         """An access the dispatcher cannot see (``ignis.torch.use``)."""
         mode = (READ if access.reads else 0) | (WRITE if access.writes else 0)
-        it = self._item(t, mode)
+        it = _ITEM(t, mode)
         if it is None:
             return
         h = self.stream_of(t) if stream is None else self._handle(stream)
