@@ -10,8 +10,7 @@ import ignis  # noqa
 from ignis.safety.sanitizer import Sanitizer
 from ignis.torch._frontend import TorchFrontEnd
 engine = sys.argv[1]
-san = Sanitizer(); san.mode = "raise" if engine == "mode" else "collect"
-san.active = True
+san = Sanitizer().enable("raise" if engine == "mode" else "collect")
 fe = TorchFrontEnd(san, device_type="cpu", stream_of=lambda t: 0x10, engine=engine)
 x = torch.zeros(64, 64); y = torch.ones(64, 64)
 ps = [torch.ones(16) for _ in range(64)]; gs = [torch.ones(16) for _ in range(64)]

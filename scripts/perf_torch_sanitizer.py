@@ -3,8 +3,10 @@ it under ``perf record``): one of ``benchmarks/bench_torch_sanitizer.py``'s, pla
 ``ignis.torch``'s sanitizer, or ``torch.empty`` + free pairs, plain or under the guard.
 
     PYTHONPATH=src python3 scripts/perf_torch_sanitizer.py {plain,trace,ignis} {loop,train,resnet,gpt2} [seconds]
+    PYTHONPATH=src python3 scripts/perf_torch_sanitizer.py guard {resnet,gpt2} [seconds]
 
-``resnet`` and ``gpt2``: ``benchmarks/bench_models.py``'s training steps.
+``resnet`` and ``gpt2``: ``benchmarks/bench_models.py``'s training steps (``guard``: under the
+guard as ``ignis run --guard`` installs it, before the model's first allocation).
 
 ``trace``: plain, with PyTorch's GPU trace activated (what ``bench_torch_sanitizer.py``'s plain
 contender runs with: each allocation, free and event calls into Python, with no callback).
@@ -29,6 +31,9 @@ def main() -> int:
     seconds = float(sys.argv[3]) if len(sys.argv) > 3 else 8.0
     if workload in ("resnet", "gpt2"):
         from bench_models import build
+        if variant == "guard":
+            import ignis.torch
+            ignis.torch.use_guard()
         one = build(workload)
 
         def fn(n: int) -> None:

@@ -4,7 +4,7 @@
 # compiled, is its one writer (the layers above use the public tracked-access API).
 
 cdef class NvArray:
-    cdef public object id, shape, dtype, device, stream, owner, ref_count, created_at, numel, nbytes
+    cdef readonly object id, shape, dtype, device, stream, owner, ref_count, created_at, numel, nbytes
     cdef readonly object _ptr          # the device address of byte 0
     cdef readonly object _block        # the DeviceBlock the bytes live in (a view: its root's), or None
     cdef readonly object _mr           # the resource the block came from (None for foreign memory)

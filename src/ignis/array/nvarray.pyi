@@ -34,16 +34,46 @@ class _TrackedAccess:
         ...
 
 class NvArray:
-    id: int
-    shape: tuple[int, ...]
-    dtype: DType
-    device: Device
-    stream: Stream
-    owner: str
-    ref_count: int
-    created_at: float
-    numel: int
-    nbytes: int
+
+    @property
+    def id(self) -> int:
+        ...
+
+    @property
+    def shape(self) -> tuple[int, ...]:
+        ...
+
+    @property
+    def dtype(self) -> DType:
+        ...
+
+    @property
+    def device(self) -> Device:
+        ...
+
+    @property
+    def stream(self) -> Stream:
+        ...
+
+    @property
+    def owner(self) -> str:
+        ...
+
+    @property
+    def ref_count(self) -> int:
+        ...
+
+    @property
+    def created_at(self) -> float:
+        ...
+
+    @property
+    def numel(self) -> int:
+        ...
+
+    @property
+    def nbytes(self) -> int:
+        ...
 
     @property
     def _lock(self) -> ResourceLock:

@@ -1285,6 +1285,7 @@ cdef class NvArray:
     def _set_owner(self, owner: str) -> "list[NvArray]":
         """Set the owner of this root array and of every live view of it (their owner is
         its). Returns the arrays changed."""
+        cdef NvArray a
         todo, done = [self], []
         while todo:
             a = todo.pop()

@@ -21,7 +21,7 @@ cdef class DeviceBlock:
     cdef object _write_stream
     cdef object _write_event
     cdef object _readers
-    cdef public object _impl          # the making resource's own data (its slot)
+    cdef readonly object _impl          # the making resource's own data (its slot)
     cdef object __weakref__
 
 

@@ -141,6 +141,11 @@ cdef class DeviceBlock:
         """
         block_move(self, new)
 
+    def _drop_impl(self) -> None:
+        """The making resource lets go of its slot (``_impl``, read-only from Python): a FREED
+        block keeps no link to the record that held it (the pair would live on as a cycle)."""
+        self._impl = None
+
     def clean_on(self, stream: "Stream") -> bool:
         """Whether a use on ``stream`` needs no wait and no record: the last write was on
         ``stream``, nothing was recorded after it and no reader is pending.

@@ -93,7 +93,6 @@ a Python call. The lock is a ``ResourceLock`` (the compiled path takes it withou
 
 from __future__ import annotations
 
-from collections import OrderedDict
 from typing import Any, Callable
 
 import numpy as np
@@ -104,9 +103,9 @@ from ..runtime.stream import add_close_hook
 from .hooks import HOOKS as _HOOKS
 from . import ordering as _ord
 from .adaptors import ResourceAdaptor
-from .guard_base import _NONE, EXIT, FREE, HELD, LIVE, MAX_BATCH, GuardBase, _Checker, _Guarded, _uniform, fill_bytes
+from .guard_base import _NONE, EXIT, FREE, HELD, LIVE, MAX_BATCH, GuardBase, _Guarded, _uniform, fill_bytes
 from .pool import PoolResource
-from .resource import DeviceMemoryResource, ResourceLock
+from .resource import DeviceMemoryResource
 from .._types import Access
 from .types import BlockId, BlockState
 from .block import DeviceBlock
@@ -273,24 +272,17 @@ class DebugGuardResource(GuardBase, ResourceAdaptor):
         # the guard must translate inner blocks, so drop those bindings.
         del self.prepare_block_use, self.finish_block_use, self.record_block_use
         g = _count("canary_bytes", canary_bytes)
-        self.canary_bytes = (g + _GUARD_ALIGN - 1) // _GUARD_ALIGN * _GUARD_ALIGN
-        self.poison = _byte("poison", poison)
-        self.canary = _byte("canary", canary)
-        if self.poison == self.canary and self.canary_bytes:
+        g = (g + _GUARD_ALIGN - 1) // _GUARD_ALIGN * _GUARD_ALIGN
+        p, c = _byte("poison", poison), _byte("canary", canary)
+        if p == c and g:
             raise ValueError(f"poison and canary must differ (both {poison:#04x}), or a write of one "
                              "would pass for the other")
-        self.quarantine_count = _count("quarantine_count", quarantine_count)
-        self.quarantine_bytes = _count("quarantine_bytes", quarantine_bytes)
-        self.capture_stacks = bool(capture_stacks)
+        qc = _count("quarantine_count", quarantine_count)
+        qb = _count("quarantine_bytes", quarantine_bytes)
         if isinstance(stack_depth, bool) or not isinstance(stack_depth, int) or not 1 <= stack_depth <= 64:
             raise ValueError(f"stack_depth must be an int from 1 to 64, got {stack_depth!r}")
-        self.stack_depth = stack_depth
-        self._tracks = upstream.supports_block_use_tracking
-        self._lock = ResourceLock()
-        self._live: dict[int, _Guarded] = {}
-        self._quarantine: OrderedDict[int, _Guarded] = OrderedDict()
-        self._live_bytes = 0
-        self._quarantined_bytes = 0
+        # (the live map, user pointer -> _Guarded; the quarantine, oldest first; their bytes)
+        self._configure(g, p, c, qc, qb, bool(capture_stacks), stack_depth, upstream.supports_block_use_tracking)
 
     # -- the contract ------------------------------------------------------
     # ``allocate`` is ``GuardBase.allocate`` (compiled, both modes): the allocation site, an
@@ -310,7 +302,7 @@ class DebugGuardResource(GuardBase, ResourceAdaptor):
             if chk is not None and not foreign:
                 chk.free(block)
             del self._live[block.ptr]
-            self._live_bytes -= block.requested
+            self._count_bytes(-block.requested, 0)
         rec = _HOOKS.recorder
         if rec is not None:
             rec("free_requested", self, block.ptr, block.requested, block.alloc_stream, block)
@@ -328,7 +320,7 @@ class DebugGuardResource(GuardBase, ResourceAdaptor):
             return True, []
         entry.block.transition(BlockState.QUARANTINED)
         self._quarantine[entry.block.ptr] = entry
-        self._quarantined_bytes += self._held(entry)
+        self._count_bytes(0, self._held(entry))
         return False, self._take_quarantine(self._overflow())
 
     def _format(self, up: DeviceBlock, nbytes: int) -> None:
@@ -675,7 +667,7 @@ class DebugGuardResource(GuardBase, ResourceAdaptor):
         if e.up.state is BlockState.LIVE:
             self.upstream.deallocate(e.up)
         b.transition(BlockState.FREED)
-        b._impl = None
+        b._drop_impl()
         rec = _HOOKS.recorder
         if rec is not None:
             rec("free_completed", self, b.ptr, b.requested, b.alloc_stream, b)
@@ -685,7 +677,7 @@ class DebugGuardResource(GuardBase, ResourceAdaptor):
         for a later ``flush``."""
         with self._lock:
             self._quarantine[e.block.ptr] = e
-            self._quarantined_bytes += self._held(e)
+            self._count_bytes(0, self._held(e))
 
     def _return_or_relive(self, e: _Guarded) -> None:
         """``_return`` for a block being deallocated (still LIVE); if the upstream refuses,
@@ -695,7 +687,7 @@ class DebugGuardResource(GuardBase, ResourceAdaptor):
         except BaseException:
             with self._lock:
                 self._live[e.block.ptr] = e
-                self._live_bytes += e.block.requested
+                self._count_bytes(e.block.requested, 0)
             raise
 
 
@@ -727,35 +719,22 @@ class DeferredGuardResource(DebugGuardResource):
         if isinstance(ready_limit, bool) or not isinstance(ready_limit, int) or ready_limit < 0:
             raise ValueError(f"ready_limit must be a non-negative int, got {ready_limit!r}")
         super().__init__(upstream, stack_depth=stack_depth, **guard_options)
-        self.batch = batch
         self.on_problem: Callable[[IgnisError], None] | None = None
         self.found: list[IgnisError] = []
         self._unreturned: list[IgnisError] = []
-        # pool block address -> (pool block, its size, user bytes) of blocks whose guards and
-        # poison a check left intact: allocating the same again needs no memset, another
-        # size only the bytes that differ (_reformat).
-        self._reuse = isinstance(upstream, PoolResource)
-        self._formatted: dict[int, tuple] = {}
-        self._held_exit: dict[int, _Guarded] = {}  # left the quarantine, check queued, not yet upstream
-        # The ready cache: (stream, user bytes, tag) -> pool blocks that left the quarantine
-        # with their check and repair queued on that stream, kept from the pool (at most
-        # ``ready_limit`` bytes with their guards): an allocation of the same size and tag
-        # on the same stream takes one as it is, without the pool's round trip or a memset.
-        self._ready: dict[tuple, list] = {}
-        self._ready_bytes = 0
-        self.ready_limit = ready_limit
-        self._ready_stale = False  # a stream closed: its ready blocks go back at the next release
-        # Blocks freed from another stream than theirs (see the torch entry points' free, ignis.torch._guard_fast): their poison
+        # The compiled half's state (guard_base.pxd): the check batches; pool block address ->
+        # (pool block, its size, user bytes) of blocks whose guards and poison a check left
+        # intact (allocating the same again needs no memset, another size only the bytes that
+        # differ: _reformat); the blocks that left the quarantine with their check queued; the
+        # ready cache, (stream, user bytes, tag) -> pool blocks that left the quarantine with
+        # their check and repair queued on that stream, kept from the pool (at most
+        # ``ready_limit`` bytes with their guards), which an allocation of the same size and
+        # tag on the same stream takes as it is; and the blocks freed from another stream than
+        # theirs (see the torch entry points' free, ignis.torch._guard_fast), whose poison
         # waits for their stream's next allocation or check, as a reuse would.
-        self._unpoisoned: dict = {}
-        self._unpoisoned_n = 0
+        self._configure_deferred(batch, ready_limit, isinstance(upstream, PoolResource))
         add_close_hook(self._note_stream_close)
         self._rs_event = 0
-        self._checker = _Checker(self)
-        self._state = self.device.state  # its generation moves when the context is rebuilt
-        self.reused = 0           # allocations of a checked block of the same size: no memset
-        self.resized = 0          # of a checked block of another size: the bytes that differ
-        self.formatted_fresh = 0  # of a block formatted whole
 
     def _after_oom(self, nbytes: int, stream: Stream, tag: str) -> DeviceBlock:
         """The upstream ran out: empty the quarantine (its checks queued, then waited

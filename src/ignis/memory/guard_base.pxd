@@ -50,84 +50,89 @@ cdef int fill_bytes_c(object backend, unsigned long long ptr, unsigned int value
 
 
 cdef class _Guarded:
-    cdef public DeviceBlock block
-    cdef public DeviceBlock up
-    cdef public object stack      # the allocation site (the hooks' stack capture), or None
+    cdef readonly DeviceBlock block
+    cdef readonly DeviceBlock up
+    cdef readonly object stack      # the allocation site (the hooks' stack capture), or None
     cdef public object rs         # streams Tensor.record_stream named (deferred mode), or None
     cdef public object reported   # the sides of it already reported (a damage is reported once), or None
 
 
 cdef class _Slot:
-    cdef public object jobs
-    cdef public object jobs_ptr
-    cdef public object jobs_dev
-    cdef public object res
-    cdef public object res_ptr
-    cdef public object res_dev
-    cdef public object event
+    cdef readonly object jobs
+    cdef readonly object jobs_ptr
+    cdef readonly object jobs_dev
+    cdef readonly object res
+    cdef readonly object res_ptr
+    cdef readonly object res_dev
+    cdef readonly object event
     cdef unsigned long long *jobs_host   # jobs / res in host memory (pinned, or the arrays' data)
     cdef unsigned long long *res_host
 
 
 cdef class _Batch:
-    cdef public _Slot slot
-    cdef public list items
-    cdef public object stream
+    cdef readonly _Slot slot
+    cdef readonly list items
+    cdef readonly object stream
 
 
 cdef class _Checker:
-    cdef public GuardBase g
-    cdef public object backend
-    cdef public object device
-    cdef public bint cuda
-    cdef public ReentrantLock lock
-    cdef public dict pending
-    cdef public object inflight
-    cdef public list free_slots
-    cdef public list all_slots
-    cdef public object fn
-    cdef public Py_ssize_t frees
-    cdef public Py_ssize_t batches
-    cdef public Py_ssize_t jobs
-    cdef public bint closed
+    cdef readonly GuardBase g
+    cdef readonly object backend
+    cdef readonly object device
+    cdef readonly bint cuda
+    cdef readonly ReentrantLock lock
+    cdef readonly dict pending
+    cdef readonly object inflight
+    cdef readonly list free_slots
+    cdef readonly list all_slots
+    cdef readonly object fn
+    cdef readonly Py_ssize_t frees
+    cdef readonly Py_ssize_t batches
+    cdef readonly Py_ssize_t jobs
+    cdef readonly bint closed
 
     cdef _Slot _take_slot(self)
     cdef int _launch(self, object stream, list items) except -1
     cdef int _queue_free(self, Stream s, _Guarded e, list evicted) except -1
 
 
+# The guard's state is read-only from Python: its compiled code is the one writer, and the
+# Python half of the guard (guard.py) sets it through ``_configure``, ``_configure_deferred``
+# and ``_count_bytes``. Writable: ``upstream`` (the adaptor base sets it) and two settings a
+# program may change on a live guard, ``capture_stacks`` and ``ready_limit``. Of a record
+# (_Guarded), the guard's Python half writes ``rs`` and ``reported``.
 cdef class GuardBase(DeviceMemoryResource):
     # both modes
     cdef public object upstream
-    cdef public ResourceLock _lock
-    cdef public dict _live
-    cdef public object _quarantine
-    cdef public Py_ssize_t _live_bytes
-    cdef public Py_ssize_t _quarantined_bytes
-    cdef public Py_ssize_t canary_bytes
-    cdef public int poison
-    cdef public int canary
-    cdef public object quarantine_count
-    cdef public object quarantine_bytes
+    cdef readonly ResourceLock _lock
+    cdef readonly dict _live
+    cdef readonly object _quarantine
+    cdef readonly Py_ssize_t _live_bytes
+    cdef readonly Py_ssize_t _quarantined_bytes
+    cdef readonly Py_ssize_t canary_bytes
+    cdef readonly int poison
+    cdef readonly int canary
+    cdef readonly object quarantine_count
+    cdef readonly object quarantine_bytes
     cdef public bint capture_stacks
-    cdef public object stack_depth
-    cdef public bint _tracks
-    cdef public dict _formatted           # pool block address -> (its pool record, its size, user bytes)
-    cdef public Py_ssize_t reused
-    cdef public Py_ssize_t formatted_fresh
-    cdef public Py_ssize_t resized
+    cdef readonly object stack_depth
+    cdef readonly bint _tracks
+    cdef readonly dict _formatted           # pool block address -> (its pool record, its size, user bytes)
+    cdef readonly Py_ssize_t reused
+    cdef readonly Py_ssize_t formatted_fresh
+    cdef readonly Py_ssize_t resized
     # the deferred mode (None / 0 in the eager one)
-    cdef public object _state
-    cdef public Py_ssize_t batch
-    cdef public dict _held_exit
-    cdef public _Checker _checker
-    cdef public bint _reuse
-    cdef public dict _ready
-    cdef public Py_ssize_t _ready_bytes
+    cdef readonly object _state
+    cdef readonly Py_ssize_t batch
+    cdef readonly dict _held_exit
+    cdef readonly _Checker _checker
+    cdef readonly bint _reuse
+    cdef readonly dict _ready
+    cdef readonly Py_ssize_t _ready_bytes
     cdef public Py_ssize_t ready_limit
-    cdef public bint _ready_stale
-    cdef public dict _unpoisoned          # stream -> [(ptr, user bytes)] freed, poison not queued yet
-    cdef public Py_ssize_t _unpoisoned_n
+    cdef readonly bint _ready_stale
+    cdef readonly dict _unpoisoned          # stream -> [(ptr, user bytes)] freed, poison not queued yet
+    cdef readonly Py_ssize_t _unpoisoned_n
 
     cdef Py_ssize_t _held_c(self, _Guarded e) except -1
     cdef Py_ssize_t _overflow_c(self) except -1

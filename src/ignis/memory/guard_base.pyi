@@ -11,17 +11,47 @@ MAX_BATCH: int
 
 class GuardBase(DeviceMemoryResource):
     upstream: DeviceMemoryResource
-    canary_bytes: int
-    poison: int
-    canary: int
-    quarantine_count: int | None
-    quarantine_bytes: int | None
+
+    @property
+    def canary_bytes(self) -> int:
+        ...
+
+    @property
+    def poison(self) -> int:
+        ...
+
+    @property
+    def canary(self) -> int:
+        ...
+
+    @property
+    def quarantine_count(self) -> int | None:
+        ...
+
+    @property
+    def quarantine_bytes(self) -> int | None:
+        ...
     capture_stacks: bool
-    stack_depth: int
-    reused: int
-    formatted_fresh: int
-    resized: int
-    batch: int
+
+    @property
+    def stack_depth(self) -> int:
+        ...
+
+    @property
+    def reused(self) -> int:
+        ...
+
+    @property
+    def formatted_fresh(self) -> int:
+        ...
+
+    @property
+    def resized(self) -> int:
+        ...
+
+    @property
+    def batch(self) -> int:
+        ...
     ready_limit: int
 
     def allocate(self, nbytes: int, stream: Stream | None=..., tag: str=..., frames: tuple | None=...) -> DeviceBlock:

@@ -32,7 +32,7 @@ from __future__ import annotations
 
 import ctypes
 import functools
-from collections import deque
+from collections import OrderedDict, deque
 
 import numpy as np
 
@@ -571,6 +571,48 @@ cdef class GuardBase(DeviceMemoryResource):
     """
 
     # Fields: see guard_base.pxd.
+
+    def _configure(self, canary_bytes: int, poison: int, canary: int, quarantine_count: int,
+                   quarantine_bytes: int, capture_stacks: bool, stack_depth: int, tracks: bool) -> None:
+        """The settings and the empty state of a guard (``DebugGuardResource``'s constructor,
+        once its checks passed): its fields are read-only from Python, written here."""
+        self.canary_bytes = canary_bytes
+        self.poison = poison
+        self.canary = canary
+        self.quarantine_count = quarantine_count
+        self.quarantine_bytes = quarantine_bytes
+        self.capture_stacks = capture_stacks
+        self.stack_depth = stack_depth
+        self._tracks = tracks
+        self._lock = ResourceLock()
+        self._live = {}
+        self._quarantine = OrderedDict()
+        self._live_bytes = 0
+        self._quarantined_bytes = 0
+
+    def _configure_deferred(self, batch: int, ready_limit: int, reuse: bool) -> None:
+        """The deferred mode's settings and empty state (``DeferredGuardResource``'s
+        constructor): its check batches, its ready cache, its bookkeeping of reuse."""
+        self.batch = batch
+        self._reuse = reuse
+        self._formatted = {}
+        self._held_exit = {}
+        self._ready = {}
+        self._ready_bytes = 0
+        self.ready_limit = ready_limit
+        self._ready_stale = False
+        self._unpoisoned = {}
+        self._unpoisoned_n = 0
+        self._checker = _Checker(self)
+        self._state = self.device.state  # its generation moves when the context is rebuilt
+        self.reused = 0           # allocations of a checked block of the same size: no memset
+        self.resized = 0          # of a checked block of another size: the bytes that differ
+        self.formatted_fresh = 0  # of a block formatted whole
+
+    def _count_bytes(self, live: int, quarantined: int) -> None:
+        """Move the live and the quarantined byte counts (the guard's Python paths). Lock held."""
+        self._live_bytes += live
+        self._quarantined_bytes += quarantined
 
     cdef Py_ssize_t _held_c(self, _Guarded e) except -1:
         return <Py_ssize_t>e.block.requested + 2 * self.canary_bytes

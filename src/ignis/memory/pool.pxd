@@ -1,4 +1,5 @@
-# Typed fields of the pool and its free lists (pool.pyx).
+# Typed fields of the pool and its free lists (pool.pyx): read-only from Python (telemetry and
+# tests read them), written by pool.pyx alone.
 
 from ignis._cpython cimport not_on_instance
 from ignis.memory.block cimport DeviceBlock
@@ -6,32 +7,32 @@ from ignis.memory.resource cimport TrackedResource
 
 
 cdef class _Segment:
-    cdef public DeviceBlock block
-    cdef public object ptr
-    cdef public object size
-    cdef public bint small
+    cdef readonly DeviceBlock block
+    cdef readonly object ptr
+    cdef readonly object size
+    cdef readonly bint small
 
 
 cdef class _Block:
-    cdef public object ptr
-    cdef public object size
-    cdef public _Segment seg
-    cdef public _Block prev
-    cdef public _Block next
-    cdef public bint free
-    cdef public object stream
+    cdef readonly object ptr
+    cdef readonly object size
+    cdef readonly _Segment seg
+    cdef readonly _Block prev
+    cdef readonly _Block next
+    cdef readonly bint free
+    cdef readonly object stream
 
 
 cdef class _SizeClass:
-    cdef public dict bins
-    cdef public list sizes
+    cdef readonly dict bins
+    cdef readonly list sizes
 
 
 cdef class _FreeList:
-    cdef public _SizeClass small
-    cdef public _SizeClass large
-    cdef public Py_ssize_t count
-    cdef public bint dirty
+    cdef readonly _SizeClass small
+    cdef readonly _SizeClass large
+    cdef readonly Py_ssize_t count
+    cdef readonly bint dirty
 
 
 cdef class PoolResource(TrackedResource):

@@ -138,7 +138,7 @@ cdef class _FreeList:
         self.count = 0
         self.dirty = False  # some free blocks may have free neighbours (coalescing pending)
 
-    def add(self, b: _Block) -> None:
+    def add(self, _Block b) -> None:
         cls = self.small if b.seg.small else self.large
         lst = cls.bins.get(b.size)
         if lst is None:
@@ -149,12 +149,13 @@ cdef class _FreeList:
         b.free = True
         self.count += 1
 
-    def remove(self, b: _Block) -> None:
+    def remove(self, _Block b) -> None:
         (self.small if b.seg.small else self.large).bins[b.size].remove(b)
         b.free = False
         self.count -= 1
 
     def take(self, size: int, small: bool) -> _Block | None:
+        cdef _Block b
         cls = self.small if small else self.large
         lst = cls.bins.get(size) or cls.best(size)
         if not lst:
@@ -401,6 +402,8 @@ cdef class PoolResource(TrackedResource):
 
     def _steal(self, size: int, small: bool, stream: Stream) -> _Block | None:
         """Best fit from another stream's free list, behind an event wait on ``stream``."""
+        cdef _Block b
+        cdef _FreeList fl
         best: tuple[int, _FreeList, Stream] | None = None
         for owner, fl in self._free.items():
             if owner is stream or not fl.count:
@@ -479,7 +482,8 @@ cdef class PoolResource(TrackedResource):
     def _upstream_allocate(self, seg_size: int, stream: Stream) -> DeviceBlock:
         return self.upstream.allocate(seg_size, stream, "ignis.pool.segment")
 
-    def _split(self, b: _Block, size: int) -> None:
+    def _split(self, _Block b, size: int) -> None:
+        cdef _FreeList fl
         rest = _Block(b.ptr + size, b.size - size, b.seg, b, b.next, b.stream)
         if b.next is not None:
             b.next.prev = rest
@@ -490,8 +494,9 @@ cdef class PoolResource(TrackedResource):
             fl = self._free[b.stream] = _FreeList()
         fl.add(rest)
 
-    def _coalesce(self, fl: _FreeList) -> None:
+    def _coalesce(self, _FreeList fl) -> None:
         """Merge adjacent free blocks of this free list's stream."""
+        cdef _Block b, nxt
         fl.dirty = False
         for b in fl.blocks:
             if not b.free or (b.prev is not None and b.prev.free and b.prev.stream is b.stream):

@@ -62,17 +62,19 @@ cdef class ReentrantLock:
     cpdef int give(self) except -1
 
 
-cdef class EventPool:
-    cdef public object _backend
-    cdef public object _ordinal
-    cdef public list _free
-    cdef public object _lock
-    cdef public object generation
-    cdef public object state
+cdef class EventPool:  # read-only from Python (resource.pyx the one writer)
+    cdef readonly object _backend
+    cdef readonly object _ordinal
+    cdef readonly list _free
+    cdef readonly object _lock
+    cdef readonly object generation
+    cdef readonly object state
 
     cdef object take(self)
 
 
+# The base's fields stay writable from Python: resources written in Python (adaptors, the async
+# and VMM resources, the debug guard) set them in their constructors.
 cdef class DeviceMemoryResource:
     cdef public object device
     cdef public object _backend
@@ -82,11 +84,11 @@ cdef class DeviceMemoryResource:
     cdef object __weakref__
 
 
-cdef class TrackedResource(DeviceMemoryResource):
-    cdef public ResourceLock _lock
-    cdef public dict _live
-    cdef public EventPool _events
-    cdef public Py_ssize_t cross_stream_waits
+cdef class TrackedResource(DeviceMemoryResource):  # its own state: read-only from Python
+    cdef readonly ResourceLock _lock
+    cdef readonly dict _live
+    cdef readonly EventPool _events
+    cdef readonly Py_ssize_t cross_stream_waits
 
     cdef object _record_c(self, Stream stream)
     cdef object _wait_c(self, Stream stream, Stream other, object event)

@@ -69,8 +69,14 @@ class ReentrantLock:
         ...
 
 class EventPool:
-    generation: int
-    state: DeviceState
+
+    @property
+    def generation(self) -> int:
+        ...
+
+    @property
+    def state(self) -> DeviceState:
+        ...
 
     def __init__(self, device: Device) -> None:
         ...
@@ -143,7 +149,10 @@ class DeviceMemoryResource:
         ...
 
 class TrackedResource(DeviceMemoryResource):
-    cross_stream_waits: int
+
+    @property
+    def cross_stream_waits(self) -> int:
+        ...
 
     def __init__(self, device: Device | int | None=...) -> None:
         ...

@@ -422,7 +422,9 @@ def _after_fork_in_child() -> None:
                 continue
             r._closed = True
             lock = getattr(r, "_lock", None)
-            if isinstance(lock, ResourceLock):
+            if isinstance(r, TrackedResource):  # its lock is a C field, read-only from Python
+                (<TrackedResource>r)._lock = ResourceLock()
+            elif isinstance(lock, ResourceLock):
                 r._lock = ResourceLock()
             elif isinstance(lock, type(_pools_lock)):
                 r._lock = threading.Lock()

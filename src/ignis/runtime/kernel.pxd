@@ -7,18 +7,18 @@ from ignis.runtime.stream cimport Stream
 
 
 cdef class Kernel:
-    cdef public object source
-    cdef public object name
-    cdef public object host_impl
-    cdef public tuple options
-    cdef public list specs
-    cdef public Py_ssize_t nargs
-    cdef public tuple array_args
-    cdef public tuple plan
-    cdef public tuple param_types
-    cdef public object _last
-    cdef public dict _compiled
-    cdef public object _lock
+    cdef readonly object source
+    cdef readonly object name
+    cdef readonly object host_impl
+    cdef readonly tuple options
+    cdef readonly list specs
+    cdef readonly Py_ssize_t nargs
+    cdef readonly tuple array_args
+    cdef readonly tuple plan
+    cdef readonly tuple param_types
+    cdef readonly object _last
+    cdef readonly dict _compiled
+    cdef readonly object _lock
     cdef bytes _codes
     cdef dict __dict__
     cdef object __weakref__

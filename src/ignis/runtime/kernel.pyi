@@ -22,15 +22,42 @@ class RawPtr:
         ...
 
 class Kernel:
-    source: str | None
-    name: str
-    host_impl: Callable[..., None] | None
-    options: tuple[Any, ...]
-    specs: list[Any]
-    nargs: int
-    array_args: tuple[Any, ...]
-    plan: tuple[Any, ...]
-    param_types: tuple[Any, ...]
+
+    @property
+    def source(self) -> str | None:
+        ...
+
+    @property
+    def name(self) -> str:
+        ...
+
+    @property
+    def host_impl(self) -> Callable[..., None] | None:
+        ...
+
+    @property
+    def options(self) -> tuple[Any, ...]:
+        ...
+
+    @property
+    def specs(self) -> list[Any]:
+        ...
+
+    @property
+    def nargs(self) -> int:
+        ...
+
+    @property
+    def array_args(self) -> tuple[Any, ...]:
+        ...
+
+    @property
+    def plan(self) -> tuple[Any, ...]:
+        ...
+
+    @property
+    def param_types(self) -> tuple[Any, ...]:
+        ...
 
     def __init__(self, source: str | None=..., name: str | None=..., access: Sequence[Any]=..., host_impl: Callable[..., None] | None=..., options: Sequence[str]=...) -> None:
         ...

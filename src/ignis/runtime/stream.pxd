@@ -3,12 +3,12 @@
 # there is a field load, not an attribute lookup.
 
 cdef class Stream:
-    cdef public object handle
-    cdef public object device
-    cdef public object id
-    cdef public object _generation
-    cdef public object _closed
-    cdef public object _owned
-    cdef public object _keepalive
+    cdef readonly object handle
+    cdef readonly object device
+    cdef readonly object id
+    cdef readonly object _generation
+    cdef readonly object _closed
+    cdef readonly object _owned
+    cdef readonly object _keepalive
     cdef public object ordering
     cdef object __weakref__

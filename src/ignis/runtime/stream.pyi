@@ -9,9 +9,18 @@ def add_close_hook(method: Callable[['Stream'], None]) -> None:
     ...
 
 class Stream:
-    handle: int
-    device: Device
-    id: int
+
+    @property
+    def handle(self) -> int:
+        ...
+
+    @property
+    def device(self) -> Device:
+        ...
+
+    @property
+    def id(self) -> int:
+        ...
     ordering: str
 
     def __init__(self, device: Device | None=..., handle: int | None=..., *, owned: bool=..., keepalive: object=...) -> None:

@@ -18,14 +18,30 @@ __all__ = ["SafeArray"]
 class SafeArray(Protocol):
     """An array as the ownership contract and ``GpuRef`` see it (``NvArray`` is one)."""
 
-    id: int
-    owner: str
-    ref_count: int
-    shape: tuple[int, ...]
-    dtype: Any
-    nbytes: int
-    numel: int
-    device: Any  # a Device: its ``ordinal`` and ``state`` (a DeviceState)
+    # Read-only (NvArray's own code changes its owner and references: ``_set_owner``, incref).
+    @property
+    def id(self) -> int: ...
+
+    @property
+    def owner(self) -> str: ...
+
+    @property
+    def ref_count(self) -> int: ...
+
+    @property
+    def shape(self) -> tuple[int, ...]: ...
+
+    @property
+    def dtype(self) -> Any: ...
+
+    @property
+    def nbytes(self) -> int: ...
+
+    @property
+    def numel(self) -> int: ...
+
+    @property
+    def device(self) -> Any: ...  # a Device: its ``ordinal`` and ``state`` (a DeviceState)
 
     @property
     def _lock(self) -> AbstractContextManager[Any]: ...

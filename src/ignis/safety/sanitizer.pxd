@@ -13,27 +13,27 @@ from ignis.memory.resource cimport ReentrantLock
 # (one or more per access) count toward its runs.
 @cython.no_gc
 cdef class _Rec:
-    cdef public long long sid
-    cdef public object stream_id
-    cdef public long long epoch
-    cdef public str kind
-    cdef public long long lo, hi
-    cdef public str op
-    cdef public object frames
-    cdef public object gen
-    cdef public long long block
-    cdef public long long per, ch
+    cdef readonly long long sid
+    cdef readonly object stream_id
+    cdef readonly long long epoch
+    cdef readonly str kind
+    cdef readonly long long lo, hi
+    cdef readonly str op
+    cdef readonly object frames
+    cdef readonly object gen
+    cdef readonly long long block
+    cdef readonly long long per, ch
 
 
 @cython.no_gc
 cdef class _Extent:
-    cdef public object base, end, gen
-    cdef public long long sid
-    cdef public list recs
-    cdef public object written, frames, op, rs, held
-    cdef public bint pinned
-    cdef public long long hv
-    cdef public bint lib
+    cdef readonly object base, end, gen
+    cdef readonly long long sid
+    cdef readonly list recs
+    cdef readonly object written, frames, op, rs, held
+    cdef readonly bint pinned
+    cdef readonly long long hv
+    cdef readonly bint lib
 
 
 cpdef bint _disjoint(_Rec r, long long lo, long long hi, long long per, long long ch) except -1
@@ -69,32 +69,35 @@ cdef int _mark(_Extent ext, long long lo, long long hi) except -1
 
 
 cdef class Sanitizer:
+    # State is read-only from Python (its compiled code the one writer; tests and diagnostics
+    # read it). The three settings a front end switches are writable: ``mode``, ``capture``
+    # and ``outputs_fresh``.
     cdef dict __dict__              # an instance may have an entry point replaced (tests, recorders)
-    cdef public ReentrantLock _lock
-    cdef public bint active
+    cdef readonly ReentrantLock _lock
+    cdef readonly bint active
     cdef public object mode
-    cdef public list reports
-    cdef public dict _groups
-    cdef public list notes
+    cdef readonly list reports
+    cdef readonly dict _groups
+    cdef readonly list notes
     cdef public object capture
     cdef public bint outputs_fresh
-    cdef public object _backend
-    cdef public bint _atexit
-    cdef public dict _sids, _by_id, _names, _labels
-    cdef public object _next_sid
-    cdef public dict _clock, _seen, _events, _host
-    cdef public long long _host_version
-    cdef public dict _regions
-    cdef public list _starts
-    cdef public long long _max_len
-    cdef public dict _live, _gen_at, _grave
-    cdef public list _grave_starts
-    cdef public long long _grave_max
-    cdef public set pinned
-    cdef public dict _capturing, _cap_events, _captured, _free_sites
-    cdef public set _graph_mem
-    cdef public dict _pool_threads
-    cdef public long long checked, checked_foreign
+    cdef readonly object _backend
+    cdef readonly bint _atexit
+    cdef readonly dict _sids, _by_id, _names, _labels
+    cdef readonly object _next_sid
+    cdef readonly dict _clock, _seen, _events, _host
+    cdef readonly long long _host_version
+    cdef readonly dict _regions
+    cdef readonly list _starts
+    cdef readonly long long _max_len
+    cdef readonly dict _live, _gen_at, _grave
+    cdef readonly list _grave_starts
+    cdef readonly long long _grave_max
+    cdef readonly set pinned
+    cdef readonly dict _capturing, _cap_events, _captured, _free_sites
+    cdef readonly set _graph_mem
+    cdef readonly dict _pool_threads
+    cdef readonly long long checked, checked_foreign
 
     cdef long long _sid(self, object handle) except -1
     @cython.locals(vc=dict)
@@ -114,6 +117,8 @@ cdef class Sanitizer:
                        dict vc=*)
     @cython.locals(ext=_Extent, r=_Rec, found=tuple)
     cdef tuple _freed(self, object base, object current=*)
+    cdef object _add_rs(self, _Extent ext, long long sid, bint held)
+    cdef object _drop_held(self, _Extent ext)
     @cython.locals(sid=cython.longlong, ep=cython.longlong, vc=dict, live=dict, host=dict, hv=cython.longlong,
                    ext=_Extent, rec=_Rec, recs=list, conflict=_Rec, mode=cython.longlong, per=cython.longlong,
                    ch=cython.longlong, write=bint, written=list, found=list, packed=bint, n=Py_ssize_t,

@@ -867,19 +867,23 @@ class Sanitizer:
         try:
             ext = self._live.get(base)
             if ext is not None:
-                sid = self._sid(stream)
-                if ext.rs is None:
-                    ext.rs = set()
-                if held:
-                    if sid not in ext.rs:
-                        if ext.held is None:
-                            ext.held = set()
-                        ext.held.add(sid)
-                elif ext.held is not None:
-                    ext.held.discard(sid)  # the allocator's promise now, whatever a holder does
-                ext.rs.add(sid)
+                self._add_rs(ext, self._sid(stream), held)
         finally:
             self._lock.give()
+
+    def _add_rs(self, ext: _Extent, sid: int, held: bool) -> None:
+        """``extent_record_stream``'s change of ``ext`` (lock held; compiled, a C call with the
+        extent typed, whose fields are read-only from Python)."""
+        if ext.rs is None:
+            ext.rs = set()
+        if held:
+            if sid not in ext.rs:
+                if ext.held is None:
+                    ext.held = set()
+                ext.held.add(sid)
+        elif ext.held is not None:
+            ext.held.discard(sid)  # the allocator's promise now, whatever a holder does
+        ext.rs.add(sid)
 
     def extent_release(self, base: int) -> None:
         """The memory at ``base`` is about to be freed from under its holders (a storage
@@ -890,10 +894,14 @@ class Sanitizer:
         try:
             ext = self._live.get(base)
             if ext is not None and ext.held:
-                ext.rs.difference_update(ext.held)
-                ext.held = None
+                self._drop_held(ext)
         finally:
             self._lock.give()
+
+    def _drop_held(self, ext: _Extent) -> None:
+        """``extent_release``'s change of ``ext`` (lock held; a C call, as ``_add_rs``)."""
+        ext.rs.difference_update(ext.held)
+        ext.held = None
 
     def extent_dropped(self, base: int) -> None:
         """Forget a pinned host extent (its memory died; the host allocator orders its reuse)."""

@@ -1,0 +1,112 @@
+"""The compiled classes' state is read-only from Python: each class's own compiled code is the
+one writer of its fields (issue 35: no Python code, a subsystem's or a user's, can write a
+block's slot, an array's shape or owner, a stream's handle, a pool's free lists or the
+sanitizer's records). The few settings meant to be set stay writable, and are named here."""
+
+from __future__ import annotations
+
+import pytest
+
+import ignis as ig
+from ignis.memory.block import DeviceBlock
+from ignis.memory.pool import PoolResource
+from ignis.memory.resource import TrackedResource
+from ignis.runtime.kernel import Kernel
+from ignis.runtime.stream import Stream
+from ignis.safety import sanitizer as _san_mod
+from ignis.safety.sanitizer import Sanitizer
+
+COMPILED = type(Sanitizer.__dict__.get("mode")).__name__ == "getset_descriptor"
+needs_compiled = pytest.mark.skipif(not COMPILED, reason="the compiled build enforces it (this run is pure Python)")
+
+
+def _read_only(obj: object, names: "tuple[str, ...]") -> None:
+    for name in names:
+        value = getattr(obj, name)  # readable
+        with pytest.raises(AttributeError):
+            setattr(obj, name, value)
+
+
+@needs_compiled
+def test_an_arrays_public_fields_are_read_only(dev):
+    a = ig.empty((4, 4), dtype="float32")
+    _read_only(a, ("id", "shape", "dtype", "device", "stream", "owner", "ref_count", "created_at", "numel",
+                   "nbytes"))
+    a.incref()  # its own methods still change them
+    assert a.ref_count == 1
+    a.decref()
+    a.free()
+
+
+@needs_compiled
+def test_a_streams_handle_and_lifecycle_are_read_only_its_ordering_a_setting(dev):
+    s = dev.create_stream()
+    assert type(s) is Stream
+    _read_only(s, ("handle", "device", "id", "_generation", "_closed", "_owned", "_keepalive"))
+    s.ordering = None  # the ordering policy is a setting (memory.ordering sets it)
+    s.close()
+    assert s._closed
+
+
+@needs_compiled
+def test_a_blocks_slot_is_read_only(dev):
+    a = ig.empty(16, dtype="float32")
+    blk = a._block
+    assert isinstance(blk, DeviceBlock)
+    _read_only(blk, ("ptr", "alloc_stream", "bytes", "requested", "tag", "generation", "state", "_impl"))
+    a.free()
+
+
+@needs_compiled
+def test_a_pools_free_lists_and_a_tracking_resources_state_are_read_only(dev):
+    pool = PoolResource(device=dev)
+    blk = pool.allocate(4096)
+    pool.deallocate(blk)
+    assert isinstance(pool, TrackedResource)
+    _read_only(pool, ("upstream", "_lock", "_live", "_events", "cross_stream_waits"))
+    segs = pool.segments()
+    assert segs  # the one segment, cached
+    from ignis.memory import pool as _pool_mod
+    seg = _pool_mod._Segment.__new__(_pool_mod._Segment)
+    _read_only(seg, ("block", "ptr", "size", "small"))
+    fl = _pool_mod._FreeList()
+    _read_only(fl, ("small", "large", "count", "dirty"))
+    pool.trim()
+    pool.close()
+
+
+@needs_compiled
+def test_a_kernels_plan_is_read_only():
+    k = Kernel.__new__(Kernel)
+    _read_only(k, ("source", "name", "host_impl", "options", "specs", "nargs", "array_args", "plan",
+                   "param_types", "_last", "_compiled"))
+
+
+@needs_compiled
+def test_the_sanitizers_state_is_read_only_its_settings_writable():
+    san = Sanitizer()
+    _read_only(san, ("active", "reports", "notes", "pinned", "checked", "checked_foreign", "_lock", "_live",
+                     "_grave", "_clock", "_host_version", "_regions", "_capturing"))
+    san.mode, san.outputs_fresh, san.capture = "collect", True, san.capture  # the three settings
+    rec = _san_mod._Rec.__new__(_san_mod._Rec)
+    _read_only(rec, ("sid", "stream_id", "epoch", "kind", "lo", "hi", "op", "frames", "gen", "block", "per", "ch"))
+    ext = _san_mod._Extent(0, 8, 1, 1)
+    _read_only(ext, ("base", "end", "gen", "sid", "recs", "written", "frames", "op", "rs", "held", "pinned", "hv",
+                     "lib"))
+
+
+@needs_compiled
+def test_the_guards_state_is_read_only_its_settings_writable(dev):
+    g = ig.DeferredGuardResource(PoolResource(device=dev))
+    blk = g.allocate(4096)
+    _read_only(g, ("canary_bytes", "poison", "canary", "quarantine_count", "quarantine_bytes", "stack_depth",
+                   "_live", "_quarantine", "_live_bytes", "_quarantined_bytes", "reused", "resized",
+                   "formatted_fresh", "batch", "_ready", "_ready_bytes", "_checker", "_state", "_lock"))
+    assert g._live_bytes == 4096  # its own code keeps the counts
+    g.capture_stacks, g.ready_limit = False, 0  # the two settings
+    entry = blk._impl
+    _read_only(entry, ("block", "up", "stack"))
+    g.deallocate(blk)
+    assert g._live_bytes == 0 and g._quarantined_bytes > 0
+    g.check()
+    g.close()
