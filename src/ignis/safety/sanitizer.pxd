@@ -108,7 +108,7 @@ cdef class Sanitizer:
     @cython.locals(recs=list, r=_Rec)
     cdef int _insert(self, _Rec rec, tuple extent) except -1
     @cython.locals(r=_Rec, mine=list, older=list, keep=list, rec=_Rec, conflict=_Rec, wrote=bint, ep=cython.longlong,
-                   sid=cython.longlong, h=cython.longlong, base=cython.longlong)
+                   sid=cython.longlong, h=cython.longlong, base=cython.longlong, end=cython.longlong)
     cdef tuple _retire(self, _Extent ext, object frames)
     @cython.locals(r=_Rec, out=list, starts=list, grave=dict, host=dict, i=Py_ssize_t, n=Py_ssize_t,
                    k0=cython.longlong, k1=cython.longlong, h=cython.longlong, c=cython.longlong, key=tuple,

@@ -807,15 +807,25 @@ class Sanitizer:
                         conflict = r
             else:
                 older.append(r)
-        rec = _new_rec(sid, self._labels[sid], ep, "free", base, ext.end, "free", frames, gen, base)
+        end = ext.end
+        rec = _new_rec(sid, self._labels[sid], ep, "free", base, end, "free", frames, gen, base)
         # An older lifetime's unordered uses were checked against this one's first write (a
-        # reuse race is reported there); a lifetime that never wrote hands them on.
-        keep = mine if wrote else mine + older
+        # reuse race is reported there); a lifetime that never wrote hands them on, less those
+        # of its own stream within its bytes: the free's record, later on that stream and over
+        # all of them, races whatever they race (so a block reused without a write between
+        # synchronizations does not pile up one record per lifetime).
+        if wrote:
+            keep = mine
+        else:
+            keep = mine
+            for r in older:
+                if r.sid != sid or r.lo < base or r.hi > end:
+                    keep.append(r)
         keep.append(rec)
-        key = (base, ext.end)
+        key = (base, end)
         if key not in self._grave:
             _insert_sorted(self._grave_starts, key)
-            self._grave_max = max(self._grave_max, ext.end - base)
+            self._grave_max = max(self._grave_max, end - base)
         self._grave[key] = keep  # it inherited the entry it replaces
         return conflict, rec
 

@@ -1,0 +1,29 @@
+#!/usr/bin/env bash
+# bench_models' steps plain and under `ignis run --sanitize`, this tree against .ab_old's (another
+# tree, see gpu_coll_ab.sh) in turns, each a process of its own pinned to the same cores; from
+# the repository root, one GPU:   bash scripts/gpu_sanitize_ab.sh [models] [turns]
+#   (device call: carry .whl and .ab_old)
+set -uo pipefail
+out_dir="${OUT:-out}"
+mkdir -p "$out_dir"
+out_dir="$(cd "$out_dir" && pwd)"
+export PYTHONUNBUFFERED=1 OPENBLAS_NUM_THREADS=1 IGNIS_BACKEND=cuda
+t0=$(date +%s)
+bash scripts/gpu_build_ab.sh "$out_dir"
+echo "build: $(( $(date +%s) - t0 )) s"
+models="${1:-resnet}"; turns="${2:-2}"
+step() {  # tree model contender -> ms/step
+    local src="$PWD/src"; [ "$1" = old ] && src="$PWD/.ab_old/src"
+    local cmd=(python3 benchmarks/bench_models.py --child "$2" --steps 20 --warm 5)
+    [ "$3" = sanitize ] && cmd=(python3 -m ignis run --sanitize benchmarks/bench_models.py --child "$2" --steps 20 --warm 5)
+    PYTHONPATH="$src" timeout 120 taskset -c 4-7 "${cmd[@]}" > "$out_dir/s.txt" 2>&1
+    grep -o 'BENCH_STEP_MS [0-9.]*' "$out_dir/s.txt" | cut -d' ' -f2
+}
+for m in $models; do
+    for ((i = 0; i < turns; i++)); do
+        for tree in new old; do
+            echo "$m $tree: plain $(step $tree $m plain) ms, --sanitize $(step $tree $m sanitize) ms"
+        done
+    done
+done
+echo "all: $(( $(date +%s) - t0 )) s"
