@@ -258,9 +258,10 @@ def test_host_synchronization_retires_history():
 
 def test_a_block_reused_without_a_write_keeps_a_bounded_history():
     # torch.empty in a loop (no synchronization): each lifetime never writes, so it hands the
-    # older lifetimes' records on; those of its own stream within its bytes are covered by its
-    # free's record, which races whatever they race. Before, one record piled up per lifetime
-    # and each free walked them all (a loop of 2000 slowed to 100 µs per pair on an H200).
+    # older lifetimes' records on; the older frees of its own stream within its bytes are
+    # covered by its own free's record, which races whatever they race. Before, one free record
+    # piled up per lifetime and each free walked them all (a loop of 2000 slowed to 100 µs per
+    # pair on an H200).
     t = Trace()
     t.san.outputs_fresh = True
     for _ in range(200):
@@ -273,6 +274,22 @@ def test_a_block_reused_without_a_write_keeps_a_bounded_history():
     t.san.extent_freed(BLK, S1)
     t.op(S0, "aten::fill_.Scalar", fill(BLK))          # not ordered after S1's read
     assert "race" in " ".join(t.kinds())
+
+
+def test_a_reuse_race_past_a_lifetime_that_never_wrote_names_the_access_that_held_the_memory():
+    # a kernel writes the block on S0, which frees it; a lifetime that never writes takes it and
+    # frees it; a third takes it and S1 writes it with no wait: the race names the kernel's
+    # write (its op and stack), not the stackless free of the lifetime between
+    t = Trace()
+    t.san.outputs_fresh = True
+    t.op(S0, "aten::empty.memory_format", acc(BLK, 0, 4096, OUTPUT))
+    t.op(S0, "my_kernel", fill(BLK))
+    t.san.extent_freed(BLK, S0)
+    t.op(S0, "aten::empty.memory_format", acc(BLK, 0, 4096, OUTPUT))
+    t.san.extent_freed(BLK, S0)
+    t.op(S1, "aten::fill_.Scalar", fill(BLK))
+    [e] = t.reports
+    assert e.first["op"] == "my_kernel" and "test_torch_trace.py" in e.first["stack"]
 
 
 def test_workspace_blocks_no_op_saw_are_forgotten():

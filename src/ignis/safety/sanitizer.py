@@ -810,16 +810,18 @@ class Sanitizer:
         end = ext.end
         rec = _new_rec(sid, self._labels[sid], ep, "free", base, end, "free", frames, gen, base)
         # An older lifetime's unordered uses were checked against this one's first write (a
-        # reuse race is reported there); a lifetime that never wrote hands them on, less those
-        # of its own stream within its bytes: the free's record, later on that stream and over
-        # all of them, races whatever they race (so a block reused without a write between
-        # synchronizations does not pile up one record per lifetime).
+        # reuse race is reported there); a lifetime that never wrote hands them on, less the
+        # older frees of its own stream within its bytes: this free's record, later on that
+        # stream and over all of them, races whatever they race (so a block reused without a
+        # write between synchronizations does not pile up one free record per lifetime). The
+        # older uses themselves stay, so a reuse race still names the access that held the
+        # memory, with its stack (a new use on the stream supersedes them as it always did).
         if wrote:
             keep = mine
         else:
             keep = mine
             for r in older:
-                if r.sid != sid or r.lo < base or r.hi > end:
+                if r.sid != sid or r.kind != "free" or r.lo < base or r.hi > end:
                     keep.append(r)
         keep.append(rec)
         key = (base, end)
