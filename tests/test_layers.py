@@ -302,8 +302,6 @@ ALLOWED_LAZY_CIRCLES: dict[frozenset[str], str] = {
         "builds on NvArray's export records",
     frozenset({"ignis.memory.block", "ignis.memory.types"}):
         "Generation.next() and types.DeviceBlock reach the compiled block module, which is built on types",
-    frozenset({"ignis.memory.current", "ignis.memory.pool"}):
-        "the default resource of a device is a pool, whose own default upstream is current's",
 }
 
 

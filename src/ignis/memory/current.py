@@ -13,7 +13,9 @@ import threading
 from typing import Callable
 
 from ..runtime import Device, current_device
+from .pool import PoolResource
 from .resource import DeviceMemoryResource
+from .upstream import default_upstream
 
 __all__ = ["get_current_resource", "set_current_resource", "default_upstream", "on_resource_change"]
 
@@ -22,20 +24,6 @@ epoch = 0  # bumped whenever a current resource changes (then on_resource_change
 _listeners: list = []
 _explicit: set[tuple[int, int]] = set()
 _lock = threading.Lock()
-
-
-def default_upstream(device: Device) -> DeviceMemoryResource:
-    """A new resource for the default pool to draw from: an ``AsyncResource`` where the
-    device has stream-ordered memory pools, else a ``DirectResource``.
-
-    Args:
-        device: the ``ig.Device``.
-    """
-    if device.capabilities.get("memory_pools", False):
-        from .async_resource import AsyncResource
-        return AsyncResource(device)
-    from .direct import DirectResource
-    return DirectResource(device)
 
 
 def _key(device: "Device | int | None") -> tuple[Device, tuple[int, int]]:
@@ -62,7 +50,6 @@ def get_current_resource(device: "Device | int | None" = None) -> DeviceMemoryRe
     with _lock:
         mr = _current.get(key)
         if mr is None or (mr._generation != dev.state.generation and key not in _explicit):
-            from .pool import PoolResource
             mr = _current[key] = PoolResource(default_upstream(dev))
             _changed()
         return mr

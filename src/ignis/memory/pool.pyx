@@ -42,6 +42,7 @@ from .resource cimport TrackedResource, EventPool, ResourceLock, lock_take, lock
 from .hooks cimport Hooks
 from .hooks import HOOKS as _HOOKS
 from .types import UNTAGGED, BlockState
+from .upstream import default_upstream
 from .block cimport (DeviceBlock, block_drop_record, block_move, block_only_on, block_restore_record,
                      fresh_generation, new_block)
 
@@ -212,7 +213,6 @@ cdef class PoolResource(TrackedResource):
 
     def __init__(self, upstream: DeviceMemoryResource | None = None, *, device: "Device | int | None" = None) -> None:
         if upstream is None:
-            from .current import default_upstream
             upstream = default_upstream(current_device() if device is None else Device(device))
         super().__init__(upstream.device)
         self.upstream = upstream
