@@ -910,6 +910,18 @@ def test_options_are_checked(opts, match):
         guard_front._options(opts)
 
 
+def test_a_reset_keeps_the_maps_the_compiled_poison_path_holds():
+    # torch_guard_poison binds the front's block map and record_stream set: a reset empties
+    # them in place rather than replacing them, so the compiled path never reads stale maps
+    st = guard_alloc.state
+    blocks, rs = st.blocks, st.rs_ptrs
+    blocks[0x1000] = "a block"
+    rs.add(0x1000)
+    guard_front.reset()
+    assert guard_alloc.state.blocks is blocks and guard_alloc.state.rs_ptrs is rs
+    assert not blocks and not rs and guard_front._printed == 0
+
+
 def test_one_set_of_options_per_process():
     tg._reset()
     try:

@@ -460,8 +460,16 @@ def reset() -> None:
             except Exception:
                 pass
         torch_on = _s.torch
+        blocks, rs = _s.blocks, _s.rs_ptrs
         _s.__init__()
         _s.torch = torch_on
+        # The PyTorch adapter's compiled poison path holds these two (torch_guard_poison): the
+        # same objects, emptied, so it never reads a map the front no longer writes.
+        blocks.clear()
+        rs.clear()
+        _s.blocks, _s.rs_ptrs = blocks, rs
+    global _printed
+    _printed = 0
 
 
 guard_alloc.setup(guard_resource, stream_for)  # the compiled allocate's slow paths
