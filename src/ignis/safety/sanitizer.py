@@ -816,10 +816,8 @@ class Sanitizer:
         # write between synchronizations does not pile up one free record per lifetime). The
         # older uses themselves stay, so a reuse race still names the access that held the
         # memory, with its stack (a new use on the stream supersedes them as it always did).
-        if wrote:
-            keep = mine
-        else:
-            keep = mine
+        keep = mine
+        if not wrote:
             for r in older:
                 if r.sid != sid or r.kind != "free" or r.lo < base or r.hi > end:
                     keep.append(r)
