@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import gc
+import time
 import threading
 
 import ml_dtypes
@@ -352,6 +353,32 @@ def test_contract_audit_and_tracking(monkeypatch):
     c.acquire(b, by="my-layer")
     c.reset()
     assert c.tracked_count == 0
+
+
+def test_contract_track_keeps_the_start_and_refuses_what_is_no_array():
+    c = ig.MemoryContract()
+    a = ig.empty(4)
+    c.track(a)
+    first = c.audit(older_than=0.0)[0]["age_ms"]
+    time.sleep(0.01)
+    c.track(a)  # tracked already: it keeps its start
+    assert c.tracked_count == 1 and c.audit(older_than=0.0)[0]["age_ms"] >= first + 5
+
+    class Impostor:  # an object that carries a tracked array's id is not that array
+        id = a.id
+    with pytest.raises(TypeError, match="takes an NvArray"):
+        c.track(Impostor())
+    with pytest.raises(TypeError, match="takes an NvArray"):
+        c.track(42)
+
+
+def test_a_block_held_after_a_contract_reset_is_tracked_again():
+    a = ig.empty(4)
+    with a.access(by="collective"):
+        pass
+    ig.contract.reset()  # forgets every tracked array
+    with a.access(by="collective"):
+        assert [r["array_id"] for r in ig.contract.audit(older_than=0.0)].count(a.id) == 1
 
 
 def test_contract_threads():

@@ -1610,3 +1610,26 @@ def test_gpu_root_mismatch_is_reported_before_nccl_runs(case, grouped):
 
 if __name__ == "__main__":
     sys.exit(_worker_main(sys.argv[1:]))
+
+
+def test_reduce_op_code_is_ncclRedOp_t():
+    assert [(m.name, m.code) for m in ReduceOp] == [(m.name, m.value) for m in ReduceOp] \
+        == [("SUM", 0), ("PROD", 1), ("MAX", 2), ("MIN", 3), ("AVG", 4)]
+
+
+def test_communicator_identity_is_read_only():
+    comm = ig.collective.init_process_group("emulated", rank=0, world_size=1, master_addr="127.0.0.1",
+                                            master_port=free_port())
+    try:
+        for name in ("rank", "world_size", "device", "stream", "timeout"):
+            with pytest.raises(AttributeError):
+                setattr(comm, name, getattr(comm, name))
+        a = ig.full(8, 3.0, "float32")
+        for _ in range(3):  # the last plan asked again, in place
+            comm.all_reduce(a, op="max")
+        b = ig.empty(8, "float32")
+        comm.all_reduce(a, b, op="sum")
+        assert (b.to_numpy() == 3.0).all() and a.owner == b.owner == "compute"
+    finally:
+        comm.close()
+

@@ -48,6 +48,8 @@ from ..errors import StreamMisuseError
 from ..runtime import Device, Stream
 from ..runtime import current as _rt_current
 from ..safety.contract import DEFAULT_OWNER, contract, validate_owner
+
+cdef str _COLLECTIVE = "collective"  # a layer of Ignis, registered for good (as the default owner)
 from . import hostcopy
 
 from cpython.object cimport PyObject
@@ -404,6 +406,43 @@ def _parse_by(by: Any) -> str | None:
     return None if by is None else validate_owner(by)
 
 
+cdef inline object _by(object by):
+    """``_parse_by`` without a Python call for the owners every block names (the default
+    owner and the layers of Ignis are registered for good: an owner is never unregistered)."""
+    if by is None or by is DEFAULT_OWNER or by is _COLLECTIVE:
+        return by
+    return validate_owner(by)
+
+
+cdef inline object _mode(object mode):
+    """``_parse_mode`` without a Python call for an ``Access``."""
+    if type(mode) is Access:
+        return mode
+    return _parse_mode(mode)
+
+
+cdef inline NvArray _root_of(NvArray a):
+    """The array that holds ``a``'s memory (``a._root()`` as a C call)."""
+    while a._base is not None:
+        a = <NvArray>a._base
+    return a
+
+
+cdef _TrackedAccess _tracked_access(list uses, object stream, object by, object op, bint finish_on_error,
+                                    bint single):
+    cdef _TrackedAccess t = _TrackedAccess.__new__(_TrackedAccess)
+    t.uses = uses
+    t.stream = stream
+    t.by = by
+    t.op = op
+    t.finish_on_error = finish_on_error
+    t.single = single
+    t.held = []
+    t.begun = []
+    t.entered = False
+    return t
+
+
 def _check_stream(stream: Any) -> Stream:
     if not isinstance(stream, Stream):
         raise TypeError(f"stream must be an ignis.Stream, got {type(stream).__name__}")
@@ -436,12 +475,14 @@ cdef bint _hold(NvArray root, str by) except -1:
     return True
 
 
-def _release_held(roots: "list[NvArray]", by: str) -> None:
+cdef int _release_held(list roots, object by) except -1:
     """Give back what a block holds (``contract.release``, for the roots ``by`` still holds:
     nothing in the block handed them on)."""
     cdef ResourceLock lk
     cdef NvArray r
-    for r in reversed(roots):
+    cdef Py_ssize_t i
+    for i in range(len(roots) - 1, -1, -1):
+        r = <NvArray>roots[i]
         lk = _stripe(r)
         lock_take(lk)
         try:
@@ -452,6 +493,15 @@ def _release_held(roots: "list[NvArray]", by: str) -> None:
                     r.owner = DEFAULT_OWNER
         finally:
             lock_give(lk)
+    return 0
+
+
+cdef inline bint _is_in(list held, object r):
+    """``r`` is one of ``held`` (by identity: NvArray refuses ``==``)."""
+    for x in held:
+        if x is r:
+            return True
+    return False
 
 
 cdef class _TrackedAccess:
@@ -494,22 +544,24 @@ cdef class _TrackedAccess:
             if not _plainly_usable(a):
                 a._check_live("use", use[1], op)
             if by == DEFAULT_OWNER:
-                owner = a._root().owner
+                owner = _root_of(a).owner
                 if owner != DEFAULT_OWNER:
                     raise MemoryContractViolation(
                         f"NvArray#{a.id} is held by {owner!r}; {DEFAULT_OWNER!r} cannot access it ({op}) until "
                         f"{owner!r} releases it", array_id=a.id, owner=owner, caller=by)
         held = self.held
         if by is not None and by != DEFAULT_OWNER:  # (2) acquire each root once, all or nothing
-            roots = set()
+            many = len(uses) > 8  # a few: compared one by one; many: a set of ids
+            roots = set() if many else None
             try:
                 for use in uses:
                     a = <NvArray>use[0]
-                    r = a._root()
-                    if id(r) not in roots:
+                    r = _root_of(a)
+                    if (id(r) not in roots) if many else not _is_in(held, r):
                         if not _hold(r, by):
                             contract.acquire(a, by)
-                        roots.add(id(r))
+                        if many:
+                            roots.add(id(r))
                         held.append(r)
             except BaseException:
                 _release_held(held, by)
@@ -521,7 +573,7 @@ cdef class _TrackedAccess:
                 acc = use[1]
                 if acc is not None:
                     a = <NvArray>use[0]
-                    a._begin(s, acc, op, use[2], use[3])
+                    begin_use(a, s, acc, op, use[2], use[3])
                     begun.append((a, acc))
         except BaseException:
             self._finish(self.finish_on_error)
@@ -544,7 +596,7 @@ cdef class _TrackedAccess:
             if record:
                 s = self.stream
                 for a, acc in begun:
-                    a._end(s, acc)
+                    end_use(a, s, acc)
         finally:
             if held:
                 _release_held(held, self.by)
@@ -846,7 +898,7 @@ cdef class NvArray:
     @property
     def root(self) -> "NvArray":
         """The array that holds this one's memory: itself, unless it is a view."""
-        return self._root()
+        return _root_of(self)
 
     @property
     def tracked(self) -> bool:
@@ -1150,7 +1202,7 @@ cdef class NvArray:
         acc = _parse_mode(mode)
         s = self._stream_arg(None) if stream is None else _check_stream(stream)
         off, n = self._byte_range(offset, nbytes, op)
-        return _TrackedAccess([(self, acc, off, n)], s, _parse_by(by), op, finish_on_error, True)
+        return _tracked_access([(self, acc, off, n)], s, _by(by), op, finish_on_error, True)
 
     @staticmethod
     def access_all(uses: Any, stream: Stream | None = None, *, by: str | None = DEFAULT_OWNER,
@@ -1178,21 +1230,26 @@ cdef class NvArray:
         Raises:
             TypeError: a use is not ``(NvArray, mode[, offset, nbytes])``; the rest as ``access``.
         """
-        items = []
+        cdef list items = []
+        cdef NvArray a
         for use in uses:
             if not isinstance(use, tuple) or len(use) not in (2, 4) or not isinstance(use[0], NvArray):
                 raise TypeError(f"access_all: each use is (NvArray, mode) or (NvArray, mode, offset, nbytes), "
                                 f"got {use!r:.80}")
-            a = use[0]
-            off, n = a._byte_range(*use[2:], op) if len(use) == 4 else (0, a.nbytes)
-            items.append((a, None if use[1] is None else _parse_mode(use[1]), off, n))
+            a = <NvArray>use[0]
+            mode = use[1]
+            if len(use) == 2:
+                items.append((a, None if mode is None else _mode(mode), 0, a.nbytes))
+            else:
+                off, n = a._byte_range(use[2], use[3], op)
+                items.append((a, None if mode is None else _mode(mode), off, n))
         if stream is not None:
-            s = _check_stream(stream)
+            s = stream if type(stream) is _Stream else _check_stream(stream)
         elif items:
             s = items[0][0]._stream_arg(None)
         else:
             s = _rt_current.current_stream()
-        return _TrackedAccess(items, s, _parse_by(by), op, finish_on_error, False)
+        return _tracked_access(items, s, _by(by), op, finish_on_error, False)
 
     def _byte_range(self, offset: Any, nbytes: Any, op: str) -> tuple[int, int]:
         """``(offset, nbytes)`` checked against this array's bytes (``nbytes`` None: to the end)."""
@@ -1277,10 +1334,7 @@ cdef class NvArray:
 
     def _root(self) -> "NvArray":
         """The array that holds this one's memory (itself unless it is a view)."""
-        a = self
-        while a._base is not None:
-            a = a._base
-        return a
+        return _root_of(self)
 
     def _set_owner(self, owner: str) -> "list[NvArray]":
         """Set the owner of this root array and of every live view of it (their owner is

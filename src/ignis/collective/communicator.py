@@ -232,7 +232,7 @@ class _Op:
     ``seq`` numbers collectives per communicator, and send/recv per peer."""
 
     __slots__ = ("name", "seq", "send_ptr", "send_bytes", "recv_ptr", "recv_bytes", "count", "plan", "op",
-                 "root", "dtype")
+                 "red", "root", "dtype")
 
     def __init__(self, name: str, seq: int, send: NvArray | None, recv: NvArray | None, count: int,
                  plan: Plan, op: ReduceOp | None, root: int, dtype: str) -> None:
@@ -243,7 +243,10 @@ class _Op:
             self.send_bytes = send.nbytes
         else:
             self.send_ptr = self.send_bytes = 0
-        if recv is not None:
+        if recv is send and send is not None:  # in place
+            self.recv_ptr = self.send_ptr
+            self.recv_bytes = self.send_bytes
+        elif recv is not None:
             self.recv_ptr = recv.device_ptr
             self.recv_bytes = recv.nbytes
         else:
@@ -252,6 +255,7 @@ class _Op:
         self.count = count
         self.plan = plan
         self.op = op
+        self.red = -1 if op is None else op.code  # NCCL's ncclRedOp_t
         self.root = root
         self.dtype = dtype
 
@@ -337,6 +341,7 @@ class Communicator:
         self._scratch: NvArray | None = None
         self._plans: dict[tuple[int, int], Plan] = {}
         self._poll: Callable[..., None] | None = engine.poll  # NCCL's asynchronous errors
+        self._last_dt = self._last_red = self._last_plan = None  # the last reduction's plan
 
     # -- identity ----------------------------------------------------------------------
     @property
@@ -411,15 +416,19 @@ class Communicator:
                              f"{a.dtype.name}, recv {b.shape} {b.dtype.name}")
 
     def _reduction(self, dt: _dt.DType, op: ReduceOp, what: str) -> Plan:
+        if dt is self._last_dt and op is self._last_red:
+            return self._last_plan
         key = (id(dt), id(op))  # DType rows and ReduceOp members are unique and immortal
         plan = self._plans.get(key)
         if plan is not None:
+            self._last_dt, self._last_red, self._last_plan = dt, op, plan
             return plan
         plan = reduction_plan(dt, op, what)
         if dt in FP8 and not getattr(self._engine, "fp8", True):
             raise ValueError(f"{what}: {dt.name} reductions need NCCL 2.24 or later (this one is "
                              f"{self._engine.api.version}); cast to float16 or bfloat16")
         self._plans[key] = plan
+        self._last_dt, self._last_red, self._last_plan = dt, op, plan
         return plan
 
     def _next(self) -> int:

@@ -74,7 +74,8 @@ _BUSY = 0.005   # seconds between looks while descriptors wait to be shipped or 
 _IDLE = 0.05    # ... and while nothing does
 _KEYS = ("op", "dtype", "count", "root", "red")
 _P2P = frozenset({"send", "recv"})
-_RED: dict[Any, str | None] = {None: None, **{m: m.name.lower() for m in ReduceOp}}  # as headers name them
+# By NCCL code (``_Op.red``; -1: none), as headers name them (an int key: an Enum member hashes in Python).
+_RED: dict[int, str | None] = {-1: None, **{m.code: m.name.lower() for m in ReduceOp}}
 _NAMES = {"op": "operation", "red": "reduction", "count": "size"}
 
 
@@ -128,7 +129,7 @@ def _row(op: "_Op") -> tuple:
     name = op.name
     if name in _P2P:
         return ("send/recv", op.dtype, op.count // op.plan.per_element, -1, None)
-    return (name, op.dtype, op.count // op.plan.per_element, op.root, _RED[op.op])
+    return (name, op.dtype, op.count // op.plan.per_element, op.root, _RED[op.red])
 
 
 class _Channel:

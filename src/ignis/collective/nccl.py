@@ -361,6 +361,27 @@ def load_bindings() -> Any:
                           "(pip install ignis[nccl]) or CuPy, or use IGNIS_BACKEND=emulated", kind="init")
 
 
+def _enqueue(api: Any, h: Any, op: "_Op", st: int) -> None:
+    """Call NCCL for ``op`` on the stream handle ``st`` (``op.red``: the reduction's code)."""
+    name, dt, n = op.name, op.plan.nccl_dtype, op.count
+    if name == "all_reduce":
+        api.all_reduce(h, op.send_ptr, op.recv_ptr, n, dt, op.red, st)
+    elif name == "broadcast":
+        api.broadcast(h, op.send_ptr, op.recv_ptr, n, dt, op.root, st)
+    elif name == "reduce":
+        api.reduce(h, op.send_ptr, op.recv_ptr, n, dt, op.red, op.root, st)
+    elif name == "all_gather":
+        api.all_gather(h, op.send_ptr, op.recv_ptr, n, dt, st)
+    elif name == "reduce_scatter":
+        api.reduce_scatter(h, op.send_ptr, op.recv_ptr, n, dt, op.red, st)
+    elif name == "send":
+        api.send(h, op.send_ptr, n, dt, op.root, st)
+    elif name == "recv":
+        api.recv(h, op.recv_ptr, n, dt, op.root, st)
+    else:  # pragma: no cover
+        raise AssertionError(name)
+
+
 # -- the engine ------------------------------------------------------------------
 class NcclEngine:
     """One rank's NCCL communicator, its enqueue path, its watchdog and its call matcher."""
@@ -571,7 +592,7 @@ class NcclEngine:
                 api.group_start()
             try:
                 for op in ops:
-                    self._call(api, h, op, st)
+                    _enqueue(api, h, op, st)
             finally:
                 if grouped:
                     api.group_end()
@@ -598,25 +619,6 @@ class NcclEngine:
             if claimed is not None:  # the first failure's hooks may have missed this call
                 poison(targets, claimed, self.rank)
 
-    @staticmethod
-    def _call(api: Any, h: Any, op: "_Op", st: int) -> None:
-        name, dt, n = op.name, op.plan.nccl_dtype, op.count
-        if name == "all_reduce":
-            api.all_reduce(h, op.send_ptr, op.recv_ptr, n, dt, op.op.value, st)
-        elif name == "broadcast":
-            api.broadcast(h, op.send_ptr, op.recv_ptr, n, dt, op.root, st)
-        elif name == "reduce":
-            api.reduce(h, op.send_ptr, op.recv_ptr, n, dt, op.op.value, op.root, st)
-        elif name == "all_gather":
-            api.all_gather(h, op.send_ptr, op.recv_ptr, n, dt, st)
-        elif name == "reduce_scatter":
-            api.reduce_scatter(h, op.send_ptr, op.recv_ptr, n, dt, op.op.value, st)
-        elif name == "send":
-            api.send(h, op.send_ptr, n, dt, op.root, st)
-        elif name == "recv":
-            api.recv(h, op.recv_ptr, n, dt, op.root, st)
-        else:  # pragma: no cover
-            raise AssertionError(name)
 
     # -- watchdog --------------------------------------------------------------------
     def _watch(self) -> None:

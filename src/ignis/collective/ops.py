@@ -26,13 +26,18 @@ __all__ = ["ReduceOp", "NCCL_DTYPES", "NCCL_UINT8", "Plan", "reduction_plan", "m
 
 
 class ReduceOp(enum.Enum):
-    """A reduction; the value is NCCL's ``ncclRedOp_t``."""
+    """A reduction; the value (also ``code``, a plain attribute) is NCCL's ``ncclRedOp_t``."""
 
     SUM = 0
     PROD = 1
     MAX = 2
     MIN = 3
     AVG = 4
+
+    def __init__(self, code: int) -> None:
+        # The value as a plain attribute: the enqueue path reads it on every call, and
+        # ``Enum.value`` is a property computed in Python.
+        self.code = code
 
     @classmethod
     def parse(cls, op: "ReduceOp | str") -> "ReduceOp":

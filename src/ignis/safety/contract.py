@@ -203,8 +203,13 @@ class MemoryContract:
         Args:
             array: the ``NvArray`` to track.
         """
+        # Tracked already (the tracked-access block's hold asks on every acquire): it keeps its
+        # start (ids are never reused; a read needs no lock).
+        entry = self._tracked.get(getattr(array, "id", None))
+        if entry is not None and entry[0]() is array:
+            return
         _as_array(array, "track")
-        if array.id in self._tracked:  # it keeps its start (ids are never reused; a read needs no lock)
+        if array.id in self._tracked:
             return
         frames = capture_frames(3) if self.capture_sites else ()
         with self._lock:
