@@ -1608,17 +1608,13 @@ def test_gpu_root_mismatch_is_reported_before_nccl_runs(case, grouped):
     assert out.count(f"OK roots-{case}") == 2, out
 
 
-if __name__ == "__main__":
-    sys.exit(_worker_main(sys.argv[1:]))
-
-
 def test_reduce_op_code_is_ncclRedOp_t():
     assert [(m.name, m.code) for m in ReduceOp] == [(m.name, m.value) for m in ReduceOp] \
         == [("SUM", 0), ("PROD", 1), ("MAX", 2), ("MIN", 3), ("AVG", 4)]
 
 
-def test_communicator_identity_is_read_only():
-    comm = ig.collective.init_process_group("emulated", rank=0, world_size=1, master_addr="127.0.0.1",
+def test_communicator_identity_is_read_only(backend):
+    comm = ig.collective.init_process_group("nccl" if backend.name == "cuda" else "emulated", rank=0, world_size=1, master_addr="127.0.0.1",
                                             master_port=free_port())
     try:
         for name in ("rank", "world_size", "device", "stream", "timeout"):
@@ -1633,3 +1629,6 @@ def test_communicator_identity_is_read_only():
     finally:
         comm.close()
 
+
+if __name__ == "__main__":
+    sys.exit(_worker_main(sys.argv[1:]))

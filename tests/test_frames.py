@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import sys
 import threading
 
@@ -144,3 +145,70 @@ def test_a_stack_taken_while_its_thread_moves_on_is_not_kept_for_the_old_place(t
     t.join(timeout=30)
     assert mover.moved == [True] and mover.result
     assert got[1][0] == (_mover_user.__code__, _line_of("# MOVER-FIRST"))
+
+
+def _by_frame_objects(f, limit: int = frames.MAX_FRAMES) -> tuple:
+    """What a capture from frame ``f`` outward must hold, read from Python's frame objects."""
+    out = []
+    while f is not None and len(out) < limit:
+        if frames.is_user_file(f.f_code.co_filename):
+            out.append((f.f_code, f.f_lineno))
+        f = f.f_back
+    return tuple(out)
+
+
+def test_a_walk_over_the_interpreters_frame_records_gives_what_the_frame_objects_say(tmp_path):
+    # A library's frames (passed over) between the user's, a generator, a comprehension, a
+    # method, a lambda, an exception handler, deep recursion, and code captured the first time
+    # (decided through the frame objects) then again (the interpreter's records, where the
+    # interpreter has them): every capture equals the frame objects' reading, and a capture
+    # from the same place is the same object.
+    lib = tmp_path / "walklib"
+    lib.mkdir()
+    (lib / "walklib_mod.py").write_text(
+        "def through(n, fn):\n"
+        "    return through(n - 1, fn) if n else fn()\n")
+    sys.path.insert(0, str(lib))
+    frames.add_library_dir(str(lib))
+    try:
+        import walklib_mod
+
+        def here(skip: int = 1) -> tuple:
+            got = capture_frames(skip + 1)
+            want = _by_frame_objects(sys._getframe(skip))
+            assert got == want
+            return got
+
+        def gen():
+            yield here()
+            yield here()
+
+        class K:
+            def m(self):
+                return [here() for _ in range(2)]
+
+        def handler():
+            try:
+                raise KeyError
+            except KeyError:
+                return here()
+
+        def deep(n):
+            return deep(n - 1) if n else here()
+
+        for _ in range(2):
+            walklib_mod.through(12, here)
+            list(gen())
+            K().m()
+            (lambda: here())()
+            handler()
+            deep(30)
+        fresh = compile("def f(h):\n    return h()\n", str(tmp_path / "fresh_user.py"), "exec")
+        ns: dict = {}
+        exec(fresh, ns)
+        first, second = [ns["f"](here) for _ in range(2)]
+        assert first is second  # interned: one tuple for one place
+    finally:
+        sys.path.remove(str(lib))
+        frames._library.remove(str(lib) + os.sep)
+        frames._machinery[:] = [p for p in frames._machinery if p != str(lib) + os.sep]

@@ -61,6 +61,61 @@ cdef extern from *:
     """
     int ignis_frame_lasti(PyFrameObject *frame)  # the frame's last instruction; < 0: none yet
 
+# The interpreter's own frame records (CPython 3.11 and 3.12), walked without making a frame
+# object for each: PyFrame_GetBack makes (and keeps, while the frame runs) a frame object for
+# every frame it passes, which made a walk through a library's frames (PyTorch's module
+# machinery) cost about 50 ns a frame. Elsewhere (other versions, another implementation)
+# IGNIS_IFRAME is 0 and the walk takes the frame objects' way.
+cdef extern from *:
+    """
+    #if !defined(PYPY_VERSION) && PY_VERSION_HEX >= 0x030B0000 && PY_VERSION_HEX < 0x030D0000
+    #define IGNIS_IFRAME 1
+    #ifndef Py_BUILD_CORE
+    #define Py_BUILD_CORE 1
+    #define IGNIS_UNDEF_BUILD_CORE
+    #endif
+    #include "internal/pycore_frame.h"
+    #ifdef IGNIS_UNDEF_BUILD_CORE
+    #undef Py_BUILD_CORE
+    #endif
+    /* The innermost frame record of a thread (running or, another thread's, waiting). */
+    static inline void *ignis_iframe_top(PyThreadState *ts) {
+        return ts->cframe ? (void *)ts->cframe->current_frame : NULL;
+    }
+    /* The first complete frame from f outward (a record not yet started, or the C stack's
+       shim, has no code position of its own): as PyFrame_GetBack passes them over. */
+    static inline void *ignis_iframe_complete(void *f) {
+        _PyInterpreterFrame *p = (_PyInterpreterFrame *)f;
+        while (p != NULL && _PyFrame_IsIncomplete(p)) p = p->previous;
+        return (void *)p;
+    }
+    static inline void *ignis_iframe_back(void *f) {
+        return ignis_iframe_complete((void *)((_PyInterpreterFrame *)f)->previous);
+    }
+    static inline PyObject *ignis_iframe_code(void *f) {
+        return (PyObject *)((_PyInterpreterFrame *)f)->f_code;
+    }
+    /* In bytes, as PyFrame_GetLasti gives it and PyCode_Addr2Line takes it. */
+    static inline int ignis_iframe_lasti(void *f) {
+        return _PyInterpreterFrame_LASTI((_PyInterpreterFrame *)f) * (int)sizeof(_Py_CODEUNIT);
+    }
+    #else
+    #define IGNIS_IFRAME 0
+    static inline void *ignis_iframe_top(PyThreadState *ts) { (void)ts; return NULL; }
+    static inline void *ignis_iframe_complete(void *f) { return f; }
+    static inline void *ignis_iframe_back(void *f) { (void)f; return NULL; }
+    static inline PyObject *ignis_iframe_code(void *f) { (void)f; return NULL; }
+    static inline int ignis_iframe_lasti(void *f) { (void)f; return -1; }
+    #endif
+    """
+    bint IGNIS_IFRAME
+    void *ignis_iframe_top(PyThreadState *ts) noexcept
+    void *ignis_iframe_complete(void *f) noexcept
+    void *ignis_iframe_back(void *f) noexcept
+    PyObject *ignis_iframe_code(void *f) noexcept
+    int ignis_iframe_lasti(void *f) noexcept
+    int PyCode_Addr2Line(PyCodeObject *code, int lasti)
+
 __all__ = ["capture_frames", "format_frames", "add_library_dir", "is_user_file", "resolve", "sites", "MAX_FRAMES",
            "last_from_library"]
 
@@ -188,6 +243,19 @@ cdef int _user_code(PyObject *code) except -1:
     return u
 
 
+cdef inline int _known_code(PyObject *code) noexcept:
+    """``_user_code`` for a code decided already; -1 for one not decided yet (deciding it runs
+    Python code, which the walk over the interpreter's frame records must not)."""
+    cdef Py_ssize_t i
+    if _code_cap:
+        i = (<uintptr_t>code >> 4) & (_code_cap - 1)
+        while _codes[i].code != NULL:
+            if _codes[i].code == code:
+                return _codes[i].user
+            i = (i + 1) & (_code_cap - 1)
+    return -1
+
+
 # Whether the innermost frame of the last capture that is not Ignis's own nor the interpreter's
 # machinery is a library's (set by every walk, read right after it: ``last_from_library``).
 cdef bint _from_lib = False
@@ -230,10 +298,11 @@ if hasattr(os, "register_at_fork"):
     os.register_at_fork(after_in_child=_after_fork_in_child)
 
 
-cdef PyObject *_main_frame() noexcept:
-    """The main thread's current frame (a new reference), or NULL: none, this is the main
-    thread, or its state is gone (a fork's child before this module's hook ran: the state is
-    looked for among the interpreter's threads, never read once dropped)."""
+cdef PyThreadState *_main_state() noexcept:
+    """The main thread's state, or NULL: this is the main thread, or its state is gone (a
+    fork's child before this module's hook ran: the state is looked for among the
+    interpreter's threads, never read once dropped). Its frames stay as they are while this
+    thread holds the GIL."""
     cdef PyThreadState *me = PyThreadState_Get()
     cdef PyThreadState *ts
     if _main_ts == NULL or me == _main_ts or ignis_finalizing():
@@ -241,7 +310,7 @@ cdef PyObject *_main_frame() noexcept:
     ts = PyInterpreterState_ThreadHead(PyThreadState_GetInterpreter(me))
     while ts != NULL and ts != _main_ts:
         ts = PyThreadState_Next(ts)
-    return <PyObject *>PyThreadState_GetFrame(ts) if ts != NULL else NULL
+    return ts
 
 
 def capture_frames(skip: int = 2, limit: int = MAX_FRAMES) -> tuple:
@@ -261,15 +330,25 @@ cdef tuple capture_c(Py_ssize_t skip, Py_ssize_t limit):
     same frames, counted the same way (compiled code has no frames of its own)."""
     # Compiled: the innermost Python frame is the caller's, frame 1.
     cdef PyObject *f
-    out = _walk_c(<PyObject *>PyEval_GetFrame(), skip - 1, limit)
+    cdef PyThreadState *ts
+    out = None
+    if IGNIS_IFRAME and 0 < limit <= _KEY_FRAMES:
+        out = _walk_records(ignis_iframe_top(PyThreadState_Get()), skip - 1, limit)
+    if out is None:  # a code not decided yet, or no frame records to walk
+        out = _walk_c(<PyObject *>PyEval_GetFrame(), skip - 1, limit)
     if not out:
         if _main_ts != NULL:
-            f = _main_frame()
-            if f != NULL:
-                try:
-                    out = _walk_c(f, 0, limit)
-                finally:
-                    Py_XDECREF(f)
+            ts = _main_state()
+            if ts != NULL:
+                out = _walk_records(ignis_iframe_top(ts), 0, limit) \
+                    if IGNIS_IFRAME and 0 < limit <= _KEY_FRAMES else None
+                if out is None:
+                    f = <PyObject *>PyThreadState_GetFrame(ts)
+                    if f != NULL:
+                        try:
+                            out = _walk_c(f, 0, limit)
+                        finally:
+                            Py_XDECREF(f)
         elif threading.get_ident() != threading.main_thread().ident:  # imported off the main thread
             f0 = sys._current_frames().get(threading.main_thread().ident)
             if f0 is not None:
@@ -280,7 +359,6 @@ cdef tuple capture_c(Py_ssize_t skip, Py_ssize_t limit):
 cdef tuple _walk_c(PyObject *start, Py_ssize_t skip, Py_ssize_t limit):
     """The user frames from ``start`` (borrowed; NULL for none) outward, after passing over
     ``skip`` frames, at most ``limit``, as (code, line) pairs (interned: see the module)."""
-    global _stacks, _stack_count
     cdef PyObject *f
     cdef PyObject *back
     cdef PyObject *code
@@ -288,7 +366,7 @@ cdef tuple _walk_c(PyObject *start, Py_ssize_t skip, Py_ssize_t limit):
     cdef PyObject *codes[_KEY_FRAMES]
     cdef int lastis[_KEY_FRAMES]
     cdef int lines[_KEY_FRAMES]
-    cdef Py_ssize_t n = 0, i, j, k
+    cdef Py_ssize_t n = 0, i
     cdef uint64_t h
     cdef _StackSlot *slot
     cdef bint same
@@ -321,20 +399,10 @@ cdef tuple _walk_c(PyObject *start, Py_ssize_t skip, Py_ssize_t limit):
         f = NULL
         if n == 0:
             return ()
-        h = <uint64_t>n
-        for i in range(n):
-            h = _mix(_mix(h, <uintptr_t>codes[i]), <uint64_t><unsigned int>lastis[i])
-        if _stacks != NULL:
-            j = <Py_ssize_t>(h & (_STACK_SLOTS - 1))
-            while _stacks[j].stack != NULL:
-                slot = &_stacks[j]
-                if slot.hash == h and slot.n == n:
-                    k = 0
-                    while k < n and slot.codes[k] == codes[k] and slot.lastis[k] == lastis[k]:
-                        k += 1
-                    if k == n:
-                        return <tuple>slot.stack
-                j = (j + 1) & (_STACK_SLOTS - 1)
+        h = _stack_hash(codes, lastis, n)
+        slot = _interned(h, codes, lastis, n)
+        if slot != NULL:
+            return <tuple>slot.stack
         # A stack not seen yet: its lines, read with no Python call between (the walk above
         # may have run Python code, a finalizer or another thread, and another thread's frames,
         # the main thread's, may have moved on meanwhile: then the key's offsets are not these
@@ -344,30 +412,118 @@ cdef tuple _walk_c(PyObject *start, Py_ssize_t skip, Py_ssize_t limit):
             lines[i] = PyFrame_GetLineNumber(<PyFrameObject *>held[i])
             same = same and ignis_frame_lasti(<PyFrameObject *>held[i]) == lastis[i]
         out = tuple([(<object>codes[i], lines[i]) for i in range(n)])
-        if not same:
-            return out
-        # Its entry (looked for anew: making the tuple may run Python code that captures too).
-        if _stacks != NULL and _stack_count * 2 >= _STACK_SLOTS:
-            _forget_stacks()  # (may run Python code: the table is looked at anew after)
-        if _stacks == NULL:
-            _stacks = <_StackSlot *>calloc(_STACK_SLOTS, sizeof(_StackSlot))
-            if _stacks == NULL:
-                return out
-        j = <Py_ssize_t>(h & (_STACK_SLOTS - 1))
-        while _stacks[j].stack != NULL:
-            j = (j + 1) & (_STACK_SLOTS - 1)
-        slot = &_stacks[j]
-        slot.hash, slot.n = h, n
-        for i in range(n):
-            slot.codes[i], slot.lastis[i] = codes[i], lastis[i]
-        Py_INCREF(out)
-        slot.stack = <PyObject *>out
-        _stack_count += 1
+        if same:
+            _intern(h, codes, lastis, n, out)
         return out
     finally:
         Py_XDECREF(f)
         for i in range(n):
             Py_DECREF(<object>held[i])
+
+
+cdef inline uint64_t _stack_hash(PyObject **codes, int *lastis, Py_ssize_t n) noexcept:
+    cdef uint64_t h = <uint64_t>n
+    cdef Py_ssize_t i
+    for i in range(n):
+        h = _mix(_mix(h, <uintptr_t>codes[i]), <uint64_t><unsigned int>lastis[i])
+    return h
+
+
+cdef _StackSlot *_interned(uint64_t h, PyObject **codes, int *lastis, Py_ssize_t n) noexcept:
+    """The interned stack of these frames (its slot), or NULL: not seen yet."""
+    cdef Py_ssize_t j, k
+    cdef _StackSlot *slot
+    if _stacks == NULL:
+        return NULL
+    j = <Py_ssize_t>(h & (_STACK_SLOTS - 1))
+    while _stacks[j].stack != NULL:
+        slot = &_stacks[j]
+        if slot.hash == h and slot.n == n:
+            k = 0
+            while k < n and slot.codes[k] == codes[k] and slot.lastis[k] == lastis[k]:
+                k += 1
+            if k == n:
+                return slot
+        j = (j + 1) & (_STACK_SLOTS - 1)
+    return NULL
+
+
+cdef int _intern(uint64_t h, PyObject **codes, int *lastis, Py_ssize_t n, tuple out) except -1:
+    """Keep ``out`` as the stack of these frames (its codes are ``out``'s: they stay alive)."""
+    global _stacks, _stack_count
+    cdef Py_ssize_t i, j
+    cdef _StackSlot *slot
+    if _stacks != NULL and _stack_count * 2 >= _STACK_SLOTS:
+        _forget_stacks()  # (may run Python code: the table is looked at anew after)
+    if _stacks == NULL:
+        _stacks = <_StackSlot *>calloc(_STACK_SLOTS, sizeof(_StackSlot))
+        if _stacks == NULL:
+            return 0
+    j = <Py_ssize_t>(h & (_STACK_SLOTS - 1))
+    while _stacks[j].stack != NULL:
+        j = (j + 1) & (_STACK_SLOTS - 1)
+    slot = &_stacks[j]
+    slot.hash, slot.n = h, n
+    for i in range(n):
+        slot.codes[i], slot.lastis[i] = codes[i], lastis[i]
+    Py_INCREF(out)
+    slot.stack = <PyObject *>out
+    _stack_count += 1
+    return 0
+
+
+cdef object _walk_records(void *start, Py_ssize_t skip, Py_ssize_t limit):
+    """``_walk_c`` over the interpreter's frame records from ``start`` outward (its thread's
+    innermost; 0 < ``limit`` <= _KEY_FRAMES), making no frame object and running no Python
+    code until the frames are read, so a thread's records (this one's, or the main thread's
+    while this one holds the GIL) stay as they are meanwhile. None: a code not decided yet
+    (the caller walks the frame objects, which decides it)."""
+    global _from_lib
+    cdef void *f = ignis_iframe_complete(start)
+    cdef PyObject *code
+    cdef PyObject *codes[_KEY_FRAMES]
+    cdef int lastis[_KEY_FRAMES]
+    cdef int lines[_KEY_FRAMES]
+    cdef Py_ssize_t n = 0, i
+    cdef int kind
+    cdef bint first = True, from_lib = False
+    cdef uint64_t h
+    cdef _StackSlot *slot
+    while f != NULL and skip > 0:
+        f = ignis_iframe_back(f)
+        skip -= 1
+    while f != NULL and n < limit:
+        code = ignis_iframe_code(f)
+        kind = _known_code(code)
+        if kind < 0:
+            return None
+        if first and kind != 2:
+            from_lib = kind == 0
+            first = False
+        if kind == 1:
+            codes[n] = code
+            lastis[n] = ignis_iframe_lasti(f)
+            n += 1
+        f = ignis_iframe_back(f)
+    _from_lib = from_lib
+    if n == 0:
+        return ()
+    h = _stack_hash(codes, lastis, n)
+    slot = _interned(h, codes, lastis, n)
+    if slot != NULL:
+        return <tuple>slot.stack
+    # A stack not seen yet: its lines, and a reference to each code, before anything is made
+    # (making objects may run Python code, and the frames may move on meanwhile).
+    for i in range(n):
+        Py_INCREF(<object>codes[i])
+        lines[i] = PyCode_Addr2Line(<PyCodeObject *>codes[i], lastis[i])
+    try:
+        out = tuple([(<object>codes[i], lines[i]) for i in range(n)])
+    finally:
+        for i in range(n):
+            Py_DECREF(<object>codes[i])
+    _intern(h, codes, lastis, n, out)
+    return out
 
 
 cdef PyObject *_skip_frames(PyObject *start, Py_ssize_t skip) noexcept:
