@@ -57,8 +57,9 @@ DIRECTIVES = {
 
 # Modules written as plain Python and compiled as they are (Cython's pure-Python mode,
 # typed where it pays by an augmenting .pxd beside them): the sanitizer's checking of an
-# access, the PyTorch front end's per-op step, and a collective's enqueue path (checks,
-# tracked use, NCCL call, the call matcher's log and thread). The .py is the one source; the
+# access, the PyTorch front end's per-op step, a collective's enqueue path (checks,
+# tracked use, NCCL call, the call matcher's log and thread), and the ownership contract (every
+# hold of a tracked-access block tracks its array for the audit). The .py is the one source; the
 # extension built from it is what ``import`` loads.
 PURE_PYTHON_MODULES = [
     "ignis.safety.sanitizer",
@@ -66,6 +67,7 @@ PURE_PYTHON_MODULES = [
     "ignis.collective.communicator",
     "ignis.collective.nccl",
     "ignis.collective.matching",
+    "ignis.safety.contract",
 ]
 
 extensions = [Extension(name, ["src/" + name.replace(".", "/") + ".pyx"], libraries=LIBRARIES.get(name, []))

@@ -372,6 +372,26 @@ def test_contract_track_keeps_the_start_and_refuses_what_is_no_array():
         c.track(42)
 
 
+def test_a_tracked_arrays_site_is_the_programs_line():
+    c = ig.MemoryContract()
+    c.capture_sites = True
+    a, b = ig.empty(4), ig.empty(2)
+    c.track(a)  # TRACK-SITE
+    c.acquire(b, by="io")  # ACQUIRE-SITE
+    src = open(__file__).read().splitlines()
+
+    def line_of(marker: str) -> int:
+        return next(i for i, ln in enumerate(src, 1) if ln.rstrip().endswith(marker))
+
+    innermost = []
+    for row in c.audit(older_than=0.0):
+        files = [ln for ln in row["site"].splitlines() if ln.lstrip().startswith("File ")]
+        assert files[-1].startswith(f'  File "{__file__}"'), row["site"]
+        innermost.append(int(files[-1].split(", line ")[1].split(",")[0]))
+    assert sorted(innermost) == [line_of("# TRACK-SITE"), line_of("# ACQUIRE-SITE")]
+    c.release(b, "io")
+
+
 def test_a_block_held_after_a_contract_reset_is_tracked_again():
     a = ig.empty(4)
     with a.access(by="collective"):

@@ -300,8 +300,6 @@ ALLOWED_LAZY_CIRCLES: dict[frozenset[str], str] = {
     frozenset({"ignis.array.nvarray", "ignis.array.dlpack_export"}):
         "NvArray's __dlpack__ and __cuda_array_interface__ hand over to the export module, which "
         "builds on NvArray's export records",
-    frozenset({"ignis.memory.block", "ignis.memory.types"}):
-        "Generation.next() and types.DeviceBlock reach the compiled block module, which is built on types",
 }
 
 

@@ -76,6 +76,21 @@ def test_a_pools_free_lists_and_a_tracking_resources_state_are_read_only(dev):
 
 
 @needs_compiled
+def test_a_resources_identity_is_read_only_an_adaptor_takes_its_upstreams(dev):
+    from ignis.memory.adaptors import StatisticsResource
+    pool = PoolResource(device=dev)
+    stats = StatisticsResource(pool)
+    for r in (pool, stats):
+        _read_only(r, ("device", "_backend", "_generation", "_closed"))
+    assert stats.device is pool.device and stats._generation is pool._generation and not stats._closed
+    guard = ig.DebugGuardResource(pool)
+    guard.close()  # a resource written in Python closes through the base's method
+    assert guard._closed
+    pool.close()
+    assert pool._closed
+
+
+@needs_compiled
 def test_a_kernels_plan_is_read_only():
     k = Kernel.__new__(Kernel)
     _read_only(k, ("source", "name", "host_impl", "options", "specs", "nargs", "array_args", "plan",

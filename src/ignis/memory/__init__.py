@@ -10,8 +10,8 @@ from .pinned import PinnedBuffer, PinnedHostResource
 from .pool import PoolResource
 from .resource import DeviceMemoryResource, TrackedResource
 from .._types import Access
-from .types import TRANSITIONS, UNTAGGED, AllocTag, BlockId, BlockState, Generation, StreamId
-from .block import DeviceBlock
+from .types import TRANSITIONS, UNTAGGED, AllocTag, BlockId, BlockState, StreamId
+from .block import DeviceBlock, Generation
 from .vmm import VmmResource
 
 __all__ = [

@@ -65,10 +65,7 @@ class ResourceAdaptor(DeviceMemoryResource):
         if not isinstance(upstream, DeviceMemoryResource):
             raise TypeError(f"upstream must be a DeviceMemoryResource, got {type(upstream).__name__}")
         self.upstream = upstream
-        self.device = upstream.device
-        self._backend = upstream._backend
-        self._generation = upstream._generation
-        self._closed = False
+        self._serve_as(upstream)
         # Forward tracking with no extra frame.
         self.prepare_block_use = upstream.prepare_block_use
         self.finish_block_use = upstream.finish_block_use

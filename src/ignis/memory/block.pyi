@@ -3,10 +3,20 @@
 from typing import Any, ClassVar
 from .types import BlockId, BlockState
 from ..runtime.stream import Stream
-__all__ = ['DeviceBlock', 'next_generation']
+__all__ = ['DeviceBlock', 'Generation', 'next_generation']
 
 def next_generation() -> int:
     ...
+
+class Generation(int):
+    __slots__: ClassVar[tuple[str, ...]]
+
+    @staticmethod
+    def next() -> Generation:
+        ...
+
+    def __repr__(self) -> str:
+        ...
 
 class DeviceBlock:
 

@@ -18,7 +18,7 @@ from .types import BlockId, BlockState
 if TYPE_CHECKING:
     from ..runtime.stream import Stream
 
-__all__ = ["DeviceBlock", "next_generation"]
+__all__ = ["DeviceBlock", "Generation", "next_generation"]
 
 cdef extern from *:
     """
@@ -39,6 +39,22 @@ def next_generation() -> int:
     """A fresh generation: larger than every one handed out before in this process (from any
     thread). ``Generation.next()`` wraps it."""
     return ignis_next_generation()
+
+
+class Generation(int):
+    """A generation number: process-wide and strictly increasing; every allocation gets a
+    fresh one, so a reused address never looks like the old block. ``Generation.next()``
+    returns a fresh, larger one."""
+
+    __slots__ = ()
+
+    @staticmethod
+    def next() -> "Generation":
+        """A fresh generation, larger than every one handed out before in this process."""
+        return Generation(ignis_next_generation())
+
+    def __repr__(self) -> str:
+        return f"Generation({int(self)})"
 
 
 cdef object _LIVE = BlockState.LIVE

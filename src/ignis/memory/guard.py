@@ -545,7 +545,7 @@ class DebugGuardResource(GuardBase, ResourceAdaptor):
         until deallocated; from now on freed blocks skip the quarantine. Idempotent."""
         if self._closed:
             return
-        self._closed = True
+        self._mark_closed()
         self.flush()
 
     def __repr__(self) -> str:
@@ -960,7 +960,7 @@ class DeferredGuardResource(DebugGuardResource):
         at once and handed back. Idempotent."""
         if self._closed:
             return
-        self._closed = True
+        self._mark_closed()
         try:
             self.flush()
         finally:

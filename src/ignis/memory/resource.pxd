@@ -73,13 +73,13 @@ cdef class EventPool:  # read-only from Python (resource.pyx the one writer)
     cdef object take(self)
 
 
-# The base's fields stay writable from Python: resources written in Python (adaptors, the async
-# and VMM resources, the debug guard) set them in their constructors.
+# The base's fields are read-only from Python: its constructor, ``_serve_as`` (an adaptor takes
+# its upstream's) and ``_mark_closed`` are their writers.
 cdef class DeviceMemoryResource:
-    cdef public object device
-    cdef public object _backend
-    cdef public object _generation
-    cdef public object _closed
+    cdef readonly object device
+    cdef readonly object _backend
+    cdef readonly object _generation
+    cdef readonly object _closed
     cdef dict __dict__
     cdef object __weakref__
 

@@ -95,7 +95,10 @@ class EventPool:
         ...
 
 class DeviceMemoryResource:
-    device: Device
+
+    @property
+    def device(self) -> Device:
+        ...
 
     def __init__(self, device: Device | int | None=...) -> None:
         ...

@@ -420,7 +420,7 @@ def _after_fork_in_child() -> None:
         try:
             if r.device.state.forked_from is None:
                 continue
-            r._closed = True
+            (<DeviceMemoryResource>r)._closed = True
             lock = getattr(r, "_lock", None)
             if isinstance(r, TrackedResource):  # its lock is a C field, read-only from Python
                 (<TrackedResource>r)._lock = ResourceLock()
@@ -452,6 +452,19 @@ cdef class DeviceMemoryResource:
         self._generation = self.device.state.generation
         self._closed = False
         _resources.add(self)
+
+    # The base's state is read-only from Python; resources written in Python change it here.
+    def _serve_as(self, DeviceMemoryResource upstream) -> None:
+        """Take ``upstream``'s device, backend and context generation, open (an adaptor
+        serves the memory of the resource it wraps)."""
+        self.device = upstream.device
+        self._backend = upstream._backend
+        self._generation = upstream._generation
+        self._closed = False
+
+    def _mark_closed(self) -> None:
+        """From now on this resource is closed (its ``close()`` does the rest)."""
+        self._closed = True
 
     # -- the contract ------------------------------------------------------
     def allocate(self, nbytes: int, stream: Stream | None = None, tag: str = UNTAGGED) -> DeviceBlock:

@@ -1,8 +1,7 @@
-"""Value types of the memory layer: generations, access kinds, block identity and state.
+"""Value types of the memory layer: access kinds, tags, block identity and state
+(``Generation`` is the block module's, beside the one counter it reads).
 
 Rules:
-- A ``Generation`` is process-wide and strictly increasing; every allocation
-  gets a fresh one, so a reused address never looks like the old block.
 - ``BlockId`` is the frozen, copyable identity ``(ptr, generation,
   alloc_stream, device_ordinal)``; resources validate it against their live
   map and raise ``UseAfterFreeError`` when it names memory that is gone.
@@ -21,24 +20,9 @@ from ..errors import InvalidTransitionError
 if TYPE_CHECKING:
     from ..runtime import Stream
 
-__all__ = ["Access", "AllocTag", "UNTAGGED", "Generation", "BlockId", "BlockState", "DeviceBlock",
+__all__ = ["Access", "AllocTag", "UNTAGGED", "BlockId", "BlockState",
            "TRANSITIONS", "StreamId"]
 
-
-
-class Generation(int):
-    """A generation number. ``Generation.next()`` returns a fresh, larger one."""
-
-    __slots__ = ()
-
-    @staticmethod
-    def next() -> "Generation":
-        """A fresh generation, larger than every one handed out before in this process."""
-        from .block import next_generation  # the one counter, compiled (block.pyx imports this module)
-        return Generation(next_generation())
-
-    def __repr__(self) -> str:
-        return f"Generation({int(self)})"
 
 
 class AllocTag(str):
@@ -99,13 +83,3 @@ class BlockId(NamedTuple):
             block: a ``DeviceBlock``.
         """
         return cls(block.ptr, block.generation, block.alloc_stream, block.alloc_stream.device.ordinal)
-
-
-
-def __getattr__(name: str) -> Any:
-    # DeviceBlock is compiled (memory/block.pyx), which imports this module; it is
-    # reachable from here too, as it always was.
-    if name == "DeviceBlock":
-        from .block import DeviceBlock
-        return DeviceBlock
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

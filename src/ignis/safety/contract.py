@@ -211,7 +211,7 @@ class MemoryContract:
         _as_array(array, "track")
         if array.id in self._tracked:
             return
-        frames = capture_frames(3) if self.capture_sites else ()
+        frames = capture_frames(1) if self.capture_sites else ()  # from the caller out (Ignis's own frames passed over)
         with self._lock:
             if array.id not in self._tracked:
                 self._tracked[array.id] = (weakref.ref(array), time.monotonic(), frames)
