@@ -15,10 +15,10 @@ import enum
 from typing import TYPE_CHECKING, Any, NamedTuple
 
 from .._types import Access  # foundation; re-exported here, where it was defined before
-from ..errors import InvalidTransitionError
 
 if TYPE_CHECKING:
     from ..runtime import Stream
+    from .block import DeviceBlock
 
 __all__ = ["Access", "AllocTag", "UNTAGGED", "BlockId", "BlockState",
            "TRANSITIONS", "StreamId"]
