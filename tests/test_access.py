@@ -219,6 +219,23 @@ def test_a_view_is_held_through_its_root(dev):
     assert x.owner == "compute"
 
 
+
+@pytest.mark.parametrize("n", [3, 12])  # a few uses, compared one by one; many: a set of roots
+def test_many_uses_hold_each_root_once_and_a_refusal_gives_all_back(dev, n):
+    roots = [ig.zeros((2, 8)) for _ in range(n)]
+    uses = [(r[i % 2], "read") for i, r in enumerate(roots)] + [(r, "write", 0, 8) for r in roots]
+    with ig.NvArray.access_all(uses, by="io") as ptrs:
+        assert len(ptrs) == 2 * n
+        assert all(r.owner == "io" for r in roots)
+    assert all(r.owner == "compute" for r in roots)
+    ig.contract.acquire(roots[-1], "ipc")  # the last one is refused: every root taken before goes back
+    with pytest.raises(ig.MemoryContractViolation, match="held by 'ipc'"):
+        with ig.NvArray.access_all(uses, by="io"):
+            pytest.fail("the block ran")
+    assert [r.owner for r in roots] == ["compute"] * (n - 1) + ["ipc"]
+    ig.contract.release(roots[-1], "ipc")
+
+
 # -- exceptions in the block -----------------------------------------------------------------
 
 def test_an_exception_in_the_block_still_records_the_use_and_releases(dev, streams):
