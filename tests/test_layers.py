@@ -297,9 +297,6 @@ def test_no_module_level_import_cycle(graph):
 # Import circles inside one package that close only through an import in a function body
 # (lazy), each with its reason. A new one fails, and so does an entry that no longer happens.
 ALLOWED_LAZY_CIRCLES: dict[frozenset[str], str] = {
-    frozenset({"ignis.array.nvarray", "ignis.array.dlpack_export"}):
-        "NvArray's __dlpack__ and __cuda_array_interface__ hand over to the export module, which "
-        "builds on NvArray's export records",
 }
 
 

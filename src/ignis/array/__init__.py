@@ -12,6 +12,7 @@ import numpy as np
 from .. import dtypes as _dt
 from .launch import launch
 from .nvarray import NvArray, drain_deferred, empty
+from . import dlpack_export  # noqa: F401  (binds NvArray's DLPack and CUDA-array-interface export)
 
 __all__ = ["NvArray", "launch", "empty", "zeros", "ones", "full", "empty_like", "zeros_like", "ones_like",
            "full_like", "from_numpy", "synchronize"]

@@ -53,12 +53,6 @@ _exports: dict[int, tuple[Any, Any, Any]] = {}
 # whenever it drops what it imported -- on any thread, also during the interpreter's
 # final garbage collection, after this module's globals are cleared: C functions of
 # the compiled array module (ignis/array/nvarray.pyx), bound to ``_exports``.
-def _native_callbacks() -> tuple[Any, Any]:
-    deleter, destructor = _dlpack_callbacks(_exports)
-    return _DELETER(deleter), ctypes.c_void_p(destructor)
-
-
-_delete, _capsule_destructor = _native_callbacks()
 
 
 def device_of(a: "NvArray") -> tuple[int, int]:
@@ -170,3 +164,12 @@ def cuda_array_interface(a: "NvArray") -> dict[str, Any]:
     a._add_export(_CAI)
     return {"shape": a.shape, "typestr": a.dtype.numpy.str, "data": (a._ptr, readonly), "version": 3,
             "strides": None, "stream": s.handle}
+
+
+# Bound last, once the three functions exist: the array module's export methods call them.
+def _native_callbacks() -> tuple[Any, Any]:
+    deleter, destructor = _dlpack_callbacks(_exports, export, device_of, cuda_array_interface)
+    return _DELETER(deleter), ctypes.c_void_p(destructor)
+
+
+_delete, _capsule_destructor = _native_callbacks()

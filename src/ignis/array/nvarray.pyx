@@ -1950,19 +1950,18 @@ cdef class NvArray:
                         "ipc.open); to copy it use clone() on the device or to_numpy() to the host")
 
     # -- interop (DLPack, CUDA array interface) --------------------------------------------
+    # The export module (array/dlpack_export.py, imported with the package) builds on this
+    # module's export records; it hands its three functions over when it binds its callbacks.
     def __dlpack__(self, *, stream: Any = None, max_version: Any = None, dl_device: Any = None,
                    copy: Any = None) -> Any:
-        from . import dlpack_export
-        return dlpack_export.export(self, stream=stream, max_version=max_version, dl_device=dl_device, copy=copy)
+        return _exporter()[0](self, stream=stream, max_version=max_version, dl_device=dl_device, copy=copy)
 
     def __dlpack_device__(self) -> tuple[int, int]:
-        from . import dlpack_export
-        return dlpack_export.device_of(self)
+        return _exporter()[1](self)
 
     @property
     def __cuda_array_interface__(self) -> dict[str, Any]:
-        from . import dlpack_export
-        return dlpack_export.cuda_array_interface(self)
+        return _exporter()[2](self)
 
 
 # -- the tracked use of an array: NvArray._begin / _end / use, TrackedAccess, launch -----
@@ -2123,11 +2122,23 @@ cdef void _dl_capsule_destructor(object capsule) noexcept:
             return
 
 
-def _dlpack_callbacks(exports: dict) -> tuple:
-    """Bind dlpack_export's exports dict; returns (the deleter's address, the capsule
-    destructor's address)."""
-    global _DL_EXPORTS
-    if type(exports) is not dict:
-        raise TypeError("_dlpack_callbacks: expected the exports dict")
+cdef tuple _DL_EXPORTER = None  # (export, device_of, cuda_array_interface) of dlpack_export
+
+
+cdef tuple _exporter():
+    if _DL_EXPORTER is None:
+        raise RuntimeError("the DLPack export module (ignis.array.dlpack_export) is not loaded; import ignis")
+    return _DL_EXPORTER
+
+
+def _dlpack_callbacks(exports: dict, export: Any, device_of: Any, cuda_array_interface: Any) -> tuple:
+    """Bind dlpack_export's exports dict and its three functions (``__dlpack__``,
+    ``__dlpack_device__``, ``__cuda_array_interface__``); returns (the deleter's address, the
+    capsule destructor's address)."""
+    global _DL_EXPORTS, _DL_EXPORTER
+    if type(exports) is not dict or not (callable(export) and callable(device_of)
+                                         and callable(cuda_array_interface)):
+        raise TypeError("_dlpack_callbacks: expected the exports dict and three functions")
     _DL_EXPORTS = exports
+    _DL_EXPORTER = (export, device_of, cuda_array_interface)
     return <size_t>&_dl_deleter, <size_t>&_dl_capsule_destructor
