@@ -212,3 +212,41 @@ def test_a_walk_over_the_interpreters_frame_records_gives_what_the_frame_objects
         sys.path.remove(str(lib))
         frames._library.remove(str(lib) + os.sep)
         frames._machinery[:] = [p for p in frames._machinery if p != str(lib) + os.sep]
+
+
+def test_a_main_thread_without_python_frames_leaves_a_threads_capture_its_own(tmp_path):
+    # The main thread runs C code only (an embedding host that went back to C++): a thread whose
+    # own frames are all a library's gets an empty capture (never None) and still reads
+    # last_from_library() as its own walk found it, for every limit.
+    import _thread
+    import itertools
+    import operator
+    import time
+
+    lib = tmp_path / "cmainlib"
+    lib.mkdir()
+    (lib / "cmainlib_mod.py").write_text(
+        "from ignis.safety.frames import capture_frames, last_from_library\n"
+        "def capture(limit, out):\n"
+        "    out.append((capture_frames(1, limit), last_from_library()))\n")
+    sys.path.insert(0, str(lib))
+    frames.add_library_dir(str(lib))
+    ready = threading.Event()
+    try:
+        import cmainlib_mod
+        # A thread with no Python frame of its own becomes "the main thread" for the module,
+        # then sleeps in C.
+        _thread.start_new_thread(any, (itertools.starmap(operator.call, [
+            (frames._after_fork_in_child,), (ready.set,), (time.sleep, 1.0)]),))
+        assert ready.wait(5)
+        got: list = []
+        for limit in (6, 9):
+            t = threading.Thread(target=cmainlib_mod.capture, args=(limit, got))
+            t.start()
+            t.join()
+        assert got == [((), True), ((), True)]
+    finally:
+        frames._after_fork_in_child()  # this (the real main) thread is the main thread again
+        sys.path.remove(str(lib))
+        frames._library.remove(str(lib) + os.sep)
+        frames._machinery[:] = [p for p in frames._machinery if p != str(lib) + os.sep]

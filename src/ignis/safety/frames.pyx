@@ -226,23 +226,6 @@ cdef void _code_insert(PyObject *code, int user) noexcept:
     _code_count += 1
 
 
-cdef int _user_code(PyObject *code) except -1:
-    """What ``code`` is (decided once per code object): 1 the user's, 0 a library's (one
-    registered with ``add_library_dir``), 2 Ignis's own or the interpreter's machinery
-    (``runpy``, ``contextlib``, ``threading``, frozen importlib), which is passed over."""
-    cdef Py_ssize_t i
-    cdef int u
-    if _code_cap:
-        i = (<uintptr_t>code >> 4) & (_code_cap - 1)
-        while _codes[i].code != NULL:
-            if _codes[i].code == code:
-                return _codes[i].user
-            i = (i + 1) & (_code_cap - 1)
-    u = _file_kind((<object>code).co_filename)  # Python: the tables may change meanwhile
-    _code_put(code, u)
-    return u
-
-
 cdef inline int _known_code(PyObject *code) noexcept:
     """``_user_code`` for a code decided already; -1 for one not decided yet (deciding it runs
     Python code, which the walk over the interpreter's frame records must not)."""
@@ -254,6 +237,18 @@ cdef inline int _known_code(PyObject *code) noexcept:
                 return _codes[i].user
             i = (i + 1) & (_code_cap - 1)
     return -1
+
+
+cdef int _user_code(PyObject *code) except -1:
+    """What ``code`` is (decided once per code object): 1 the user's, 0 a library's (one
+    registered with ``add_library_dir``), 2 Ignis's own or the interpreter's machinery
+    (``runpy``, ``contextlib``, ``threading``, frozen importlib), which is passed over."""
+    cdef int u = _known_code(code)
+    if u >= 0:
+        return u
+    u = _file_kind((<object>code).co_filename)  # Python: the tables may change meanwhile
+    _code_put(code, u)
+    return u
 
 
 # Whether the innermost frame of the last capture that is not Ignis's own nor the interpreter's
@@ -329,7 +324,6 @@ cdef tuple capture_c(Py_ssize_t skip, Py_ssize_t limit):
     """``capture_frames`` for compiled callers (frames.pxd), without a Python call: the
     same frames, counted the same way (compiled code has no frames of its own)."""
     # Compiled: the innermost Python frame is the caller's, frame 1.
-    cdef PyObject *f
     cdef PyThreadState *ts
     out = None
     if IGNIS_IFRAME and 0 < limit <= _KEY_FRAMES:
@@ -340,20 +334,35 @@ cdef tuple capture_c(Py_ssize_t skip, Py_ssize_t limit):
         if _main_ts != NULL:
             ts = _main_state()
             if ts != NULL:
-                out = _walk_records(ignis_iframe_top(ts), 0, limit) \
-                    if IGNIS_IFRAME and 0 < limit <= _KEY_FRAMES else None
-                if out is None:
-                    f = <PyObject *>PyThreadState_GetFrame(ts)
-                    if f != NULL:
-                        try:
-                            out = _walk_c(f, 0, limit)
-                        finally:
-                            Py_XDECREF(f)
+                main = _walk_main(ts, limit)
+                if main is not None:
+                    out = main
         elif threading.get_ident() != threading.main_thread().ident:  # imported off the main thread
             f0 = sys._current_frames().get(threading.main_thread().ident)
             if f0 is not None:
                 out = _walk_c(<PyObject *>f0, 0, limit)
     return out
+
+
+cdef object _walk_main(PyThreadState *ts, Py_ssize_t limit):
+    """The user frames of the main thread (state ``ts``), or None when it has no Python frame
+    (it runs C code only): then the capture and ``last_from_library`` stay the caller's own."""
+    cdef void *top
+    cdef PyObject *f
+    if IGNIS_IFRAME and 0 < limit <= _KEY_FRAMES:
+        top = ignis_iframe_complete(ignis_iframe_top(ts))
+        if top == NULL:
+            return None
+        out = _walk_records(top, 0, limit)
+        if out is not None:
+            return out
+    f = <PyObject *>PyThreadState_GetFrame(ts)
+    if f == NULL:
+        return None
+    try:
+        return _walk_c(f, 0, limit)
+    finally:
+        Py_XDECREF(f)
 
 
 cdef tuple _walk_c(PyObject *start, Py_ssize_t skip, Py_ssize_t limit):
