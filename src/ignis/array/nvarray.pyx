@@ -424,22 +424,15 @@ cdef inline object _mode(object mode):
 cdef inline NvArray _root_of(NvArray a):
     """The array that holds ``a``'s memory (``a._root()`` as a C call)."""
     while a._base is not None:
-        a = <NvArray>a._base
+        a = <NvArray?>a._base
     return a
 
 
 cdef _TrackedAccess _tracked_access(list uses, object stream, object by, object op, bint finish_on_error,
                                     bint single):
+    """A ``_TrackedAccess`` made without a Python call (``access`` / ``access_all``)."""
     cdef _TrackedAccess t = _TrackedAccess.__new__(_TrackedAccess)
-    t.uses = uses
-    t.stream = stream
-    t.by = by
-    t.op = op
-    t.finish_on_error = finish_on_error
-    t.single = single
-    t.held = []
-    t.begun = []
-    t.entered = False
+    t._init(uses, stream, by, op, finish_on_error, single)
     return t
 
 
@@ -517,6 +510,10 @@ cdef class _TrackedAccess:
 
     def __init__(self, uses: list, stream: Stream, by: str | None, op: str, finish_on_error: bool,
                  single: bool) -> None:
+        self._init(uses, stream, by, op, finish_on_error, single)
+
+    cdef int _init(self, list uses, object stream, object by, object op, bint finish_on_error,
+                   bint single) except -1:
         self.uses = uses
         self.stream = stream
         self.by = by
@@ -526,6 +523,7 @@ cdef class _TrackedAccess:
         self.held = []
         self.begun = []
         self.entered = False
+        return 0
 
     def __repr__(self) -> str:
         arrays = ", ".join(f"NvArray#{a.id} {acc.name.lower() if acc else 'held'}" for a, acc, _, _ in self.uses)

@@ -454,7 +454,7 @@ cdef class DeviceMemoryResource:
         _resources.add(self)
 
     # The base's state is read-only from Python; resources written in Python change it here.
-    def _serve_as(self, DeviceMemoryResource upstream) -> None:
+    def _serve_as(self, DeviceMemoryResource upstream not None) -> None:
         """Take ``upstream``'s device, backend and context generation, open (an adaptor
         serves the memory of the resource it wraps)."""
         self.device = upstream.device
