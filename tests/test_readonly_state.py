@@ -114,7 +114,7 @@ def test_the_sanitizers_state_is_read_only_its_settings_writable():
 def test_the_guards_state_is_read_only_its_settings_writable(dev):
     g = ig.DeferredGuardResource(PoolResource(device=dev))
     blk = g.allocate(4096)
-    _read_only(g, ("canary_bytes", "poison", "canary", "quarantine_count", "quarantine_bytes", "stack_depth",
+    _read_only(g, ("upstream", "canary_bytes", "poison", "canary", "quarantine_count", "quarantine_bytes", "stack_depth",
                    "_live", "_quarantine", "_live_bytes", "_quarantined_bytes", "reused", "resized",
                    "formatted_fresh", "batch", "_ready", "_ready_bytes", "_checker", "_state", "_lock"))
     assert g._live_bytes == 4096  # its own code keeps the counts
@@ -125,3 +125,55 @@ def test_the_guards_state_is_read_only_its_settings_writable(dev):
     assert g._live_bytes == 0 and g._quarantined_bytes > 0
     g.check()
     g.close()
+
+
+@needs_compiled
+def test_a_guard_keeps_its_upstream_read_only_an_adaptor_its_own(dev):
+    from ignis.memory.adaptors import StatisticsResource
+    pool = PoolResource(device=dev)
+    g = ig.DebugGuardResource(pool)
+    assert g.upstream is pool and g.device is pool.device  # set by _serve_as, with what it serves
+    _read_only(g, ("upstream",))
+    stats = StatisticsResource(pool)
+    assert stats.upstream is pool
+    g.close()
+    pool.close()
+
+
+@needs_compiled
+def test_the_framework_allocators_state_is_read_only_written_through_its_methods():
+    from ignis.safety.guard_alloc import State
+    st = State()
+    _read_only(st, ("opts", "lock", "guards", "streams", "blocks", "torch", "cupy", "lib", "problems", "groups",
+                    "tls", "deferred", "last_live", "atexit", "hooks", "saved", "rs_ptrs", "tag", "capturing",
+                    "graph_blocks", "graph_free", "after_capture", "graph_alloc", "current_stream"))
+    st.configure({"tag": "mine"})
+    assert st.opts == {"tag": "mine"} and st.tag == "mine"
+    st.configure({"tag": None})
+    assert st.tag == "torch"  # no tag of the user's: the framework's
+    st.use_framework("cupy")
+    assert st.cupy and not st.torch
+    with pytest.raises(ValueError, match="unknown framework 'jax'"):
+        st.use_framework("jax")
+    fn = (lambda device: 7)
+    st.bind(current_stream=fn, graph_alloc=None)
+    assert st.current_stream is fn and st.graph_alloc is None and st.lib is None
+    with pytest.raises(TypeError, match="unknown slot 'streams'"):
+        st.bind(streams={})
+    assert st.current_stream is fn  # a refused call set nothing
+    st.note_live_check(12.5)
+    assert st.last_live == 12.5
+    st.problems.append("p")
+    st.groups["k"] = 1
+    assert st.take_problems() == ["p"] and st.problems == [] and st.groups == {}
+    st.mark_atexit()
+    assert st.atexit
+    st.use_framework("torch")
+    blocks, rs = st.blocks, st.rs_ptrs
+    blocks[1] = "b"
+    rs.add(1)
+    st.reset()
+    # All as new but the PyTorch flag, and the two maps the compiled poison path holds: the same
+    # objects, emptied.
+    assert st.torch and not st.cupy and st.opts is None and not st.atexit and st.current_stream is None
+    assert st.blocks is blocks and not blocks and st.rs_ptrs is rs and not rs

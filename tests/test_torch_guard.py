@@ -672,7 +672,7 @@ def test_synchronize_points_queue_and_read_checks(guard, streams):
     s = streams[0]
     p = alloc(300, s)
     write(p + 300, b"\x01", s)
-    tg._s.last_live = 0.0
+    tg._s.note_live_check(0.0)
     tg._on_sync()  # a live-guard check is due
     s.synchronize()
     time.sleep(0.05)
@@ -1070,7 +1070,7 @@ def test_a_capturing_streams_memory_is_its_graph_pools_and_nothing_is_queued_on_
         made.append(ptr)
         return ptr
 
-    tg._s.graph_alloc = graph_memory
+    tg._s.bind(graph_alloc=graph_memory)
     outside = alloc(1024, s)                       # a guarded block of the stream, before the capture
     guard_alloc.graph_begin(0, s.handle, (1, 0))
     jobs = guard._checker.jobs
@@ -1102,7 +1102,7 @@ def test_a_block_freed_while_another_stream_is_current_is_poisoned_at_its_stream
     s, other = streams[0], streams[1]
     p = alloc(4096, s)
     write(p, b"\x11" * 4096, s)
-    tg._s.current_stream = lambda device: other.handle      # the program's current stream: not s
+    tg._s.bind(current_stream=lambda device: other.handle)  # the program's current stream: not s
     try:
         free(p, 4096, s)
         assert read(p, 4096, s) == b"\x11" * 4096          # not poisoned yet
@@ -1112,7 +1112,7 @@ def test_a_block_freed_while_another_stream_is_current_is_poisoned_at_its_stream
         assert read(p, 4096, s) == bytes([POISON]) * 4096
         free(q, 256, s)
     finally:
-        tg._s.current_stream = None
+        tg._s.bind(current_stream=None)
     guard.flush()
     assert tg.reports() == []
 
@@ -1120,12 +1120,12 @@ def test_a_block_freed_while_another_stream_is_current_is_poisoned_at_its_stream
 def test_a_late_poison_is_queued_before_the_checks_that_read_it(guard, streams):
     s, other = streams[0], streams[1]
     ptrs = [alloc(512, s) for _ in range(3)]
-    tg._s.current_stream = lambda device: other.handle
+    tg._s.bind(current_stream=lambda device: other.handle)
     try:
         for p in ptrs:
             free(p, 512, s)
     finally:
-        tg._s.current_stream = None
+        tg._s.bind(current_stream=None)
     assert guard.flush(raise_=False) == []                  # the exit checks find the poison in place
     assert guard._unpoisoned_n == 0 and tg.reports() == []
 

@@ -87,7 +87,7 @@ def use_guard(**options: Any) -> None:
             raise _front.GuardError(f"the guard under CuPy needs Ignis's cuda backend (the active backend is "
                                     f"{get_backend().name})")
         cupy.cuda.set_allocator(_cupy_allocator(cupy))
-        _s.cupy = True
+        _s.use_framework("cupy")
         add_library_dir(os.path.dirname(cupy.__file__))
         _front.print_at_exit()
 

@@ -64,12 +64,17 @@ class ResourceAdaptor(DeviceMemoryResource):
     def __init__(self, upstream: DeviceMemoryResource) -> None:
         if not isinstance(upstream, DeviceMemoryResource):
             raise TypeError(f"upstream must be a DeviceMemoryResource, got {type(upstream).__name__}")
-        self.upstream = upstream
         self._serve_as(upstream)
         # Forward tracking with no extra frame.
         self.prepare_block_use = upstream.prepare_block_use
         self.finish_block_use = upstream.finish_block_use
         self.record_block_use = upstream.record_block_use
+
+    def _serve_as(self, upstream: DeviceMemoryResource) -> None:
+        """Serve ``upstream``'s memory and keep it as ``upstream`` (a compiled subclass,
+        the debug guard, keeps it in its own read-only field: its ``_serve_as`` comes first)."""
+        super()._serve_as(upstream)
+        self.upstream = upstream
 
     def allocate(self, nbytes: int, stream: Stream | None = None, tag: str = UNTAGGED) -> DeviceBlock:
         """The upstream's ``allocate(nbytes, stream, tag)`` through this adaptor's own step

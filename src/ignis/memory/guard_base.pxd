@@ -98,12 +98,13 @@ cdef class _Checker:
 
 # The guard's state is read-only from Python: its compiled code is the one writer, and the
 # Python half of the guard (guard.py) sets it through ``_configure``, ``_configure_deferred``
-# and ``_count_bytes``. Writable: ``upstream`` (the adaptor base sets it) and two settings a
-# program may change on a live guard, ``capture_stacks`` and ``ready_limit``. Of a record
+# and ``_count_bytes``; ``upstream`` is set with the rest of what it serves (``_serve_as``).
+# Writable: two settings a program may change on a live guard, ``capture_stacks`` and
+# ``ready_limit``. Of a record
 # (_Guarded), the guard's Python half writes ``rs`` and ``reported``.
 cdef class GuardBase(DeviceMemoryResource):
     # both modes
-    cdef public object upstream
+    cdef readonly object upstream
     cdef readonly ResourceLock _lock
     cdef readonly dict _live
     cdef readonly object _quarantine

@@ -10,7 +10,10 @@ def fill_bytes(backend: object, ptr: int, value: int, nbytes: int, handle: int) 
 MAX_BATCH: int
 
 class GuardBase(DeviceMemoryResource):
-    upstream: DeviceMemoryResource
+
+    @property
+    def upstream(self) -> DeviceMemoryResource:
+        ...
 
     @property
     def canary_bytes(self) -> int:

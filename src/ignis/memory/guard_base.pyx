@@ -572,6 +572,12 @@ cdef class GuardBase(DeviceMemoryResource):
 
     # Fields: see guard_base.pxd.
 
+    def _serve_as(self, DeviceMemoryResource upstream not None) -> None:
+        """Serve ``upstream``'s memory (its device, backend and context generation), and
+        keep it as this guard's ``upstream`` (the adaptor base's constructor calls this)."""
+        DeviceMemoryResource._serve_as(self, upstream)
+        self.upstream = upstream
+
     def _configure(self, canary_bytes: int, poison: int, canary: int, quarantine_count: int,
                    quarantine_bytes: int, capture_stacks: bool, stack_depth: int, tracks: bool) -> None:
         """The settings and the empty state of a guard (``DebugGuardResource``'s constructor,

@@ -23,30 +23,123 @@ def drain_deferred() -> None:
     ...
 
 class State:
-    opts: dict[str, Any] | None
-    lock: Any
-    guards: dict[Any, Any]
-    streams: dict[Any, Any]
-    blocks: dict[Any, Any]
-    torch: bool
-    cupy: bool
-    lib: Any
-    problems: list[Any]
-    groups: dict[Any, Any]
-    tls: Any
-    deferred: list[Any]
-    last_live: float
-    atexit: bool
-    hooks: list[Any]
-    saved: dict[str, Any]
-    rs_ptrs: set
-    tag: str
-    capturing: dict[Any, Any]
-    graph_blocks: dict[Any, Any]
-    graph_free: dict[Any, Any]
-    after_capture: list[Any]
-    graph_alloc: Callable[[int, int], int] | None
-    current_stream: Callable[[int], int] | None
+
+    @property
+    def opts(self) -> dict[str, Any] | None:
+        ...
+
+    @property
+    def lock(self) -> Any:
+        ...
+
+    @property
+    def guards(self) -> dict[Any, Any]:
+        ...
+
+    @property
+    def streams(self) -> dict[Any, Any]:
+        ...
+
+    @property
+    def blocks(self) -> dict[Any, Any]:
+        ...
+
+    @property
+    def torch(self) -> bool:
+        ...
+
+    @property
+    def cupy(self) -> bool:
+        ...
+
+    @property
+    def lib(self) -> Any:
+        ...
+
+    @property
+    def problems(self) -> list[Any]:
+        ...
+
+    @property
+    def groups(self) -> dict[Any, Any]:
+        ...
+
+    @property
+    def tls(self) -> Any:
+        ...
+
+    @property
+    def deferred(self) -> list[Any]:
+        ...
+
+    @property
+    def last_live(self) -> float:
+        ...
+
+    @property
+    def atexit(self) -> bool:
+        ...
+
+    @property
+    def hooks(self) -> list[Any]:
+        ...
+
+    @property
+    def saved(self) -> dict[str, Any]:
+        ...
+
+    @property
+    def rs_ptrs(self) -> set:
+        ...
+
+    @property
+    def tag(self) -> str:
+        ...
+
+    @property
+    def capturing(self) -> dict[Any, Any]:
+        ...
+
+    @property
+    def graph_blocks(self) -> dict[Any, Any]:
+        ...
+
+    @property
+    def graph_free(self) -> dict[Any, Any]:
+        ...
+
+    @property
+    def after_capture(self) -> list[Any]:
+        ...
+
+    @property
+    def graph_alloc(self) -> Callable[[int, int], int] | None:
+        ...
+
+    @property
+    def current_stream(self) -> Callable[[int], int] | None:
+        ...
 
     def __init__(self) -> None:
+        ...
+
+    def reset(self) -> None:
+        ...
+
+    def configure(self, opts: dict) -> None:
+        ...
+
+    def use_framework(self, name: str) -> None:
+        ...
+
+    def bind(self, **slots: object) -> None:
+        ...
+
+    def note_live_check(self, now: float) -> None:
+        ...
+
+    def take_problems(self) -> list:
+        ...
+
+    def mark_atexit(self) -> None:
         ...

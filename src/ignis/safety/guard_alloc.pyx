@@ -98,6 +98,61 @@ cdef class State:
         self.graph_alloc = None
         self.current_stream = None
 
+    # -- the writers (the fields are read-only from Python) ------------------------------
+    def reset(self) -> None:
+        """Everything forgotten, as new, but the PyTorch flag and the two maps the PyTorch
+        adapter's compiled poison path holds (``blocks``, ``rs_ptrs``): the same objects,
+        emptied, so it never reads a map the front no longer writes."""
+        torch_on, blocks, rs = self.torch, self.blocks, self.rs_ptrs
+        self.__init__()
+        self.torch = torch_on
+        blocks.clear()
+        rs.clear()
+        self.blocks, self.rs_ptrs = blocks, rs
+
+    def configure(self, opts: dict) -> None:
+        """The guard's options (checked by the front), and its tag from them."""
+        self.opts = opts
+        self.tag = opts["tag"] or "torch"
+
+    def use_framework(self, name: str) -> None:
+        """``name`` ("torch" or "cupy") allocates through the guard from now on."""
+        if name == "torch":
+            self.torch = True
+        elif name == "cupy":
+            self.cupy = True
+        else:
+            raise ValueError(f"unknown framework {name!r} (torch or cupy)")
+
+    def bind(self, **slots: object) -> None:
+        """Set the PyTorch adapter's slots by name: ``lib`` (its library of op overrides),
+        ``current_stream`` ((device) -> the raw handle of the thread's current stream, or
+        None) and ``graph_alloc`` ((device, size) -> a pointer for a graph, or None)."""
+        for name in slots:
+            if name not in ("lib", "current_stream", "graph_alloc"):
+                raise TypeError(f"State.bind() got an unknown slot {name!r} (lib, current_stream, graph_alloc)")
+        if "lib" in slots:
+            self.lib = slots["lib"]
+        if "current_stream" in slots:
+            self.current_stream = slots["current_stream"]
+        if "graph_alloc" in slots:
+            self.graph_alloc = slots["graph_alloc"]
+
+    def note_live_check(self, now: float) -> None:
+        """A check of every live block ran at ``now`` (``time.monotonic()``)."""
+        self.last_live = now
+
+    def take_problems(self) -> list:
+        """The problems found so far; forgotten here (with their groups)."""
+        out = self.problems
+        self.problems = []
+        self.groups = {}
+        return out
+
+    def mark_atexit(self) -> None:
+        """The exit check is registered."""
+        self.atexit = True
+
 
 state: State = State()
 cdef State state_c = state

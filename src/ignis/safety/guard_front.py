@@ -119,8 +119,7 @@ def configure(opts: dict[str, Any]) -> dict[str, Any]:
     Returns the options in force."""
     with _s.lock:
         if _s.opts is None:
-            _s.opts = _options(opts)
-            _s.tag = _s.opts["tag"] or "torch"
+            _s.configure(_options(opts))
         elif opts and _options(opts) != _s.opts:
             raise GuardError("the guard is installed already, with other options; one set of options per process "
                              f"(now: {_public(_s.opts)})")
@@ -190,7 +189,7 @@ def on_sync(*_args: Any) -> None:
     now = time.monotonic()
     live = iv is not None and now - _s.last_live >= iv
     if live:
-        _s.last_live = now
+        _s.note_live_check(now)
     _s.tls.busy = True
     try:
         for g in list(_s.guards.values()):
@@ -238,8 +237,7 @@ def reports() -> list[IgnisError]:
 def clear_reports() -> list[IgnisError]:
     """The problems found so far, and forget them."""
     with _s.lock:
-        out, _s.problems, _s.groups = _s.problems, [], {}
-        return out
+        return _s.take_problems()
 
 
 _notes: list[Callable[[], str]] = []  # the adapters' lines for the summary ("" for none)
@@ -336,7 +334,7 @@ def print_at_exit() -> None:
     """Check everything at the interpreter's exit and print what ``finish`` did not (once)."""
     if not _s.atexit:
         atexit.register(_print_at_exit)
-        _s.atexit = True
+        _s.mark_atexit()
 
 
 def is_installed() -> dict[str, bool]:
@@ -459,15 +457,7 @@ def reset() -> None:
                     set_current_resource(None, ordinal)
             except Exception:
                 pass
-        torch_on = _s.torch
-        blocks, rs = _s.blocks, _s.rs_ptrs
-        _s.__init__()
-        _s.torch = torch_on
-        # The PyTorch adapter's compiled poison path holds these two (torch_guard_poison): the
-        # same objects, emptied, so it never reads a map the front no longer writes.
-        blocks.clear()
-        rs.clear()
-        _s.blocks, _s.rs_ptrs = blocks, rs
+        _s.reset()  # (the PyTorch adapter's poison path keeps its two maps: see State.reset)
     global _printed
     _printed = 0
 

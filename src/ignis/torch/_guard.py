@@ -89,8 +89,8 @@ def use_guard(**options: Any) -> None:
             raise GuardError(f"ignis.torch.use_guard() came too late: PyTorch refused to swap its allocator "
                              f"({e}). Call it before any CUDA work, or use `ignis run --guard`") from e
         _s.saved["allocator"] = alloc  # keeps the library's handle alive
-        _s.torch = True
-        _s.current_stream = torch._C._cuda_getCurrentRawStream
+        _s.use_framework("torch")
+        _s.bind(current_stream=torch._C._cuda_getCurrentRawStream)
         _bind_poison(mod, opts, entry_points)
         add_library_dir(os.path.dirname(torch.__file__))
         if opts["record_stream"]:
@@ -142,7 +142,7 @@ def _hook_record_stream(torch: Any) -> None:
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         lib.impl("record_stream", record_stream, "CUDA")
-    _s.lib = lib
+    _s.bind(lib=lib)
 
 
 # -- CUDA graphs ----------------------------------------------------------------------------------
@@ -228,7 +228,7 @@ def _graph_note() -> str:
 
 def _hook_graphs(torch: Any) -> None:
     from . import _graphs, _hook
-    _s.graph_alloc = _graph_memory
+    _s.bind(graph_alloc=_graph_memory)
     _graphs.add_listener(_GRAPHS)
     _hook.when_imported("torch._inductor.config", _no_graph_trees)
 
