@@ -8,10 +8,13 @@ of steps, each followed by a synchronization:
   host alone costs, against the step time;
 - then, in rounds, in turns: ``trace`` (PyTorch's GPU trace active, nothing listening: each
   allocation, free and event record calls into Python anyway), ``ignis`` (the front end as
-  ``--sanitize`` runs it), ``ignis-nofree`` (its free callback withdrawn), ``ignis-stack0``
+  ``--sanitize`` runs it), ``ignis-nofree`` (its free callback withdrawn), ``ignis-freenoop`` (a free
+  callback that does nothing: the way there alone), ``ignis-stack0``
   (the stack capture replaced by a constant; with the observer's trace hook, no trace
   handler at all), ``ignis-nullsan`` (the observer hands each op to
-  a sanitizer that does nothing: the cost of reaching Python per op).
+  a sanitizer that does nothing: the cost of reaching Python per op), ``rf-bare`` and ``rf-io``
+  (no front end: a RecordFunction callback that only counts the calls, without and with the
+  ops' inputs and outputs: what PyTorch's callback machinery costs by itself).
 
 Also counted per step: the trace events by kind, and the sanitizer's checked accesses.
 
@@ -46,6 +49,10 @@ def issue(step, n: int) -> float:
         ts.append(time.perf_counter() - t)
     torch.cuda.synchronize()
     return statistics.median(ts) * 1e3
+
+
+def _noop(*a):
+    return None
 
 
 class NullSan:
@@ -96,6 +103,19 @@ def run(model: str, steps: int, rounds: int) -> None:
         if name == "trace":
             res.setdefault(name, []).append(med(step, steps))
             return
+        if name.startswith("rf-"):  # PyTorch's RecordFunction alone: a callback that only counts
+            from ignis.torch._native import observer
+            obs = observer()
+            obs.ignis_obs_probe_start(1 if name == "rf-io" else 0)
+            try:
+                med(step, 3)
+                obs.ignis_obs_probe_stop()
+                obs.ignis_obs_probe_start(1 if name == "rf-io" else 0)
+                res.setdefault(name, []).append(med(step, steps))
+            finally:
+                calls = obs.ignis_obs_probe_stop()
+            res.setdefault("rf calls", []).append(calls / steps)
+            return
         if name == "ignis-stack0":
             _frontend.capture_stack = lambda: const
         if name == "ignis-nullsan":
@@ -107,12 +127,13 @@ def run(model: str, steps: int, rounds: int) -> None:
             _frontend.TorchFrontEnd._direct = direct
         try:
             ignis.torch.enable("collect")
-            if name == "ignis-nofree":
+            if name in ("ignis-nofree", "ignis-freenoop"):
                 fe = ignis.torch._fe
                 if fe._trace_shim:  # the observer's trace hook: its tables again, less the free handler
-                    kinds = fe._TRACE_KINDS
-                    fe._obs.ignis_obs_trace_start(
-                        tuple(None for _ in kinds),
+                    kinds = fe._TRACE_KINDS   # (freenoop: a free handler that does nothing, reached
+                    fe._obs.ignis_obs_trace_start(  # as the real one is: the way there alone)
+                        tuple(_noop if (k == "MemoryDeallocationCallbacks" and name == "ignis-freenoop")
+                              else None for k in kinds),
                         tuple(getattr(gt, k).callback_list for k in kinds))
                 gt.MemoryDeallocationCallbacks.callback_list.clear()
             med(step, 3)
@@ -131,7 +152,7 @@ def run(model: str, steps: int, rounds: int) -> None:
             sanitizer.reports.clear()
 
     hooked: list[str] = []
-    names = ["trace", "ignis", "ignis-nofree", "ignis-stack0", "ignis-nullsan"]
+    names = ["trace", "rf-bare", "rf-io", "ignis", "ignis-nofree", "ignis-freenoop", "ignis-stack0", "ignis-nullsan"]
     for r in range(rounds):
         for n in (names if r % 2 == 0 else names[::-1]):
             variant(n)
@@ -141,6 +162,8 @@ def run(model: str, steps: int, rounds: int) -> None:
     for k, v in m.items():
         if k == "accesses":
             print(f"  accesses checked per step: {v:.0f}")
+        elif k == "rf calls":
+            print(f"  RecordFunction calls per step: {v:.0f}")
         else:
             print(f"  {k:14s} {v:8.2f} ms  {v / plain:5.2f}x plain  (rounds: {', '.join(f'{x:.2f}' for x in res[k])})")
 

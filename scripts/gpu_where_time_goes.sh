@@ -30,7 +30,7 @@ fi
 if [ -z "${WTG_SKIP_DIAG:-}" ]; then
     for m in ${DIAG_MODELS:-resnet gpt2}; do
         timeout 200 python3 scripts/diag_model_cost.py "$m" "${DIAG_STEPS:-20}" "${DIAG_ROUNDS:-2}" > "$out_dir/diag-$m.txt" 2>&1
-        tail -14 "$out_dir/diag-$m.txt"
+        tail -16 "$out_dir/diag-$m.txt"
     done
     echo "diag: $(( $(date +%s) - t0 )) s"
 fi

@@ -106,9 +106,12 @@ def _load(path: str) -> ctypes.PyDLL:
     lib.ignis_obs_trace_active.restype = ctypes.c_int
     lib.ignis_obs_trace_fire.argtypes = [ctypes.c_int, ctypes.c_int, ctypes.c_ulonglong, ctypes.c_ulonglong, ctypes.c_int]
     lib.ignis_obs_trace_fire.restype = ctypes.c_int
+    lib.ignis_obs_probe_start.argtypes = [ctypes.c_int]
+    lib.ignis_obs_probe_start.restype = ctypes.c_int
     lib.ignis_obs_py_functions.argtypes = []
     lib.ignis_obs_py_functions.restype = ctypes.py_object
-    for name in ("ignis_obs_take_cpu_ops", "ignis_obs_take_ops", "ignis_obs_errors", "ignis_obs_trace_take_events"):
+    for name in ("ignis_obs_take_cpu_ops", "ignis_obs_take_ops", "ignis_obs_errors", "ignis_obs_trace_take_events",
+                 "ignis_obs_probe_stop"):
         fn = getattr(lib, name)
         fn.argtypes = []
         fn.restype = ctypes.c_ulonglong

@@ -1412,4 +1412,34 @@ IGNIS_API int ignis_obs_trace_fire(int kind, int device_type, unsigned long long
   return 0;
 }
 
+// A diagnostic probe (scripts/diag_model_cost.py): a second global callback that only counts the
+// calls it sees and returns at once, asking for the ops' inputs and outputs or not, so that the
+// cost of PyTorch's RecordFunction machinery itself (boxing every op's arguments at every level)
+// can be told from the observer's own. Not used by the front end. Returns 0, or -1 when a probe
+// is already on.
+std::atomic<unsigned long long> g_probe_calls{0};
+at::CallbackHandle g_probe_handle = 0;
+
+std::unique_ptr<at::ObserverContext> probe_start(const at::RecordFunction &) {
+  g_probe_calls.fetch_add(1, std::memory_order_relaxed);
+  return nullptr;
+}
+
+IGNIS_API int ignis_obs_probe_start(int io) {
+  if (g_probe_handle != 0) return -1;
+  g_probe_calls = 0;
+  g_probe_handle = at::addGlobalCallback(at::RecordFunctionCallback(probe_start)
+                                             .needsInputs(io != 0)
+                                             .needsOutputs(io != 0)
+                                             .scopes({at::RecordScope::FUNCTION}));
+  return 0;
+}
+
+// Remove the probe; returns the calls it saw.
+IGNIS_API unsigned long long ignis_obs_probe_stop(void) {
+  if (g_probe_handle != 0) at::removeCallback(g_probe_handle);
+  g_probe_handle = 0;
+  return g_probe_calls.exchange(0);
+}
+
 }  // extern "C"
