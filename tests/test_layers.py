@@ -43,6 +43,7 @@ LAYERS: dict[str, int] = {
     "ignis.errors": FOUNDATION, "ignis.dtypes": FOUNDATION, "ignis.units": FOUNDATION,
     "ignis._types": FOUNDATION, "ignis._version": FOUNDATION, "ignis._environment": FOUNDATION,
     "ignis._cpython": FOUNDATION,  # CPython helpers the compiled modules cimport (a .pxd alone)
+    "ignis._cython_shim": FOUNDATION,  # Cython's class decorators where Cython is absent
     "ignis._dlpack": FOUNDATION,  # the DLPack ABI (ctypes), shared by the array's export and interop's import
     "ignis.backends": 0,
     "ignis.runtime": 1,

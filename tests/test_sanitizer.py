@@ -494,6 +494,29 @@ def test_a_span_beyond_the_address_range_is_refused_before_anything_changes():
     assert san._live[4096].end == 4096 + 256 and san.checked_foreign == 1
 
 
+def test_records_and_extents_stay_out_of_the_cyclic_collector():
+    """Each checked access makes a record, each first sight an extent: compiled, neither is
+    tracked by the cyclic collector (whose runs they triggered, about one a training step),
+    and an extent made by the checks holds what one made through its class holds."""
+    from ignis.safety import sanitizer as mod
+    from ignis.safety.sanitizer import READ, WRITE, OUTPUT, Sanitizer
+    san = Sanitizer()
+    san.mode = "collect"
+    san.foreign_access(0x10, "aten::fill_", None, [(4096, 256, 4096, 4096 + 256, 0, 0, WRITE | OUTPUT)])
+    san.foreign_access(0x10, "aten::sum", None, [(4096, 256, 4096, 4096 + 64, 0, 0, READ)])
+    ext = san._live[4096]
+    assert [r.kind for r in ext.recs] == ["write", "read"] and not san.reports
+    made = mod._Extent(8192, None, 3, 1)
+    fields = ("base", "end", "gen", "sid", "recs", "written", "frames", "op", "rs", "held", "pinned", "hv", "lib")
+    san.extent_allocated(8192, 0x10)
+    fresh = san._live[8192]
+    assert {f: getattr(fresh, f) for f in fields if f not in ("gen", "sid")} == \
+        {f: getattr(made, f) for f in fields if f not in ("gen", "sid")}
+    if not mod._COMPILED:
+        pytest.skip("plain Python: records are ordinary objects")
+    assert not gc.is_tracked(ext) and not gc.is_tracked(ext.recs[0]) and not gc.is_tracked(fresh)
+
+
 def test_packed_items_are_checked_as_the_tuples_they_pack():
     """The op observer hands items over packed (bytes): the same reports, the same state."""
     from ignis.safety.sanitizer import OUTPUT, READ, WRITE, Sanitizer, pack_items, unpack_items

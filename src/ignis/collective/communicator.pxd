@@ -7,8 +7,8 @@ cimport cython
 
 
 # An operation holds no reference that could lead back to it (strings, integers, its plan,
-# its ReduceOp): it stays out of the cyclic collector (one is made per call).
-@cython.no_gc
+# its ReduceOp): it stays out of the cyclic collector (one is made per call; the directive
+# is on the class in communicator.py: Cython ignores it here, in pure-Python mode).
 cdef class _Op:
     cdef readonly str name
     cdef readonly object seq, send_ptr, send_bytes, recv_ptr, recv_bytes, count, plan, op, red, root, dtype

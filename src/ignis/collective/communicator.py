@@ -55,6 +55,11 @@ import weakref
 from contextlib import ExitStack, contextmanager
 from typing import TYPE_CHECKING, Any, Callable, Iterator
 
+try:  # compiled, Cython's (its class directives below); as plain Python, what of it import needs
+    import cython
+except ImportError:
+    from .._cython_shim import cython
+
 from .. import dtypes as _dt
 from ..array import NvArray
 from ..errors import DriverError, MemoryContractViolation
@@ -224,6 +229,10 @@ def _target(a: NvArray, op: "_Op") -> tuple:
     return (_ref(a.root), op)
 
 
+# Out of the cyclic collector, one made per call (communicator.pxd says why; Cython takes the
+# directive only here, on the class, not in the .pxd).
+@cython.no_gc
+@cython.cclass
 class _Op:
     """One operation as the engines see it (pointers and counts, no arrays).
 

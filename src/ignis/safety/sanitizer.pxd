@@ -10,8 +10,8 @@ from ignis.memory.resource cimport ReentrantLock
 
 # Records and extents hold no reference that could lead back to them (strings, integers,
 # stacks, lists of records): they stay out of the cyclic collector, which made records
-# (one or more per access) count toward its runs.
-@cython.no_gc
+# (one or more per access) count toward its runs. (The directive is on the classes in
+# sanitizer.py: Cython ignores it here, in pure-Python mode.)
 cdef class _Rec:
     cdef readonly long long sid
     cdef readonly object stream_id
@@ -25,7 +25,6 @@ cdef class _Rec:
     cdef readonly long long per, ch
 
 
-@cython.no_gc
 cdef class _Extent:
     cdef readonly object base, end, gen
     cdef readonly long long sid
@@ -41,6 +40,9 @@ cpdef bint _disjoint(_Rec r, long long lo, long long hi, long long per, long lon
 @cython.locals(r=_Rec)
 cdef _Rec _new_rec(long long sid, object stream_id, long long epoch, str kind, long long lo, long long hi, str op,
                    object frames, object gen, long long block, long long per=*, long long ch=*)
+
+@cython.locals(e=_Extent)
+cdef _Extent _new_extent(object base, object end, object gen, long long sid)
 
 cdef long long _R, _W, _O, _NI, _P, _MW  # the mode bits, as C integers
 cdef long long _ADDR_LAST           # the last address a record holds (2**63 - 1)

@@ -73,7 +73,8 @@ from typing import Any, Callable, Iterator, Sequence
 try:  # compiled, this is Cython's; as plain Python, its shadow module if installed (not required)
     import cython
     _COMPILED = cython.compiled
-except ImportError:
+except ImportError:  # plain Python without Cython: its class decorators do nothing
+    from .._cython_shim import cython
     _COMPILED = False
 
 from ..errors import OutOfBoundsError, RaceError, UninitializedReadError
@@ -129,6 +130,10 @@ def unpack_items(data: bytes) -> list[tuple]:
     return list(_PACKED.iter_unpack(data))
 
 
+# Records and extents stay out of the cyclic collector (sanitizer.pxd says why). The
+# directive works only here, on the class itself: Cython ignores it in the .pxd.
+@cython.no_gc
+@cython.cclass
 class _Rec:
     __slots__ = ("sid", "stream_id", "epoch", "kind", "lo", "hi", "op", "frames", "gen", "block", "per", "ch")
 
@@ -155,6 +160,8 @@ class _Rec:
                 f"by {self.op} on {self.stream_name()}")
 
 
+@cython.no_gc
+@cython.cclass
 class _Extent:
     """Memory tracked outside Ignis's blocks: one allocation's lifetime at ``base``.
 
@@ -214,6 +221,16 @@ def _new_rec(sid: int, stream_id: Any, epoch: int, kind: str, lo: int, hi: int, 
     r.sid, r.stream_id, r.epoch, r.kind, r.lo, r.hi = sid, stream_id, epoch, kind, lo, hi
     r.op, r.frames, r.gen, r.block, r.per, r.ch = op, frames, gen, block, per, ch
     return r
+
+
+def _new_extent(base: int, end: int | None, gen: int, sid: int) -> _Extent:
+    """An ``_Extent`` without a Python call of its class: how the checks make their extents
+    (every field set here, as ``_Extent.__init__`` sets it)."""
+    e = _Extent.__new__(_Extent)
+    e.base, e.end, e.gen, e.sid = base, end, gen, sid
+    e.recs, e.written, e.frames, e.op = [], None, None, "an allocation"
+    e.rs, e.held, e.pinned, e.hv, e.lib = None, None, False, -1, False
+    return e
 
 
 def _retire_passed(recs: list[_Rec], host: dict[int, int]) -> None:
@@ -731,7 +748,7 @@ class Sanitizer:
                 self._graph_mem.add(base)
                 return
             gen = self._gen_at[base] = self._gen_at.get(base, 0) + 1
-            self._live[base] = _Extent(base, None, gen, sid)
+            self._live[base] = _new_extent(base, None, gen, sid)
             if self._pool_threads and threading.get_ident() in self._pool_threads:
                 self._graph_mem.add(base)
 
@@ -1054,7 +1071,7 @@ class Sanitizer:
             gen = self._gen_at.get(base, 0)
             if not mode & _P:
                 gen = self._gen_at[base] = gen + 1
-            ext = self._live[base] = _Extent(base, None, gen, sid)
+            ext = self._live[base] = _new_extent(base, None, gen, sid)
             if mode & _O and self.outputs_fresh and not mode & _P:  # allocated by this op
                 if self._pool_threads and threading.get_ident() in self._pool_threads:
                     self._graph_mem.add(base)  # into a graph's pool (a graph tree's warm-up)
@@ -1197,7 +1214,7 @@ class Sanitizer:
             if old is not None and old.end is not None:
                 self._retire(old, None)
             gen = self._gen_at[base] = self._gen_at.get(base, 0) + 1
-            ext = _Extent(base, base + size, gen, sid)
+            ext = _new_extent(base, base + size, gen, sid)
             ext.written = []
             ext.frames = cap.frames
             ext.op = f"the capture of the CUDA graph at {cap.site}" if cap.site else "a CUDA graph's capture"
