@@ -24,12 +24,14 @@ Run: ``PYTHONPATH=src python3 benchmarks/bench_models.py [--rounds 3] [--models 
 from __future__ import annotations
 
 import argparse
+import gc
 import os
 import re
 import shutil
 import statistics
 import subprocess
 import sys
+import time
 
 from _steps import median_step_ms
 
@@ -86,7 +88,23 @@ def child(name: str, steps: int, warm: int) -> None:
         from ignis.safety.sanitizer import sanitizer
         san = sanitizer if sanitizer.active else None
     before = san.checked_foreign if san is not None else 0
-    print(f"BENCH_STEP_MS {median_step_ms(step, steps, max(0, warm - 1)):.3f}")
+    gc_count, gc_time = [0, 0, 0], [0.0]  # the cyclic collector's runs in the steps, and their time
+    started = [0.0]
+
+    def on_gc(phase: str, info: dict) -> None:
+        if phase == "start":
+            started[0] = time.perf_counter()
+        else:
+            gc_count[info["generation"]] += 1
+            gc_time[0] += time.perf_counter() - started[0]
+    gc.callbacks.append(on_gc)
+    try:
+        print(f"BENCH_STEP_MS {median_step_ms(step, steps, max(0, warm - 1)):.3f}")
+    finally:
+        gc.callbacks.remove(on_gc)
+    n = steps + max(0, warm - 1)
+    print(f"BENCH_GC collections {gc_count[0]}/{gc_count[1]}/{gc_count[2]} (generations 0/1/2) in {n} steps, "
+          f"{gc_time[0] / n * 1e3:.3f} ms a step")
     if san is not None:
         print(f"BENCH_ACCESSES {(san.checked_foreign - before) / (steps + max(0, warm - 1)):.1f}")
 

@@ -18,6 +18,7 @@ step() {  # tree model contender -> ms/step
     [ "$3" = sanitize ] && cmd=(python3 -m ignis run --sanitize benchmarks/bench_models.py --child "$2" --steps 20 --warm 5)
     PYTHONPATH="$src" timeout 120 taskset -c 4-7 "${cmd[@]}" > "$out_dir/s.txt" 2>&1
     grep -o 'BENCH_STEP_MS [0-9.]*' "$out_dir/s.txt" | cut -d' ' -f2
+    grep 'BENCH_GC' "$out_dir/s.txt" | sed "s/^/    [$1 $2 $3] /" >> "$out_dir/gc.txt"
 }
 for m in $models; do
     for ((i = 0; i < turns; i++)); do
@@ -26,4 +27,5 @@ for m in $models; do
         done
     done
 done
+echo "the cyclic collector in the timed steps:"; cat "$out_dir/gc.txt"
 echo "all: $(( $(date +%s) - t0 )) s"
