@@ -517,6 +517,36 @@ def test_records_and_extents_stay_out_of_the_cyclic_collector():
     assert not gc.is_tracked(ext) and not gc.is_tracked(ext.recs[0]) and not gc.is_tracked(fresh)
 
 
+def test_a_synchronization_prunes_only_the_graveyard_entries_the_host_passed():
+    """Freed extents wait in the graveyard until the host has waited for their uses: a
+    synchronization of one stream drops the entries only it used, keeps (in address order)
+    those another stream still uses, and a reuse there still races that use."""
+    from ignis.safety.sanitizer import OUTPUT, READ, WRITE, Sanitizer
+    san = Sanitizer()
+    san.mode = "collect"
+    A, B = 0x10, 0x20
+    bases = [4096 * k for k in range(1, 9)]
+    for base in bases:  # each written on A; every other one also read on B (ordered after A's write)
+        san.extent_allocated(base, A)
+        san.foreign_access(A, "aten::fill_", None, [(base, 256, base, base + 256, 0, 0, WRITE | OUTPUT)])
+    san.on_stream_synchronize(A)  # B may now read what A wrote
+    for base in bases[::2]:
+        san.foreign_access(B, "aten::sum", None, [(base, 256, base, base + 256, 0, 0, READ)])
+    for base in bases:
+        san.extent_freed(base)
+    # Each freed on A while B's read may still run (reported once: the same sites each time).
+    assert san.reports and all("use-after-free race" in str(e) for e in san.reports)
+    san.reports.clear()
+    assert len(san._grave) == 8 and san._grave_starts == sorted(san._grave)
+    san.on_stream_synchronize(A)
+    kept = sorted(san._grave)
+    assert [k[0] for k in kept] == bases[::2] and san._grave_starts == kept
+    san.foreign_access(A, "aten::fill_", None, [(bases[2], 256, bases[2], bases[2] + 256, 0, 0, WRITE | OUTPUT)])
+    assert [type(e).__name__ for e in san.reports] == ["RaceError"] and "reuse race" in str(san.reports[0])
+    san.on_stream_synchronize(B)
+    assert not san._grave and san._grave_starts == []
+
+
 def test_packed_items_are_checked_as_the_tuples_they_pack():
     """The op observer hands items over packed (bytes): the same reports, the same state."""
     from ignis.safety.sanitizer import OUTPUT, READ, WRITE, Sanitizer, pack_items, unpack_items

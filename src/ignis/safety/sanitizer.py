@@ -504,9 +504,12 @@ class Sanitizer:
             _retire_passed(recs, host)
             if not recs:
                 dead.append(key)
-        for key in dead:
-            del self._grave[key]
-            del self._grave_starts[bisect_left(self._grave_starts, key)]
+        if dead:  # (most of the graveyard dies at a synchronization: one pass over the starts)
+            grave = self._grave
+            for key in dead:
+                del grave[key]
+            starts = self._grave_starts
+            starts[:] = [key for key in starts if key in grave]
         for base in list(self.pinned):
             ext = self._live.get(base)
             if ext is not None:
