@@ -106,7 +106,7 @@ def child(name: str, steps: int, warm: int) -> None:
     print(f"BENCH_GC collections {gc_count[0]}/{gc_count[1]}/{gc_count[2]} (generations 0/1/2) in {n} steps, "
           f"{gc_time[0] / n * 1e3:.3f} ms a step")
     if san is not None:
-        print(f"BENCH_ACCESSES {(san.checked_foreign - before) / (steps + max(0, warm - 1)):.1f}")
+        print(f"BENCH_ACCESSES {(san.checked_foreign - before) / n:.1f}")
 
 
 def available(name: str) -> str | None:

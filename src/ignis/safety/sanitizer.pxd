@@ -41,9 +41,6 @@ cpdef bint _disjoint(_Rec r, long long lo, long long hi, long long per, long lon
 cdef _Rec _new_rec(long long sid, object stream_id, long long epoch, str kind, long long lo, long long hi, str op,
                    object frames, object gen, long long block, long long per=*, long long ch=*)
 
-@cython.locals(e=_Extent)
-cdef _Extent _new_extent(object base, object end, object gen, long long sid)
-
 cdef long long _R, _W, _O, _NI, _P, _MW  # the mode bits, as C integers
 cdef long long _ADDR_LAST           # the last address a record holds (2**63 - 1)
 

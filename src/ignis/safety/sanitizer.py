@@ -223,16 +223,6 @@ def _new_rec(sid: int, stream_id: Any, epoch: int, kind: str, lo: int, hi: int, 
     return r
 
 
-def _new_extent(base: int, end: int | None, gen: int, sid: int) -> _Extent:
-    """An ``_Extent`` without a Python call of its class: how the checks make their extents
-    (every field set here, as ``_Extent.__init__`` sets it)."""
-    e = _Extent.__new__(_Extent)
-    e.base, e.end, e.gen, e.sid = base, end, gen, sid
-    e.recs, e.written, e.frames, e.op = [], None, None, "an allocation"
-    e.rs, e.held, e.pinned, e.hv, e.lib = None, None, False, -1, False
-    return e
-
-
 def _retire_passed(recs: list[_Rec], host: dict[int, int]) -> None:
     """Drop the records the host has waited for: they can never race again."""
     n = 0
@@ -751,7 +741,7 @@ class Sanitizer:
                 self._graph_mem.add(base)
                 return
             gen = self._gen_at[base] = self._gen_at.get(base, 0) + 1
-            self._live[base] = _new_extent(base, None, gen, sid)
+            self._live[base] = _Extent(base, None, gen, sid)
             if self._pool_threads and threading.get_ident() in self._pool_threads:
                 self._graph_mem.add(base)
 
@@ -1074,7 +1064,7 @@ class Sanitizer:
             gen = self._gen_at.get(base, 0)
             if not mode & _P:
                 gen = self._gen_at[base] = gen + 1
-            ext = self._live[base] = _new_extent(base, None, gen, sid)
+            ext = self._live[base] = _Extent(base, None, gen, sid)
             if mode & _O and self.outputs_fresh and not mode & _P:  # allocated by this op
                 if self._pool_threads and threading.get_ident() in self._pool_threads:
                     self._graph_mem.add(base)  # into a graph's pool (a graph tree's warm-up)
@@ -1217,7 +1207,7 @@ class Sanitizer:
             if old is not None and old.end is not None:
                 self._retire(old, None)
             gen = self._gen_at[base] = self._gen_at.get(base, 0) + 1
-            ext = _new_extent(base, base + size, gen, sid)
+            ext = _Extent(base, base + size, gen, sid)
             ext.written = []
             ext.frames = cap.frames
             ext.op = f"the capture of the CUDA graph at {cap.site}" if cap.site else "a CUDA graph's capture"
