@@ -1248,6 +1248,51 @@ def _assert_poisoned(a: "ig.NvArray", op: str, cause: str) -> None:
         assert isinstance(e.__cause__, CollectiveError)
 
 
+def _half_mesh(reader_delay: float):
+    """Rank 0's loopback engine with one real connection to a rank 1 played by the test; its
+    reader starts ``reader_delay`` seconds late (as on a loaded host)."""
+    import socket
+    import threading
+
+    from ignis.collective.communicator import Health
+    from ignis.collective.loopback import LoopbackEngine, _Peer
+
+    eng = LoopbackEngine(0, 2, None, Health(0), 5.0)
+    mine, theirs = socket.socketpair()
+    peer = eng._peers[1] = _Peer(1, mine)
+    peer.reader = threading.Timer(reader_delay, eng._read, args=(peer,))
+    return eng, peer, theirs
+
+
+def test_a_failed_send_names_the_reason_the_peer_gave_before_it_left():
+    # Rank 1 says why it gives up and closes before rank 0's reader has read that: rank 0's
+    # next send fails on the closed connection, and its error must still carry the reason.
+    import json
+
+    from ignis.collective.loopback import _BYE, _FRAME, _MAGIC
+
+    eng, peer, theirs = _half_mesh(0.3)
+    why = json.dumps({"tag": _BYE, "why": "rank 1 raised RuntimeError: boom"}).encode()
+    theirs.sendall(_FRAME.pack(_MAGIC, len(why), 0) + why)
+    theirs.close()
+    peer.reader.start()
+    with pytest.raises(CollectiveError) as info:
+        eng._send(1, {"tag": "x"}, np.zeros(64, np.uint8), "all_reduce #2")
+    assert info.value.kind == "peer_failed" and info.value.rank == 1, info.value
+    assert "raised RuntimeError: boom" in str(info.value) and "all_reduce #2" in str(info.value)
+
+
+def test_a_failed_send_to_a_peer_that_left_without_a_word_says_it_died():
+    eng, peer, theirs = _half_mesh(0.1)
+    theirs.close()
+    peer.reader.start()
+    t = time.monotonic()
+    with pytest.raises(CollectiveError) as info:
+        eng._send(1, {"tag": "x"}, np.zeros(64, np.uint8), "all_reduce #2")
+    assert info.value.kind == "peer_died" and "sending to it failed" in str(info.value), info.value
+    assert time.monotonic() - t < 1.5  # it waited for the reader's end, not for the whole drain
+
+
 def test_health_poisons_before_it_publishes_the_failure():
     from ignis.collective.communicator import Health
     h = Health(0)

@@ -75,6 +75,8 @@ __all__ = ["LoopbackEngine"]
 _FRAME = struct.Struct("<4sIQ")
 _MAGIC = b"IGC1"
 _BYE = "bye"
+# How long a failed send waits for the reader to finish reading the peer (its goodbye, if any).
+_DRAIN_S = 2.0
 _EMPTY = np.empty(0, np.uint8)
 
 
@@ -305,6 +307,16 @@ class LoopbackEngine:
                 if len(data):
                     peer.sock.sendall(data)
         except OSError as e:
+            # The peer may have said why it left just before it closed: its goodbye can still
+            # sit unread behind this failure. Let the reader reach the end of the connection
+            # (it follows a failed send at once) so the error names the reason, not the pipe.
+            deadline = time.monotonic() + _DRAIN_S
+            with self._cond:
+                while not peer.eof and not isinstance(peer.bye, str):
+                    left = deadline - time.monotonic()
+                    if left <= 0:
+                        break
+                    self._cond.wait(left)
             raise self._gone(peer, label, f"sending to it failed ({e.strerror or e})") from None
 
     def _gone(self, peer: _Peer, label: str, how: str) -> CollectiveError:
