@@ -97,6 +97,8 @@ def use_guard(**options: Any) -> None:
             _hook_record_stream(torch)
         _hook_syncs(torch)
         _hook_graphs(torch)
+        from . import _hook
+        _hook.when_imported("torch.backends.cudnn", _no_cudnn_benchmark)
         if opts["patch_memory_stats"]:
             _patch_memory_views(torch)
         _front.print_at_exit()
@@ -213,17 +215,49 @@ _graph_trees_off = [False]
 
 
 def _graph_note() -> str:
-    """The summary's line on what CUDA graphs left unguarded ("" when no graph was captured)."""
-    if not _graph_new[0] and not _graph_trees_off[0]:
-        return ""
+    """The summary's line on what CUDA graphs left unguarded, and what the guard changed in
+    PyTorch's settings ("" when neither: no graph captured, no autotuner asked for)."""
     parts = []
     if _graph_new[0]:
         parts.append(f"{_graph_new[0]} allocation(s) ({_graph_new[1] / 2**20:.1f} MiB) of CUDA graphs' pools were "
                      "not guarded (a graph's memory is written by its replays: no canaries, no poison)")
-    if _graph_trees_off[0]:
+    if _graph_trees_off[0] and _graph_new[0]:  # (the setting alone, with no graph captured, changed nothing)
         parts.append("torch.compile's CUDA graph trees were off (mode='reduce-overhead' captured each graph with "
                      "a pool of its own)")
-    return "ignis guard: " + "; ".join(parts)
+    if _cudnn_asked[0]:
+        parts.append("cuDNN's autotuner (torch.backends.cudnn.benchmark = True) was off: it asks the allocator "
+                     "for its largest free block, which an allocator PyTorch lets Ignis install cannot answer; "
+                     "cuDNN's heuristics chose the convolution algorithms (the same results, perhaps slower)")
+    return "ignis guard: " + "; ".join(parts) if parts else ""
+
+
+# -- cuDNN's autotuner ------------------------------------------------------------------------------
+_cudnn_asked = [False]  # the program turned the autotuner on (the guard kept it off)
+
+
+def _no_cudnn_benchmark(cudnn: Any) -> None:
+    """Under the guard cuDNN's autotuner stays off. With it on, PyTorch's convolutions ask the
+    allocator how large a workspace they may try (``cacheInfo``), which a pluggable allocator
+    refuses: the program's first convolution would fail (RuntimeError "CUDAPluggableAllocator
+    does not yet support cacheInfo"). The autotuner only picks among algorithms that compute
+    the same convolution, so the guard keeps it off, notes that the program asked for it, and
+    says so in its summary. Every way to turn it on is covered: the module's property
+    (``torch.backends.cudnn.benchmark = True``) and ``torch.backends.cudnn.flags(benchmark=True)``,
+    which calls ``torch._C._set_cudnn_benchmark``."""
+    import torch
+    real_set = _s.saved.setdefault("torch._C._set_cudnn_benchmark", torch._C._set_cudnn_benchmark)
+
+    def set_benchmark(on: Any) -> None:
+        if on:
+            _cudnn_asked[0] = True
+        real_set(False)
+
+    torch._C._set_cudnn_benchmark = set_benchmark
+    prop = type(cudnn).__dict__.get("benchmark")
+    if prop is not None:  # (a ContextProp: the getter and setter it was made with)
+        type(cudnn).benchmark = type(prop)(torch._C._get_cudnn_benchmark, set_benchmark)
+    if torch._C._get_cudnn_benchmark():  # turned on before the guard came
+        set_benchmark(True)
 
 
 def _hook_graphs(torch: Any) -> None:
