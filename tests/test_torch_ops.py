@@ -689,3 +689,44 @@ def test_the_engine_name_is_checked(monkeypatch):
     with pytest.raises(ValueError, match="IGNIS_TORCH_ENGINE must be 'observer' or 'mode'"):
         TorchFrontEnd(Sanitizer(), device_type="cpu")
     assert TorchFrontEnd(Sanitizer(), device_type="cpu", engine="mode").engine_asked == "mode"  # the argument wins
+
+
+def test_ops_on_threads_started_after_checking_began_are_seen(traced):
+    # The dispatch mode is entered per thread: the front end enters it on threads started after
+    # it began (the observer sees every thread anyway), so a thread's race is reported.
+    import threading
+    x = torch.zeros(1024)
+    traced.current = 0x20
+    out = []
+    t = threading.Thread(target=lambda: out.append(x * 2))    # reads x on another stream, no wait
+    t.start()
+    t.join()
+    [e] = traced.san.reports
+    assert e.kind == "read-after-write race" and e.second["op"] == "aten::mul.Tensor"
+    assert "out.append(x * 2)" in e.second["stack"] and "x = torch.zeros(1024)" in e.first["stack"]
+
+
+def test_a_thread_still_running_when_checking_stops_goes_on_unchecked():
+    import threading
+    san = Sanitizer()
+    san.mode = "collect"
+    fe = Traced(san, "mode")
+    real_start = threading.Thread.start
+    fe.enable()
+    go, ran = threading.Event(), threading.Event()
+    x = torch.zeros(64)
+
+    def work():
+        go.wait(10)
+        fe.current = 0x20
+        x.add_(1)                    # after checking stopped: not seen, no report
+        ran.set()
+    t = threading.Thread(target=work)
+    try:
+        t.start()
+    finally:
+        fe.disable()
+    assert threading.Thread.start is real_start  # the wrapper is gone with the front end
+    go.set()
+    t.join(10)
+    assert ran.is_set() and not san.reports and x[0].item() == 1.0

@@ -5,7 +5,9 @@ R-CNN with its custom ops, fused attention under activation checkpointing, spars
 and the fused, capturable and foreach optimizers, cuSOLVER and cuFFT with complex tensors,
 views and in-place ops over shared storage, threads with their own streams). Each runs
 unmodified, plain and under ``ignis run --sanitize`` (both engines) and ``--guard``: all correct, so
-each must be silent, exit 0 and print the same result as plain.
+each must be silent, exit 0 and print the same result as plain. The ``bug_`` programs hold
+the bugs such programs make (a pinned buffer read before its copy finished, threads' streams
+not waited for): each is reported with both stacks.
 
 Set ``IGNIS_ZOO_LOG=FILE`` to append each run's output there.
 """
@@ -30,7 +32,12 @@ ZOO = os.path.join(ROOT, "tests", "wild_zoo")
 from helpers import IMPORT_ROOT  # noqa: E402
 
 NEEDS = {"hf_generate_and_bert.py": "transformers", "detection.py": "torchvision"}
-PROGRAMS = sorted(f for f in os.listdir(ZOO) if f.endswith(".py"))
+PROGRAMS = sorted(f for f in os.listdir(ZOO) if f.endswith(".py") and not f.startswith("bug_"))
+# The bugs of such programs: program -> (kind, a line of the earlier access's stack, of the later's)
+BUGS = {
+    "bug_d2h_read_before_sync.py": ("read-after-write race", "host.copy_(y, non_blocking=True)", "host.sum()"),
+    "bug_thread_streams_no_wait.py": ("read-after-write race", "opt.step()", "models[0].weight + models[1].weight"),
+}
 FLAGS = [("--sanitize", "observer"), ("--sanitize", "mode"), ("--guard", "observer")]
 
 
@@ -69,6 +76,7 @@ def runs() -> dict[tuple, subprocess.CompletedProcess]:
     present = [p for p in PROGRAMS if _missing(p) is None]
     jobs = [(p, (), "observer") for p in present]
     jobs += [(p, (flag,), engine) for p in present for flag, engine in FLAGS]
+    jobs += [(p, ("--sanitize",), engine) for p in sorted(BUGS) for engine in ("observer", "mode")]
     with concurrent.futures.ThreadPoolExecutor(max_workers=8) as pool:
         return dict(zip(jobs, pool.map(lambda j: run(j[0], *j[1], engine=j[2]), jobs)))
 
@@ -95,3 +103,17 @@ def test_real_programs_are_silent_with_the_same_result(runs, program, flag, engi
         assert "graph trees" not in text, text
         # cuDNN's autotuner, which a pluggable allocator cannot serve, is kept off and said to be.
         assert ("cudnn.benchmark = True) was off" in text) == (program == "views_and_inplace.py"), text
+
+
+@pytest.mark.parametrize("program", sorted(BUGS))
+@pytest.mark.parametrize("engine", ["observer", "mode"])
+def test_their_bugs_are_reported_with_both_stacks(runs, program, engine):
+    kind, first, second = BUGS[program]
+    p = runs[(program, ("--sanitize",), engine)]
+    assert "== ignis run report ==" in p.stderr, p.stdout[-2000:] + p.stderr[-6000:]
+    text = p.stderr.split("== ignis run report ==")[1]
+    assert p.returncode == 1, text
+    blocks = [b for b in re.split(r"\n--- \d+: ", text)[1:] if kind in b]
+    assert blocks, text
+    earlier, later = blocks[0].split("earlier access:")[1].split("later access:")
+    assert first in earlier and second in later, blocks[0]

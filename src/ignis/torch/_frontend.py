@@ -76,8 +76,9 @@ Not seen (nothing goes through the dispatcher): raw extension kernels called
 without an op schema, library-internal workspaces, and CPU reads of pinned memory
 through ``numpy()`` or the buffer protocol. Declare such uses with
 ``ignis.torch.use(tensor, access, stream=...)``. With the dispatch mode, ops of
-other threads are seen only if the mode is entered there (the autograd engine's
-threads inherit it); the observer sees every thread's.
+other threads are seen on the threads started after checking began (the front end
+enters the mode there) and on the autograd engine's (which inherit it), not on
+threads already running then; the observer sees every thread's.
 """
 
 from __future__ import annotations
@@ -196,8 +197,11 @@ class _Mode(TorchDispatchMode):
     def __init__(self, fe: "TorchFrontEnd") -> None:
         super().__init__()
         self.fe = fe
+        self.on = True  # False once checking stopped (a thread's mode, its thread still running)
 
     def __torch_dispatch__(self, func: Any, types: Any, args: tuple = (), kwargs: dict | None = None) -> Any:
+        if not self.on:
+            return func(*args, **kwargs) if kwargs else func(*args)
         prior = _set_eval_frame(None)
         try:
             fe = self.fe
@@ -248,6 +252,8 @@ class TorchFrontEnd:
         self.cpu_ops = 0      # ops that touched only host tensors (not checked)
         self.pending: list[IgnisError] = []
         self._mode: _Mode | None = None
+        self._thread_modes: set[_Mode] = set()  # the dispatch mode entered on the threads started since
+        self._thread_start: tuple | None = None  # (threading.Thread.start, the wrapper put in its place)
         self._callbacks: list[tuple[Any, Callable]] = []
         self._trace_shim = False  # the observer took PyTorch's GPU trace below Python (_install_trace)
         self.trace_hooked = False  # it did, at the last enable (stays so after disable, for the summary)
@@ -937,7 +943,47 @@ class TorchFrontEnd:
         if engine == "mode":
             self._mode = _Mode(self)
             self._mode.__enter__()
+            self._follow_threads()
         self.san.notes.append(self.note)
+
+    def _follow_threads(self) -> None:
+        """The dispatch mode is entered per thread: enter it on every thread started from now on
+        too, for as long as the thread runs (``threading.Thread.start`` wraps the thread's ``run``;
+        ``ThreadPoolExecutor``'s and the DataLoader's threads are such threads), so their ops are
+        checked as the observer checks every thread's. Threads already running are not seen."""
+        fe = self
+        real_start = threading.Thread.start
+
+        def start(thread: threading.Thread) -> None:
+            run = thread.run
+
+            def run_checked() -> None:
+                if fe._mode is None:  # checking stopped before the thread began
+                    return run()
+                mode = _Mode(fe)
+                mode.__enter__()
+                fe._thread_modes.add(mode)
+                try:
+                    return run()
+                finally:
+                    fe._thread_modes.discard(mode)
+                    mode.__exit__(None, None, None)
+
+            thread.run = run_checked  # type: ignore[method-assign]
+            return real_start(thread)
+
+        start.__doc__ = real_start.__doc__
+        threading.Thread.start = start  # type: ignore[method-assign]
+        self._thread_start = (real_start, start)
+
+    def _stop_following_threads(self) -> None:
+        if self._thread_start is not None:
+            real_start, start = self._thread_start
+            if threading.Thread.start is start:  # (left alone if something wrapped it since)
+                threading.Thread.start = real_start  # type: ignore[method-assign]
+            self._thread_start = None
+        for mode in list(self._thread_modes):  # threads still running go on unchecked
+            mode.on = False
 
     def disable(self) -> None:
         """Stop the observer, or leave the dispatch mode (on the thread that entered it), and
@@ -952,6 +998,7 @@ class TorchFrontEnd:
                                    "active; leave it first")
             mode.__exit__(None, None, None)
             self._mode = None
+            self._stop_following_threads()
         else:
             self._obs.ignis_obs_stop()
             self.cpu_ops += self._obs.ignis_obs_take_cpu_ops()
