@@ -5,7 +5,7 @@
 # ResNet-18 step plain, under the sanitizer and under the guard.
 #   bash scripts/gpu_where_time_goes.sh        (device call: carry .whl and .perfkit)
 # WTG_FILES: the test files (default: the PyTorch ones); WTG_SKIP_TESTS=1 / WTG_SKIP_DIAG=1 /
-# WTG_SKIP_PERF=1 leave a part out.
+# WTG_SKIP_PERF=1 leave a part out; WTG_FILE_TIMEOUT: seconds per test file (default 240).
 set -uo pipefail
 out_dir="${OUT:-out}"
 mkdir -p "$out_dir"
@@ -17,7 +17,7 @@ export PYTHONPATH=src
 if [ -z "${WTG_SKIP_TESTS:-}" ]; then
     files=${WTG_FILES:-"test_torch_gpu test_torch_ops test_torch_graphs test_torch_graphs_gpu test_torch_guard test_cupy_guard test_torch_distributed_gpu test_torch_distributed"}
     run_one() {
-        timeout -k 10 240 python3 -X faulthandler -m pytest "tests/$1.py" -q -p no:cacheprovider --timeout=120 \
+        timeout -k 10 "${WTG_FILE_TIMEOUT:-240}" python3 -X faulthandler -m pytest "tests/$1.py" -q -p no:cacheprovider --timeout=120 \
             --timeout-method=thread > "$OUT_DIR/$1.log" 2>&1
         echo "$? $1 $(grep -E '[0-9]+ (passed|failed)' "$OUT_DIR/$1.log" | tail -1)"
     }

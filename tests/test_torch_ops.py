@@ -730,3 +730,59 @@ def test_a_thread_still_running_when_checking_stops_goes_on_unchecked():
     go.set()
     t.join(10)
     assert ran.is_set() and not san.reports and x[0].item() == 1.0
+
+
+def test_the_query_wrappers_are_installed_while_a_front_end_is_on(traced):
+    from ignis.torch import _queries
+    assert _queries.installed()
+    assert torch.cuda.Event.__dict__["query"] is _queries._event_tap.wrapper
+    assert torch.cuda.Stream.__dict__["query"] is _queries._stream_tap.wrapper
+    traced.disable()
+    try:
+        assert not _queries.installed() and torch.cuda.Event.__dict__["query"] is not _queries._event_tap.wrapper
+    finally:
+        traced.enable()
+
+
+def test_a_query_answering_true_orders_what_follows_it(traced):
+    # A program may poll event.query() / stream.query() instead of synchronizing: once one answers
+    # True, the host has seen the work finish (the GPU trace reports only synchronize() calls).
+    # (Without CUDA here, a stand-in carries the handles PyTorch's event and stream report.)
+    import types
+    x = torch.zeros(1024)                          # written on stream 0x10
+    traced.san.on_event_record(0xE1, 0x10)
+    traced.current = 0x20
+    traced._on_event_done(types.SimpleNamespace(cuda_event=0xE1))   # event.query() is True
+    y = x * 2                                      # another stream, after the host saw x written
+    traced._on_event_done(types.SimpleNamespace(cuda_event=0))      # never recorded: nothing
+    traced._on_stream_done(types.SimpleNamespace(cuda_stream=0x20))  # stream.query() is True
+    traced.current = 0x30
+    y.add_(1)                                      # a third stream, after the host saw y written
+    x.fill_(2.0)                                   # ... and x read
+    assert not traced.san.reports
+    traced.current = 0x20
+    y.sum()                                        # 0x20 after 0x30's write, no wait: a race
+    assert [e.kind for e in traced.san.reports] == ["read-after-write race"]
+
+
+def test_an_op_that_synchronizes_inside_is_covered_even_when_the_host_knew_its_stream(traced):
+    # A blocking copy to the host (or .item()) queues its read, then the host waits for the stream
+    # (PyTorch's trace reports the synchronization inside the op). The host may have seen all of
+    # the stream's earlier work already, so the wait orders nothing new: the op itself must still
+    # count as waited for.
+    lib = torch.library.Library("ignis_sync_test", "FRAGMENT")
+    lib.define("blocking_read(Tensor x) -> Tensor")
+
+    def blocking_read(x):
+        if traced._obs is not None:
+            traced._obs.ignis_obs_synced()         # (the trace hook's part, on the observer's engine)
+        traced.san.on_stream_synchronize(traced.current)  # the stream synchronize inside the op
+        return x.sum()
+    lib.impl("blocking_read", blocking_read, "CPU")
+    x = torch.zeros(1024)                          # written on stream 0x10
+    traced.san.on_stream_synchronize(0x10)         # the host has seen all of 0x10's work
+    y = torch.ops.ignis_sync_test.blocking_read(x)  # reads x on 0x10, then waits for 0x10
+    traced.current = 0x20
+    x.fill_(1.0)                                   # after the host saw the read finish: ordered
+    assert not traced.san.reports
+    del y, lib

@@ -96,7 +96,7 @@ cdef class Sanitizer:
     cdef readonly dict _capturing, _cap_events, _captured, _free_sites
     cdef readonly set _graph_mem
     cdef readonly dict _pool_threads
-    cdef readonly long long checked, checked_foreign
+    cdef readonly long long checked, checked_foreign, syncs
 
     cdef long long _sid(self, object handle) except -1
     @cython.locals(vc=dict)

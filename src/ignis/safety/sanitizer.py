@@ -440,6 +440,9 @@ class Sanitizer:
         self._pool_threads: dict[int, int] = {}    # threads allocating into a graph pool (outside a capture)
         self.checked = 0
         self.checked_foreign = 0
+        # Host synchronizations seen (each, whether or not it ordered anything new): a front end
+        # compares it around an op to tell that the op synchronized inside (.item(), a blocking copy).
+        self.syncs = 0
 
     # -- clocks ------------------------------------------------------------
     def _sid(self, handle: Any) -> int:
@@ -554,6 +557,7 @@ class Sanitizer:
         """The host waited for ``stream`` (or saw it idle)."""
         self._lock.take()
         try:
+            self.syncs += 1
             self._host_join(self._vc_of(self._sid(stream)))
         finally:
             self._lock.give()
@@ -562,6 +566,7 @@ class Sanitizer:
         """The host waited for ``event`` (or saw it complete)."""
         self._lock.take()
         try:
+            self.syncs += 1
             self._host_join(self._events.get(event, {}))
         finally:
             self._lock.give()
@@ -570,6 +575,7 @@ class Sanitizer:
         """The host waited for every stream (of device ``ordinal``; all are joined, which
         only ever orders more)."""
         with self._lock:
+            self.syncs += 1
             for vc in list(self._clock.values()):
                 self._host_join(vc)
 

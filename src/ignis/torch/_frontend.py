@@ -63,6 +63,8 @@ Design:
 - CUDA graphs (``_graphs``): what is queued on a capturing stream is recorded into
   the graph and applied at each replay, on the replay stream; a replay that
   touches a block freed or reallocated since the capture is reported.
+- ``torch.cuda.Event.query()`` and ``torch.cuda.Stream.query()`` (``_queries``) answering
+  True are the host synchronizations they are (a program polling them is ordered).
 - ``torch.distributed``'s ``Work.is_completed()`` (``_works``) answering True joins the
   host to the collective's end, as a synchronization does.
 - ``UntypedStorage.resize_`` (``_storage``), which frees or moves a storage below the
@@ -102,7 +104,7 @@ from .._types import Access
 from ..safety.frames import add_library_dir, last_from_library
 from ..safety.sanitizer import HOST, NO_INIT_CHECK, OUTPUT, PINNED, READ, WRITE, Sanitizer, unpack_items
 from ..safety.sanitizer import user_frames as _san_frames
-from . import _graphs, _hook, _storage, _triton, _works
+from . import _graphs, _hook, _queries, _storage, _triton, _works
 from ._ops import BROADCAST, P2P, REDUCE, SPECS, OpSpec, classify, flatten
 
 __all__ = ["TorchFrontEnd"]
@@ -210,7 +212,7 @@ class _Mode(TorchDispatchMode):
             spec = SPECS.get(func)
             if spec is None:
                 spec = classify(func)
-            hv = fe.san._host_version  # an op that synchronizes inside (.item(), .cpu()) changes it
+            hv = fe.san.syncs  # an op that synchronizes inside (.item(), .cpu()) moves it on
             if spec.special is not None:
                 return fe.special(spec, args, kwargs, hv)
             out = spec.call(*args, **kwargs) if kwargs else spec.call(*args)
@@ -288,8 +290,9 @@ class TorchFrontEnd:
         return _raw_stream(t.get_device())
 
     def on_op(self, spec: OpSpec, args: tuple, kwargs: dict | None, out: Any, hv: int = -1) -> None:
-        """Report one op's accesses (called after it ran; ``hv``: the host clock's version
-        before it ran, so that a synchronization inside the op covers the op itself). The
+        """Report one op's accesses (called after it ran; ``hv``: the sanitizer's count of host
+        synchronizations before it ran, so that a synchronization inside the op covers the op
+        itself, even one that ordered nothing new for the host). The
         op's tensors are measured in one call into the observer library (``op_items``)."""
         san = self.san
         native = spec.native
@@ -310,7 +313,7 @@ class TorchFrontEnd:
         frames = capture_stack()
         if items is not None:
             self._ops += 1
-            san.foreign_access(self.stream_of(dev), spec.name, frames, items, san._host_version != hv)
+            san.foreign_access(self.stream_of(dev), spec.name, frames, items, san.syncs != hv)
         if host:
             san.foreign_access(HOST, spec.name, frames, host)
 
@@ -329,7 +332,7 @@ class TorchFrontEnd:
             nb = args[2] if len(args) > 2 else kw.get("non_blocking", False)
         else:
             nb = kw.get("non_blocking", False)
-        self._special_done(spec, args, nb, out, pre, self.san._host_version != hv, None)
+        self._special_done(spec, args, nb, out, pre, self.san.syncs != hv, None)
         return out
 
     def _special_done(self, spec: OpSpec, args: tuple, non_blocking: Any, out: Any, pre: tuple | None,
@@ -553,6 +556,22 @@ class TorchFrontEnd:
         if self._obs is not None:
             self._obs.ignis_obs_synced()  # as the trace's synchronizations do
         self.san.on_event_synchronize(entry[1])
+
+    def _on_event_done(self, event: Any) -> None:
+        """``event.query()`` answered True: the host has seen the work its record covers finish
+        (as ``event.synchronize()`` tells PyTorch's trace)."""
+        handle = event.cuda_event
+        if handle:  # (0: never recorded, nothing to order)
+            if self._obs is not None:
+                self._obs.ignis_obs_synced()  # as the trace's synchronizations do
+            self.san.on_event_synchronize(handle)
+
+    def _on_stream_done(self, stream: Any) -> None:
+        """``stream.query()`` answered True: the host has seen all the stream's queued work finish
+        (as ``stream.synchronize()`` tells PyTorch's trace)."""
+        if self._obs is not None:
+            self._obs.ignis_obs_synced()
+        self.san.on_stream_synchronize(stream.cuda_stream)
 
     def _on_storage_resize(self, storage: Any, nbytes: Any) -> None:
         """``UntypedStorage.resize_(nbytes)`` is about to free or move a storage of the device:
@@ -939,6 +958,7 @@ class TorchFrontEnd:
             _graphs.add_listener(self)
             _hook.when_imported("triton", self._install_triton)
         _works.add_listener(self._on_work_completed)
+        _queries.add_listeners(self._on_event_done, self._on_stream_done)
         _storage.add_listener(self._on_storage_resize)
         if engine == "mode":
             self._mode = _Mode(self)
@@ -1006,6 +1026,7 @@ class TorchFrontEnd:
             self._obs = None
         self._remove_trace()
         _works.remove_listener(self._on_work_completed)
+        _queries.remove_listeners(self._on_event_done, self._on_stream_done)
         _storage.remove_listener(self._on_storage_resize)
         self._fresh_works.clear()
         for key in [k for _, k in self._work_ends.values()] + self._dead_work_keys:
