@@ -553,25 +553,27 @@ class TorchFrontEnd:
         entry = self._work_ends.get(id(work))
         if entry is None or entry[0]() is not work:
             return
-        if self._obs is not None:
-            self._obs.ignis_obs_synced()  # as the trace's synchronizations do
-        self.san.on_event_synchronize(entry[1])
+        self._host_saw(self.san.on_event_synchronize, entry[1])
 
     def _on_event_done(self, event: Any) -> None:
         """``event.query()`` answered True: the host has seen the work its record covers finish
         (as ``event.synchronize()`` tells PyTorch's trace)."""
         handle = event.cuda_event
         if handle:  # (0: never recorded, nothing to order)
-            if self._obs is not None:
-                self._obs.ignis_obs_synced()  # as the trace's synchronizations do
-            self.san.on_event_synchronize(handle)
+            self._host_saw(self.san.on_event_synchronize, handle)
 
     def _on_stream_done(self, stream: Any) -> None:
         """``stream.query()`` answered True: the host has seen all the stream's queued work finish
         (as ``stream.synchronize()`` tells PyTorch's trace)."""
+        self._host_saw(self.san.on_stream_synchronize, stream.cuda_stream)
+
+    def _host_saw(self, synchronize: Callable[[int], None], handle: int) -> None:
+        """A synchronization PyTorch's trace does not report (an answer of True), told as the
+        trace's are: the observer's epoch moves on first (an op in flight across it is covered),
+        then the sanitizer's ``synchronize(handle)``."""
         if self._obs is not None:
             self._obs.ignis_obs_synced()
-        self.san.on_stream_synchronize(stream.cuda_stream)
+        synchronize(handle)
 
     def _on_storage_resize(self, storage: Any, nbytes: Any) -> None:
         """``UntypedStorage.resize_(nbytes)`` is about to free or move a storage of the device:

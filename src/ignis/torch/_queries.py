@@ -17,7 +17,7 @@ from __future__ import annotations
 
 from typing import Any, Callable
 
-from ._tap import MethodTap
+from ._tap import MethodTap, when_true
 
 __all__ = ["add_listeners", "remove_listeners", "installed"]
 
@@ -32,16 +32,8 @@ def _stream_class() -> Any:
     return getattr(torch.cuda, "Stream", None)
 
 
-def _answered(original: Any, listeners: list, obj: Any, *args: Any) -> bool:
-    done = original(obj, *args)  # (arguments: PyTorch's to refuse, with its own message)
-    if done:
-        for fn in list(listeners):
-            fn(obj)
-    return done
-
-
-_event_tap = MethodTap(_event_class, "query", _answered)
-_stream_tap = MethodTap(_stream_class, "query", _answered)
+_event_tap = MethodTap(_event_class, "query", when_true)
+_stream_tap = MethodTap(_stream_class, "query", when_true)
 
 
 def add_listeners(on_event: Callable[[Any], None], on_stream: Callable[[Any], None]) -> bool:

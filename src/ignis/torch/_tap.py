@@ -7,15 +7,27 @@ listener; ``remove(fn)`` gives the class its own method back when the last one l
 (an inherited method shows through again). Where the class is missing or the method
 cannot be replaced, nothing is installed and ``add`` returns False.
 
-``_works`` (``Work.is_completed``) and ``_storage`` (``UntypedStorage.resize_``) are its
-users.
+``_works`` (``Work.is_completed``), ``_queries`` (``Event.query``, ``Stream.query``) and
+``_storage`` (``UntypedStorage.resize_``) are its users; ``when_true`` is the call of the
+first two (a question whose True answer the listeners hear of).
 """
 
 from __future__ import annotations
 
 from typing import Any, Callable
 
-__all__ = ["MethodTap"]
+__all__ = ["MethodTap", "when_true"]
+
+
+def when_true(original: Any, listeners: list, obj: Any, *args: Any) -> Any:
+    """A ``MethodTap`` call for a method that answers a question: ``obj.method(*args)`` as it
+    is, and each listener told ``fn(obj)`` when the answer is True. A False answer tells
+    nobody anything."""
+    answer = original(obj, *args)  # (arguments: PyTorch's to refuse, with its own message)
+    if answer:
+        for fn in list(listeners):
+            fn(obj)
+    return answer
 
 
 class MethodTap:

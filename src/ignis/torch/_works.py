@@ -18,7 +18,7 @@ from __future__ import annotations
 
 from typing import Any, Callable
 
-from ._tap import MethodTap
+from ._tap import MethodTap, when_true
 
 __all__ = ["add_listener", "remove_listener", "installed", "work_class"]
 
@@ -35,15 +35,7 @@ def work_class() -> Any:
         return None
 
 
-def _answered(original: Any, listeners: list, work: Any, *args: Any) -> bool:
-    done = original(work, *args)  # (arguments: PyTorch's to refuse, with its own message)
-    if done:
-        for fn in list(listeners):
-            fn(work)
-    return done
-
-
-_tap = MethodTap(work_class, "is_completed", _answered)
+_tap = MethodTap(work_class, "is_completed", when_true)
 _is_completed = _tap.wrapper
 
 
