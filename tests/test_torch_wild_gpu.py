@@ -31,7 +31,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 ZOO = os.path.join(ROOT, "tests", "wild_zoo")
 from helpers import IMPORT_ROOT  # noqa: E402
 
-NEEDS = {"hf_generate_and_bert.py": "transformers", "detection.py": "torchvision"}
+NEEDS = {"hf_generate_and_bert.py": "transformers", "detection.py": "torchvision", "compile_default.py": "triton"}
 PROGRAMS = sorted(f for f in os.listdir(ZOO) if f.endswith(".py") and not f.startswith("bug_"))
 # The bugs of such programs: program -> (kind, a line of the earlier access's stack, of the later's)
 BUGS = {
