@@ -13,9 +13,6 @@ import concurrent.futures
 import os
 import re
 import subprocess
-import sys
-import threading
-import time
 
 import pytest
 
@@ -25,7 +22,7 @@ pytest.importorskip("triton", reason="Triton is not installed")
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 ZOO = os.path.join(ROOT, "tests", "graph_zoo")
-from helpers import IMPORT_ROOT  # noqa: E402
+from helpers import run_zoo_program, zoo_result  # noqa: E402
 
 # program -> (kind, a line of the earlier access's stack, a line of the later access's stack)
 BUGS = {
@@ -38,20 +35,7 @@ CORRECT = ["ok_graph_doc.py", "ok_graphed_callables.py", "ok_compile_reduce_over
 
 
 def run(program: str, *flags: str, engine: str = "observer") -> subprocess.CompletedProcess:
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join([IMPORT_ROOT, ZOO, os.environ.get("PYTHONPATH", "")]),
-               IGNIS_BACKEND="cuda", IGNIS_TORCH_ENGINE=engine)
-    cmd = [sys.executable] + (["-m", "ignis", "run", *flags] if flags else []) + [os.path.join(ZOO, program)]
-    t = time.perf_counter()
-    p = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=400, cwd=ZOO)
-    log = os.environ.get("IGNIS_ZOO_LOG")
-    if log:
-        with _lock, open(log, "a") as f:
-            f.write(f"\n\n######## $ IGNIS_TORCH_ENGINE={engine} ignis run {' '.join(flags)} {program} -> exit "
-                    f"{p.returncode} ({time.perf_counter() - t:.1f} s)\n{p.stdout}\n{p.stderr}")
-    return p
-
-
-_lock = threading.Lock()
+    return run_zoo_program(ZOO, program, *flags, engine=engine)
 
 
 @pytest.fixture(scope="module")
@@ -64,12 +48,6 @@ def runs() -> dict[tuple, subprocess.CompletedProcess]:
     jobs += [(p, ("--guard",), "observer") for p in CORRECT + ["guard_triton_overrun_in_graph.py"]]
     with concurrent.futures.ThreadPoolExecutor(max_workers=8) as pool:
         return dict(zip(jobs, pool.map(lambda j: run(j[0], *j[1], engine=j[2]), jobs)))
-
-
-def result(p: subprocess.CompletedProcess) -> list[float]:
-    m = re.search(r"ZOO result (.*)", p.stdout)
-    assert m, p.stdout[-2000:] + p.stderr[-4000:]
-    return [float(v) for v in m.group(1).split()]
 
 
 def report(p: subprocess.CompletedProcess) -> str:
@@ -90,7 +68,7 @@ def test_correct_programs_are_silent_with_the_same_result(runs, program, flag, e
     rel = 1e-3 if flag == "--guard" and program == "ok_compile_reduce_overhead.py" else 1e-4
     if flag == "--guard" and program == "ok_compile_reduce_overhead.py":
         assert "CUDA graph trees were off" in text, text
-    assert result(checked) == pytest.approx(result(plain), rel=rel)
+    assert zoo_result(checked) == pytest.approx(zoo_result(plain), rel=rel)
 
 
 @pytest.mark.parametrize("program", sorted(BUGS))

@@ -1166,38 +1166,11 @@ def test_a_failed_step_of_the_final_check_does_not_skip_the_rest(guard, streams,
     assert n >= 2 and "no problems found" not in text
 
 
-def test_the_guard_keeps_cudnns_autotuner_off_and_says_so(monkeypatch):
-    # With the autotuner on, PyTorch's convolutions ask the allocator for its largest free block,
-    # which a pluggable allocator refuses (the first convolution fails): every way to turn it on
-    # leaves it off under the guard, and the summary says the program asked for it.
-    torch = pytest.importorskip("torch")
-    import torch.backends.cudnn as cudnn
-    from ignis.torch import _guard
-
-    real_set = torch._C._set_cudnn_benchmark
-    monkeypatch.setattr(torch._C, "_set_cudnn_benchmark", real_set)  # (each put back after the test)
-    monkeypatch.setattr(type(cudnn), "benchmark", type(cudnn).__dict__["benchmark"])
-    monkeypatch.setattr(_guard, "_cudnn_asked", [False])
-    monkeypatch.delitem(_guard._s.saved, "torch._C._set_cudnn_benchmark", raising=False)
-    was = torch._C._get_cudnn_benchmark()
-    try:
-        real_set(False)
-        _guard._no_cudnn_benchmark(cudnn)
-        assert "autotuner" not in _guard._graph_note()
-        torch.backends.cudnn.benchmark = False
-        assert not _guard._cudnn_asked[0]
-        torch.backends.cudnn.benchmark = True
-        assert torch.backends.cudnn.benchmark is False and not torch._C._get_cudnn_benchmark()
-        assert _guard._cudnn_asked[0]
-        assert "torch.backends.cudnn.benchmark = True) was off" in _guard._graph_note()
-        with torch.backends.cudnn.flags(enabled=True, benchmark=True):
-            assert not torch._C._get_cudnn_benchmark()
-    finally:
-        real_set(was)
-        _guard._s.saved.pop("torch._C._set_cudnn_benchmark", None)
-
-
-def test_the_guard_turns_off_an_autotuner_the_program_turned_on_before_it(monkeypatch):
+@pytest.fixture
+def autotuner(monkeypatch):
+    """PyTorch's cuDNN autotuner setting, as the guard finds it before it comes: (torch, its cudnn
+    module, the guard's PyTorch adapter, the real setter). Everything the guard replaces is put
+    back after the test, and the setting as it was."""
     torch = pytest.importorskip("torch")
     import torch.backends.cudnn as cudnn
     from ignis.torch import _guard
@@ -1209,9 +1182,32 @@ def test_the_guard_turns_off_an_autotuner_the_program_turned_on_before_it(monkey
     monkeypatch.delitem(_guard._s.saved, "torch._C._set_cudnn_benchmark", raising=False)
     was = torch._C._get_cudnn_benchmark()
     try:
-        real_set(True)
-        _guard._no_cudnn_benchmark(cudnn)
-        assert not torch._C._get_cudnn_benchmark() and _guard._cudnn_asked[0]
+        yield torch, cudnn, _guard, real_set
     finally:
         real_set(was)
         _guard._s.saved.pop("torch._C._set_cudnn_benchmark", None)
+
+
+def test_the_guard_keeps_cudnns_autotuner_off_and_says_so(autotuner):
+    # With the autotuner on, PyTorch's convolutions ask the allocator for its largest free block,
+    # which a pluggable allocator refuses (the first convolution fails): every way to turn it on
+    # leaves it off under the guard, and the summary says the program asked for it.
+    torch, cudnn, _guard, real_set = autotuner
+    real_set(False)
+    _guard._no_cudnn_benchmark(cudnn)
+    assert "autotuner" not in _guard._graph_note()
+    torch.backends.cudnn.benchmark = False
+    assert not _guard._cudnn_asked[0]
+    torch.backends.cudnn.benchmark = True
+    assert torch.backends.cudnn.benchmark is False and not torch._C._get_cudnn_benchmark()
+    assert _guard._cudnn_asked[0]
+    assert "torch.backends.cudnn.benchmark = True) was off" in _guard._graph_note()
+    with torch.backends.cudnn.flags(enabled=True, benchmark=True):
+        assert not torch._C._get_cudnn_benchmark()
+
+
+def test_the_guard_turns_off_an_autotuner_the_program_turned_on_before_it(autotuner):
+    torch, cudnn, _guard, real_set = autotuner
+    real_set(True)
+    _guard._no_cudnn_benchmark(cudnn)
+    assert not torch._C._get_cudnn_benchmark() and _guard._cudnn_asked[0]

@@ -18,9 +18,6 @@ import concurrent.futures
 import os
 import re
 import subprocess
-import sys
-import threading
-import time
 
 import pytest
 
@@ -29,7 +26,7 @@ torch = pytest.importorskip("torch", reason="PyTorch is not installed (the ignis
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 ZOO = os.path.join(ROOT, "tests", "wild_zoo")
-from helpers import IMPORT_ROOT  # noqa: E402
+from helpers import run_zoo_program, zoo_result  # noqa: E402
 
 NEEDS = {"hf_generate_and_bert.py": "transformers", "detection.py": "torchvision", "compile_default.py": "triton"}
 PROGRAMS = sorted(f for f in os.listdir(ZOO) if f.endswith(".py") and not f.startswith("bug_"))
@@ -60,20 +57,7 @@ def _missing(program: str) -> str | None:
 
 
 def run(program: str, *flags: str, engine: str = "observer") -> subprocess.CompletedProcess:
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join([IMPORT_ROOT, os.environ.get("PYTHONPATH", "")]),
-               IGNIS_BACKEND="cuda", IGNIS_TORCH_ENGINE=engine)
-    cmd = [sys.executable] + (["-m", "ignis", "run", *flags] if flags else []) + [os.path.join(ZOO, program)]
-    t = time.perf_counter()
-    p = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=400, cwd=ZOO)
-    log = os.environ.get("IGNIS_ZOO_LOG")
-    if log:
-        with _lock, open(log, "a") as f:
-            f.write(f"\n\n######## $ IGNIS_TORCH_ENGINE={engine} ignis run {' '.join(flags)} {program} -> exit "
-                    f"{p.returncode} ({time.perf_counter() - t:.1f} s)\n{p.stdout}\n{p.stderr}")
-    return p
-
-
-_lock = threading.Lock()
+    return run_zoo_program(ZOO, program, *flags, engine=engine)
 
 
 @pytest.fixture(scope="module")
@@ -88,12 +72,6 @@ def runs() -> dict[tuple, subprocess.CompletedProcess]:
         return dict(zip(jobs, pool.map(lambda j: run(j[0], *j[1], engine=j[2]), jobs)))
 
 
-def result(p: subprocess.CompletedProcess) -> list[float]:
-    m = re.search(r"ZOO result (.*)", p.stdout)
-    assert m, p.stdout[-2000:] + p.stderr[-4000:]
-    return [float(v) for v in m.group(1).split()]
-
-
 @pytest.mark.parametrize("program", PROGRAMS)
 @pytest.mark.parametrize("flag,engine", FLAGS)
 def test_real_programs_are_silent_with_the_same_result(runs, program, flag, engine):
@@ -106,7 +84,7 @@ def test_real_programs_are_silent_with_the_same_result(runs, program, flag, engi
     assert "== ignis run report ==" in checked.stderr, checked.stdout[-2000:] + checked.stderr[-6000:]
     text = checked.stderr.split("== ignis run report ==")[1]
     assert checked.returncode == 0 and "no problems found" in text, checked.stderr[-8000:]
-    assert result(checked) == pytest.approx(result(plain), rel=1e-3, abs=1e-6)
+    assert zoo_result(checked) == pytest.approx(zoo_result(plain), rel=1e-3, abs=1e-6)
     if flag == "--guard":
         # No program here compiles a graph: the guard's note on graph trees would mislead.
         assert "graph trees" not in text, text

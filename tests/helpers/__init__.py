@@ -6,6 +6,9 @@ CUDA (the driver stages it), which would hide the ordering the tests check.
 
 from __future__ import annotations
 
+import os
+import re
+import subprocess
 import sys
 import threading
 import time
@@ -131,3 +134,30 @@ def run_threads(target, n: int, timeout: float) -> None:
         t.start()
     for t in threads:
         t.join(timeout)
+
+
+_zoo_log_lock = threading.Lock()
+
+
+def run_zoo_program(zoo: str, program: str, *flags: str, engine: str = "observer") -> subprocess.CompletedProcess:
+    """Run ``program`` of the zoo directory ``zoo`` on the GPU, plain (no ``flags``) or under
+    ``ignis run *flags``, with the PyTorch front end's ``engine``; its own directory on the path.
+    With ``IGNIS_ZOO_LOG=FILE`` set, the run's output is appended there."""
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([IMPORT_ROOT, zoo, os.environ.get("PYTHONPATH", "")]),
+               IGNIS_BACKEND="cuda", IGNIS_TORCH_ENGINE=engine)
+    cmd = [sys.executable] + (["-m", "ignis", "run", *flags] if flags else []) + [os.path.join(zoo, program)]
+    t = time.perf_counter()
+    p = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=400, cwd=zoo)
+    log = os.environ.get("IGNIS_ZOO_LOG")
+    if log:
+        with _zoo_log_lock, open(log, "a") as f:
+            f.write(f"\n\n######## $ IGNIS_TORCH_ENGINE={engine} ignis run {' '.join(flags)} {program} -> exit "
+                    f"{p.returncode} ({time.perf_counter() - t:.1f} s)\n{p.stdout}\n{p.stderr}")
+    return p
+
+
+def zoo_result(p: subprocess.CompletedProcess) -> list[float]:
+    """The numbers a zoo program printed on its ``ZOO result`` line."""
+    m = re.search(r"ZOO result (.*)", p.stdout)
+    assert m, p.stdout[-2000:] + p.stderr[-4000:]
+    return [float(v) for v in m.group(1).split()]
