@@ -786,3 +786,50 @@ def test_an_op_that_synchronizes_inside_is_covered_even_when_the_host_knew_its_s
     x.fill_(1.0)                                   # after the host saw the read finish: ordered
     assert not traced.san.reports
     del y, lib
+
+
+def test_ctc_loss_with_host_lengths_takes_the_list_overload_under_the_dispatch_mode():
+    # Under any dispatch mode PyTorch's ctc_loss keeps host lengths as tensors (_ctc_loss.Tensor),
+    # which refuses them next to device inputs; the mode engine sends them as lists, the overload
+    # PyTorch runs without a mode. (On the CPU both paths run: what is checked here is which one.)
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    from ignis.torch import _ctc
+
+    class Seen(TorchDispatchMode):
+        def __init__(self):
+            super().__init__()
+            self.ops = []
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            self.ops.append(str(func))
+            return func(*args, **(kwargs or {}))
+
+    def loss_and_grad(lengths_as=torch.tensor):
+        logp = torch.randn(20, 3, 6, generator=torch.Generator().manual_seed(1)).log_softmax(-1).requires_grad_()
+        targets = torch.tensor([[1, 2, 3], [2, 2, 4], [5, 1, 1]])
+        with Seen() as seen:
+            loss = torch.nn.functional.ctc_loss(logp, targets, lengths_as([20, 17, 12]), lengths_as([3, 2, 3]))
+            loss.backward()
+        return loss.item(), logp.grad, [op for op in seen.ops if "ctc" in op]
+
+    plain = loss_and_grad()
+    assert "aten._ctc_loss.Tensor" in plain[2]           # PyTorch's own path under a mode
+    original = torch.ctc_loss
+    san = Sanitizer()
+    san.mode = "collect"
+    fe = Traced(san, "mode")
+    fe.enable()
+    try:
+        assert _ctc.installed() and torch.ctc_loss is not original
+        checked = loss_and_grad()
+        as_lists = loss_and_grad(list)                   # lists go through as they came
+        with pytest.raises(RuntimeError, match="integral"):  # bad input: PyTorch's own refusal
+            torch.nn.functional.ctc_loss(torch.zeros(4, 1, 3), torch.ones(1, 2, dtype=torch.long),
+                                         torch.tensor([4.0]), torch.tensor([2.0]))
+    finally:
+        fe.disable()
+    assert not _ctc.installed() and torch.ctc_loss is original
+    assert "aten._ctc_loss.Tensor" not in checked[2] and "aten._ctc_loss.default" in checked[2]
+    assert checked[0] == pytest.approx(plain[0]) and torch.allclose(checked[1], plain[1])
+    assert as_lists[0] == pytest.approx(plain[0]) and "aten._ctc_loss.default" in as_lists[2]

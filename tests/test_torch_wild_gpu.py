@@ -37,12 +37,7 @@ BUGS = {
 }
 FLAGS = [("--sanitize", "observer"), ("--sanitize", "mode"), ("--guard", "observer")]
 # Known failures, with why (each a defect to fix, not an accepted difference):
-KNOWN = {
-    ("rnn_ctc.py", "mode"): "under any TorchDispatchMode PyTorch's ctc_loss keeps the lengths as tensors: the "
-                            "overload taking them refuses host lengths next to device inputs (its device check), "
-                            "and the mean reduction divides the device loss by the host lengths; the program fails "
-                            "at its first ctc_loss with the dispatch-mode engine (the observer runs it)",
-}
+KNOWN: dict[tuple[str, str], str] = {}  # (program, engine) -> why it is expected to fail
 
 
 def _missing(program: str) -> str | None:

@@ -70,6 +70,9 @@ Design:
 - ``UntypedStorage.resize_`` (``_storage``), which frees or moves a storage below the
   dispatcher, takes the memory from under a collective that still uses it: the
   collective's accesses then race the free.
+- ``torch.ctc_loss`` with lengths on the CPU (``_ctc``): under the dispatch mode it goes to
+  the list overload PyTorch takes without a mode (any mode sends it down a path that refuses
+  host lengths next to device inputs).
 - Triton kernels (``_triton``: Inductor's and a user's ``@triton.jit``) are seen at
   launch: the tensors they take are read and written as the kernel does, on the
   launch stream.
@@ -104,7 +107,7 @@ from .._types import Access
 from ..safety.frames import add_library_dir, last_from_library
 from ..safety.sanitizer import HOST, NO_INIT_CHECK, OUTPUT, PINNED, READ, WRITE, Sanitizer, unpack_items
 from ..safety.sanitizer import user_frames as _san_frames
-from . import _graphs, _hook, _queries, _storage, _triton, _works
+from . import _ctc, _graphs, _hook, _queries, _storage, _triton, _works
 from ._ops import BROADCAST, P2P, REDUCE, SPECS, OpSpec, classify, flatten
 
 __all__ = ["TorchFrontEnd"]
@@ -966,6 +969,7 @@ class TorchFrontEnd:
             self._mode = _Mode(self)
             self._mode.__enter__()
             self._follow_threads()
+            _ctc.install()
         self.san.notes.append(self.note)
 
     def _follow_threads(self) -> None:
@@ -1021,6 +1025,7 @@ class TorchFrontEnd:
             mode.__exit__(None, None, None)
             self._mode = None
             self._stop_following_threads()
+            _ctc.uninstall()
         else:
             self._obs.ignis_obs_stop()
             self.cpu_ops += self._obs.ignis_obs_take_cpu_ops()
