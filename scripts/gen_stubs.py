@@ -155,6 +155,15 @@ def logical_lines(text: str) -> list[tuple[int, str]]:
     return out
 
 
+_INCLUDE = re.compile(r'^include\s+"([^"]+)"', re.M)
+
+
+def with_includes(pyx: Path) -> str:
+    """The text of ``pyx`` with each module-level ``include "file.pxi"`` replaced by that
+    file's text (what Cython compiles: a module may be split by concern into .pxi parts)."""
+    return _INCLUDE.sub(lambda m: with_includes(pyx.parent / m.group(1)), pyx.read_text())
+
+
 # -- the skeleton: the .pyx's Python-visible declarations, as Python source -----------------------
 
 def _public(name: str) -> bool:
@@ -383,9 +392,10 @@ def _value_type(node: ast.expr) -> str | None:
 def stub(module: str) -> str:
     base = SRC / module.replace(".", "/")
     pyx, pxd = base.with_suffix(".pyx"), base.with_suffix(".pxd")
-    top, classes, order = skeleton(module, pyx.read_text())
+    source = with_includes(pyx)
+    top, classes, order = skeleton(module, source)
     attrs = pxd_attributes(module, pxd.read_text()) if pxd.exists() else {}
-    for cls, found in pxd_attributes(module, pyx.read_text()).items():
+    for cls, found in pxd_attributes(module, source).items():
         attrs.setdefault(cls, []).extend(found)
     body: list[str] = list(ATTRIBUTE_IMPORTS.get(module, []))
     for stmt in top:

@@ -8,7 +8,8 @@ ordering, sanitizer checks on the declared ranges), the launch, and
 ``finish_block_use``.
 
 Compiled: the preflight runs here without Python frames, each tracked use is
-the array's own (``ignis/array/nvarray.pyx``, called as C); the launch itself is ``Kernel``'s
+the array's own (``begin_use`` / ``end_use`` of ``ignis/array/nvarray.pyx``, in its
+``_tracked.pxi``, called as C); the launch itself is ``Kernel``'s
 (``ignis.runtime.kernel``: the packed parameters, straight to the driver on
 the cuda backend's common case). The emulated backend runs ``host_impl``
 through its ``kernel_launch``, as before.
@@ -180,7 +181,7 @@ def launch(kernel: Kernel, grid: Any, block: Any, *args: Any, stream: Stream | N
     if s._closed or s._generation != state.generation or not state.accepting_ops:
         s._check()  # raises: a closed or stale stream's handle must not reach the driver
     backend = device.backend
-    # Each array's tracked use (ignis/array/nvarray.pyx): a use clean on ``s`` costs
+    # Each array's tracked use (ignis/array/_tracked.pxi, of nvarray.pyx): a use clean on ``s`` costs
     # nothing while the sanitizer is off, the common same-stream launch.
     try:
         for j in range(nplan):

@@ -19,20 +19,6 @@ def drain_deferred() -> None:
 def empty(shape: Any, dtype: Any=..., *, device: Device | int | None=..., stream: Stream | None=..., owner: str=..., mr: DeviceMemoryResource | None=..., tag: str=...) -> NvArray:
     ...
 
-class _TrackedAccess:
-
-    def __init__(self, uses: list, stream: Stream, by: str | None, op: str, finish_on_error: bool, single: bool) -> None:
-        ...
-
-    def __repr__(self) -> str:
-        ...
-
-    def __enter__(self) -> Any:
-        ...
-
-    def __exit__(self, exc_type: Any, exc: Any, tb: Any) -> bool:
-        ...
-
 class NvArray:
 
     @property
@@ -323,4 +309,18 @@ class TrackedUse:
         ...
 
     def __repr__(self) -> str:
+        ...
+
+class _TrackedAccess:
+
+    def __init__(self, uses: list, stream: Stream, by: str | None, op: str, finish_on_error: bool, single: bool) -> None:
+        ...
+
+    def __repr__(self) -> str:
+        ...
+
+    def __enter__(self) -> Any:
+        ...
+
+    def __exit__(self, exc_type: Any, exc: Any, tb: Any) -> bool:
         ...

@@ -22,6 +22,14 @@ Compiled (Cython): ``NvArray`` is an extension type whose fields are declared in
 ``nvarray.pxd``; its creation (``ig.empty``, the constructor), ``free``, collection
 and tracked use (``use``, ``access``, and ``begin_use`` / ``end_use`` for
 ``launch.pyx``) are this one implementation.
+
+The module is one extension, its source split by concern: this file (identity,
+defaults, gates, the class: creation, ownership, views, indexing, free) and three
+parts it includes at its end: ``_tracked.pxi`` (the tracked use: ``begin_use`` /
+``end_use``, ``TrackedUse``, the ``access`` block), ``_transfers.pxi`` (memset, fill,
+device and host copies) and ``_dlcapsule.pxi`` (DLPack's deleter and capsule
+destructor). The class's methods for those concerns check their arguments and call
+the parts' C functions.
 """
 
 from __future__ import annotations
@@ -64,6 +72,11 @@ from ..memory.resource cimport TrackedResource
 from ..runtime.stream cimport Stream as _Stream
 
 from .._cpython cimport ignis_finalizing, not_on_instance
+from cpython.pycapsule cimport PyCapsule_IsValid, PyCapsule_GetPointer
+from cpython.exc cimport PyErr_Fetch, PyErr_Restore
+
+cdef extern from "Python.h":
+    int Py_IsInitialized() nogil
 
 if TYPE_CHECKING:
     from ..memory import PinnedBuffer
@@ -426,179 +439,6 @@ cdef inline NvArray _root_of(NvArray a):
     while a._base is not None:
         a = <NvArray?>a._base
     return a
-
-
-cdef _TrackedAccess _tracked_access(list uses, object stream, object by, object op, bint finish_on_error,
-                                    bint single):
-    """A ``_TrackedAccess`` made without a Python call (``access`` / ``access_all``)."""
-    cdef _TrackedAccess t = _TrackedAccess.__new__(_TrackedAccess)
-    t._init(uses, stream, by, op, finish_on_error, single)
-    return t
-
-
-def _check_stream(stream: Any) -> Stream:
-    if not isinstance(stream, Stream):
-        raise TypeError(f"stream must be an ignis.Stream, got {type(stream).__name__}")
-    return stream
-
-
-cdef bint _hold(NvArray root, str by) except -1:
-    """Take ``root`` (and its views) for ``by`` for one tracked-access block, as
-    ``contract.acquire`` does (under the array's lock, which every change of owner takes),
-    when it is free to take: live, the default owner's and not shared. False when it is
-    not: then ``contract.acquire`` decides, and raises what is wrong. Tracked for
-    ``contract.audit()`` as an acquire is."""
-    cdef ResourceLock lk = _stripe(root)
-    changed = None
-    lock_take(lk)
-    try:
-        if root._freed is not False or root.owner != DEFAULT_OWNER or root.ref_count > 1:
-            return False
-        if root._views:
-            changed = root._set_owner(by)
-        else:
-            root.owner = by
-    finally:
-        lock_give(lk)
-    if changed is None:
-        contract.track(root)
-    else:
-        for a in changed:
-            contract.track(a)
-    return True
-
-
-cdef int _release_held(list roots, object by) except -1:
-    """Give back what a block holds (``contract.release``, for the roots ``by`` still holds:
-    nothing in the block handed them on)."""
-    cdef ResourceLock lk
-    cdef NvArray r
-    cdef Py_ssize_t i
-    for i in range(len(roots) - 1, -1, -1):
-        r = <NvArray>roots[i]
-        lk = _stripe(r)
-        lock_take(lk)
-        try:
-            if r.owner == by:
-                if r._views:
-                    r._set_owner(DEFAULT_OWNER)
-                else:
-                    r.owner = DEFAULT_OWNER
-        finally:
-            lock_give(lk)
-    return 0
-
-
-cdef inline bint _is_in(list held, object r):
-    """``r`` is one of ``held`` (by identity: NvArray refuses ``==``)."""
-    for x in held:
-        if x is r:
-            return True
-    return False
-
-
-cdef class _TrackedAccess:
-    """The ``with`` block of ``NvArray.access`` / ``NvArray.access_all``: check, acquire,
-    prepare on entry; record, release on exit (see ``NvArray.access``). Entered once."""
-
-    cdef list uses       # [(array, Access or None (held only), offset, nbytes)]
-    cdef object stream
-    cdef object by
-    cdef object op
-    cdef bint finish_on_error, single, entered
-    cdef list held, begun
-
-    def __init__(self, uses: list, stream: Stream, by: str | None, op: str, finish_on_error: bool,
-                 single: bool) -> None:
-        self._init(uses, stream, by, op, finish_on_error, single)
-
-    cdef int _init(self, list uses, object stream, object by, object op, bint finish_on_error,
-                   bint single) except -1:
-        self.uses = uses
-        self.stream = stream
-        self.by = by
-        self.op = op
-        self.finish_on_error = finish_on_error
-        self.single = single
-        self.held = []
-        self.begun = []
-        self.entered = False
-        return 0
-
-    def __repr__(self) -> str:
-        arrays = ", ".join(f"NvArray#{a.id} {acc.name.lower() if acc else 'held'}" for a, acc, _, _ in self.uses)
-        return f"<tracked access ({self.op}) by {self.by!r} on stream #{self.stream.id}: {arrays}>"
-
-    def __enter__(self) -> Any:
-        cdef NvArray a, r
-        cdef tuple use
-        cdef set roots
-        if self.entered:
-            raise RuntimeError(f"{self!r} was already entered; call access() again for another block")
-        self.entered = True
-        uses, by, op, s = self.uses, self.by, self.op, self.stream
-        for use in uses:  # (1) every array may be touched, by this owner
-            a = <NvArray>use[0]
-            if not _plainly_usable(a):
-                a._check_live("use", use[1], op)
-            if by == DEFAULT_OWNER:
-                owner = _root_of(a).owner
-                if owner != DEFAULT_OWNER:
-                    raise MemoryContractViolation(
-                        f"NvArray#{a.id} is held by {owner!r}; {DEFAULT_OWNER!r} cannot access it ({op}) until "
-                        f"{owner!r} releases it", array_id=a.id, owner=owner, caller=by)
-        held = self.held
-        if by is not None and by != DEFAULT_OWNER:  # (2) acquire each root once, all or nothing
-            many = len(uses) > 8  # a few: compared one by one; many: a set of ids
-            roots = set() if many else None
-            try:
-                for use in uses:
-                    a = <NvArray>use[0]
-                    r = _root_of(a)
-                    if (id(r) not in roots) if many else not _is_in(held, r):
-                        if not _hold(r, by):
-                            contract.acquire(a, by)
-                        if many:
-                            roots.add(id(r))
-                        held.append(r)
-            except BaseException:
-                _release_held(held, by)
-                held.clear()
-                raise
-        begun = self.begun
-        try:  # (3) prepare each use, in order
-            for use in uses:
-                acc = use[1]
-                if acc is not None:
-                    a = <NvArray>use[0]
-                    begin_use(a, s, acc, op, use[2], use[3])
-                    begun.append((a, acc))
-        except BaseException:
-            self._finish(self.finish_on_error)
-            raise
-        if self.single:
-            use = uses[0]
-            return (<NvArray>use[0])._ptr + use[2]
-        return [(<NvArray>use[0])._ptr + use[2] for use in uses]
-
-    def __exit__(self, exc_type: Any, exc: Any, tb: Any) -> bool:
-        self._finish(exc_type is None or self.finish_on_error)
-        return False
-
-    cdef int _finish(self, bint record) except -1:
-        """(4) record the uses begun (when ``record``), (5) release what was acquired."""
-        cdef NvArray a
-        begun, held = self.begun, self.held
-        self.begun, self.held = [], []
-        try:
-            if record:
-                s = self.stream
-                for a, acc in begun:
-                    end_use(a, s, acc)
-        finally:
-            if held:
-                _release_held(held, self.by)
-        return 0
 
 
 cdef class NvArray:
@@ -1094,17 +934,6 @@ cdef class NvArray:
         cdef NvArray root = self._root()
         root._gate = _Poisoned(make_error)
 
-    def _begin(self, stream, access, op="use", off=0, n=-1):
-        """Checks and waits before queuing work that touches bytes ``[off, off + n)``
-        of this array (``n < 0``: all of them) on ``stream``: the array is live, the waits
-        its ``access`` needs after other streams' uses are queued there (under ``auto``
-        ordering), and the sanitizer, if on, checks the bytes."""
-        begin_use(self, stream, access, op, off, n)
-
-    def _end(self, stream, access):
-        """Record the use just queued on ``stream`` (after ``_begin``)."""
-        end_use(self, stream, access)
-
     def use(self, stream: Stream | None = None, access: "Access | str" = _RW) -> "TrackedUse":
         """Use the raw pointer in foreign work (PyTorch, CuPy, Triton, custom CUDA)
         queued on ``stream`` inside the ``with`` block: the waits it needs are
@@ -1198,7 +1027,7 @@ cdef class NvArray:
                 my_library.fill(ptr, x.nbytes, stream=s.handle)   # queued on s
         """
         acc = _parse_mode(mode)
-        s = self._stream_arg(None) if stream is None else _check_stream(stream)
+        s = _stream_for(self, None) if stream is None else _check_stream(stream)
         off, n = self._byte_range(offset, nbytes, op)
         return _tracked_access([(self, acc, off, n)], s, _by(by), op, finish_on_error, True)
 
@@ -1244,7 +1073,7 @@ cdef class NvArray:
         if stream is not None:
             s = stream if type(stream) is _Stream else _check_stream(stream)
         elif items:
-            s = items[0][0]._stream_arg(None)
+            s = _stream_for(<NvArray>items[0][0], None)
         else:
             s = _rt_current.current_stream()
         return _tracked_access(items, s, _by(by), op, finish_on_error, False)
@@ -1640,7 +1469,7 @@ cdef class NvArray:
                                  "an array is assigned only to a region of its shape and dtype")
             region.copy_(value)
         elif np.ndim(value) == 0:
-            region._fill(value, None, "a[...] = value")
+            _fill(region, value, None, "a[...] = value")
         else:
             host = np.asarray(value)
             try:
@@ -1649,32 +1478,16 @@ cdef class NvArray:
                 raise ValueError(f"NvArray#{self.id}[{_index_text(key)}] = value: a value of shape {host.shape} "
                                  f"does not fit the region of shape {region.shape}") from None
             host = np.ascontiguousarray(host, dtype=self.dtype.numpy).reshape(-1)
-            region._upload(host.view(np.uint8), None, "a[...] = value")
+            _upload(region, host.view(np.uint8), None, "a[...] = value")
 
     def __delitem__(self, key: Any) -> NoReturn:
         raise TypeError(f"NvArray#{self.id}: elements cannot be deleted (an array's size is fixed); make a new "
                         "array of the size you want and copy into it")
 
-    # -- device-side writes -------------------------------------------------------------
-    def _stream_arg(self, stream: Stream | None) -> Stream:
-        """The stream work on this array runs on: the one given, else the stream a
-        ``with stream:`` block of this thread made current on its device, else its own."""
-        if stream is not None:
-            return stream
-        if _rt_current.overrides[0]:
-            s = _rt_current.stream_override(self.device)
-            if s is not None:
-                return s
-        return self.stream
-
+    # -- bytes in and out: memset, fill, device and host copies (bodies: _transfers.pxi) --------
     def zero_(self, *, stream: Stream | None = None) -> "NvArray":
         """Set every byte to zero with a device memset."""
-        s = self._stream_arg(stream)
-        self._begin(s, _WRITE, "zero_")
-        if self.nbytes:
-            self.device.backend.memset_d8_async(self._ptr, 0, self.nbytes, s.handle)
-        self._end(s, _WRITE)
-        return self
+        return _zero(self, stream)
 
     def fill_(self, value: Any, *, stream: Stream | None = None) -> "NvArray":
         """Set every element to ``value``, on the device (a memset when all bytes
@@ -1683,36 +1496,7 @@ cdef class NvArray:
         if np.ndim(value) != 0:
             raise TypeError(f"fill_ takes one scalar value, got {type(value).__name__} of shape "
                             f"{np.shape(value)}; to write several values use from_host(...)")
-        return self._fill(value, stream, "fill_")
-
-    def _fill(self, value: Any, stream: Stream | None, op: str) -> "NvArray":
-        elem = np.array(value, dtype=self.dtype.numpy).tobytes()
-        s = self._stream_arg(stream)
-        backend = self.device.backend
-        self._begin(s, _WRITE, op)
-        try:
-            if not self.nbytes:
-                return self
-            if elem.count(elem[0]) == len(elem):
-                backend.memset_d8_async(self._ptr, elem[0], self.nbytes, s.handle)
-                return self
-            seed = min(self.nbytes, 4096)
-            hostcopy.htod(np.frombuffer(elem * (seed // len(elem)), np.uint8), self._ptr, s)
-            done = seed
-            while done < self.nbytes:
-                n = min(done, self.nbytes - done)
-                backend.memcpy_dtod_async(self._ptr + done, self._ptr, n, s.handle)
-                done += n
-            return self
-        finally:
-            self._end(s, _WRITE)
-
-    def _check_peer(self, src: "NvArray", what: str) -> None:
-        if not isinstance(src, NvArray):
-            raise TypeError(f"{what} needs an NvArray, got {type(src).__name__}")
-        if src.device is not self.device:
-            raise ValueError(f"{what}: source is on device {src.device.ordinal}, destination on device "
-                             f"{self.device.ordinal}; copy through the host or a peer copy")
+        return _fill(self, value, stream, "fill_")
 
     def copy_(self, src: "NvArray", *, stream: Stream | None = None) -> "NvArray":
         """Copy ``src``'s bytes into this array (same shape and dtype), device to device; also
@@ -1720,106 +1504,21 @@ cdef class NvArray:
         peer access is enabled on first use), else staged through pinned host memory; queued
         on this array's stream, ordered after the source's pending writes, and the source
         kept from reuse and later writes until the copy has read it."""
-        if not isinstance(src, NvArray):
-            raise TypeError(f"copy_ needs an NvArray, got {type(src).__name__}")
-        if src.shape != self.shape or src.dtype is not self.dtype:
-            raise ValueError(f"copy_ needs the same shape and dtype: destination {self.shape} {self.dtype.name}, "
-                             f"source {src.shape} {src.dtype.name}")
-        s = self._stream_arg(stream)
-        if src.device is self.device:
-            self._dtod(src, 0, s, "copy_")
-        else:
-            self._copy_from_device(src, s)
-        return self
-
-    def _copy_from_device(self, src: "NvArray", s: Stream) -> None:
-        """``copy_`` across devices. The source's read is a tracked use on a stream of its own
-        device (``ss``), the destination's write one on ``s``, and they are ordered both ways:
-        the copy waits for the source's pending writes, and ``ss`` for the copy, so nothing
-        queued later on the source's side writes it before it was read. Peer to peer
-        (``memcpy_peer_async`` on ``s``, with this device given access to the source's) where
-        the devices allow it; else staged through a pinned host buffer: device to host on
-        ``ss``, host to device on ``s``."""
-        ss = src._stream_arg(None)
-        dev, sdev = self.device, src.device
-        backend = dev.backend
-        n = self.nbytes
-        direct = dev.can_access_peer(sdev)
-        if direct:
-            dev.enable_peer_access(sdev)
-        src._begin(ss, _READ, "copy_ to another device")
-        try:
-            self._begin(s, _WRITE, "copy_ from another device")
-            try:
-                if not n:
-                    return
-                if direct:
-                    with ss.record() as ready:
-                        s.wait(ready)
-                    backend.memcpy_peer_async(self._ptr, dev.ordinal, src._ptr, sdev.ordinal, n, s.handle)
-                    ss.wait(s)  # the source's use ends when the copy has run
-                else:
-                    buf = hostcopy.pinned_pool().allocate(n)
-                    try:
-                        backend.memcpy_dtoh_async(buf.ptr, src._ptr, n, ss.handle)
-                        with ss.record() as ready:
-                            s.wait(ready)
-                        backend.memcpy_htod_async(self._ptr, buf.ptr, n, s.handle)
-                    finally:
-                        buf.release(ss, s)  # reused once both copies (whichever were queued) have run
-            finally:
-                self._end(s, _WRITE)
-        finally:
-            src._end(ss, _READ)
-
-    def _dtod(self, src: "NvArray", dst_offset: int, s: Stream, op: str = "copy") -> None:
-        src._begin(s, _READ, op)
-        try:
-            self._begin(s, _WRITE, op, dst_offset, src.nbytes)
-            try:
-                if src.nbytes:
-                    self.device.backend.memcpy_dtod_async(self._ptr + dst_offset, src._ptr, src.nbytes, s.handle)
-            finally:
-                self._end(s, _WRITE)
-        finally:
-            src._end(s, _READ)
+        return _copy_into(self, src, stream)
 
     def clone(self, *, stream: Stream | None = None) -> "NvArray":
         """An independent, owned copy with the same shape, dtype, owner and bytes."""
-        self._check_live("clone")
-        s = self._stream_arg(stream)
-        mr = self._mr if self._mr is not None else None
-        out = NvArray(self.shape, self.dtype, stream=s, owner=self.owner, mr=mr)
-        out._dtod(self, 0, s, "clone")
-        return out
+        return _clone(self, stream)
 
     def copy(self, *, stream: Stream | None = None) -> "NvArray":
         """A new array with the same contents (``clone()``: NumPy's and CuPy's name)."""
-        return self.clone(stream=stream)
+        return _clone(self, stream)
 
     def write_rows(self, src: "NvArray", start_row: int, *, stream: Stream | None = None) -> "NvArray":
         """Copy ``src`` (rows of the same width) into this buffer from row ``start_row``
         on (the KV-cache append): O(rows written), device to device."""
-        self._check_peer(src, "write_rows")
-        if not self.shape or self.shape[0] == 0:
-            raise ValueError(f"write_rows needs an array with rows, got shape {self.shape}")
-        if src.dtype is not self.dtype:
-            raise ValueError(f"write_rows: dtype {src.dtype.name} does not match {self.dtype.name}")
-        row = self.shape[1:]
-        if src.shape[1:] != row and src.shape != row:
-            raise ValueError(f"write_rows: source of shape {src.shape} is not rows of shape {row}: it must be "
-                             f"(n, {', '.join(map(str, row))}) or one row of shape {row}")
-        row_bytes = self.nbytes // self.shape[0]
-        if not isinstance(start_row, int) or start_row < 0:
-            raise ValueError(f"start_row must be a non-negative int, got {start_row!r}")
-        offset = start_row * row_bytes
-        if offset + src.nbytes > self.nbytes:
-            raise ValueError(f"write_rows overflow: writing {src.nbytes} bytes at row {start_row} (offset "
-                             f"{offset}) exceeds the {self.nbytes}-byte buffer")
-        self._dtod(src, offset, self._stream_arg(stream), "write_rows")
-        return self
+        return _write_rows(self, src, start_row, stream)
 
-    # -- host copies ---------------------------------------------------------------
     def from_host_raw(self, data: Any, *, stream: Stream | None = None) -> "NvArray":
         """Copy bytes already in this dtype's little-endian layout to the device, with no
         per-element conversion (exact for bfloat16 / float16)."""
@@ -1827,7 +1526,7 @@ cdef class NvArray:
         if mv.nbytes != self.nbytes:
             raise ValueError(f"from_host_raw: expected {self.nbytes} bytes for shape {self.shape} "
                              f"{self.dtype.name}, got {mv.nbytes} bytes")
-        self._upload(np.frombuffer(mv, np.uint8), stream)
+        _upload(self, np.frombuffer(mv, np.uint8), stream, "host-to-device copy")
         return self
 
     def from_host(self, data: Any, *, stream: Stream | None = None) -> "NvArray":
@@ -1837,57 +1536,22 @@ cdef class NvArray:
             raise ValueError(f"from_host: expected {self.numel} elements for shape {self.shape}, "
                              f"got {arr.size}")
         arr = np.ascontiguousarray(arr, dtype=self.dtype.numpy).reshape(-1)
-        self._upload(arr.view(np.uint8), stream)
+        _upload(self, arr.view(np.uint8), stream, "host-to-device copy")
         return self
-
-    def _upload(self, raw: np.ndarray, stream: Stream | None, op: str = "host-to-device copy") -> None:
-        s = self._stream_arg(stream)
-        self._begin(s, _WRITE, op)
-        try:
-            hostcopy.htod(raw, self._ptr, s)
-        finally:
-            self._end(s, _WRITE)
 
     def to_numpy(self, *, stream: Stream | None = None) -> np.ndarray:
         """Copy to a new NumPy array (waits for the copy). Large results live in pinned memory.
         An operation that failed while the host waited and was to write this array (a
         collective) makes this raise its error instead of returning what the copy read."""
-        s = self._stream_arg(stream)
-        self._begin(s, _READ, "device-to-host copy")
-        try:
-            npd = self.dtype.numpy
-            if self.nbytes >= hostcopy.PINNED_RESULT_MIN:
-                try:
-                    out = hostcopy.dtoh_pinned(self._ptr, self.nbytes, npd, self.shape, s)
-                finally:
-                    self._recheck_gates()
-                return out
-            out = np.empty(self.shape, npd)
-            if self.nbytes:
-                self.device.backend.memcpy_dtoh_async(out.ctypes.data, self._ptr, self.nbytes, s.handle)
-                try:
-                    s.synchronize()
-                except BaseException:
-                    hostcopy.keep_until_done(s, out)  # the copy may still be writing into it
-                    self._recheck_gates()
-                    raise
-                self._recheck_gates()
-            return out
-        finally:
-            self._end(s, _READ)
-
-    def _recheck_gates(self) -> None:
-        """After a wait: a failed operation may have poisoned the bytes just read."""
-        if self._gate is not None or self._base is not None:
-            self._check_live("copy to the host", _READ, "device-to-host copy")
+        return _to_numpy(self, stream)
 
     def to_host(self, *, stream: Stream | None = None) -> np.ndarray:
         """The same as ``to_numpy()``: a copy in a new NumPy array (waits for the copy)."""
-        return self.to_numpy(stream=stream)
+        return _to_numpy(self, stream)
 
     def tolist(self) -> Any:
         """The values as nested Python lists (``to_numpy().tolist()``; waits for the copy)."""
-        return self.to_numpy().tolist()
+        return _to_numpy(self, None).tolist()
 
     def item(self, *, stream: Stream | None = None) -> Any:
         """The value of a one-element array as a Python scalar (a tracked read; waits for the copy).
@@ -1899,7 +1563,7 @@ cdef class NvArray:
         if self.numel != 1:
             raise ValueError(f"item() reads a one-element array; NvArray#{self.id} has {self.numel} elements "
                              f"(shape {self.shape}): index one first (a[i].item()) or copy them all (to_numpy())")
-        return self.to_numpy(stream=stream).reshape(()).item()
+        return _to_numpy(self, stream).reshape(()).item()
 
     def pin(self) -> "PinnedBuffer":
         """Give the array its own pinned host staging buffer (``pinned_host``).
@@ -1962,105 +1626,6 @@ cdef class NvArray:
         return _exporter()[2](self)
 
 
-# -- the tracked use of an array: NvArray._begin / _end / use, TrackedAccess, launch -----
-# (``begin_use`` / ``end_use`` are declared in nvarray.pxd for the compiled callers.)
-
-cdef Hooks _HK = _HOOKS  # the hook slots (memory/hooks.pyx), read as C fields
-cdef dict _PLAIN = {}  # resource type -> it keeps TrackedResource's prepare / finish_block_use
-
-
-cdef inline bint _direct(object mr) except -1:
-    """``mr``'s prepare / finish_block_use are TrackedResource's own (no subclass or instance
-    overrides them): the compiled callers may call their compiled bodies directly."""
-    cls = type(mr)
-    plain = _PLAIN.get(cls)
-    if plain is None:
-        plain = _PLAIN[cls] = issubclass(cls, TrackedResource) \
-            and cls.prepare_block_use is TrackedResource.prepare_block_use \
-            and cls.finish_block_use is TrackedResource.finish_block_use
-    # an adaptor sets its upstream's methods on itself
-    return plain and not_on_instance(mr, "prepare_block_use") and not_on_instance(mr, "finish_block_use")
-
-
-cdef inline bint _clean_on(object block, object stream) noexcept:
-    """``block`` is clean on ``stream`` (the block's rule, ``block_clean_on``): a use needs no
-    wait or record. Anything but a DeviceBlock takes the resource's path."""
-    return type(block) is _Block and block_clean_on(<_Block>block, stream)
-
-
-cdef inline bint _stream_ok(object stream) except -1:
-    """``stream`` is open and of the device's current generation (its handle may reach the driver)."""
-    cdef _Stream s
-    if type(stream) is _Stream:
-        s = <_Stream>stream
-        return not s._closed and s._generation == s.device.state.generation
-    return not stream._closed and stream._generation == stream.device.state.generation
-
-
-cdef int begin_use(NvArray arr, object stream, object access, object op, Py_ssize_t off,
-                   Py_ssize_t n) except -1:
-    if not _plain_on(arr, stream):
-        arr._check_live("use", access, op)
-    chk = _HK.checker
-    block = arr._block
-    if arr._tracks:  # prepare_block_use refuses a closed or stale stream itself
-        if chk is None:
-            if _clean_on(block, stream) and _stream_ok(stream):
-                return 0
-            mr = arr._mr
-            if type(stream) is _Stream and _direct(mr):
-                (<TrackedResource>mr)._prepare_c(block, <_Stream>stream, access, None)
-            else:
-                mr.prepare_block_use(block, stream, access)
-        else:
-            arr._mr.prepare_block_use(block, stream, access,
-                                      (arr._ptr - block.ptr + off, arr.nbytes if n < 0 else n, op))
-        return 0
-    if not _stream_ok(stream):
-        stream._check()  # a closed or stale stream's handle must not reach the driver
-    if block is not None and stream is not block.alloc_stream:
-        raise StreamMisuseError(
-            f"NvArray#{arr.id} lives in a {type(arr._mr).__name__}, which cannot track cross-stream "
-            f"uses, so it can only be used on its own stream #{block.alloc_stream.id} "
-            f"(asked: stream #{stream.id}); allocate it from a PoolResource or AsyncResource")
-    if chk is not None and block is not None:  # the memory layer tells the sanitizer (one place)
-        arr._mr.note_use(block, stream, access, (arr._ptr - block.ptr + off, arr.nbytes if n < 0 else n, op))
-    return 0
-
-
-cdef int end_use(NvArray arr, object stream, object access) except -1:
-    if arr._tracks:
-        b = arr._block
-        if _clean_on(b, stream):
-            return 0  # clean on this stream: nothing to record
-        mr = arr._mr
-        if _direct(mr):
-            (<TrackedResource>mr)._finish_c(b, stream, access)
-        else:
-            mr.finish_block_use(b, stream, access)
-    return 0
-
-
-cdef class TrackedUse:
-    """The ``with`` block of ``NvArray.use``: the use begun on entry (its waits queued,
-    the sanitizer's check), recorded on exit, also when the block raised."""
-
-    cdef readonly NvArray array
-    cdef readonly object stream
-    cdef readonly object access
-
-    def __enter__(self) -> int:
-        a = self.array
-        begin_use(a, self.stream, self.access, "use()", 0, -1)
-        return a._ptr
-
-    def __exit__(self, *exc: object) -> None:
-        end_use(self.array, self.stream, self.access)
-
-    def __repr__(self) -> str:
-        return f"<use of NvArray#{self.array.id} ({self.access.name.lower()}) on stream #{self.stream.id}>"
-
-
 def empty(shape: Any, dtype: Any = _dt.float32, *, device: "Device | int | None" = None,
           stream: Stream | None = None, owner: str = DEFAULT_OWNER,
           mr: DeviceMemoryResource | None = None, tag: str = UNTAGGED) -> NvArray:
@@ -2071,72 +1636,7 @@ def empty(shape: Any, dtype: Any = _dt.float32, *, device: "Device | int | None"
     return a
 
 
-# -- DLPack: the deleter and capsule destructor of exported tensors ----------------------
-# A consumer (NumPy, PyTorch, CuPy) calls the deleter whenever it drops a tensor it
-# imported, and Python calls the capsule destructor when an unconsumed capsule dies;
-# either can happen on any thread and in the interpreter's final garbage collection,
-# after ignis's modules were cleared. They are C functions of this (always loaded)
-# extension: they drop the export's entry from dlpack_export's ``_exports`` and do
-# nothing once the interpreter is finalizing.
-
-from cpython.pycapsule cimport PyCapsule_IsValid, PyCapsule_GetPointer
-from cpython.exc cimport PyErr_Fetch, PyErr_Restore
-
-cdef extern from "Python.h":
-    int Py_IsInitialized() nogil
-
-cdef dict _DL_EXPORTS = None  # struct address -> what keeps the exported tensor alive
-
-
-cdef void _dl_forget(void *addr) noexcept:
-    cdef PyObject *et = NULL
-    cdef PyObject *ev = NULL
-    cdef PyObject *tb = NULL
-    PyErr_Fetch(&et, &ev, &tb)
-    try:
-        _DL_EXPORTS.pop(<size_t>addr, None)  # what it releases may run Python code: the entry goes first
-    except BaseException:
-        pass
-    PyErr_Restore(et, ev, tb)
-
-
-cdef void _dl_deleter(void *managed) noexcept nogil:
-    if managed == NULL or not Py_IsInitialized():
-        return
-    with gil:  # the consumer may call it from any thread, holding the GIL or not
-        if not ignis_finalizing() and _DL_EXPORTS is not None:
-            _dl_forget(managed)
-
-
-cdef void _dl_capsule_destructor(object capsule) noexcept:
-    if ignis_finalizing() or _DL_EXPORTS is None:
-        return
-    cdef void *p
-    for name in (b"dltensor", b"dltensor_versioned"):
-        if PyCapsule_IsValid(capsule, <char *>name):  # unconsumed: a consumer renames it
-            p = PyCapsule_GetPointer(capsule, <char *>name)
-            if p != NULL:
-                _dl_forget(p)
-            return
-
-
-cdef tuple _DL_EXPORTER = None  # (export, device_of, cuda_array_interface) of dlpack_export
-
-
-cdef tuple _exporter():
-    if _DL_EXPORTER is None:
-        raise RuntimeError("the DLPack export module (ignis.array.dlpack_export) is not loaded; import ignis")
-    return _DL_EXPORTER
-
-
-def _dlpack_callbacks(exports: dict, export: Any, device_of: Any, cuda_array_interface: Any) -> tuple:
-    """Bind dlpack_export's exports dict and its three functions (``__dlpack__``,
-    ``__dlpack_device__``, ``__cuda_array_interface__``); returns (the deleter's address, the
-    capsule destructor's address)."""
-    global _DL_EXPORTS, _DL_EXPORTER
-    if type(exports) is not dict or not (callable(export) and callable(device_of)
-                                         and callable(cuda_array_interface)):
-        raise TypeError("_dlpack_callbacks: expected the exports dict and three functions")
-    _DL_EXPORTS = exports
-    _DL_EXPORTER = (export, device_of, cuda_array_interface)
-    return <size_t>&_dl_deleter, <size_t>&_dl_capsule_destructor
+# The rest of the module, by concern (one compiled module: C calls between the parts):
+include "_tracked.pxi"     # the tracked use: begin_use / end_use, TrackedUse, _TrackedAccess
+include "_transfers.pxi"   # bytes in and out: memset, fill, device and host copies
+include "_dlcapsule.pxi"   # DLPack: what a consumer's deleter and a dead capsule call
