@@ -33,7 +33,7 @@ CYTHON_MODULES = [
     "ignis.array.launch",
     "ignis.memory.guard_base",
     "ignis.safety.frames",
-    "ignis.safety.guard_alloc",
+    "ignis.memory.guard_alloc",
     "ignis.torch._guard_fast",
     "ignis.backends._cudriver",
 ]

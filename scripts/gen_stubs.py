@@ -53,7 +53,7 @@ ATTRIBUTE_TYPES: dict[str, dict[str, dict[str, str]]] = {
         "EventPool": {"generation": "int", "state": "DeviceState"},
         "DeviceMemoryResource": {"device": "Device"}},
     "ignis.memory.pool": {"PoolResource": {"upstream": "DeviceMemoryResource"}},
-    "ignis.safety.guard_alloc": {"State": {
+    "ignis.memory.guard_alloc": {"State": {
         "opts": "dict[str, Any] | None", "lock": "Any", "torch": "bool", "cupy": "bool", "lib": "Any",
         "problems": "list[Any]", "groups": "dict[Any, Any]", "tls": "Any", "last_live": "float", "atexit": "bool",
         "hooks": "list[Any]", "saved": "dict[str, Any]", "tag": "str",

@@ -19,8 +19,8 @@ import pytest
 import ignis as ig
 import ignis.cupy
 from helpers import IMPORT_ROOT, read, write
-from ignis.safety import guard_front as tg
-from ignis.safety.guard_alloc import state as _s
+from ignis.memory import guard_front as tg
+from ignis.memory.guard_alloc import state as _s
 
 G, POISON = 256, 0xA5
 

@@ -142,7 +142,7 @@ def test_a_guard_keeps_its_upstream_read_only_an_adaptor_its_own(dev):
 
 @needs_compiled
 def test_the_framework_allocators_state_is_read_only_written_through_its_methods():
-    from ignis.safety.guard_alloc import State
+    from ignis.memory.guard_alloc import State
     st = State()
     _read_only(st, ("opts", "lock", "guards", "streams", "blocks", "torch", "cupy", "lib", "problems", "groups",
                     "tls", "deferred", "last_live", "atexit", "hooks", "saved", "rs_ptrs", "tag", "capturing",

@@ -594,3 +594,28 @@ def test_bad_packed_items_are_refused_before_anything_changes():
         with pytest.raises(ValueError, match="not an address range"):
             san.foreign_access(0x10, "aten::fill_", None, [(base, size, 4096, 4352, 0, 0, WRITE)])
     assert not san._live and not san._clock and san.checked_foreign == 0
+
+
+def test_another_checker_adds_its_reports_to_the_list():
+    # The guard's front hands the problems it finds to the sanitizer through the memory layer's
+    # checker slot: grouped by key with the sanitizer's own while it collects, raised in raise mode.
+    from ignis.memory.hooks import HOOKS
+    from ignis.safety.sanitizer import Sanitizer
+    san = Sanitizer()
+    san.enable("collect")
+    try:
+        assert HOOKS.checker is san
+        for _ in range(2):
+            san.add_report(ig.OutOfBoundsError("written past the end"), ("guard", "OutOfBoundsError", "after"))
+        san.add_report(ig.UseAfterFreeError("written after free"), ("guard", "UseAfterFreeError", None))
+        assert [type(e).__name__ for e in san.reports] == ["OutOfBoundsError", "UseAfterFreeError"]
+        assert san.reports[0].count == 2
+        with pytest.raises(TypeError, match="key must be a tuple"):
+            san.add_report(ig.OutOfBoundsError("x"), ["guard"])
+        assert len(san.reports) == 2
+        san.mode = "raise"
+        with pytest.raises(ig.OutOfBoundsError, match="past the end"):
+            san.add_report(ig.OutOfBoundsError("past the end"), ("guard", "again"))
+    finally:
+        san.disable()
+    assert HOOKS.checker is None

@@ -30,7 +30,7 @@ from helpers import IMPORT_ROOT, read, sleep_on, write
 from ignis.telemetry._torch import guard_memory_stats
 from ignis.torch import _guard as tg
 from ignis.torch import _guard_fast as _fast
-from ignis.safety import guard_alloc, guard_front
+from ignis.memory import guard_alloc, guard_front
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ZOO = os.path.join(HERE, "guard_zoo")

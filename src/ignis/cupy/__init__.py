@@ -6,7 +6,7 @@
 
 Every CuPy allocation then comes from the same guard PyTorch's tensors use
 under ``ignis.torch.use_guard()`` (a ``DebugGuardResource`` over Ignis's
-pool, one per device: ``ignis.safety.guard_front``): canaries before and after each array, poison on
+pool, one per device: ``ignis.memory.guard_front``): canaries before and after each array, poison on
 allocation and on free, a quarantine before reuse, checked on the device in
 batches. CuPy arrays and kernels (``RawKernel``, ``ElementwiseKernel``,
 reductions, cuBLAS...) that write past either end of an array, or into an
@@ -27,7 +27,7 @@ stream that was current when it was allocated; use it on another stream only
 with your own synchronization before you drop it.
 
 This package is the guard's CuPy adapter: it installs the front's compiled
-allocate and free (``ignis.safety.guard_alloc``) as CuPy's allocator; everything
+allocate and free (``ignis.memory.guard_alloc``) as CuPy's allocator; everything
 else is the front's. Importing it imports neither CuPy nor PyTorch.
 """
 
@@ -36,9 +36,9 @@ from __future__ import annotations
 import os
 from typing import Any, Callable
 
-from ..safety import guard_front as _front
+from ..memory import guard_front as _front
 from ..safety.frames import add_library_dir
-from ..safety.guard_alloc import alloc as _alloc, free as _free, state as _s
+from ..memory.guard_alloc import alloc as _alloc, free as _free, state as _s
 
 __all__ = ["use_guard", "check", "reports", "summary"]
 

@@ -87,7 +87,7 @@ install as their framework's allocator) is this guard with its checks run on the
 Both modes run one compiled core (``guard_base.pyx``, typed in ``guard_base.pxd``): the
 fields read on every allocation and free, the record of one allocation (``_Guarded``),
 the quarantine's bookkeeping, the one ``allocate``, the deferred free (``free_fast``) and
-the check batches. The framework allocators (``ignis.safety.guard_alloc``) call it without
+the check batches. The framework allocators (``ignis.memory.guard_alloc``) call it without
 a Python call. The lock is a ``ResourceLock`` (the compiled path takes it without a call).
 """
 

@@ -12,7 +12,7 @@ and its check batches.
   a memset, or with only the bytes that differ; the eager mode formats every block);
   ``free_fast`` is the deferred mode's common free (``deallocate`` has the rest), and
   ``_release_exits`` hands back blocks whose checks are queued. The framework allocators
-  (``ignis.safety.guard_alloc``) call ``allocate_c`` / ``free_fast_c`` without a Python call.
+  (``ignis.memory.guard_alloc``) call ``allocate_c`` / ``free_fast_c`` without a Python call.
 - The allocation site is the user's frames, taken through the memory layer's stack-capture
   hook (``memory.hooks``: ``ignis.safety.frames`` installs its walker there), formatted
   only for a report.

@@ -8,7 +8,8 @@ ctypedef tuple (*capture_fn)(Py_ssize_t skip, Py_ssize_t limit)
 
 
 cdef class Hooks:
-    cdef readonly object checker    # the sanitizer: access(block, stream, access, span), free(block)
+    cdef readonly object checker    # the sanitizer: access(block, stream, access, span), free(block),
+                                    # mode, add_report(err, key)
     cdef readonly object recorder   # telemetry: recorder(action, resource, ptr, size, stream, block)
     cdef readonly bint any_manual   # the ordering policy: "manual" was asked for once (never reset)
     cdef capture_fn capture         # the stack walker, or NULL (set_stack_capture)

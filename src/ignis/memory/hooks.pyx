@@ -5,7 +5,9 @@ of one object:
 
 - ``checker``: the sanitizer (``ignis.safety``), called for every tracked use
   (``access(block, stream, access, span)``, span ``(offset, nbytes, op)`` or None) and every
-  free (``free(block)``). ``set_checker`` installs it; ``ordering.checker`` reads it.
+  free (``free(block)``); the guard's front hands it the problems it finds while it collects
+  (``mode == "collect"``: ``add_report(err, key)``). ``set_checker`` installs it;
+  ``ordering.checker`` reads it.
 - ``recorder``: the allocation-event recorder (telemetry), called as
   ``recorder(action, resource, ptr, size, stream, block)``. ``set_recorder`` (also
   ``history.set_recorder``) installs it; ``history.recorder`` reads it.

@@ -1313,6 +1313,15 @@ class Sanitizer:
         err = UninitializedReadError(detail, first=alloc, second=rec.describe())
         self._report(err, ("uninitialized read", ext.op, sites(ext.frames), rec.op, sites(rec.frames)))
 
+    def add_report(self, err: Exception, key: tuple) -> None:
+        """Add a problem another checker found (the guard, through the memory layer's checker
+        slot) to this sanitizer's reports, grouped with those of equal ``key`` (a hashable
+        tuple: the kind first, then what makes two reports the same problem); in raise mode,
+        raise it."""
+        if type(key) is not tuple:
+            raise TypeError(f"add_report: key must be a tuple, got {type(key).__name__}")
+        self._report(err, key)
+
     def _report(self, err: Exception, key: tuple) -> None:
         if self.mode != "collect":
             raise err

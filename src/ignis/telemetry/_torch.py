@@ -16,7 +16,7 @@ from typing import Any, Callable
 
 from .. import torch as _front_end
 from ..runtime import Device
-from ..safety import guard_front
+from ..memory import guard_front
 from .snapshot import dump_snapshot, record_memory_history, snapshot
 from .stats import memory_stats, memory_summary, reset_peak_stats
 

@@ -2,8 +2,8 @@
 
 The guard and its front are the lower layers' (``ignis.memory.guard``: canaries, poison,
 quarantine, the checks run on the device in batches, one report path;
-``ignis.safety.guard_front``: one guard per device, the options, the reports, the checks at
-synchronize points; ``ignis.safety.guard_alloc``: the compiled allocate and free). This
+``ignis.memory.guard_front``: one guard per device, the options, the reports, the checks at
+synchronize points; ``ignis.memory.guard_alloc``: the compiled allocate and free). This
 module only installs them as PyTorch's allocator and tells them what PyTorch alone knows:
 
 - ``torch.cuda.memory.CUDAPluggableAllocator`` loads the C entry points
@@ -32,10 +32,10 @@ import sys
 from typing import Any, Callable
 
 from ..memory.guard import DeferredGuardResource
-from ..safety import guard_alloc, guard_front as _front
+from ..memory import guard_alloc, guard_front as _front
 from ..safety.frames import add_library_dir
-from ..safety.guard_alloc import alloc as _alloc, free as _free, state as _s
-from ..safety.guard_front import (DEFAULTS, GuardError, check, clear_reports, finish, guard_resource, guard_stats,
+from ..memory.guard_alloc import alloc as _alloc, free as _free, state as _s
+from ..memory.guard_front import (DEFAULTS, GuardError, check, clear_reports, finish, guard_resource, guard_stats,
                                   guards, is_installed, note_record_stream, reports, summary)
 from . import _guard_fast as _fast
 
@@ -171,7 +171,7 @@ def _graph_memory(device: int, size: int) -> int:
 
 class _GraphListener:
     """The guard's part in a CUDA graph's capture (``_graphs``): while a stream captures, what it
-    allocates is its graph pool's memory, unguarded (see ``ignis.safety.guard_alloc.State``)."""
+    allocates is its graph pool's memory, unguarded (see ``ignis.memory.guard_alloc.State``)."""
 
     def graph_begin(self, graph: Any, stream: int) -> None:
         import torch

@@ -1,5 +1,5 @@
 """PyTorch's allocator entry points, compiled: the C functions its pluggable allocator loads,
-over the guard front's compiled allocate and free (``ignis.safety.guard_alloc``).
+over the guard front's compiled allocate and free (``ignis.memory.guard_alloc``).
 
 - ``ignis_torch_alloc`` / ``ignis_torch_free``: the C functions that
   ``torch.cuda.memory.CUDAPluggableAllocator`` loads from this extension by name
@@ -32,8 +32,8 @@ from libc.stdint cimport uintptr_t
 from .._cpython cimport ignis_finalizing
 
 from ..memory.guard_base cimport fill_plan
-from ..safety.guard_alloc cimport State, alloc_c, free_c
-from ..safety.guard_alloc import alloc as _front_alloc, free as _front_free, state as _state
+from ..memory.guard_alloc cimport State, alloc_c, free_c
+from ..memory.guard_alloc import alloc as _front_alloc, free as _front_free, state as _state
 
 cdef extern from "Python.h":
     int Py_IsInitialized() nogil
@@ -77,7 +77,7 @@ cdef object _tg_rs = None
 def torch_guard_bind(alloc: object, free: object) -> tuple:
     """Bind the allocate / free that ``ignis_torch_alloc`` / ``ignis_torch_free`` (PyTorch's
     pluggable allocator entry points) run: the front's ``alloc`` / ``free``
-    (``ignis.safety.guard_alloc``, called directly) or any callables taking (size, device,
+    (``ignis.memory.guard_alloc``, called directly) or any callables taking (size, device,
     stream handle) and (ptr, size, device, stream handle, poisoned). ``None, None`` unbinds. Returns the number of calls
     to each entry point so far."""
     global _bound_alloc, _bound_free

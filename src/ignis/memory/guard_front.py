@@ -48,12 +48,12 @@ import time
 from typing import Any, Callable
 
 from ..errors import IgnisError
-from ..memory.guard import MAX_BATCH, DeferredGuardResource
-from ..memory.pool import PoolResource
 from ..runtime import Device, Stream
 from . import guard_alloc
-from .frames import sites
+from .guard import MAX_BATCH, DeferredGuardResource
 from .guard_alloc import state as _s
+from .hooks import HOOKS, format_stack
+from .pool import PoolResource
 
 __all__ = ["GuardError", "DEFAULTS", "configure", "guard_resource", "guards", "stream_for", "on_sync",
            "reports", "clear_reports", "summary", "check", "finish", "is_installed", "guard_stats",
@@ -141,8 +141,8 @@ def guard_resource(device: "Device | int" = 0) -> DeferredGuardResource:
     with _s.lock:
         g = _s.guards.get(dev.ordinal)
         if g is None or not g._context_alive():
-            from ..memory import set_current_resource
-            from ..memory.current import default_upstream
+            from . import set_current_resource
+            from .current import default_upstream
             o = _s.opts if _s.opts is not None else configure({})
             g = DeferredGuardResource(
                 PoolResource(default_upstream(dev)), batch=o["batch"], stack_depth=o["stack_depth"],
@@ -207,16 +207,17 @@ def on_sync(*_args: Any) -> None:
 # -- reports ---------------------------------------------------------------------------------------
 def _key(err: IgnisError) -> tuple:
     return ("guard", type(err).__name__, getattr(err, "side", None), getattr(err, "nbytes", None),
-            getattr(err, "tag", None), sites(getattr(err, "frames", None)))
+            getattr(err, "tag", None), format_stack(getattr(err, "frames", None)))
 
 
 def _emit(err: IgnisError) -> None:
     """Where every problem the guards find goes: the sanitizer's list when it collects
-    (one list for ``--guard --sanitize``), else this module's, grouped the same way."""
-    from .sanitizer import sanitizer as san
+    (one list for ``--guard --sanitize``), else this module's, grouped the same way. The
+    sanitizer is the memory layer's checker slot while it is enabled."""
     key = _key(err)
-    if san.active and san.mode == "collect":
-        san._report(err, key)
+    chk = HOOKS.checker
+    if chk is not None and chk.mode == "collect":
+        chk.add_report(err, key)
         return
     with _s.lock:
         g = _s.groups.get(key)
@@ -444,7 +445,7 @@ def reset() -> None:
     """Forget every guard, hook and report (for tests; a framework's allocator cannot
     always be swapped back, so this is for processes that never installed one). Blocks
     still live stay valid; their frees are dropped."""
-    from ..memory import get_current_resource, set_current_resource
+    from . import get_current_resource, set_current_resource
     _remove_finders()
     with _s.lock:
         for ordinal, g in list(_s.guards.items()):

@@ -20,11 +20,10 @@ from __future__ import annotations
 import sys
 import threading
 
-from ..memory.block cimport DeviceBlock
-from ..memory.hooks cimport Hooks
-from ..memory.hooks import HOOKS as _HOOKS
-from ..memory.guard_base cimport GuardBase
-from .frames cimport capture_c
+from .block cimport DeviceBlock
+from .hooks cimport Hooks
+from .hooks import HOOKS as _HOOKS
+from .guard_base cimport GuardBase
 
 cdef extern from *:
     """
@@ -36,6 +35,15 @@ cdef extern from *:
 __all__ = ["State", "state", "setup", "alloc", "free", "graph_begin", "graph_end", "drain_deferred"]
 
 cdef Hooks _HK = _HOOKS  # the hook slots (memory/hooks.pyx), read as C fields
+
+
+cdef inline tuple _site(Py_ssize_t depth):
+    """The allocation site: the program's frames at the framework's allocation call, through the
+    memory layer's stack-capture slot (``ignis.safety.frames`` fills it when ``ignis`` is
+    imported); () if no walker is installed."""
+    if _HK.capture == NULL:
+        return ()
+    return _HK.capture(1, depth)
 
 
 cdef class _ThreadFlag:
@@ -199,7 +207,7 @@ cdef object alloc_c(object size, object device, object handle, object tag, objec
         s = st.streams.get((device, handle))
         if s is None:
             s = _make_stream(device, handle, owner)
-        blk = g.allocate_c(size, s, tag or st.tag, capture_c(1, g.stack_depth) if g.capture_stacks else ())
+        blk = g.allocate_c(size, s, tag or st.tag, _site(g.stack_depth) if g.capture_stacks else ())
         ptr = blk.ptr
         st.blocks[ptr] = blk
         chk = _HK.checker

@@ -1,4 +1,4 @@
-# Type stub of the compiled module ignis.safety.guard_alloc (its source: src/ignis/safety/guard_alloc.pyx).
+# Type stub of the compiled module ignis.memory.guard_alloc (its source: src/ignis/memory/guard_alloc.pyx).
 # Written by scripts/gen_stubs.py from that source; do not edit by hand.
 from typing import Any
 __all__ = ['State', 'state', 'setup', 'alloc', 'free', 'graph_begin', 'graph_end', 'drain_deferred']
