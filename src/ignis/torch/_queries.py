@@ -10,7 +10,9 @@ but would look unordered.
 ``add_listeners(on_event, on_stream)`` wraps both methods (``_tap.MethodTap``, once for every
 listener) so that each ``True`` answer calls ``on_event(event)`` / ``on_stream(stream)``;
 ``remove_listeners`` puts PyTorch's methods back when the last listener leaves. A ``False``
-answer orders nothing. The device-generic ``torch.Event`` / ``torch.Stream`` are not wrapped.
+answer orders nothing. The device-generic ``torch.Event`` / ``torch.Stream`` are not wrapped:
+they are built-in types of PyTorch's C extension, whose methods cannot be replaced (a program
+polling those gets the synchronization told with ``synchronize()``, or an event wait).
 """
 
 from __future__ import annotations
