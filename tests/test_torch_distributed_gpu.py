@@ -14,8 +14,6 @@ import re
 import socket
 import subprocess
 import sys
-import threading
-import time
 
 import pytest
 
@@ -24,7 +22,7 @@ torch = pytest.importorskip("torch", reason="PyTorch is not installed (the ignis
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 ZOO = os.path.join(ROOT, "tests", "dist_zoo")
-from helpers import IMPORT_ROOT  # noqa: E402
+from helpers import IMPORT_ROOT, run_logged  # noqa: E402
 
 # program -> (kind, a line of the earlier access's stack, a line of the later access's stack)
 BUGS = {
@@ -55,17 +53,7 @@ def torchrun(program: str, *ignis: str) -> subprocess.CompletedProcess:
     cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master-port", str(_port())]
     cmd += ["-m", "ignis", "run", *ignis] if ignis else []
     cmd.append(os.path.join(ZOO, program))
-    t = time.perf_counter()
-    p = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=400, cwd=ZOO)
-    log = os.environ.get("IGNIS_ZOO_LOG")
-    if log:
-        with _log_lock, open(log, "a") as f:
-            f.write(f"\n\n######## $ torchrun {' '.join(ignis)} {program} -> exit {p.returncode} "
-                    f"({time.perf_counter() - t:.1f} s)\n{p.stdout}\n{p.stderr}")
-    return p
-
-
-_log_lock = threading.Lock()
+    return run_logged(cmd, f"torchrun {' '.join(ignis)} {program}", env=env, cwd=ZOO)
 
 
 @pytest.fixture(scope="module")

@@ -12,9 +12,6 @@ import concurrent.futures
 import os
 import re
 import subprocess
-import sys
-import threading
-import time
 
 import pytest
 
@@ -23,7 +20,7 @@ pytest.importorskip("torch", reason="PyTorch is not installed (the ignis[torch] 
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 ZOO = os.path.join(ROOT, "tests", "torch_zoo")
-from helpers import IMPORT_ROOT  # noqa: E402
+from helpers import run_zoo_program  # noqa: E402
 
 # program -> [(kind, a line of the earlier access's stack, a line of the later access's stack)]
 BUGS = {
@@ -43,20 +40,7 @@ ENGINES = ["observer", "mode"]
 
 def run_zoo(engine_program: tuple[str, str]) -> subprocess.CompletedProcess:
     engine, program = engine_program
-    env = dict(os.environ, PYTHONPATH=IMPORT_ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""), IGNIS_BACKEND="cuda",
-               IGNIS_TORCH_ENGINE=engine)
-    t = time.perf_counter()
-    p = subprocess.run([sys.executable, "-m", "ignis", "run", "--sanitize", os.path.join(ZOO, program)],
-                       capture_output=True, text=True, env=env, timeout=300, cwd=ZOO)
-    log = os.environ.get("IGNIS_ZOO_LOG")
-    if log:
-        with _log_lock, open(log, "a") as f:
-            f.write(f"\n\n######## $ IGNIS_TORCH_ENGINE={engine} ignis run --sanitize {program}  -> exit {p.returncode} "
-                    f"({time.perf_counter() - t:.1f} s)\n{p.stdout}\n{p.stderr}")
-    return p
-
-
-_log_lock = threading.Lock()
+    return run_zoo_program(ZOO, program, "--sanitize", engine=engine, timeout=300)
 
 
 @pytest.fixture(scope="module")

@@ -139,21 +139,30 @@ def run_threads(target, n: int, timeout: float) -> None:
 _zoo_log_lock = threading.Lock()
 
 
-def run_zoo_program(zoo: str, program: str, *flags: str, engine: str = "observer") -> subprocess.CompletedProcess:
-    """Run ``program`` of the zoo directory ``zoo`` on the GPU, plain (no ``flags``) or under
-    ``ignis run *flags``, with the PyTorch front end's ``engine``; its own directory on the path.
-    With ``IGNIS_ZOO_LOG=FILE`` set, the run's output is appended there."""
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join([IMPORT_ROOT, zoo, os.environ.get("PYTHONPATH", "")]),
-               IGNIS_BACKEND="cuda", IGNIS_TORCH_ENGINE=engine)
-    cmd = [sys.executable] + (["-m", "ignis", "run", *flags] if flags else []) + [os.path.join(zoo, program)]
+def run_logged(cmd: list[str], title: str, *, env: dict, cwd: str, timeout: float = 400) -> subprocess.CompletedProcess:
+    """``subprocess.run(cmd)`` with its output captured; with ``IGNIS_ZOO_LOG=FILE`` set, the
+    output is appended there under ``title`` (the zoo runs of the GPU test files, several at a
+    time: one lock)."""
     t = time.perf_counter()
-    p = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=400, cwd=zoo)
+    p = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=timeout, cwd=cwd)
     log = os.environ.get("IGNIS_ZOO_LOG")
     if log:
         with _zoo_log_lock, open(log, "a") as f:
-            f.write(f"\n\n######## $ IGNIS_TORCH_ENGINE={engine} ignis run {' '.join(flags)} {program} -> exit "
-                    f"{p.returncode} ({time.perf_counter() - t:.1f} s)\n{p.stdout}\n{p.stderr}")
+            f.write(f"\n\n######## $ {title} -> exit {p.returncode} ({time.perf_counter() - t:.1f} s)\n"
+                    f"{p.stdout}\n{p.stderr}")
     return p
+
+
+def run_zoo_program(zoo: str, program: str, *flags: str, engine: str = "observer",
+                    timeout: float = 400) -> subprocess.CompletedProcess:
+    """Run ``program`` of the zoo directory ``zoo`` on the GPU, plain (no ``flags``) or under
+    ``ignis run *flags``, with the PyTorch front end's ``engine``; its own directory on the path
+    (``run_logged``: its output logged where ``IGNIS_ZOO_LOG`` says)."""
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([IMPORT_ROOT, zoo, os.environ.get("PYTHONPATH", "")]),
+               IGNIS_BACKEND="cuda", IGNIS_TORCH_ENGINE=engine)
+    cmd = [sys.executable] + (["-m", "ignis", "run", *flags] if flags else []) + [os.path.join(zoo, program)]
+    return run_logged(cmd, f"IGNIS_TORCH_ENGINE={engine} ignis run {' '.join(flags)} {program}", env=env, cwd=zoo,
+                      timeout=timeout)
 
 
 def zoo_result(p: subprocess.CompletedProcess) -> list[float]:
