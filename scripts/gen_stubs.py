@@ -76,7 +76,8 @@ ATTRIBUTE_IMPORTS: dict[str, list[str]] = {
     "ignis.memory.resource": ["from ..runtime.device import DeviceState"],
 }
 
-C_TYPES = {"bint": "bool", "int": "int", "Py_ssize_t": "int", "size_t": "int", "long": "int", "double": "float",
+C_TYPES = {"bint": "bool", "int": "int", "Py_ssize_t": "int", "size_t": "int", "long": "int", "long long": "int",
+           "unsigned long long": "int", "unsigned long": "int", "unsigned int": "int", "double": "float",
            "float": "float", "dict": "dict[Any, Any]", "list": "list[Any]", "tuple": "tuple[Any, ...]",
            "str": "str", "bytes": "bytes"}
 
@@ -282,7 +283,7 @@ def _class_body(module: str, cls: str, body: list[tuple[int, str]], keep: set[st
 # -- the .pxd's attributes ----------------------------------------------------------------------
 
 _PXD_CLASS = re.compile(r"^cdef\s+class\s+(\w+)")
-_PXD_ATTR = re.compile(r"^cdef\s+(public|readonly)\s+([\w.]+)\s+(.+)$")
+_PXD_ATTR = re.compile(r"^cdef\s+(public|readonly)\s+((?:(?:unsigned|signed)\s+)?(?:long\s+)?[\w.]+)\s+(.+)$")
 
 
 def pxd_attributes(module: str, text: str) -> dict[str, list[tuple[str, str, bool]]]:
@@ -303,6 +304,7 @@ def pxd_attributes(module: str, text: str) -> dict[str, list[tuple[str, str, boo
         if cls is None or not m:
             continue
         kind, ctype, names = m.groups()
+        ctype = " ".join(ctype.split())
         for name in (n.strip() for n in names.split(",")):
             if not _public(name):
                 continue

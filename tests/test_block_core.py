@@ -51,7 +51,21 @@ def test_a_blocks_fields_are_read_only_from_python(dev, field):
     before = getattr(b, field)
     with pytest.raises(AttributeError):
         setattr(b, field, BlockState.FREED if field == "state" else 0)
-    assert getattr(b, field) is before
+    assert getattr(b, field) == before and type(getattr(b, field)) is type(before)
+
+
+def test_a_blocks_sizes_generation_and_state_are_c_fields(dev):
+    # C-typed (block.pxd): each read makes the value; a value a C field cannot hold is refused
+    # when the block is made, not later.
+    b = _block(dev.default_stream)
+    assert (b.bytes, b.requested) == (512, 500) and type(b.generation) is int and b.generation > 0
+    assert b.state is BlockState.LIVE
+    b.transition(BlockState.RETIRED)
+    assert b.state is BlockState.RETIRED
+    with pytest.raises(OverflowError):
+        DeviceBlock(0x2000, dev.default_stream, 512, 512, "t", -1)
+    with pytest.raises(TypeError):
+        DeviceBlock(0x2000, dev.default_stream, "512", 512, "t", ig.Generation.next())
 
 
 def test_the_hazard_record_is_not_an_attribute(dev):
@@ -132,6 +146,15 @@ def test_the_hazard_record_is_touched_by_the_block_and_the_tracking_resource_onl
     owners = {"memory/block.pyx", "memory/block.pxd", "memory/resource.pyx"}
     found = [rel for rel, text in _sources() if rel not in owners and _HAZARD.search(text)]
     assert not found, f"the hazard record's fields are read or written outside the block's core: {found}"
+
+
+def test_only_the_block_writes_its_hazard_record():
+    # The tracking resource reads the record (to decide the waits) and records the events; the
+    # record itself changes only through block.pxd's functions (note, keep, drop, lend, restore).
+    write = re.compile(r"\._(write_stream|write_event|readers)\s*=(?!=)")
+    found = [f"{rel}: {line.strip()}" for rel, text in _sources() if rel not in ("memory/block.pyx", "memory/block.pxd")
+             for line in text.splitlines() if write.search(line.split("#", 1)[0])]
+    assert not found, "the hazard record is written outside block.pxd:\n" + "\n".join(found)
 
 
 def test_clean_is_written_once():

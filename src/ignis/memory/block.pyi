@@ -43,13 +43,13 @@ class DeviceBlock:
     @property
     def generation(self) -> int:
         ...
-
-    @property
-    def state(self) -> BlockState:
-        ...
     align: ClassVar[int]
 
     def __init__(self, ptr: int, alloc_stream: Stream, nbytes: int, requested: int, tag: str, generation: int, impl: Any=...) -> None:
+        ...
+
+    @property
+    def state(self) -> BlockState:
         ...
 
     @property

@@ -30,7 +30,7 @@ cdef extern from *:
     unsigned long long ignis_next_generation() noexcept nogil
 
 
-cdef object fresh_generation():
+cdef unsigned long long fresh_generation() noexcept nogil:
     """A fresh generation (see block.pxd): every allocation's, from one counter."""
     return ignis_next_generation()
 
@@ -57,32 +57,35 @@ class Generation(int):
         return f"Generation({int(self)})"
 
 
-cdef object _LIVE = BlockState.LIVE
-cdef object _RETIRED = BlockState.RETIRED
-cdef object _QUARANTINED = BlockState.QUARANTINED
-cdef object _FREED = BlockState.FREED
+# The BlockState of each code (block.pxd's BLOCK_*), and the code of each BlockState.
+cdef tuple _STATES = (BlockState.LIVE, BlockState.RETIRED, BlockState.QUARANTINED, BlockState.FREED)
 cdef object _ZERO = 0
 
 
-cdef inline bint _allowed(object old, object new) noexcept:
-    # types.TRANSITIONS, by identity (a test keeps the two the same)
-    if old is _LIVE:
-        return new is _RETIRED or new is _QUARANTINED or new is _FREED
-    if old is _RETIRED:
-        return new is _QUARANTINED or new is _FREED
-    if old is _QUARANTINED:
-        return new is _RETIRED or new is _FREED
+cdef int _code(object state) except -1:
+    for i in range(4):
+        if _STATES[i] is state:
+            return i
+    raise TypeError(f"a block's state is a BlockState, not {type(state).__name__}")
+
+
+cdef inline bint _allowed(int old, int new) noexcept:
+    # types.TRANSITIONS, as codes (a test keeps the two the same)
+    if old == BLOCK_LIVE:
+        return new == BLOCK_RETIRED or new == BLOCK_QUARANTINED or new == BLOCK_FREED
+    if old == BLOCK_RETIRED:
+        return new == BLOCK_QUARANTINED or new == BLOCK_FREED
+    if old == BLOCK_QUARANTINED:
+        return new == BLOCK_RETIRED or new == BLOCK_FREED
     return False
 
 
-cdef int block_move(DeviceBlock b, object new) except -1:
+cdef int block_move(DeviceBlock b, int new) except -1:
     """Move ``b`` to ``new`` along the transition table, or raise (see block.pxd)."""
-    if not _allowed(b.state, new):
-        if not isinstance(new, BlockState):
-            raise TypeError(f"a block's state is a BlockState, not {type(new).__name__}")
+    if not _allowed(b._state, new):
         raise InvalidTransitionError(f"block {b.ptr:#x} (generation {b.generation}, tag {b.tag!r})",
-                                     b.state.name, new.name)
-    b.state = new
+                                     _STATES[b._state].name, _STATES[new].name)
+    b._state = new
     return 0
 
 cdef class DeviceBlock:
@@ -127,7 +130,7 @@ cdef class DeviceBlock:
         self.requested = requested
         self.tag = tag
         self.generation = generation
-        self.state = _LIVE
+        self._state = BLOCK_LIVE
         # Hazard record: last writer stream, its event (0 = not recorded yet),
         # readers {stream: event or 0}. A new block counts as written by its
         # alloc stream, so a first use elsewhere waits for the allocation.
@@ -135,6 +138,11 @@ cdef class DeviceBlock:
         self._write_event = 0
         self._readers = None
         self._impl = impl
+
+    @property
+    def state(self) -> BlockState:
+        """Where the block is in its life: a ``BlockState``."""
+        return _STATES[self._state]
 
     @property
     def device_ordinal(self) -> int:
@@ -155,7 +163,7 @@ cdef class DeviceBlock:
         Raises:
             InvalidTransitionError: ``TRANSITIONS`` does not allow the move from the current state.
         """
-        block_move(self, new)
+        block_move(self, _code(new))
 
     def _drop_impl(self) -> None:
         """The making resource lets go of its slot (``_impl``, read-only from Python): a FREED
@@ -201,8 +209,8 @@ cdef class DeviceBlock:
 
 
 
-cdef DeviceBlock new_block(object ptr, object alloc_stream, object nbytes, object requested, object tag,
-                           object generation, object impl):
+cdef DeviceBlock new_block(object ptr, object alloc_stream, Py_ssize_t nbytes, Py_ssize_t requested, object tag,
+                           unsigned long long generation, object impl):
     """A new LIVE block, as ``DeviceBlock.__init__`` makes it (see block.pxd)."""
     cdef DeviceBlock block = DeviceBlock.__new__(DeviceBlock)
     block.ptr = ptr
@@ -211,7 +219,7 @@ cdef DeviceBlock new_block(object ptr, object alloc_stream, object nbytes, objec
     block.requested = requested
     block.tag = tag
     block.generation = generation
-    block.state = _LIVE
+    block._state = BLOCK_LIVE
     block._write_stream = alloc_stream
     block._write_event = _ZERO
     block._readers = None

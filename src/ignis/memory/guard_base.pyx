@@ -38,7 +38,8 @@ import numpy as np
 
 from libc.stdint cimport uintptr_t
 
-from .block cimport DeviceBlock, block_clean_on, block_lend_record, block_move, fresh_generation, new_block
+from .block cimport (BLOCK_FREED, BLOCK_QUARANTINED, DeviceBlock, block_clean_on, block_lend_record, block_live,
+                     block_move, fresh_generation, new_block)
 from .hooks cimport Hooks
 from .hooks import HOOKS as _HOOKS, format_stack
 from .pool cimport PoolResource, pool_deallocate, pool_direct
@@ -50,9 +51,6 @@ from ..runtime.stream cimport Stream
 __all__ = ["GuardBase", "fill_bytes", "MAX_BATCH"]
 
 cdef Hooks _HK = _HOOKS  # the hook slots (memory/hooks.pyx), read as C fields
-cdef object _LIVE_STATE = BlockState.LIVE
-cdef object _QUARANTINED = BlockState.QUARANTINED
-cdef object _FREED = BlockState.FREED
 
 
 # FILL_SPLIT (guard_base.pxd): below it an unaligned region is one byte-wise memset, as an
@@ -804,7 +802,7 @@ cdef class GuardBase(DeviceMemoryResource):
             nbytes = key[1]
             for up in lst:
                 try:
-                    if up.state is _LIVE_STATE:
+                    if block_live(up):
                         pool_deallocate(mr, up)
                 except BaseException as exc:
                     self._keep_ready(up, nbytes, key[2], True)
@@ -903,7 +901,7 @@ cdef class GuardBase(DeviceMemoryResource):
                     self._live[ptr] = other
                 raise self._double(block)
             try:
-                block_move(block, _QUARANTINED)  # LIVE: it was in the live map
+                block_move(block, BLOCK_QUARANTINED)  # LIVE: it was in the live map
             except BaseException:
                 self._live[ptr] = e  # refused: nothing changed
                 raise
@@ -971,7 +969,7 @@ cdef class GuardBase(DeviceMemoryResource):
             up = e.up
             b = e.block
             try:
-                if up.state is _LIVE_STATE:
+                if block_live(up):
                     st = up.alloc_stream
                     if not (ready and type(st) is Stream and not (<Stream>st)._closed and block_clean_on(up, st)
                             and self._keep_ready(up, b.requested, b.tag, False)):
@@ -990,7 +988,7 @@ cdef class GuardBase(DeviceMemoryResource):
                 if failure is None:
                     failure = exc
                 continue
-            block_move(b, _FREED)
+            block_move(b, BLOCK_FREED)
             b._impl = None  # no block <-> record cycle left for the garbage collector
             if rec is not None:
                 rec("free_completed", self, b.ptr, b.requested, b.alloc_stream, b)

@@ -43,8 +43,8 @@ from .hooks cimport Hooks
 from .hooks import HOOKS as _HOOKS
 from .types import UNTAGGED, BlockState
 from .upstream import default_upstream
-from .block cimport (DeviceBlock, block_drop_record, block_move, block_only_on, block_restore_record,
-                     fresh_generation, new_block)
+from .block cimport (BLOCK_FREED, BLOCK_RETIRED, DeviceBlock, block_drop_record, block_move, block_only_on,
+                     block_restore_record, fresh_generation, new_block)
 
 cdef extern from "Python.h":
     Py_ssize_t _as_ssize "PyLong_AsSsize_t"(object) noexcept
@@ -52,8 +52,6 @@ cdef extern from "Python.h":
 
 __all__ = ["PoolResource"]
 
-cdef object _RETIRED = BlockState.RETIRED
-cdef object _FREED = BlockState.FREED
 cdef Hooks _HK = _HOOKS  # the hook slots (memory/hooks.pyx), read as C fields
 # Requests up to this many bytes take the compiled arithmetic (far beyond any device).
 cdef enum:
@@ -346,7 +344,7 @@ cdef class PoolResource(TrackedResource):
             self._live_bytes -= size
             g = self._state.generation
             if g is not self._generation and g != self._generation:
-                block_move(block, _FREED)
+                block_move(block, BLOCK_FREED)
                 return 0
             stream = block.alloc_stream
             if block_only_on(block, stream):
@@ -373,7 +371,7 @@ cdef class PoolResource(TrackedResource):
                 fl.add(b)
             if (b.prev is not None and b.prev.free) or (b.next is not None and b.next.free):
                 fl.dirty = True
-            block_move(block, _RETIRED)
+            block_move(block, BLOCK_RETIRED)
         finally:
             lock_give(lk)
         rec = _HK.recorder

@@ -58,7 +58,8 @@ from ..backends.direct cimport DirectCalls
 from . import ordering as _ord
 from .._types import Access
 from .types import UNTAGGED, BlockId, BlockState
-from .block cimport DeviceBlock, block_clean_on, block_drop_record, block_restore_record, fresh_generation
+from .block cimport (DeviceBlock, block_clean_on, block_drop_record, block_keep_read_event, block_keep_write_event,
+                     block_live, block_note_read, block_note_write, block_restore_record, fresh_generation, new_block)
 from .hooks cimport Hooks
 from .hooks import HOOKS as _HOOKS
 
@@ -635,7 +636,7 @@ cdef class DeviceMemoryResource:
         """Raise the right error for a block that is not live here."""
         if not isinstance(block, DeviceBlock):
             raise TypeError(f"deallocate expects a DeviceBlock, got {type(block).__name__}")
-        if block.state is not BlockState.LIVE:
+        if not block_live(block):
             raise DoubleFreeError(f"block {block.ptr:#x} ({block.bytes} B, tag {block.tag!r}, now "
                                   f"{block.state.name}) was already deallocated", generation=block.generation,
                                   ptr=block.ptr)
@@ -656,7 +657,7 @@ cdef class DeviceMemoryResource:
     def _register(self, ptr: int, stream: Stream, nbytes: int, requested: int, tag: str,
                   impl: Any = None) -> DeviceBlock:
         """A new LIVE block for memory just obtained: in the live map, counted, recorded."""
-        block = DeviceBlock(ptr, stream, nbytes, requested, tag, fresh_generation(), impl)
+        block = new_block(ptr, stream, nbytes, requested, tag, fresh_generation(), impl)
         with self._lock:
             self._live[ptr] = block
             self._bytes += nbytes
@@ -865,12 +866,12 @@ cdef class TrackedResource(DeviceMemoryResource):
             if (ws is not s and ws is not None) or (b._readers and _writes(access)):
                 if _auto_order(s):
                     if ws is not None and ws is not s:
-                        b._write_event = self._wait_c(s, <Stream>ws, b._write_event)
+                        block_keep_write_event(b, self._wait_c(s, <Stream>ws, b._write_event))
                     if b._readers and _writes(access):
                         rd = b._readers
                         for o, ev in rd.items():
                             if o is not s:
-                                rd[o] = self._wait_c(s, <Stream>o, ev)
+                                block_keep_read_event(b, o, self._wait_c(s, <Stream>o, ev))
         finally:
             lock_give(lk)
         checker = _HK.checker
@@ -918,40 +919,15 @@ cdef class TrackedResource(DeviceMemoryResource):
         return 0
 
     cdef int _finish_locked(self, DeviceBlock b, object stream, object access) except -1:
-        cdef dict rd
-        cdef list free
         if stream is b.alloc_stream:
             if block_clean_on(b, stream):
                 return 0  # clean on this stream: nothing to record (see "Clean" above)
-            if _writes(access):
-                ev = _ZERO
-            else:
-                if b._readers is None:
-                    b._readers = {stream: _ZERO}
-                    return 0
-                rd = b._readers
-                old = rd.get(stream)
-                if old:
-                    self._events._free.append(old)
-                rd[stream] = _ZERO
-                return 0
+            ev = _ZERO  # on the alloc stream no event is needed until another stream waits
         else:
             ev = self._record_c(_as_stream(stream))
-        free = self._events._free
         if _writes(access):
-            block_drop_record(b, free)  # the write supersedes every earlier use
-            b._write_stream = stream
-            b._write_event = ev
-        else:
-            if b._readers is None:
-                b._readers = {stream: ev}
-            else:
-                rd = b._readers
-                old = rd.get(stream)
-                if old:
-                    free.append(old)
-                rd[stream] = ev
-        return 0
+            return block_note_write(b, stream, ev, self._events._free)  # supersedes every earlier use
+        return block_note_read(b, stream, ev, self._events._free)
 
     def record_block_use(self, block: "DeviceBlock | BlockId", stream: Stream) -> None:
         """Note that work on ``stream`` touches the block, so its deallocation
@@ -990,12 +966,12 @@ cdef class TrackedResource(DeviceMemoryResource):
             order = False
         if order:
             if ws is not None and ws is not a:
-                b._write_event = self._wait_c(a, <Stream>ws, b._write_event)
+                block_keep_write_event(b, self._wait_c(a, <Stream>ws, b._write_event))
             if b._readers:
                 rd = b._readers
                 for o, ev in rd.items():
                     if o is not a:
-                        rd[o] = self._wait_c(a, <Stream>o, ev)
+                        block_keep_read_event(b, o, self._wait_c(a, <Stream>o, ev))
         return block_drop_record(b, self._events._free)
 
     @staticmethod
