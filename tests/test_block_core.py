@@ -66,6 +66,8 @@ def test_a_blocks_sizes_generation_and_state_are_c_fields(dev):
         DeviceBlock(0x2000, dev.default_stream, 512, 512, "t", -1)
     with pytest.raises(TypeError):
         DeviceBlock(0x2000, dev.default_stream, "512", 512, "t", ig.Generation.next())
+    with pytest.raises(TypeError):  # the streams are typed: a handle is not a Stream
+        DeviceBlock(0x2000, dev.default_stream.handle, 512, 512, "t", ig.Generation.next())
 
 
 def test_the_hazard_record_is_not_an_attribute(dev):

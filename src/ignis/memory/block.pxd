@@ -13,11 +13,15 @@
 #   are the others. Which waits a use needs, and the events, are the tracking resource's
 #   (memory/resource.pyx), the only code that records events.
 #
-# Fields are read-only from Python and C-typed where a hot path reads or makes them: sizes,
-# the generation (one atomic add, never a Python int on the allocation path) and the state.
+# Fields are read-only from Python and typed: sizes, the generation (one atomic add, never a
+# Python int on the allocation path) and the state are C values; the streams are ``Stream``s
+# (a block made with anything else is refused) and the readers a dict.
 # ``ptr`` stays a Python int: it is the key of every resource's live table, and holding the key
 # once is cheaper than making it again at each lookup. ``_write_event`` stays a Python object:
 # events move between the record and the resource's event pool, which keeps them as objects.
+
+from ignis.runtime.stream cimport Stream
+
 
 cdef enum:
     BLOCK_LIVE = 0          # the BlockState codes (block.pyx maps them to the enum)
@@ -28,15 +32,15 @@ cdef enum:
 
 cdef class DeviceBlock:
     cdef readonly object ptr
-    cdef readonly object alloc_stream
+    cdef readonly Stream alloc_stream
     cdef readonly Py_ssize_t bytes
     cdef readonly Py_ssize_t requested
     cdef readonly object tag
     cdef readonly unsigned long long generation
     cdef int _state                     # a BLOCK_* code; Python reads ``state``
-    cdef object _write_stream
+    cdef Stream _write_stream
     cdef object _write_event
-    cdef object _readers
+    cdef dict _readers
     cdef readonly object _impl          # the making resource's own data (its slot)
     cdef object __weakref__
 
@@ -46,7 +50,7 @@ cdef unsigned long long fresh_generation() noexcept nogil
 
 # A new LIVE DeviceBlock with a clean hazard record (what ``DeviceBlock(...)`` makes, without
 # the Python call), for the compiled allocators (memory/pool.pyx, torch/_guard_fast.pyx).
-cdef DeviceBlock new_block(object ptr, object alloc_stream, Py_ssize_t nbytes, Py_ssize_t requested, object tag,
+cdef DeviceBlock new_block(object ptr, Stream alloc_stream, Py_ssize_t nbytes, Py_ssize_t requested, object tag,
                            unsigned long long generation, object impl)
 
 # The one writer of ``state``: move ``b`` to ``new`` (a BLOCK_* code) along the transition
@@ -78,7 +82,7 @@ cdef inline int block_drop_record(DeviceBlock b, list free) except -1:
     if b._write_event:
         free.append(b._write_event)
     if b._readers:
-        for ev in (<dict>b._readers).values():
+        for ev in b._readers.values():
             if ev:
                 free.append(ev)
     b._write_stream = None
@@ -88,7 +92,7 @@ cdef inline int block_drop_record(DeviceBlock b, list free) except -1:
 
 # A write on ``stream`` was queued, ``ev`` recorded after it (0: none needed yet, the write is
 # on the alloc stream): it supersedes every earlier use, whose events go to ``free``.
-cdef inline int block_note_write(DeviceBlock b, object stream, object ev, list free) except -1:
+cdef inline int block_note_write(DeviceBlock b, Stream stream, object ev, list free) except -1:
     block_drop_record(b, free)
     b._write_stream = stream
     b._write_event = ev
@@ -96,12 +100,12 @@ cdef inline int block_note_write(DeviceBlock b, object stream, object ev, list f
 
 # A read on ``stream`` was queued, ``ev`` recorded after it (0: none yet); the event of the
 # stream's earlier read, if any, goes to ``free``.
-cdef inline int block_note_read(DeviceBlock b, object stream, object ev, list free) except -1:
+cdef inline int block_note_read(DeviceBlock b, Stream stream, object ev, list free) except -1:
     cdef dict rd
     if b._readers is None:
         b._readers = {stream: ev}
         return 0
-    rd = <dict>b._readers
+    rd = b._readers
     old = rd.get(stream)
     if old:
         free.append(old)
@@ -114,7 +118,7 @@ cdef inline void block_keep_write_event(DeviceBlock b, object ev) noexcept:
 
 # A wait for ``stream``'s reads recorded (or reused) ``ev`` after them (``stream`` is a reader).
 cdef inline int block_keep_read_event(DeviceBlock b, object stream, object ev) except -1:
-    (<dict>b._readers)[stream] = ev
+    b._readers[stream] = ev
     return 0
 
 # The record is another block's (a guard's upstream block keeps it): never clean on any stream,

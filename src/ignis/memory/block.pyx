@@ -209,7 +209,7 @@ cdef class DeviceBlock:
 
 
 
-cdef DeviceBlock new_block(object ptr, object alloc_stream, Py_ssize_t nbytes, Py_ssize_t requested, object tag,
+cdef DeviceBlock new_block(object ptr, Stream alloc_stream, Py_ssize_t nbytes, Py_ssize_t requested, object tag,
                            unsigned long long generation, object impl):
     """A new LIVE block, as ``DeviceBlock.__init__`` makes it (see block.pxd)."""
     cdef DeviceBlock block = DeviceBlock.__new__(DeviceBlock)

@@ -919,15 +919,18 @@ cdef class TrackedResource(DeviceMemoryResource):
         return 0
 
     cdef int _finish_locked(self, DeviceBlock b, object stream, object access) except -1:
+        cdef Stream s
         if stream is b.alloc_stream:
             if block_clean_on(b, stream):
                 return 0  # clean on this stream: nothing to record (see "Clean" above)
+            s = b.alloc_stream
             ev = _ZERO  # on the alloc stream no event is needed until another stream waits
         else:
-            ev = self._record_c(_as_stream(stream))
+            s = _as_stream(stream)
+            ev = self._record_c(s)
         if _writes(access):
-            return block_note_write(b, stream, ev, self._events._free)  # supersedes every earlier use
-        return block_note_read(b, stream, ev, self._events._free)
+            return block_note_write(b, s, ev, self._events._free)  # supersedes every earlier use
+        return block_note_read(b, s, ev, self._events._free)
 
     def record_block_use(self, block: "DeviceBlock | BlockId", stream: Stream) -> None:
         """Note that work on ``stream`` touches the block, so its deallocation
