@@ -66,8 +66,9 @@ def test_a_blocks_sizes_generation_and_state_are_c_fields(dev):
         DeviceBlock(0x2000, dev.default_stream, 512, 512, "t", -1)
     with pytest.raises(TypeError):
         DeviceBlock(0x2000, dev.default_stream, "512", 512, "t", ig.Generation.next())
-    with pytest.raises(TypeError):  # the streams are typed: a handle is not a Stream
-        DeviceBlock(0x2000, dev.default_stream.handle, 512, 512, "t", ig.Generation.next())
+    for not_a_stream in (dev.default_stream.handle, None):  # the streams are typed Stream fields
+        with pytest.raises(TypeError, match="Stream|alloc_stream"):
+            DeviceBlock(0x2000, not_a_stream, 512, 512, "t", ig.Generation.next())
 
 
 def test_the_hazard_record_is_not_an_attribute(dev):
@@ -122,24 +123,28 @@ def test_a_guarded_block_lends_its_record_to_the_upstream_block(dev, streams):
 _NOT_A_BLOCK = {
     ("runtime/device.py", "dev.state = DeviceState(ordinal)"),
     ("memory/resource.pyx", "self.state = device.state"),
+    # the device state a pool or a guard keeps, and the reference checker's weak reference
+    ("memory/pool.pyx", "self._state = self.device.state"),
+    ("memory/guard_base.pyx", "self._state = self.device.state"),
+    ("safety/gpuref.py", "self._state = weakref.ref(state)"),
 }
 _HAZARD = re.compile(r"\b_(write_stream|write_event|readers)\b")
 
 
 def _sources():
     for p in sorted(SRC.rglob("*")):
-        if p.suffix in (".py", ".pyx", ".pxd") and "__pycache__" not in p.parts:
+        if p.suffix in (".py", ".pyx", ".pxd", ".pxi") and "__pycache__" not in p.parts:
             yield p.relative_to(SRC).as_posix(), p.read_text()
 
 
 def test_only_the_block_writes_a_blocks_state():
     found = []
     for rel, text in _sources():
-        if rel == "memory/block.pyx":
+        if rel in ("memory/block.pyx", "memory/block.pxd"):
             continue
         for line in text.splitlines():
             code = line.split("#", 1)[0].strip()
-            if re.search(r"\.state\s*=(?!=)", code) and (rel, code) not in _NOT_A_BLOCK:
+            if re.search(r"\._?state\s*=(?!=)", code) and (rel, code) not in _NOT_A_BLOCK:
                 found.append(f"{rel}: {code}")
     assert not found, "a block's state moves only through block_move / DeviceBlock.transition:\n" + "\n".join(found)
 
@@ -150,13 +155,33 @@ def test_the_hazard_record_is_touched_by_the_block_and_the_tracking_resource_onl
     assert not found, f"the hazard record's fields are read or written outside the block's core: {found}"
 
 
+def _record_writes(text):
+    """The lines of ``text`` that change a hazard record: an assignment to one of its fields, or
+    a change of the readers' dict, through the field or a local bound to it."""
+    names = {"_readers"} | set(re.findall(r"\b(\w+)\s*=\s*(?:<dict>)?\(?\w+\._readers\b", text))
+    alias = "|".join(sorted(re.escape(n) for n in names))
+    change = re.compile(r"\._(write_stream|write_event|readers)\s*=(?!=)"
+                        rf"|\b(?:{alias})\s*\[[^\]]*\]\s*=(?!=)"
+                        rf"|\b(?:{alias})\.(?:pop|popitem|clear|update|setdefault)\("
+                        rf"|\bdel\s+\w*\.?(?:{alias})\b")
+    return [line.strip() for line in text.splitlines() if change.search(line.split("#", 1)[0])]
+
+
 def test_only_the_block_writes_its_hazard_record():
     # The tracking resource reads the record (to decide the waits) and records the events; the
     # record itself changes only through block.pxd's functions (note, keep, drop, lend, restore).
-    write = re.compile(r"\._(write_stream|write_event|readers)\s*=(?!=)")
-    found = [f"{rel}: {line.strip()}" for rel, text in _sources() if rel not in ("memory/block.pyx", "memory/block.pxd")
-             for line in text.splitlines() if write.search(line.split("#", 1)[0])]
+    found = [f"{rel}: {line}" for rel, text in _sources() if rel not in ("memory/block.pyx", "memory/block.pxd")
+             for line in _record_writes(text)]
     assert not found, "the hazard record is written outside block.pxd:\n" + "\n".join(found)
+
+
+def test_the_record_write_finder_sees_each_kind_of_change():
+    # what the check above looks for, as the old tracking resource wrote it
+    assert _record_writes("    rd = b._readers\n    for o, ev in rd.items():\n        rd[o] = wait(o, ev)\n")
+    assert _record_writes("    b._readers[s] = ev\n") and _record_writes("    b._write_event = ev\n")
+    assert _record_writes("    rd = <dict>b._readers\n    rd.pop(s)\n") and _record_writes("    del b._readers[s]\n")
+    assert not _record_writes("    rd = b._readers\n    for o, ev in rd.items():\n        keep(b, o, ev)\n")
+    assert not _record_writes("    if b._readers is None and x == 1:\n        pass\n")
 
 
 def test_clean_is_written_once():

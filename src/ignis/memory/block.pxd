@@ -15,7 +15,7 @@
 #
 # Fields are read-only from Python and typed: sizes, the generation (one atomic add, never a
 # Python int on the allocation path) and the state are C values; the streams are ``Stream``s
-# (a block made with anything else is refused) and the readers a dict.
+# (``DeviceBlock(...)`` refuses anything else, None included) and the readers a dict.
 # ``ptr`` stays a Python int: it is the key of every resource's live table, and holding the key
 # once is cheaper than making it again at each lookup. ``_write_event`` stays a Python object:
 # events move between the record and the resource's event pool, which keeps them as objects.
@@ -49,7 +49,7 @@ cdef class DeviceBlock:
 cdef unsigned long long fresh_generation() noexcept nogil
 
 # A new LIVE DeviceBlock with a clean hazard record (what ``DeviceBlock(...)`` makes, without
-# the Python call), for the compiled allocators (memory/pool.pyx, torch/_guard_fast.pyx).
+# the Python call), for the compiled resources (memory/pool.pyx, resource.pyx, guard_base.pyx).
 cdef DeviceBlock new_block(object ptr, Stream alloc_stream, Py_ssize_t nbytes, Py_ssize_t requested, object tag,
                            unsigned long long generation, object impl)
 
@@ -76,7 +76,7 @@ cdef inline bint block_only_on(DeviceBlock b, object stream) noexcept:
 
 # Hand the record's events to ``free`` (a pool's spare list) and empty it: the block's release
 # is ordered (its alloc stream waits for every use), nothing needs ordering, or a write
-# supersedes every earlier use (the tracking resource then records the writer). Inline: the
+# supersedes every earlier use (``block_note_write`` then notes the writer). Inline: the
 # tracked use's write path runs it.
 cdef inline int block_drop_record(DeviceBlock b, list free) except -1:
     if b._write_event:
@@ -117,7 +117,7 @@ cdef inline void block_keep_write_event(DeviceBlock b, object ev) noexcept:
     b._write_event = ev
 
 # A wait for ``stream``'s reads recorded (or reused) ``ev`` after them (``stream`` is a reader).
-cdef inline int block_keep_read_event(DeviceBlock b, object stream, object ev) except -1:
+cdef inline int block_keep_read_event(DeviceBlock b, Stream stream, object ev) except -1:
     b._readers[stream] = ev
     return 0
 

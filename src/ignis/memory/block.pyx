@@ -95,7 +95,9 @@ cdef class DeviceBlock:
     ``align`` is the guaranteed alignment (256 bytes, as cudaMalloc gives).
     Its cross-stream hazard record is C-only (see ``block.pxd`` and ``ignis.memory.resource``);
     ``hazard_record()`` shows it, ``clean_on()`` tests it. ``_impl`` belongs to the resource that
-    made it. Every field but ``_impl`` is read-only from Python; the state moves with ``transition``.
+    made it. Every field is read-only from Python; the state moves with ``transition``. The sizes,
+    the generation and the state are C values (each read makes a new ``int``: compare them with
+    ``==``); ``alloc_stream`` must be a ``Stream``.
 
     Blocks are made by resources (``allocate``), not by users.
 
@@ -124,6 +126,8 @@ cdef class DeviceBlock:
 
     def __init__(self, ptr: int, alloc_stream: "Stream", nbytes: int, requested: int, tag: str,
                  generation: int, impl: Any = None) -> None:
+        if alloc_stream is None:  # (a typed field would take None)
+            raise TypeError("a DeviceBlock's alloc_stream is the Stream its allocation is ordered on, not None")
         self.ptr = ptr
         self.alloc_stream = alloc_stream
         self.bytes = nbytes

@@ -871,7 +871,7 @@ cdef class TrackedResource(DeviceMemoryResource):
                         rd = b._readers
                         for o, ev in rd.items():
                             if o is not s:
-                                block_keep_read_event(b, o, self._wait_c(s, <Stream>o, ev))
+                                block_keep_read_event(b, <Stream>o, self._wait_c(s, <Stream>o, ev))
         finally:
             lock_give(lk)
         checker = _HK.checker
@@ -974,7 +974,7 @@ cdef class TrackedResource(DeviceMemoryResource):
                 rd = b._readers
                 for o, ev in rd.items():
                     if o is not a:
-                        block_keep_read_event(b, o, self._wait_c(a, <Stream>o, ev))
+                        block_keep_read_event(b, <Stream>o, self._wait_c(a, <Stream>o, ev))
         return block_drop_record(b, self._events._free)
 
     @staticmethod
