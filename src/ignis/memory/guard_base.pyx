@@ -45,7 +45,7 @@ from .hooks import HOOKS as _HOOKS, format_stack
 from .pool cimport PoolResource, pool_deallocate, pool_direct
 from .resource cimport DeviceMemoryResource, ReentrantLock, ResourceLock, lock_take, lock_give
 from .resource import check_request
-from .types import UNTAGGED, BlockState
+from .types import UNTAGGED
 from ..runtime.stream cimport Stream
 
 __all__ = ["GuardBase", "fill_bytes", "MAX_BATCH"]

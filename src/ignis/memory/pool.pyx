@@ -41,7 +41,7 @@ from .resource import DeviceMemoryResource, check_request
 from .resource cimport TrackedResource, EventPool, ResourceLock, lock_take, lock_give
 from .hooks cimport Hooks
 from .hooks import HOOKS as _HOOKS
-from .types import UNTAGGED, BlockState
+from .types import UNTAGGED
 from .upstream import default_upstream
 from .block cimport (BLOCK_FREED, BLOCK_RETIRED, DeviceBlock, block_drop_record, block_move, block_only_on,
                      block_restore_record, fresh_generation, new_block)

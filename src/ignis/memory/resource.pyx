@@ -57,7 +57,7 @@ from ..runtime.stream cimport Stream
 from ..backends.direct cimport DirectCalls
 from . import ordering as _ord
 from .._types import Access
-from .types import UNTAGGED, BlockId, BlockState
+from .types import UNTAGGED, BlockId
 from .block cimport (DeviceBlock, block_clean_on, block_drop_record, block_keep_read_event, block_keep_write_event,
                      block_live, block_note_read, block_note_write, block_restore_record, fresh_generation, new_block)
 from .hooks cimport Hooks
