@@ -33,6 +33,7 @@ CYTHON_MODULES = [
     "ignis.array.launch",
     "ignis.memory.guard_base",
     "ignis.safety.frames",
+    "ignis.safety.records",
     "ignis.memory.guard_alloc",
     "ignis.torch._guard_fast",
     "ignis.backends._cudriver",

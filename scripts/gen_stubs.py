@@ -45,6 +45,7 @@ ATTRIBUTE_TYPES: dict[str, dict[str, dict[str, str]]] = {
     "ignis.memory.hooks": {"Hooks": {
         "checker": "object | None", "recorder": "Callable[[str, Any, int, int, Any, Any], None] | None",
         "format_frames": "Callable[[Any], str] | None"}},
+    "ignis.safety.records": {"_Rec": {"stream_id": "int | str", "frames": "Any", "gen": "int"}},
     "ignis.runtime.stream": {"Stream": {
         "handle": "int", "device": "Device", "id": "int", "ordering": "str"}},
     "ignis.runtime.kernel": {"Kernel": {

@@ -30,7 +30,7 @@ def test_each_compiled_module_loads_as_an_extension(module):
 
 
 def test_the_sanitizers_records_are_extension_types():
-    from ignis.safety import sanitizer as s
+    from ignis.safety import records as s
     r = s._Rec(1, "s", 1, "write", 16, 32, "op", None, 1, 0)
     assert not hasattr(r, "__dict__")  # fields at fixed offsets, not an instance dictionary
     assert (r.lo, r.hi, r.per, r.ch) == (16, 32, 0, 0)

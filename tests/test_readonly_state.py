@@ -103,7 +103,8 @@ def test_the_sanitizers_state_is_read_only_its_settings_writable():
     _read_only(san, ("active", "reports", "notes", "pinned", "checked", "checked_foreign", "_lock", "_live",
                      "_grave", "_clock", "_host_version", "_regions", "_capturing"))
     san.mode, san.outputs_fresh, san.capture = "collect", True, san.capture  # the three settings
-    rec = _san_mod._Rec.__new__(_san_mod._Rec)
+    from ignis.safety.records import _Rec
+    rec = _Rec.__new__(_Rec)
     _read_only(rec, ("sid", "stream_id", "epoch", "kind", "lo", "hi", "op", "frames", "gen", "block", "per", "ch"))
     ext = _san_mod._Extent(0, 8, 1, 1)
     _read_only(ext, ("base", "end", "gen", "sid", "recs", "written", "frames", "op", "rs", "held", "pinned", "hv",

@@ -19,7 +19,8 @@ import pytest
 torch = pytest.importorskip("torch", reason="PyTorch is not installed (the ignis[torch] extra)")
 
 import ignis as ig  # noqa: E402
-from ignis.safety.sanitizer import NO_INIT_CHECK, OUTPUT, READ, WRITE, Sanitizer, _disjoint, _Rec, unpack_items  # noqa: E402
+from ignis.safety.records import _Rec  # noqa: E402
+from ignis.safety.sanitizer import NO_INIT_CHECK, OUTPUT, READ, WRITE, Sanitizer, _disjoint, unpack_items  # noqa: E402
 from ignis.torch._frontend import TorchFrontEnd, _bind_native, _item  # noqa: E402
 from ignis.torch._ops import classify  # noqa: E402
 

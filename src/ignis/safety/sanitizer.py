@@ -83,6 +83,7 @@ from .._types import Access
 from ..memory.block import DeviceBlock
 from ..memory.resource import ReentrantLock
 from .frames import capture_frames, format_frames, last_from_library, resolve, sites
+from .records import Graveyard, RecordList, _new_rec, _Rec
 
 __all__ = ["Sanitizer", "sanitizer", "enable", "disable", "enabled", "is_enabled", "reports", "pack_items",
            "unpack_items", "user_frames", "UninitializedReadError", "READ", "WRITE", "OUTPUT", "NO_INIT_CHECK",
@@ -130,36 +131,8 @@ def unpack_items(data: bytes) -> list[tuple]:
     return list(_PACKED.iter_unpack(data))
 
 
-# Records and extents stay out of the cyclic collector (sanitizer.pxd says why). The
-# directive works only here, on the class itself: Cython ignores it in the .pxd.
-@cython.no_gc
-@cython.cclass
-class _Rec:
-    __slots__ = ("sid", "stream_id", "epoch", "kind", "lo", "hi", "op", "frames", "gen", "block", "per", "ch")
-
-    def __init__(self, sid: int, stream_id: Any, epoch: int, kind: str, lo: int, hi: int, op: str,
-                 frames: tuple | None, gen: int, block: int, per: int = 0, ch: int = 0) -> None:
-        self.sid, self.stream_id, self.epoch, self.kind = sid, stream_id, epoch, kind
-        self.lo, self.hi, self.op, self.frames, self.gen, self.block = lo, hi, op, frames, gen, block
-        self.per, self.ch = per, ch
-
-    def stream_name(self) -> str:
-        s = self.stream_id
-        return f"stream #{s}" if isinstance(s, int) else s
-
-    def describe(self) -> dict[str, Any]:
-        return {"stream": self.stream_id, "stream_name": self.stream_name(), "kind": self.kind,
-                "range": (self.lo - self.block, self.hi - self.block), "block": self.block,
-                "generation": self.gen, "op": self.op,
-                "stack": format_frames(self.frames) if self.frames is not None else "  (stack not captured)"}
-
-    def line(self) -> str:
-        lo, hi = self.lo - self.block, self.hi - self.block
-        what = f"bytes [{lo}, {hi})" + (f" (every {self.per} bytes, {self.ch} of them)" if self.per else "")
-        return (f"{self.kind} of {what} of block {self.block:#x} (generation {self.gen}) "
-                f"by {self.op} on {self.stream_name()}")
-
-
+# Extents stay out of the cyclic collector (sanitizer.pxd says why). The directive works only
+# here, on the class itself: Cython ignores it in the .pxd.
 @cython.no_gc
 @cython.cclass
 class _Extent:
@@ -175,7 +148,7 @@ class _Extent:
 
     def __init__(self, base: int, end: int | None, gen: int, sid: int) -> None:
         self.base, self.end, self.gen, self.sid = base, end, gen, sid
-        self.recs: list[_Rec] = []
+        self.recs = RecordList()
         self.written: list[tuple[int, int]] | None = None
         self.frames: tuple | None = None
         self.op = "an allocation"
@@ -202,76 +175,7 @@ def _race_kind(first: str, second: str, same_gen: bool) -> str:
 
 def _disjoint(r: _Rec, lo: int, hi: int, per: int, ch: int) -> bool:
     """Whether two overlapping spans, at least one strided, touch no common byte."""
-    if r.per and per:
-        if r.per != per:
-            return False
-        d = (lo - r.lo) % per
-        return d >= r.ch and d + ch <= per
-    if r.per:  # r strided, the new access contiguous
-        d = (lo - r.lo) % r.per
-        return lo >= r.lo and d >= r.ch and d + (hi - lo) <= r.per
-    d = (r.lo - lo) % per  # the new access strided, r contiguous
-    return r.lo >= lo and d >= ch and d + (r.hi - r.lo) <= per
-
-
-def _new_rec(sid: int, stream_id: Any, epoch: int, kind: str, lo: int, hi: int, op: str, frames: Any, gen: int,
-             block: int, per: int = 0, ch: int = 0) -> _Rec:
-    """A ``_Rec`` without the call of its ``__init__``: how the checks make their records."""
-    r = _Rec.__new__(_Rec)
-    r.sid, r.stream_id, r.epoch, r.kind, r.lo, r.hi = sid, stream_id, epoch, kind, lo, hi
-    r.op, r.frames, r.gen, r.block, r.per, r.ch = op, frames, gen, block, per, ch
-    return r
-
-
-def _retire_passed(recs: list[_Rec], host: dict[int, int]) -> None:
-    """Drop the records the host has waited for: they can never race again."""
-    n = 0
-    for r in recs:  # kept in place, in order
-        h = host.get(r.sid, 0)  # (a C integer: the comparison makes no Python int)
-        if h < r.epoch:
-            recs[n] = r
-            n += 1
-    if n < len(recs):
-        del recs[n:]
-
-
-def _scan(recs: list[_Rec], rec: _Rec, vc: dict[int, int], write: int) -> _Rec | None:
-    """The first of an extent's records that races with ``rec`` (an access on stream
-    ``rec.sid`` whose clock is ``vc``; not in ``recs`` yet), or None. Records that ``rec``
-    supersedes are dropped: the same stream's within its span (a read drops only reads),
-    and, for a contiguous write, every record within its span ordered before it."""
-    lo, hi, per, ch, sid = rec.lo, rec.hi, rec.per, rec.ch, rec.sid
-    drop = False
-    conflict = None
-    for r in recs:
-        if r.hi <= lo or r.lo >= hi:
-            continue
-        covered = r.lo >= lo and r.hi <= hi and not per
-        if r.sid == sid:
-            if covered and (write or r.kind == "read"):
-                drop = True  # superseded by this access on the same stream
-            continue
-        if vc.get(r.sid, 0) >= r.epoch:
-            if covered and write:
-                drop = True  # ordered before this write, which covers it
-            continue
-        if (write or r.kind != "read") and conflict is None \
-                and not ((r.per or per) and _disjoint(r, lo, hi, per, ch)):
-            conflict = r
-    if drop:
-        n = 0
-        for r in recs:  # kept in place, in order
-            if r.lo >= lo and r.hi <= hi:
-                if write:
-                    if r.sid == sid or vc.get(r.sid, 0) >= r.epoch:
-                        continue
-                elif r.sid == sid and r.kind == "read":
-                    continue
-            recs[n] = r
-            n += 1
-        if n < len(recs):
-            del recs[n:]
-    return conflict
+    return spans_disjoint(r.lo, r.hi, r.per, r.ch, lo, hi, per, ch)  # noqa: F821 (cimported: sanitizer.pxd)
 
 
 def _covered(written: list[tuple[int, int]], lo: int, hi: int) -> bool:
@@ -320,36 +224,6 @@ def _mark(ext: _Extent, lo: int, hi: int) -> int:
     w[i:j] = [(lo, hi)]
     if len(w) == 1 and lo <= 0 and hi >= ext.end - ext.base:
         ext.written = None
-    return 0
-
-
-def _first_from(starts: list[tuple[int, int]], lo: int) -> int:
-    """The index of the first extent in the sorted ``starts`` that starts at or after
-    ``lo`` (``bisect_left(starts, (lo, 0))``, comparing C integers)."""
-    a, b = 0, len(starts)
-    while a < b:
-        m = (a + b) // 2
-        key = starts[m]
-        k0 = key[0]
-        if k0 < lo:
-            a = m + 1
-        else:
-            b = m
-    return a
-
-
-def _insert_sorted(starts: list[tuple[int, int]], key: tuple[int, int]) -> int:
-    """``insort(starts, key)`` for a key not in ``starts`` (comparing C integers)."""
-    k0, k1 = key
-    a, b = 0, len(starts)
-    while a < b:
-        m = (a + b) // 2
-        s0, s1 = starts[m]
-        if s0 < k0 or (s0 == k0 and s1 < k1):
-            a = m + 1
-        else:
-            b = m
-    starts.insert(a, key)
     return 0
 
 
@@ -428,9 +302,7 @@ class Sanitizer:
         self._max_len = 0
         self._live: dict[int, _Extent] = {}        # foreign extents by base address
         self._gen_at: dict[int, int] = {}          # base address -> last generation handed out there
-        self._grave: dict[tuple[int, int], list[_Rec]] = {}  # freed foreign extents' records
-        self._grave_starts: list[tuple[int, int]] = []
-        self._grave_max = 0
+        self._grave = Graveyard()                 # freed foreign extents' records, by (base, end)
         self.pinned: set[int] = set()              # bases of pinned host extents with records
         self._capturing: dict[int, _Capture] = {}  # stream identity -> the CUDA graph it captures into
         self._cap_events: dict[int, _Capture] = {} # events recorded on capturing streams -> their capture
@@ -492,22 +364,12 @@ class Sanitizer:
         for key in dead:
             del self._regions[key]
             del self._starts[bisect_left(self._starts, key)]
-        dead = []
-        for key, recs in self._grave.items():
-            _retire_passed(recs, host)
-            if not recs:
-                dead.append(key)
-        if dead:  # (most of the graveyard dies at a synchronization: one pass over the starts)
-            grave = self._grave
-            for key in dead:
-                del grave[key]
-            starts = self._grave_starts
-            starts[:] = [key for key in starts if key in grave]
+        self._grave.prune(host)  # (most of the graveyard dies at a synchronization: one pass)
         for base in list(self.pinned):
             ext = self._live.get(base)
             if ext is not None:
-                ext.recs[:] = [r for r in ext.recs if host.get(r.sid, 0) < r.epoch]
-                if ext.recs:
+                ext.recs.retire_passed(host)
+                if len(ext.recs):
                     continue
                 del self._live[base]
             self.pinned.discard(base)
@@ -786,100 +648,33 @@ class Sanitizer:
             del self._live[base]
             if ext.end is None:  # never seen by an access (a library's workspace)
                 return None
-            rs, sid = ext.rs, ext.sid
+            sid = ext.sid
             frames = None
             quiet = current is not None and self._sids.get(current, -1) != sid
-            if not quiet:
-                for r in ext.recs:
-                    if r.sid != sid and not (rs and r.sid in rs):
-                        frames = self.capture()
-                        break
+            if not quiet and ext.recs.used_elsewhere(sid, ext.rs):
+                frames = self.capture()
             found = self._retire(ext, frames)
         finally:
             self._lock.give()
-        return found if found[0] is not None and not quiet else None
+        return found if not quiet else None
 
-    def _retire(self, ext: _Extent, frames: Any) -> tuple[_Rec | None, _Rec]:
+    def _retire(self, ext: _Extent, frames: Any) -> tuple[_Rec, _Rec] | None:
+        """The end of ``ext``'s lifetime (its free on its allocation stream, ``frames`` its stack
+        or None): its records go to the graveyard with the free's own record (see
+        ``RecordList.retire_into`` for which are kept). Returns (the first use on another stream
+        not ordered before the free, the free's record) when there is one, else None."""
         sid = ext.sid
         vc = self._vc_of(sid)
         ep = vc[sid] = vc[sid] + 1
-        rs = ext.rs or ()
-        host = self._host
-        base, gen = ext.base, ext.gen
-        conflict = None
-        mine: list[_Rec] = []
-        older: list[_Rec] = []
-        wrote = False
-        for r in ext.recs:
-            h = host.get(r.sid, 0)
-            if h >= r.epoch or (rs and r.sid in rs):
-                continue  # the allocator waits for record_stream streams before reuse
-            if r.block == base and (r.gen is gen or r.gen == gen):
-                mine.append(r)
-                wrote = wrote or r.kind == "write"
-                if conflict is None and r.sid != sid:
-                    h = vc.get(r.sid, 0)
-                    if h < r.epoch:
-                        conflict = r
-            else:
-                older.append(r)
-        end = ext.end
-        rec = _new_rec(sid, self._labels[sid], ep, "free", base, end, "free", frames, gen, base)
-        # An older lifetime's unordered uses were checked against this one's first write (a
-        # reuse race is reported there); a lifetime that never wrote hands them on, less the
-        # older frees of its own stream within its bytes: this free's record, later on that
-        # stream and over all of them, races whatever they race (so a block reused without a
-        # write between synchronizations does not pile up one free record per lifetime). The
-        # older uses themselves stay, so a reuse race still names the access that held the
-        # memory, with its stack (a new use on the stream supersedes them as it always did).
-        keep = mine
-        if not wrote:
-            for r in older:
-                if r.sid != sid or r.kind != "free" or r.lo < base or r.hi > end:
-                    keep.append(r)
-        keep.append(rec)
-        key = (base, end)
-        if key not in self._grave:
-            _insert_sorted(self._grave_starts, key)
-            self._grave_max = max(self._grave_max, end - base)
-        self._grave[key] = keep  # it inherited the entry it replaces
-        return conflict, rec
-
-    def _inherit(self, lo: int, hi: int, wsid: int = -1, wlo: int = 0, whi: int = 0,
-                 vc: dict | None = None) -> list[_Rec]:
-        """Records of freed extents over [lo, hi), for the lifetime starting there. Where its
-        first access is a contiguous write over [wlo, whi) on stream ``wsid`` (clock ``vc``),
-        the records that write supersedes are left out: ``_scan`` would drop them at once
-        (those of its own stream and those ordered before it, within its span)."""
-        out: list[_Rec] = []
-        if not self._grave:
-            return out
-        host = self._host
-        grave = self._grave
-        starts = self._grave_starts
-        i = _first_from(starts, lo - self._grave_max)
-        n = len(starts)
-        while i < n:
-            key = starts[i]
-            k0, k1 = key
-            if k0 >= hi:
-                break
-            i += 1
-            if k1 <= lo:
-                continue
-            recs = grave[key]
-            for r in recs:
-                if r.hi > lo and r.lo < hi:
-                    h = host.get(r.sid, 0)
-                    if h < r.epoch:
-                        if r.lo >= wlo and r.hi <= whi:
-                            if r.sid == wsid:
-                                continue
-                            h = vc.get(r.sid, 0)
-                            if h >= r.epoch:
-                                continue
-                        out.append(r)
-        return out
+        base, end = ext.base, ext.end
+        keep = RecordList()
+        conflict = ext.recs.retire_into(keep, sid, base, end, ext.gen, self._host, vc, ext.rs)
+        label = self._labels[sid]
+        keep.push(sid, ep, K_FREE, base, end, 0, 0, ext.gen, base, label, "free", frames)  # noqa: F821 (sanitizer.pxd)
+        self._grave.put(base, end, keep)  # it inherited the entry it replaces
+        if conflict is None:
+            return None
+        return conflict, _new_rec(sid, label, ep, "free", base, end, "free", frames, ext.gen, base)
 
     def extent_record_stream(self, base: int, stream: int, held: bool = False) -> None:
         """The memory at ``base`` is also used on ``stream`` (``Tensor.record_stream``): its
@@ -1031,21 +826,26 @@ class Sanitizer:
                 if not mode & (_R | _W):
                     continue  # an allocation the op returned: no byte touched yet
                 write = mode & _W
-                kind = "write" if write else "read"
-                rec = _new_rec(sid, label, ep, kind, lo, hi, op, frames, ext.gen, base, per, ch)
+                rec = None  # (made as an object only for a report)
                 recs = ext.recs
-                if recs:
+                if len(recs):
                     if ext.hv != hv:  # the host moved on: records it passed can never race again
-                        _retire_passed(recs, host)
+                        recs.retire_passed(host)
                         ext.hv = hv
-                    conflict = _scan(recs, rec, vc, write)
+                    conflict = recs.scan(sid, lo, hi, per, ch, write, vc)
                     if conflict is not None:
+                        rec = _new_rec(sid, label, ep, "write" if write else "read", lo, hi, op, frames, ext.gen,
+                                       base, per, ch)
                         found = (found or []) + [(conflict, rec)]
                 w = ext.written
                 if (w is not None and mode & _R and not mode & _NI and not (from_lib and ext.lib)
                         and not _covered(w, lo - b, hi - b)):
+                    if rec is None:
+                        rec = _new_rec(sid, label, ep, "write" if write else "read", lo, hi, op, frames, ext.gen,
+                                       base, per, ch)
                     found = (found or []) + [(ext, rec)]
-                recs.append(rec)
+                recs.push(sid, ep, K_WRITE if write else K_READ, lo, hi, per, ch, ext.gen, b, label, op,  # noqa: F821
+                          frames)
                 if w is not None and (write or mode & _MW):
                     if written is None:
                         written = []
@@ -1087,11 +887,15 @@ class Sanitizer:
             ext.frames, ext.op = frames, op
         else:  # first seen as an input: something invisible wrote it
             ext.op = f"an allocation first used by {op}"
-        ext.end = base + max(size, 1)
-        if mode & _W and not per and vc is not None:  # its first access: a write over [lo, hi) on sid
-            ext.recs = self._inherit(base, ext.end, sid, lo, hi, vc)
-        else:
-            ext.recs = self._inherit(base, ext.end)
+        end = base + max(size, 1)
+        ext.end = end
+        # Its records so far (none: nothing accessed it) are the graveyard's over its bytes, less
+        # those its first access supersedes when that is a contiguous write over [lo, hi) on sid.
+        if len(self._grave):
+            if mode & _W and not per and vc is not None:
+                self._grave.inherit(ext.recs, base, end, self._host, sid, lo, hi, vc)
+            else:
+                self._grave.inherit(ext.recs, base, end, self._host, -1, 0, 0, None)
         return ext
 
     def _on_block(self, sid: int, label: str, ep: int, vc: dict[int, int], lo: int, hi: int, per: int,
@@ -1217,7 +1021,6 @@ class Sanitizer:
             ext.written = []
             ext.frames = cap.frames
             ext.op = f"the capture of the CUDA graph at {cap.site}" if cap.site else "a CUDA graph's capture"
-            ext.recs = []
             self._live[base] = ext
 
     def replay(self, cap: _Capture, stream: int, frames: Any = None) -> None:

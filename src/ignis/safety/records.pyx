@@ -1,0 +1,414 @@
+"""The sanitizer's record store: access records as C structs, and the loops over them.
+
+A foreign extent (memory another allocator hands out) keeps the records of the accesses
+that may still race (``RecordList``); a freed lifetime's records wait in the graveyard
+(``Graveyard``) until the host has waited for them or a new lifetime at those addresses
+inherits them. Every check of an access walks these records, so they are C structs: a record
+costs no Python object, and a walk compares C integers and reads the clocks (dicts of stream
+identity -> epoch) without a Python frame. A record becomes a Python object (``_Rec``) only
+when something outside reads it: a report, a test, the Ignis blocks' own records.
+
+What each walk decides is the sanitizer's rule, written here once and described where
+``Sanitizer`` calls it (sanitizer.py): ``scan`` (the race check of one access, dropping
+the records it supersedes), ``retire_passed`` (records the host passed never race again),
+``retire_into`` (a lifetime's records at its free), ``Graveyard.inherit`` (the records a new
+lifetime over freed addresses starts with).
+"""
+
+cimport cython
+from cpython.dict cimport PyDict_GetItem
+from cpython.object cimport PyObject
+from cpython.ref cimport Py_INCREF, Py_XDECREF
+from cpython.set cimport PySet_Contains
+from libc.stdlib cimport free, realloc
+from libc.string cimport memmove
+
+from typing import Iterator
+
+from .frames import format_frames
+
+_KINDS = ("read", "write", "free")
+
+
+@cython.no_gc
+@cython.final
+cdef class _Rec:
+    """One access, as a Python object: the stream (its identity ``sid`` and how reports name it,
+    ``stream_id``), the clock ``epoch``, ``kind`` ("read", "write" or "free"), the absolute byte
+    span [``lo``, ``hi``) with its stride pattern (``per``, ``ch``), the operation ``op``, its
+    ``frames``, and the extent (``block``: its base) and ``gen``eration it touched."""
+
+    def __init__(self, sid: int, stream_id: object, epoch: int, kind: str, lo: int, hi: int, op: str,
+                 frames: object, gen: object, block: int, per: int = 0, ch: int = 0) -> None:
+        self.sid, self.stream_id, self.epoch, self.kind = sid, stream_id, epoch, kind
+        self.lo, self.hi, self.op, self.frames, self.gen, self.block = lo, hi, op, frames, gen, block
+        self.per, self.ch = per, ch
+
+    def stream_name(self) -> str:
+        s = self.stream_id
+        return f"stream #{s}" if isinstance(s, int) else s
+
+    def describe(self) -> dict:
+        return {"stream": self.stream_id, "stream_name": self.stream_name(), "kind": self.kind,
+                "range": (self.lo - self.block, self.hi - self.block), "block": self.block,
+                "generation": self.gen, "op": self.op,
+                "stack": format_frames(self.frames) if self.frames is not None else "  (stack not captured)"}
+
+    def line(self) -> str:
+        lo, hi = self.lo - self.block, self.hi - self.block
+        what = f"bytes [{lo}, {hi})" + (f" (every {self.per} bytes, {self.ch} of them)" if self.per else "")
+        return (f"{self.kind} of {what} of block {self.block:#x} (generation {self.gen}) "
+                f"by {self.op} on {self.stream_name()}")
+
+    def __repr__(self) -> str:
+        return f"<record: {self.line()}>"
+
+
+cpdef _Rec _new_rec(long long sid, object stream_id, long long epoch, str kind, long long lo, long long hi, str op,
+                    object frames, object gen, long long block, long long per=0, long long ch=0):
+    """A ``_Rec`` without the call of its ``__init__``."""
+    cdef _Rec r = _Rec.__new__(_Rec)
+    r.sid, r.stream_id, r.epoch, r.kind, r.lo, r.hi = sid, stream_id, epoch, kind, lo, hi
+    r.op, r.frames, r.gen, r.block, r.per, r.ch = op, frames, gen, block, per, ch
+    return r
+
+
+cdef bint spans_disjoint(long long rlo, long long rhi, long long rper, long long rch,
+                         long long lo, long long hi, long long per, long long ch) noexcept:
+    """Whether two overlapping spans, at least one strided, touch no common byte (the first one
+    [rlo, rhi) every rper bytes rch of them, the second [lo, hi) every per bytes ch)."""
+    cdef long long d
+    if rper and per:
+        if rper != per:
+            return False
+        d = _mod(lo - rlo, per)
+        return d >= rch and d + ch <= per
+    if rper:  # the first strided, the second contiguous
+        d = _mod(lo - rlo, rper)
+        return lo >= rlo and d >= rch and d + (hi - lo) <= rper
+    d = _mod(rlo - lo, per)  # the second strided, the first contiguous
+    return rlo >= lo and d >= ch and d + (rhi - rlo) <= per
+
+
+cdef inline long long _mod(long long a, long long m) noexcept:
+    """``a % m`` as Python computes it (m > 0: never negative)."""
+    cdef long long r = a % m if a >= 0 else -((-a) % m)
+    return r + m if r < 0 else r
+
+
+cdef long long clock_at(dict clock, long long sid) except? -1:
+    """``clock.get(sid, 0)`` (a stream identity's epoch in a clock)."""
+    cdef object key = sid
+    cdef PyObject *v = PyDict_GetItem(clock, key)
+    if v == NULL:
+        return 0
+    return <long long><object>v
+
+
+cdef inline void _release(rec_t *r) noexcept:
+    Py_XDECREF(r.label)
+    Py_XDECREF(r.op)
+    Py_XDECREF(r.frames)
+
+
+cdef inline bint _in(object rs, long long sid) except -1:
+    """``sid in rs`` for a set of stream identities, or None (none)."""
+    if rs is None:
+        return False
+    cdef object key = sid
+    return PySet_Contains(rs, key) == 1
+
+
+@cython.final
+cdef class RecordList:
+    """The records of one lifetime (an extent's, or a graveyard entry's), in the order they
+    were made. From Python: ``len``, indexing and iteration give ``_Rec`` objects (copies)."""
+
+    def __dealloc__(self):
+        cdef Py_ssize_t i
+        for i in range(self.n):
+            _release(&self.a[i])
+        free(self.a)
+
+    cdef int _grow(self) except -1:
+        cdef Py_ssize_t cap = self.cap * 2 if self.cap else 4
+        cdef rec_t *a = <rec_t *>realloc(self.a, cap * sizeof(rec_t))
+        if a == NULL:
+            raise MemoryError("ignis sanitizer: out of host memory for access records")
+        self.a, self.cap = a, cap
+        return 0
+
+    cdef int push(self, long long sid, long long epoch, int kind, long long lo, long long hi, long long per,
+                  long long ch, long long gen, long long block, object label, object op, object frames) except -1:
+        if self.n == self.cap:
+            self._grow()
+        cdef rec_t *r = &self.a[self.n]
+        r.sid, r.epoch, r.kind, r.lo, r.hi, r.per, r.ch = sid, epoch, kind, lo, hi, per, ch
+        r.gen, r.block = gen, block
+        Py_INCREF(label)
+        Py_INCREF(op)
+        Py_INCREF(frames)
+        r.label, r.op, r.frames = <PyObject *>label, <PyObject *>op, <PyObject *>frames
+        self.n += 1
+        return 0
+
+    cdef int push_copy(self, rec_t *r) except -1:
+        if self.n == self.cap:
+            self._grow()
+        self.a[self.n] = r[0]
+        Py_INCREF(<object>r.label)
+        Py_INCREF(<object>r.op)
+        Py_INCREF(<object>r.frames)
+        self.n += 1
+        return 0
+
+    cdef _Rec view(self, Py_ssize_t i):
+        cdef rec_t *r = &self.a[i]
+        return _new_rec(r.sid, <object>r.label, r.epoch, _KINDS[r.kind], r.lo, r.hi, <object>r.op,
+                        <object>r.frames, r.gen, r.block, r.per, r.ch)
+
+    cdef int retire_passed(self, dict host) except -1:
+        """Drop the records the host has waited for: they can never race again (the rest keep
+        their order)."""
+        cdef Py_ssize_t i, k = 0
+        for i in range(self.n):
+            if clock_at(host, self.a[i].sid) < self.a[i].epoch:
+                if k != i:
+                    self.a[k] = self.a[i]
+                k += 1
+            else:
+                _release(&self.a[i])
+        self.n = k
+        return 0
+
+    cdef _Rec scan(self, long long sid, long long lo, long long hi, long long per, long long ch, bint write,
+                   dict vc):
+        """The first record that races with an access of [lo, hi) (stride ``per``, ``ch``) on
+        stream ``sid``, whose clock is ``vc`` (a write when ``write``; the access is not a record
+        yet), or None. Records the access supersedes are dropped: the same stream's within its
+        span (a read drops only reads), and, for a contiguous write, every record within its
+        span ordered before it."""
+        cdef Py_ssize_t i, k
+        cdef rec_t *r
+        cdef bint drop = False, covered
+        cdef _Rec conflict = None
+        for i in range(self.n):
+            r = &self.a[i]
+            if r.hi <= lo or r.lo >= hi:
+                continue
+            covered = r.lo >= lo and r.hi <= hi and not per
+            if r.sid == sid:
+                if covered and (write or r.kind == K_READ):
+                    drop = True  # superseded by this access on the same stream
+                continue
+            if clock_at(vc, r.sid) >= r.epoch:
+                if covered and write:
+                    drop = True  # ordered before this write, which covers it
+                continue
+            if (write or r.kind != K_READ) and conflict is None \
+                    and not ((r.per or per) and spans_disjoint(r.lo, r.hi, r.per, r.ch, lo, hi, per, ch)):
+                conflict = self.view(i)
+        if drop:
+            k = 0
+            for i in range(self.n):
+                r = &self.a[i]
+                if r.lo >= lo and r.hi <= hi:
+                    if write:
+                        if r.sid == sid or clock_at(vc, r.sid) >= r.epoch:
+                            _release(r)
+                            continue
+                    elif r.sid == sid and r.kind == K_READ:
+                        _release(r)
+                        continue
+                if k != i:
+                    self.a[k] = r[0]
+                k += 1
+            self.n = k
+        return conflict
+
+    cdef bint used_elsewhere(self, long long sid, object rs) except -1:
+        """Whether a record is of another stream than ``sid`` and not of one in ``rs``
+        (record_stream streams: a set, or None)."""
+        cdef Py_ssize_t i
+        for i in range(self.n):
+            if self.a[i].sid != sid and not _in(rs, self.a[i].sid):
+                return True
+        return False
+
+    cdef _Rec retire_into(self, RecordList keep, long long sid, long long base, long long end, long long gen,
+                          dict host, dict vc, object rs):
+        """A lifetime's records at its free on stream ``sid`` (clock ``vc``, the free's epoch in
+        it), put into ``keep`` for the graveyard; returns the first use of this lifetime on
+        another stream not ordered before the free (None if none).
+
+        Records the host passed, and those of record_stream streams ``rs`` (the allocator waits
+        for them), are left out. The lifetime's own records are kept. An older lifetime's
+        records (inherited) were checked against this one's first write; a lifetime that never
+        wrote hands them on, less the older frees of its own stream within its bytes (the
+        free's record, which the caller appends, races whatever they race)."""
+        cdef Py_ssize_t i
+        cdef rec_t *r
+        cdef bint wrote = False
+        cdef _Rec conflict = None
+        cdef Py_ssize_t older = 0
+        for i in range(self.n):
+            r = &self.a[i]
+            if clock_at(host, r.sid) >= r.epoch or _in(rs, r.sid):
+                continue
+            if r.block == base and r.gen == gen:
+                keep.push_copy(r)
+                wrote = wrote or r.kind == K_WRITE
+                if conflict is None and r.sid != sid and clock_at(vc, r.sid) < r.epoch:
+                    conflict = self.view(i)
+            else:
+                older += 1
+        if older and not wrote:
+            for i in range(self.n):
+                r = &self.a[i]
+                if r.block == base and r.gen == gen:
+                    continue
+                if clock_at(host, r.sid) >= r.epoch or _in(rs, r.sid):
+                    continue
+                if r.sid != sid or r.kind != K_FREE or r.lo < base or r.hi > end:
+                    keep.push_copy(r)
+        return conflict
+
+    def __len__(self) -> int:
+        return self.n
+
+    def __getitem__(self, i: int) -> _Rec:
+        cdef Py_ssize_t j = i
+        if j < 0:
+            j += self.n
+        if j < 0 or j >= self.n:
+            raise IndexError(f"record {i} of {self.n}")
+        return self.view(j)
+
+    def __iter__(self) -> Iterator[_Rec]:
+        return iter([self.view(i) for i in range(self.n)])
+
+    def __repr__(self) -> str:
+        return f"<{self.n} access records>"
+
+
+@cython.final
+cdef class Graveyard:
+    """Freed lifetimes' records by extent (base, end), sorted by it: a new lifetime over those
+    addresses inherits the ones the host has not passed. From Python it reads as a mapping
+    (base, end) -> ``RecordList``, in address order."""
+
+    def __dealloc__(self):
+        cdef Py_ssize_t i
+        for i in range(self.n):
+            Py_XDECREF(self.a[i].recs)
+        free(self.a)
+
+    cdef Py_ssize_t find(self, long long base, long long end) noexcept:
+        """The index of the first entry at or after (base, end)."""
+        cdef Py_ssize_t a = 0, b = self.n, m
+        while a < b:
+            m = (a + b) // 2
+            if self.a[m].base < base or (self.a[m].base == base and self.a[m].end < end):
+                a = m + 1
+            else:
+                b = m
+        return a
+
+    cdef int put(self, long long base, long long end, RecordList recs) except -1:
+        """The entry of the extent [base, end) is ``recs`` now (it replaces any there: the new
+        lifetime inherited it)."""
+        cdef Py_ssize_t i = self.find(base, end), cap
+        cdef grave_t *a
+        Py_INCREF(recs)
+        if i < self.n and self.a[i].base == base and self.a[i].end == end:
+            Py_XDECREF(self.a[i].recs)
+            self.a[i].recs = <PyObject *>recs
+            return 0
+        if self.n == self.cap:
+            cap = self.cap * 2 if self.cap else 16
+            a = <grave_t *>realloc(self.a, cap * sizeof(grave_t))
+            if a == NULL:
+                Py_XDECREF(<PyObject *>recs)
+                raise MemoryError("ignis sanitizer: out of host memory for the graveyard")
+            self.a, self.cap = a, cap
+        memmove(&self.a[i + 1], &self.a[i], (self.n - i) * sizeof(grave_t))
+        self.a[i].base, self.a[i].end, self.a[i].recs = base, end, <PyObject *>recs
+        self.n += 1
+        if end - base > self.max_len:
+            self.max_len = end - base
+        return 0
+
+    cdef int inherit(self, RecordList out, long long lo, long long hi, dict host, long long wsid, long long wlo,
+                     long long whi, dict vc) except -1:
+        """Append to ``out`` the records of freed extents over [lo, hi) the host has not passed,
+        for the lifetime starting there. Where its first access is a contiguous write over
+        [wlo, whi) on stream ``wsid`` (clock ``vc``; else wsid -1), the records that write
+        supersedes are left out: the scan would drop them at once (those of its own stream and
+        those ordered before it, within its span)."""
+        cdef Py_ssize_t i, j
+        cdef RecordList recs
+        cdef rec_t *r
+        if not self.n:
+            return 0
+        i = self.find(lo - self.max_len, -(1 << 62))
+        while i < self.n:
+            if self.a[i].base >= hi:
+                break
+            if self.a[i].end > lo:
+                recs = <RecordList>self.a[i].recs
+                for j in range(recs.n):
+                    r = &recs.a[j]
+                    if r.hi > lo and r.lo < hi and clock_at(host, r.sid) < r.epoch:
+                        if wsid >= 0 and r.lo >= wlo and r.hi <= whi:
+                            if r.sid == wsid or clock_at(vc, r.sid) >= r.epoch:
+                                continue
+                        out.push_copy(r)
+            i += 1
+        return 0
+
+    cdef int prune(self, dict host) except -1:
+        """Drop the records the host has passed, and the entries left with none (one pass; the
+        rest keep their order)."""
+        cdef Py_ssize_t i, k = 0
+        cdef RecordList recs
+        for i in range(self.n):
+            recs = <RecordList>self.a[i].recs
+            recs.retire_passed(host)
+            if recs.n:
+                if k != i:
+                    self.a[k] = self.a[i]
+                k += 1
+            else:
+                Py_XDECREF(self.a[i].recs)
+        self.n = k
+        return 0
+
+    def __len__(self) -> int:
+        return self.n
+
+    def keys(self) -> list:
+        return [(self.a[i].base, self.a[i].end) for i in range(self.n)]
+
+    def values(self) -> list:
+        return [<object>self.a[i].recs for i in range(self.n)]
+
+    def items(self) -> list:
+        return [((self.a[i].base, self.a[i].end), <object>self.a[i].recs) for i in range(self.n)]
+
+    def __iter__(self) -> Iterator[tuple[int, int]]:
+        return iter(self.keys())
+
+    def __contains__(self, key: tuple) -> bool:
+        base, end = key
+        cdef Py_ssize_t i = self.find(base, end)
+        return i < self.n and self.a[i].base == base and self.a[i].end == end
+
+    def __getitem__(self, key: tuple) -> RecordList:
+        base, end = key
+        cdef Py_ssize_t i = self.find(base, end)
+        if i < self.n and self.a[i].base == base and self.a[i].end == end:
+            return <object>self.a[i].recs
+        raise KeyError(key)
+
+    def __repr__(self) -> str:
+        return f"<graveyard of {self.n} freed extents>"
