@@ -70,7 +70,7 @@ def run(model: str, steps: int) -> None:
             def timed(ptr, current):
                 ext = live.get(ptr)
                 n = len(ext.recs) if ext is not None else -1
-                g = len(san._grave_starts)
+                g = len(san._grave)
                 t = time.perf_counter_ns()
                 try:
                     real(ptr, current)
