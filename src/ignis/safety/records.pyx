@@ -21,6 +21,7 @@ from cpython.object cimport PyObject
 from cpython.ref cimport Py_INCREF, Py_XDECREF
 from cpython.set cimport PySet_Contains
 from libc.stdlib cimport free, realloc
+from libc.limits cimport LLONG_MIN
 from libc.string cimport memmove
 
 from typing import Iterator
@@ -81,19 +82,13 @@ cdef bint spans_disjoint(long long rlo, long long rhi, long long rper, long long
     if rper and per:
         if rper != per:
             return False
-        d = _mod(lo - rlo, per)
+        d = (lo - rlo) % per
         return d >= rch and d + ch <= per
     if rper:  # the first strided, the second contiguous
-        d = _mod(lo - rlo, rper)
+        d = (lo - rlo) % rper
         return lo >= rlo and d >= rch and d + (hi - lo) <= rper
-    d = _mod(rlo - lo, per)  # the second strided, the first contiguous
+    d = (rlo - lo) % per  # the second strided, the first contiguous
     return rlo >= lo and d >= ch and d + (rhi - rlo) <= per
-
-
-cdef inline long long _mod(long long a, long long m) noexcept:
-    """``a % m`` as Python computes it (m > 0: never negative)."""
-    cdef long long r = a % m if a >= 0 else -((-a) % m)
-    return r + m if r < 0 else r
 
 
 cdef long long clock_at(dict clock, long long sid) except? -1:
@@ -111,6 +106,17 @@ cdef inline void _release(rec_t *r) noexcept:
     Py_XDECREF(r.frames)
 
 
+cdef int _defer(rec_t *r, list dead) except -1:
+    """Drop ``r``'s references, keeping its objects alive in ``dead`` until the caller's array is
+    whole again: an object's deallocation may run Python code (a ``__del__``) that comes back
+    into the sanitizer, which must then see no half-compacted array."""
+    dead.append(<object>r.label)
+    dead.append(<object>r.op)
+    dead.append(<object>r.frames)
+    _release(r)
+    return 0
+
+
 cdef inline bint _in(object rs, long long sid) except -1:
     """``sid in rs`` for a set of stream identities, or None (none)."""
     if rs is None:
@@ -121,8 +127,10 @@ cdef inline bint _in(object rs, long long sid) except -1:
 
 @cython.final
 cdef class RecordList:
-    """The records of one lifetime (an extent's, or a graveyard entry's), in the order they
-    were made. From Python: ``len``, indexing and iteration give ``_Rec`` objects (copies)."""
+    """The records of one lifetime: an extent's (those it inherited from the graveyard, then its
+    own accesses, in order), or a graveyard entry's (the lifetime's own records first, then the
+    older ones it handed on, then its free). From Python: ``len``, indexing and iteration give
+    ``_Rec`` objects (copies)."""
 
     def __dealloc__(self):
         cdef Py_ssize_t i
@@ -171,15 +179,18 @@ cdef class RecordList:
         """Drop the records the host has waited for: they can never race again (the rest keep
         their order)."""
         cdef Py_ssize_t i, k = 0
+        cdef list dead = None  # (made before the array changes: it may run the cyclic collector)
         for i in range(self.n):
             if clock_at(host, self.a[i].sid) < self.a[i].epoch:
                 if k != i:
                     self.a[k] = self.a[i]
                 k += 1
             else:
-                _release(&self.a[i])
+                if dead is None:
+                    dead = []
+                _defer(&self.a[i], dead)
         self.n = k
-        return 0
+        return 0  # (what it dropped is freed here, with ``dead``: the array is whole)
 
     cdef _Rec scan(self, long long sid, long long lo, long long hi, long long per, long long ch, bint write,
                    dict vc):
@@ -192,6 +203,7 @@ cdef class RecordList:
         cdef rec_t *r
         cdef bint drop = False, covered
         cdef _Rec conflict = None
+        cdef list dead
         for i in range(self.n):
             r = &self.a[i]
             if r.hi <= lo or r.lo >= hi:
@@ -209,16 +221,17 @@ cdef class RecordList:
                     and not ((r.per or per) and spans_disjoint(r.lo, r.hi, r.per, r.ch, lo, hi, per, ch)):
                 conflict = self.view(i)
         if drop:
+            dead = []  # (see _defer)
             k = 0
             for i in range(self.n):
                 r = &self.a[i]
                 if r.lo >= lo and r.hi <= hi:
                     if write:
                         if r.sid == sid or clock_at(vc, r.sid) >= r.epoch:
-                            _release(r)
+                            _defer(r, dead)
                             continue
                     elif r.sid == sid and r.kind == K_READ:
-                        _release(r)
+                        _defer(r, dead)
                         continue
                 if k != i:
                     self.a[k] = r[0]
@@ -320,9 +333,11 @@ cdef class Graveyard:
         cdef Py_ssize_t i = self.find(base, end), cap
         cdef grave_t *a
         Py_INCREF(recs)
+        cdef PyObject *old
         if i < self.n and self.a[i].base == base and self.a[i].end == end:
-            Py_XDECREF(self.a[i].recs)
+            old = self.a[i].recs
             self.a[i].recs = <PyObject *>recs
+            Py_XDECREF(old)  # (after: its records' deallocation may come back here)
             return 0
         if self.n == self.cap:
             cap = self.cap * 2 if self.cap else 16
@@ -350,7 +365,7 @@ cdef class Graveyard:
         cdef rec_t *r
         if not self.n:
             return 0
-        i = self.find(lo - self.max_len, -(1 << 62))
+        i = self.find(lo - self.max_len, LLONG_MIN)  # the first entry starting at or after lo - max_len
         while i < self.n:
             if self.a[i].base >= hi:
                 break
@@ -371,14 +386,19 @@ cdef class Graveyard:
         rest keep their order)."""
         cdef Py_ssize_t i, k = 0
         cdef RecordList recs
-        for i in range(self.n):
+        cdef list dead = []
+        i = 0
+        while i < self.n:  # first each entry's records (whatever they free may come back here)
+            (<RecordList>self.a[i].recs).retire_passed(host)
+            i += 1
+        for i in range(self.n):  # then the entries left empty, the graveyard whole before they go
             recs = <RecordList>self.a[i].recs
-            recs.retire_passed(host)
             if recs.n:
                 if k != i:
                     self.a[k] = self.a[i]
                 k += 1
             else:
+                dead.append(recs)
                 Py_XDECREF(self.a[i].recs)
         self.n = k
         return 0

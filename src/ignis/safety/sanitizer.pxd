@@ -79,7 +79,7 @@ cdef class Sanitizer:
     cdef _Rec _find_conflict(self, _Rec rec, dict vc, bint rw)
     @cython.locals(recs=list, r=_Rec)
     cdef int _insert(self, _Rec rec, tuple extent) except -1
-    @cython.locals(rec=_Rec, conflict=_Rec, keep=RecordList, ep=cython.longlong, sid=cython.longlong,
+    @cython.locals(conflict=_Rec, keep=RecordList, ep=cython.longlong, sid=cython.longlong,
                    base=cython.longlong, end=cython.longlong)
     cdef tuple _retire(self, _Extent ext, object frames)
     @cython.locals(ext=_Extent, found=tuple)

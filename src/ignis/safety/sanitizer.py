@@ -70,6 +70,9 @@ from bisect import bisect_left, bisect_right, insort
 from contextlib import contextmanager
 from typing import Any, Callable, Iterator, Sequence
 
+# The sanitizer runs compiled, as the rest of the package does: it calls its record store
+# (records.pyx) through C methods that plain Python cannot reach. The plain-Python branches
+# below (``_COMPILED`` false) remain only for reading the source as Python.
 try:  # compiled, this is Cython's; as plain Python, its shadow module if installed (not required)
     import cython
     _COMPILED = cython.compiled
