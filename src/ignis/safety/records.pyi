@@ -97,16 +97,7 @@ class Graveyard:
     def values(self) -> list:
         ...
 
-    def items(self) -> list:
-        ...
-
     def __iter__(self) -> Iterator[tuple[int, int]]:
-        ...
-
-    def __contains__(self, key: tuple) -> bool:
-        ...
-
-    def __getitem__(self, key: tuple) -> RecordList:
         ...
 
     def __repr__(self) -> str:

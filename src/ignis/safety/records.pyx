@@ -307,8 +307,8 @@ cdef class RecordList:
 @cython.final
 cdef class Graveyard:
     """Freed lifetimes' records by extent (base, end), sorted by it: a new lifetime over those
-    addresses inherits the ones the host has not passed. From Python it reads as a mapping
-    (base, end) -> ``RecordList``, in address order."""
+    addresses inherits the ones the host has not passed. From Python: ``len``, iteration over
+    its (base, end) keys in address order, ``keys()`` and ``values()`` (its ``RecordList``\ s)."""
 
     def __dealloc__(self):
         cdef Py_ssize_t i
@@ -412,23 +412,8 @@ cdef class Graveyard:
     def values(self) -> list:
         return [<object>self.a[i].recs for i in range(self.n)]
 
-    def items(self) -> list:
-        return [((self.a[i].base, self.a[i].end), <object>self.a[i].recs) for i in range(self.n)]
-
     def __iter__(self) -> Iterator[tuple[int, int]]:
         return iter(self.keys())
-
-    def __contains__(self, key: tuple) -> bool:
-        base, end = key
-        cdef Py_ssize_t i = self.find(base, end)
-        return i < self.n and self.a[i].base == base and self.a[i].end == end
-
-    def __getitem__(self, key: tuple) -> RecordList:
-        base, end = key
-        cdef Py_ssize_t i = self.find(base, end)
-        if i < self.n and self.a[i].base == base and self.a[i].end == end:
-            return <object>self.a[i].recs
-        raise KeyError(key)
 
     def __repr__(self) -> str:
         return f"<graveyard of {self.n} freed extents>"

@@ -6,8 +6,7 @@
 
 cimport cython
 from ignis.memory.resource cimport ReentrantLock
-from ignis.safety.records cimport (_Rec, _new_rec, RecordList, Graveyard, spans_disjoint, clock_at, K_READ, K_WRITE,
-                                   K_FREE)
+from ignis.safety.records cimport _Rec, _new_rec, RecordList, Graveyard, spans_disjoint, K_READ, K_WRITE, K_FREE
 
 
 # Extents hold no reference that could lead back to them (strings, integers, stacks, their
@@ -87,7 +86,7 @@ cdef class Sanitizer:
     cdef object _add_rs(self, _Extent ext, long long sid, bint held)
     cdef object _drop_held(self, _Extent ext)
     @cython.locals(sid=cython.longlong, ep=cython.longlong, vc=dict, live=dict, host=dict, hv=cython.longlong,
-                   ext=_Extent, rec=_Rec, recs=RecordList, conflict=_Rec, mode=cython.longlong, per=cython.longlong,
+                   ext=_Extent, rec=_Rec, recs=RecordList, conflict=_Rec, uninit=bint, mode=cython.longlong, per=cython.longlong,
                    ch=cython.longlong, write=bint, written=list, found=list, packed=bint, n=Py_ssize_t,
                    k=Py_ssize_t, buf=cython.p_char, p=cython.p_longlong, bad=bint, b=cython.longlong,
                    lo=cython.longlong, hi=cython.longlong, size=cython.longlong, e=cython.longlong)

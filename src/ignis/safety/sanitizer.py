@@ -829,24 +829,23 @@ class Sanitizer:
                 if not mode & (_R | _W):
                     continue  # an allocation the op returned: no byte touched yet
                 write = mode & _W
-                rec = None  # (made as an object only for a report)
                 recs = ext.recs
+                conflict = None
                 if len(recs):
                     if ext.hv != hv:  # the host moved on: records it passed can never race again
                         recs.retire_passed(host)
                         ext.hv = hv
                     conflict = recs.scan(sid, lo, hi, per, ch, write, vc)
-                    if conflict is not None:
-                        rec = _new_rec(sid, label, ep, "write" if write else "read", lo, hi, op, frames, ext.gen,
-                                       base, per, ch)
-                        found = (found or []) + [(conflict, rec)]
                 w = ext.written
-                if (w is not None and mode & _R and not mode & _NI and not (from_lib and ext.lib)
-                        and not _covered(w, lo - b, hi - b)):
-                    if rec is None:
-                        rec = _new_rec(sid, label, ep, "write" if write else "read", lo, hi, op, frames, ext.gen,
-                                       base, per, ch)
-                    found = (found or []) + [(ext, rec)]
+                uninit = (w is not None and mode & _R and not mode & _NI and not (from_lib and ext.lib)
+                          and not _covered(w, lo - b, hi - b))
+                if conflict is not None or uninit:  # a report: the access as a record object
+                    rec = _new_rec(sid, label, ep, "write" if write else "read", lo, hi, op, frames, ext.gen,
+                                   base, per, ch)
+                    if conflict is not None:
+                        found = (found or []) + [(conflict, rec)]
+                    if uninit:
+                        found = (found or []) + [(ext, rec)]
                 recs.push(sid, ep, K_WRITE if write else K_READ, lo, hi, per, ch, ext.gen, b, label, op,  # noqa: F821
                           frames)
                 if w is not None and (write or mode & _MW):
