@@ -45,7 +45,7 @@ def make_trace(rng: random.Random, calls: int) -> list:
                 size = sizes.get(base) or from_list([256, 1024, 4096])
                 lo = base + rng.randrange(0, size, 64)
                 hi = min(base + size, lo + from_list([64, 128, 256, 1024, 4096]))
-                per, ch = (0, 0) if rng.random() < 0.8 else (128, 64)
+                per, ch = (0, 0) if rng.random() < 0.8 or hi - lo < 128 else (128, 64)  # (a period within the span)
                 mode = from_list([1, 1, 2, 2, 3, 6, 4, 9, 33, 5])  # READ, WRITE, OUTPUT, NO_INIT, MAYBE_WRITE
                 items.append([base, size, lo, hi, per, ch, mode])
             stream = from_list(STREAMS) if rng.random() < 0.95 else None

@@ -596,6 +596,14 @@ def test_bad_packed_items_are_refused_before_anything_changes():
             san.foreign_access(0x10, "aten::fill_", None, pack_items([(base, size, 4096, 4352, 0, 0, WRITE)]))
         with pytest.raises(ValueError, match="not an address range"):
             san.foreign_access(0x10, "aten::fill_", None, [(base, size, 4096, 4352, 0, 0, WRITE)])
+    # A stride pattern is (0, 0), or a chunk of at most its period, at most the span: anything else
+    # (a chunk past its period could overflow the disjointness test) is refused in both forms.
+    for per, ch in ((64, 128), (0, 8), (-64, 8), (1024, 8), (128, (1 << 63) - 10), (-1, -1)):
+        with pytest.raises(ValueError, match="stride pattern"):
+            san.foreign_access(0x10, "aten::fill_", None, [(4096, 256, 4096, 4352, per, ch, WRITE)])
+        if per >= -1 and ch >= -1:
+            with pytest.raises(ValueError, match="stride pattern"):
+                san.foreign_access(0x10, "aten::fill_", None, pack_items([(4096, 256, 4096, 4352, per, ch, WRITE)]))
     assert not san._live and not san._clock and san.checked_foreign == 0
 
 

@@ -789,6 +789,17 @@ class Sanitizer:
                 raise ValueError(f"ignis sanitizer: {op} reports the byte span [{lo_:#x}, {hi_:#x}) of an extent of "
                                  f"{size_} bytes at {base_:#x}, which is not an address range "
                                  f"below 2**63 (every device and host pointer is)")
+            if packed:  # the stride pattern: (0, 0), or a chunk of at most its period, at most the span
+                per, ch = p[7 * k + 4], p[7 * k + 5]
+                bad = not (0 <= ch <= per <= hi - lo) or (ch and not per)
+            else:
+                sp, sc = items[k][4], items[k][5]
+                bad = not (0 <= sc <= sp <= ihi - ilo) or (sc and not sp)
+            if bad:
+                sp, sc, lo_, hi_ = (per, ch, lo, hi) if packed else (sp, sc, ilo, ihi)
+                raise ValueError(f"ignis sanitizer: {op} reports the stride pattern ({sp}, {sc}) (a chunk of {sc} "
+                                 f"bytes every {sp}) over the byte span [{lo_:#x}, {hi_:#x}): a pattern is (0, 0) "
+                                 f"for contiguous bytes, else a chunk of at most its period, at most the span")
         found: list | None = None
         self._lock.take()
         try:
