@@ -1,6 +1,7 @@
 """Differential fuzz of the sanitizer: random traces of its entry points (allocations, frees,
-foreign accesses, event records and waits, synchronizations, record_stream) replayed into two
-trees' sanitizers, whose reports must be the same, call by call.
+foreign accesses, pinned host memory, event records and waits, synchronizations, record_stream)
+replayed into two trees' sanitizers, whose reports must be the same, call by call, and whose
+state at the end of each trace (live extents, graveyard, clocks) must be the same.
 
     python scripts/fuzz_sanitizer_ab.py OLD_SRC [NEW_SRC] [--traces N] [--seed S] [--calls C]
 
@@ -49,6 +50,9 @@ def make_trace(rng: random.Random, calls: int) -> list:
                 mode = from_list([1, 1, 2, 2, 3, 6, 4, 9, 33, 5])  # READ, WRITE, OUTPUT, NO_INIT, MAYBE_WRITE
                 items.append([base, size, lo, hi, per, ch, mode])
             stream = from_list(STREAMS) if rng.random() < 0.95 else None
+            if stream is None and rng.random() < 0.5:  # the host's access to pinned memory
+                for it in items:
+                    it[6] = (it[6] & ~4) | 16
             out.append(("foreign_access", [stream, f"op{i}", None, items, rng.random() < 0.05, 0]))
         elif r < 0.75:
             out.append(("on_event_record", [from_list(EVENTS), from_list(STREAMS)]))
@@ -60,10 +64,12 @@ def make_trace(rng: random.Random, calls: int) -> list:
             out.append(("on_event_synchronize", [from_list(EVENTS)]))
         elif r < 0.93:
             out.append(("on_device_synchronize", []))
-        elif r < 0.98:
+        elif r < 0.975:
             out.append(("extent_record_stream", [from_list(BASES), from_list(STREAMS), rng.random() < 0.3]))
-        else:
+        elif r < 0.99:
             out.append(("extent_release", [from_list(BASES)]))
+        else:
+            out.append(("extent_dropped", [from_list(BASES)]))
     return out
 
 
@@ -89,7 +95,20 @@ def run(seed: int, traces: int, calls: int) -> None:
             if total != seen:
                 print(json.dumps([t, c, reps]))
                 seen = total
-        print(json.dumps([t, "end", [(type(e).__name__, e.count, str(e)) for e in san.reports]]))
+        print(json.dumps([t, "end", [(type(e).__name__, e.count, str(e)) for e in san.reports], state(san)]))
+
+
+def state(san) -> list:
+    """What a trace leaves: each live extent (base, end, generation, records), the graveyard's
+    extents and records, the host's clock and each stream's (entries above 0)."""
+    def recs(rl) -> list:
+        return [(r.sid, r.epoch, r.kind, r.lo, r.hi, r.per, r.ch, r.gen, r.block) for r in rl]
+
+    def clock(c) -> list:
+        return sorted((k, v) for k, v in c.items() if v)
+    live = sorted((b, e.end, e.gen, e.pinned, recs(e.recs)) for b, e in san._live.items())
+    grave = [(k, recs(v)) for k, v in zip(san._grave.keys(), san._grave.values())]
+    return [live, grave, clock(san._host), sorted((s, clock(c)) for s, c in san._clock.items())]
 
 
 def main() -> int:

@@ -657,3 +657,116 @@ def test_a_record_whose_stack_runs_code_when_freed_never_sees_a_half_compacted_l
     assert len(nested) == 3 and not san.reports
     recs = san._live[base].recs
     assert all(r.op in ("aten::fill_", "aten::sum") for r in recs)
+
+
+def test_many_records_dropped_at_once_are_each_released_once():
+    """A write that supersedes many records, and a synchronization that retires many, drop
+    them in one compaction (past the few a compaction holds without allocating): each dropped
+    record lets its stack go exactly once, and the records kept stay whole."""
+    from ignis.safety.sanitizer import READ, WRITE, OUTPUT, Sanitizer
+    san = Sanitizer()
+    san.mode = "collect"
+    A, B, base, n = 0x10, 0x20, 4096, 20
+    gone = []
+
+    class Stack:
+        def __init__(self, tag):
+            self.tag = tag
+
+        def __del__(self):
+            gone.append(self.tag)
+
+    san.foreign_access(A, "aten::fill_", None, [(base, 16 * n, base, base + 16 * n, 0, 0, WRITE | OUTPUT)])
+    for i in range(n):  # reads of disjoint spans on the writer's stream
+        san.foreign_access(A, "aten::sum", Stack(("a", i)), [(base, 0, base + 16 * i, base + 16 * i + 16, 0, 0, READ)])
+    assert len(san._live[base].recs) == n + 1 and not gone
+    san.foreign_access(A, "aten::fill_", None, [(base, 0, base, base + 16 * n, 0, 0, WRITE)])  # over all of them
+    assert sorted(gone) == [("a", i) for i in range(n)]
+    assert [r.kind for r in san._live[base].recs] == ["write"]
+    ev = 0xE1
+    san.on_event_record(ev, A)
+    san.on_stream_wait_event(B, ev)
+    for i in range(n):  # reads on another stream, ordered after the write
+        san.foreign_access(B, "aten::sum", Stack(("b", i)), [(base, 0, base + 16 * i, base + 16 * i + 16, 0, 0, READ)])
+    assert len(san._live[base].recs) == n + 1
+    san.on_stream_synchronize(B)  # the host passed them all: the next check retires them
+    san.foreign_access(A, "aten::sum", None, [(base, 0, base, base + 16, 0, 0, READ)])
+    assert sorted(gone) == sorted([("a", i) for i in range(n)] + [("b", i) for i in range(n)])
+    assert not san.reports and [r.kind for r in san._live[base].recs] == ["read"]  # (the write too: B waited for it)
+
+
+def test_extents_at_many_addresses_keep_their_lifetimes_and_generations():
+    """The extents by address (a table that grows as addresses come): thousands of them, each
+    found again with its generation; a free and a reuse move an address to its next
+    generation; what was never seen has none. From Python the table reads as a mapping."""
+    from ignis.safety.sanitizer import WRITE, OUTPUT, Sanitizer
+    san = Sanitizer()
+    san.mode = "collect"
+    bases = [0x7F00_0000_0000 + 512 * k for k in range(3000)]
+    for b in bases:
+        san.extent_allocated(b, 0x10)
+        san.foreign_access(0x10, "aten::fill_", None, [(b, 512, b, b + 512, 0, 0, WRITE | OUTPUT)])
+    for b in bases[::2]:
+        san.extent_freed(b)
+    for b in bases[::4]:  # a quarter of the addresses reused
+        san.extent_allocated(b, 0x10)
+    live = san._live
+    assert len(live) == len(bases) - len(bases[::2]) + len(bases[::4])
+    assert sorted(live) == sorted(set(bases[1::2]) | set(bases[::4]))
+    for k, b in enumerate(bases):
+        assert live.gen_at(b) == (2 if k % 4 == 0 else 1)
+        if k % 2:
+            assert live[b].gen == 1 and live[b].end == b + 512 and b in live
+        elif k % 4 == 0:
+            assert live.get(b).gen == 2 and live[b].end is None  # its size comes with its first access
+        else:
+            assert b not in live and live.get(b) is None
+    assert live.gen_at(12345) == 0 and live.get(12345, "none") == "none" and 12345 not in live
+    assert "x" not in live and -1 not in live and (1 << 64) not in live
+    with pytest.raises(KeyError):
+        live[12345]
+    assert not san.reports
+
+
+def test_an_allocation_at_no_address_is_refused_and_a_free_there_does_nothing():
+    from ignis.safety.sanitizer import Sanitizer
+    san = Sanitizer()
+    san.mode = "collect"
+    for bad in (-4096, 1 << 63):
+        with pytest.raises(ValueError, match="not at an address below 2\\*\\*63"):
+            san.extent_allocated(bad, 0x10)
+    san.extent_freed(1 << 64)
+    san.extent_freed(-1)
+    san.extent_record_stream(1 << 64, 0x20)
+    san.extent_release(-1)
+    san.extent_dropped(1 << 70)
+    assert not san.knows(-5) and not san.knows(1 << 64)
+    assert not san._live and not san.reports
+
+
+def test_clocks_of_many_streams_order_a_chain_and_still_find_the_race():
+    """Stream identities past the few a clock first holds: a chain of 40 streams, each
+    waiting for the one before, orders the first stream's write before the last one's read;
+    a stream outside the chain races it."""
+    from ignis.safety.sanitizer import READ, WRITE, OUTPUT, Sanitizer
+    san = Sanitizer()
+    san.mode = "collect"
+    streams = [0x1000 + 16 * k for k in range(40)]
+    base = 4096
+    san.foreign_access(streams[0], "aten::fill_", None, [(base, 256, base, base + 256, 0, 0, WRITE | OUTPUT)])
+    own = [8192 * (k + 1) for k in range(len(streams))]  # each stream's own extent, written on it
+    for k in range(1, len(streams)):
+        san.foreign_access(streams[k - 1], "aten::fill_", None, [(own[k], 64, own[k], own[k] + 64, 0, 0,
+                                                                   WRITE | OUTPUT)])
+        san.on_event_record(0xE000 + k, streams[k - 1])
+        san.on_stream_wait_event(streams[k], 0xE000 + k)
+    san.foreign_access(streams[-1], "aten::sum", None,
+                       [(base, 256, base, base + 256, 0, 0, READ)] + [(b, 64, b, b + 64, 0, 0, READ) for b in own[1:]])
+    assert not san.reports
+    assert not san._host.items()  # the host has waited for nothing yet
+    san.foreign_access(0x9990, "aten::sum", None, [(base, 256, base, base + 64, 0, 0, READ)])
+    assert len(san.reports) == 1 and "race" in str(san.reports[0])
+    san.on_device_synchronize()
+    assert len(san._host.items()) == len(streams) + 1  # every stream's work, waited for
+    san.foreign_access(0x9990, "aten::fill_", None, [(base, 256, base, base + 256, 0, 0, WRITE)])
+    assert len(san.reports) == 1

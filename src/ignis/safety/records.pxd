@@ -45,7 +45,27 @@ cpdef _Rec _new_rec(long long sid, object stream_id, long long epoch, str kind, 
 cdef bint spans_disjoint(long long rlo, long long rhi, long long rper, long long rch,
                          long long lo, long long hi, long long per, long long ch) noexcept
 
-cdef long long clock_at(dict clock, long long sid) except? -1
+cdef class Clock:
+    cdef long long *a
+    cdef Py_ssize_t n              # entries held: identities 0 .. n - 1 (the rest are at 0)
+    cdef readonly long long seen   # a stream's clock: the host version it last joined (-1: none)
+
+    cdef int put(self, long long sid, long long v) except -1
+    cdef long long bump(self, long long sid) except -1
+    cdef bint join(self, Clock other) except -1
+    cdef Clock copy(self)
+
+
+cdef inline long long clock_at(Clock c, long long sid) noexcept:
+    """``sid``'s epoch in ``c`` (0 where it holds none)."""
+    return c.a[sid] if <unsigned long long>sid < <unsigned long long>c.n else 0
+
+
+# The records a compaction drops, released once the array is whole again (records.pyx: _drop).
+ctypedef struct dropped_t:
+    rec_t *a
+    Py_ssize_t n, cap
+    rec_t local[8]
 
 
 cdef class RecordList:
@@ -57,12 +77,12 @@ cdef class RecordList:
                   long long ch, long long gen, long long block, object label, object op, object frames) except -1
     cdef int push_copy(self, rec_t *r) except -1
     cdef _Rec view(self, Py_ssize_t i)
-    cdef int retire_passed(self, dict host) except -1
+    cdef int retire_passed(self, Clock host) except -1
     cdef _Rec scan(self, long long sid, long long lo, long long hi, long long per, long long ch, bint write,
-                   dict vc)
+                   Clock vc)
     cdef bint used_elsewhere(self, long long sid, object rs) except -1
     cdef _Rec retire_into(self, RecordList keep, long long sid, long long base, long long end, long long gen,
-                          dict host, dict vc, object rs)
+                          Clock host, Clock vc, object rs)
 
 
 ctypedef struct grave_t:
@@ -76,7 +96,27 @@ cdef class Graveyard:
     cdef readonly long long max_len   # the longest extent ever put (the search's reach)
 
     cdef int put(self, long long base, long long end, RecordList recs) except -1
-    cdef int inherit(self, RecordList out, long long lo, long long hi, dict host, long long wsid, long long wlo,
-                     long long whi, dict vc) except -1
-    cdef int prune(self, dict host) except -1
+    cdef int inherit(self, RecordList out, long long lo, long long hi, Clock host, long long wsid, long long wlo,
+                     long long whi, Clock vc) except -1
+    cdef int prune(self, Clock host) except -1
     cdef Py_ssize_t find(self, long long base, long long end) noexcept
+
+
+# The sanitizer's foreign extents by base address (records.pyx: AddrMap).
+ctypedef struct slot_t:
+    long long key          # an address (LLONG_MIN: an empty slot; no address is negative)
+    long long gen          # the last generation handed out there
+    PyObject *val          # the live object there (a reference), or NULL
+
+
+cdef class AddrMap:
+    cdef slot_t *a
+    cdef Py_ssize_t cap, used       # slots, and those holding an address
+    cdef readonly Py_ssize_t live   # those holding a live object
+
+    cdef Py_ssize_t _slot(self, long long key) noexcept
+    cdef int _grow(self) except -1
+    cdef object find(self, long long key)
+    cdef long long gen_of(self, long long key) noexcept
+    cdef int put(self, long long key, object val, long long gen) except -1
+    cdef object take(self, long long key)

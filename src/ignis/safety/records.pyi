@@ -68,6 +68,30 @@ class _Rec:
     def __repr__(self) -> str:
         ...
 
+class Clock:
+
+    @property
+    def seen(self) -> int:
+        ...
+
+    def __init__(self) -> None:
+        ...
+
+    def __getitem__(self, sid: int) -> int:
+        ...
+
+    def get(self, sid: int, default: int=...) -> int:
+        ...
+
+    def items(self) -> list[tuple[int, int]]:
+        ...
+
+    def __len__(self) -> int:
+        ...
+
+    def __repr__(self) -> str:
+        ...
+
 class RecordList:
 
     def __len__(self) -> int:
@@ -98,6 +122,42 @@ class Graveyard:
         ...
 
     def __iter__(self) -> Iterator[tuple[int, int]]:
+        ...
+
+    def __repr__(self) -> str:
+        ...
+
+class AddrMap:
+
+    @property
+    def live(self) -> int:
+        ...
+
+    def gen_at(self, base: int) -> int:
+        ...
+
+    def get(self, base: object, default: object=...) -> object:
+        ...
+
+    def __getitem__(self, base: object) -> object:
+        ...
+
+    def __contains__(self, base: object) -> bool:
+        ...
+
+    def __len__(self) -> int:
+        ...
+
+    def keys(self) -> list:
+        ...
+
+    def values(self) -> list:
+        ...
+
+    def items(self) -> list:
+        ...
+
+    def __iter__(self) -> Iterator[int]:
         ...
 
     def __repr__(self) -> str:

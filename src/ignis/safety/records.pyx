@@ -4,9 +4,9 @@ A foreign extent (memory another allocator hands out) keeps the records of the a
 that may still race (``RecordList``); a freed lifetime's records wait in the graveyard
 (``Graveyard``) until the host has waited for them or a new lifetime at those addresses
 inherits them. Every check of an access walks these records, so they are C structs: a record
-costs no Python object, and a walk compares C integers and reads the clocks (dicts of stream
-identity -> epoch) without a Python frame. A record becomes a Python object (``_Rec``) only
-when something outside reads it: a report, a test, the Ignis blocks' own records.
+costs no Python object, and a walk compares C integers and reads the clocks (``Clock``: C
+arrays of stream identity -> epoch) without a Python frame or a dictionary lookup. A record
+becomes a Python object (``_Rec``) only when something outside reads it: a report, a test, the Ignis blocks' own records.
 
 What each walk decides is the sanitizer's rule, written here once and described where
 ``Sanitizer`` calls it (sanitizer.py): ``scan`` (the race check of one access, dropping
@@ -16,13 +16,12 @@ lifetime over freed addresses starts with).
 """
 
 cimport cython
-from cpython.dict cimport PyDict_GetItem
 from cpython.object cimport PyObject
 from cpython.ref cimport Py_INCREF, Py_XDECREF
 from cpython.set cimport PySet_Contains
-from libc.stdlib cimport free, realloc
+from libc.stdlib cimport free, malloc, realloc
 from libc.limits cimport LLONG_MIN
-from libc.string cimport memmove
+from libc.string cimport memcpy, memmove, memset
 
 from typing import Iterator
 
@@ -91,13 +90,83 @@ cdef bint spans_disjoint(long long rlo, long long rhi, long long rper, long long
     return rlo >= lo and d >= ch and d + (rhi - rlo) <= per
 
 
-cdef long long clock_at(dict clock, long long sid) except? -1:
-    """``clock.get(sid, 0)`` (a stream identity's epoch in a clock)."""
-    cdef object key = sid
-    cdef PyObject *v = PyDict_GetItem(clock, key)
-    if v == NULL:
+@cython.no_gc
+@cython.final
+cdef class Clock:
+    """A vector clock: stream identity -> epoch, as a C array indexed by the identity (the
+    sanitizer hands identities out from 1, one per stream it meets, so the array stays short).
+    An identity it does not hold is at 0. A stream's own clock also notes the version of the
+    host's clock it last joined (``seen``). From Python: ``clock[sid]``, ``get``, ``items()``
+    (the entries above 0), ``len`` (their number) and ``dict(clock.items())``."""
+
+    def __cinit__(self):
+        self.seen = -1
+
+    def __dealloc__(self):
+        free(self.a)
+
+    cdef int put(self, long long sid, long long v) except -1:
+        """Set ``sid``'s entry to ``v``."""
+        cdef Py_ssize_t n
+        cdef long long *a
+        if sid < 0:
+            raise ValueError(f"ignis sanitizer: stream identity {sid} (identities are at least 0)")
+        if sid >= self.n:
+            n = max(sid + 1, 2 * self.n, 8)
+            a = <long long *>realloc(self.a, n * sizeof(long long))
+            if a == NULL:
+                raise MemoryError("ignis sanitizer: out of host memory for a stream's clock")
+            memset(&a[self.n], 0, (n - self.n) * sizeof(long long))
+            self.a, self.n = a, n
+        self.a[sid] = v
         return 0
-    return <long long><object>v
+
+    cdef long long bump(self, long long sid) except -1:
+        """Advance ``sid``'s entry by one; returns the new epoch."""
+        cdef long long v = clock_at(self, sid) + 1
+        self.put(sid, v)
+        return v
+
+    cdef bint join(self, Clock other) except -1:
+        """Raise each entry to ``other``'s where that is later; whether any changed."""
+        cdef Py_ssize_t i, m = other.n
+        cdef bint changed = False
+        while m > 0 and other.a[m - 1] == 0:
+            m -= 1
+        if m > self.n:
+            self.put(m - 1, clock_at(self, m - 1))  # (grows the array first)
+        for i in range(m):
+            if self.a[i] < other.a[i]:
+                self.a[i] = other.a[i]
+                changed = True
+        return changed
+
+    cdef Clock copy(self):
+        """A snapshot (an event's, where it was recorded)."""
+        cdef Clock c = Clock.__new__(Clock)
+        if self.n:
+            c.a = <long long *>malloc(self.n * sizeof(long long))
+            if c.a == NULL:
+                raise MemoryError("ignis sanitizer: out of host memory for a clock's snapshot")
+            memcpy(c.a, self.a, self.n * sizeof(long long))
+            c.n = self.n
+        return c
+
+    def __getitem__(self, sid: int) -> int:
+        return clock_at(self, sid)
+
+    def get(self, sid: int, default: int = 0) -> int:
+        v = self[sid]
+        return v if v else default
+
+    def items(self) -> list[tuple[int, int]]:
+        return [(i, self.a[i]) for i in range(self.n) if self.a[i]]
+
+    def __len__(self) -> int:
+        return len(self.items())
+
+    def __repr__(self) -> str:
+        return f"<clock {dict(self.items())}>"
 
 
 cdef inline void _release(rec_t *r) noexcept:
@@ -106,15 +175,44 @@ cdef inline void _release(rec_t *r) noexcept:
     Py_XDECREF(r.frames)
 
 
-cdef int _defer(rec_t *r, list dead) except -1:
-    """Drop ``r``'s references, keeping its objects alive in ``dead`` until the caller's array is
-    whole again: an object's deallocation may run Python code (a ``__del__``) that comes back
-    into the sanitizer, which must then see no half-compacted array."""
-    dead.append(<object>r.label)
-    dead.append(<object>r.op)
-    dead.append(<object>r.frames)
-    _release(r)
-    return 0
+cdef inline bint _drop(dropped_t *d, rec_t *r) noexcept:
+    """Move ``r`` into ``d``, the records a compaction drops; their references are released
+    by ``_drop_done``, once the caller's array is whole again (a deallocation may run Python
+    code, a ``__del__``, that comes back into the sanitizer, which must then see no
+    half-compacted array). False where no memory is left for it: the caller keeps the record
+    then (keeping a record is always safe: it is ordered, or superseded by a later one)."""
+    cdef rec_t *a
+    cdef Py_ssize_t cap
+    if d.n == d.cap:
+        cap = 2 * d.cap
+        if d.a == d.local:
+            a = <rec_t *>malloc(cap * sizeof(rec_t))
+            if a != NULL:
+                memcpy(a, d.local, d.n * sizeof(rec_t))
+        else:
+            a = <rec_t *>realloc(d.a, cap * sizeof(rec_t))
+        if a == NULL:
+            return False
+        d.a, d.cap = a, cap
+    d.a[d.n] = r[0]
+    d.n += 1
+    return True
+
+
+cdef inline void _drop_init(dropped_t *d) noexcept:
+    d.a, d.n, d.cap = d.local, 0, 8
+
+
+cdef inline void _drop_done(dropped_t *d) noexcept:
+    """Release what ``d`` holds (the records' array is whole again)."""
+    cdef Py_ssize_t i
+    cdef rec_t *a = d.a
+    cdef Py_ssize_t n = d.n
+    d.a, d.n, d.cap = d.local, 0, 0  # (a release that comes back finds nothing here)
+    for i in range(n):
+        _release(&a[i])
+    if a != d.local:
+        free(a)
 
 
 cdef inline bint _in(object rs, long long sid) except -1:
@@ -175,25 +273,24 @@ cdef class RecordList:
         return _new_rec(r.sid, <object>r.label, r.epoch, _KINDS[r.kind], r.lo, r.hi, <object>r.op,
                         <object>r.frames, r.gen, r.block, r.per, r.ch)
 
-    cdef int retire_passed(self, dict host) except -1:
+    cdef int retire_passed(self, Clock host) except -1:
         """Drop the records the host has waited for: they can never race again (the rest keep
         their order)."""
         cdef Py_ssize_t i, k = 0
-        cdef list dead = None  # (made before the array changes: it may run the cyclic collector)
+        cdef dropped_t gone
+        _drop_init(&gone)
         for i in range(self.n):
-            if clock_at(host, self.a[i].sid) < self.a[i].epoch:
-                if k != i:
-                    self.a[k] = self.a[i]
-                k += 1
-            else:
-                if dead is None:
-                    dead = []
-                _defer(&self.a[i], dead)
+            if clock_at(host, self.a[i].sid) >= self.a[i].epoch and _drop(&gone, &self.a[i]):
+                continue
+            if k != i:
+                self.a[k] = self.a[i]
+            k += 1
         self.n = k
-        return 0  # (what it dropped is freed here, with ``dead``: the array is whole)
+        _drop_done(&gone)  # (the array is whole)
+        return 0
 
     cdef _Rec scan(self, long long sid, long long lo, long long hi, long long per, long long ch, bint write,
-                   dict vc):
+                   Clock vc):
         """The first record that races with an access of [lo, hi) (stride ``per``, ``ch``) on
         stream ``sid``, whose clock is ``vc`` (a write when ``write``; the access is not a record
         yet), or None. Records the access supersedes are dropped: the same stream's within its
@@ -203,7 +300,7 @@ cdef class RecordList:
         cdef rec_t *r
         cdef bint drop = False, covered
         cdef _Rec conflict = None
-        cdef list dead
+        cdef dropped_t gone
         for i in range(self.n):
             r = &self.a[i]
             if r.hi <= lo or r.lo >= hi:
@@ -221,22 +318,21 @@ cdef class RecordList:
                     and not ((r.per or per) and spans_disjoint(r.lo, r.hi, r.per, r.ch, lo, hi, per, ch)):
                 conflict = self.view(i)
         if drop:
-            dead = []  # (see _defer)
+            _drop_init(&gone)
             k = 0
             for i in range(self.n):
                 r = &self.a[i]
                 if r.lo >= lo and r.hi <= hi:
                     if write:
-                        if r.sid == sid or clock_at(vc, r.sid) >= r.epoch:
-                            _defer(r, dead)
+                        if (r.sid == sid or clock_at(vc, r.sid) >= r.epoch) and _drop(&gone, r):
                             continue
-                    elif r.sid == sid and r.kind == K_READ:
-                        _defer(r, dead)
+                    elif r.sid == sid and r.kind == K_READ and _drop(&gone, r):
                         continue
                 if k != i:
                     self.a[k] = r[0]
                 k += 1
             self.n = k
+            _drop_done(&gone)  # (the array is whole)
         return conflict
 
     cdef bint used_elsewhere(self, long long sid, object rs) except -1:
@@ -249,7 +345,7 @@ cdef class RecordList:
         return False
 
     cdef _Rec retire_into(self, RecordList keep, long long sid, long long base, long long end, long long gen,
-                          dict host, dict vc, object rs):
+                          Clock host, Clock vc, object rs):
         """A lifetime's records at its free on stream ``sid`` (clock ``vc``, the free's epoch in
         it), put into ``keep`` for the graveyard; returns the first use of this lifetime on
         another stream not ordered before the free (None if none).
@@ -353,8 +449,8 @@ cdef class Graveyard:
             self.max_len = end - base
         return 0
 
-    cdef int inherit(self, RecordList out, long long lo, long long hi, dict host, long long wsid, long long wlo,
-                     long long whi, dict vc) except -1:
+    cdef int inherit(self, RecordList out, long long lo, long long hi, Clock host, long long wsid, long long wlo,
+                     long long whi, Clock vc) except -1:
         """Append to ``out`` the records of freed extents over [lo, hi) the host has not passed,
         for the lifetime starting there. Where its first access is a contiguous write over
         [wlo, whi) on stream ``wsid`` (clock ``vc``; else wsid -1), the records that write
@@ -381,7 +477,7 @@ cdef class Graveyard:
             i += 1
         return 0
 
-    cdef int prune(self, dict host) except -1:
+    cdef int prune(self, Clock host) except -1:
         """Drop the records the host has passed, and the entries left with none (one pass; the
         rest keep their order)."""
         cdef Py_ssize_t i, k = 0
@@ -417,3 +513,141 @@ cdef class Graveyard:
 
     def __repr__(self) -> str:
         return f"<graveyard of {self.n} freed extents>"
+
+
+@cython.final
+cdef class AddrMap:
+    """Live objects by address, with the last generation handed out at each address: the
+    sanitizer's foreign extents by base (an open-addressing table of C integers, where a dict
+    would box each address and hash it as a Python integer on every access). An address, once
+    seen, keeps its slot (its generation outlives its object), so nothing is ever deleted and
+    no probe sequence breaks. From Python, a mapping of the live objects: ``m[base]``, ``get``,
+    ``in``, ``len``, iteration over the addresses, ``keys()``, ``values()``, ``items()``; and
+    ``gen_at(base)``."""
+
+    def __dealloc__(self):
+        cdef Py_ssize_t i
+        for i in range(self.cap):
+            Py_XDECREF(self.a[i].val)
+        free(self.a)
+
+    cdef Py_ssize_t _slot(self, long long key) noexcept:
+        """The slot of ``key``, or the empty slot where it would go (-1 while the table is empty)."""
+        cdef Py_ssize_t mask, i
+        if not self.cap:
+            return -1
+        mask = self.cap - 1
+        i = <Py_ssize_t>((<unsigned long long>key >> 4) * 0x9E3779B97F4A7C15ULL >> 20) & mask
+        while self.a[i].key != key and self.a[i].key != LLONG_MIN:
+            i = (i + 1) & mask
+        return i
+
+    cdef int _grow(self) except -1:
+        cdef Py_ssize_t cap = self.cap * 2 if self.cap else 64, i, j, mask = cap - 1
+        cdef slot_t *a = <slot_t *>malloc(cap * sizeof(slot_t))
+        cdef slot_t *old = self.a
+        if a == NULL:
+            raise MemoryError("ignis sanitizer: out of host memory for the table of extents")
+        for i in range(cap):
+            a[i].key, a[i].gen, a[i].val = LLONG_MIN, 0, NULL
+        for i in range(self.cap):
+            if old[i].key != LLONG_MIN:
+                j = <Py_ssize_t>((<unsigned long long>old[i].key >> 4) * 0x9E3779B97F4A7C15ULL >> 20) & mask
+                while a[j].key != LLONG_MIN:
+                    j = (j + 1) & mask
+                a[j] = old[i]
+        self.a, self.cap = a, cap
+        free(old)
+        return 0
+
+    cdef object find(self, long long key):
+        """The live object at ``key``, or None."""
+        cdef Py_ssize_t i = self._slot(key)
+        if i < 0 or self.a[i].val == NULL:
+            return None
+        return <object>self.a[i].val
+
+    cdef long long gen_of(self, long long key) noexcept:
+        """The last generation handed out at ``key`` (0: none)."""
+        cdef Py_ssize_t i = self._slot(key)
+        return self.a[i].gen if i >= 0 and self.a[i].key == key else 0
+
+    cdef int put(self, long long key, object val, long long gen) except -1:
+        """``val`` (None: nothing) is live at ``key`` now, and ``gen`` the last generation there."""
+        cdef Py_ssize_t i
+        cdef PyObject *old
+        if key == LLONG_MIN:
+            raise ValueError(f"ignis sanitizer: {key} is not an address")
+        i = self._slot(key)
+        if i < 0 or self.a[i].key != key:
+            if 2 * (self.used + 1) > self.cap:
+                self._grow()
+                i = self._slot(key)
+            self.a[i].key, self.a[i].val = key, NULL
+            self.used += 1
+        old = self.a[i].val
+        self.a[i].gen = gen
+        if val is None:
+            self.a[i].val = NULL
+        else:
+            Py_INCREF(val)
+            self.a[i].val = <PyObject *>val
+            if old == NULL:
+                self.live += 1
+        if old != NULL:
+            if val is None:
+                self.live -= 1
+            Py_XDECREF(old)  # (last: its deallocation may come back here)
+        return 0
+
+    cdef object take(self, long long key):
+        """Remove the live object at ``key`` and return it (None if there was none); the
+        generation stays."""
+        cdef Py_ssize_t i = self._slot(key)
+        cdef object val
+        if i < 0 or self.a[i].val == NULL:
+            return None
+        val = <object>self.a[i].val  # (a reference of its own: the slot's goes)
+        Py_XDECREF(self.a[i].val)
+        self.a[i].val = NULL
+        self.live -= 1
+        return val
+
+    def gen_at(self, base: int) -> int:
+        """The last generation handed out at ``base`` (0: none)."""
+        return self.gen_of(base) if _is_addr(base) else 0
+
+    def get(self, base: object, default: object = None) -> object:
+        v = self.find(base) if _is_addr(base) else None
+        return default if v is None else v
+
+    def __getitem__(self, base: object) -> object:
+        v = self.find(base) if _is_addr(base) else None
+        if v is None:
+            raise KeyError(base)
+        return v
+
+    def __contains__(self, base: object) -> bool:
+        return _is_addr(base) and self.find(base) is not None
+
+    def __len__(self) -> int:
+        return self.live
+
+    def keys(self) -> list:
+        return [self.a[i].key for i in range(self.cap) if self.a[i].val != NULL]
+
+    def values(self) -> list:
+        return [<object>self.a[i].val for i in range(self.cap) if self.a[i].val != NULL]
+
+    def items(self) -> list:
+        return [(self.a[i].key, <object>self.a[i].val) for i in range(self.cap) if self.a[i].val != NULL]
+
+    def __iter__(self) -> Iterator[int]:
+        return iter(self.keys())
+
+    def __repr__(self) -> str:
+        return f"<{self.live} live extents by address>"
+
+
+cdef inline bint _is_addr(object base):
+    return type(base) is int and 0 <= base < 2 ** 63

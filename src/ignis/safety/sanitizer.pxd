@@ -6,7 +6,8 @@
 
 cimport cython
 from ignis.memory.resource cimport ReentrantLock
-from ignis.safety.records cimport _Rec, _new_rec, RecordList, Graveyard, spans_disjoint, K_READ, K_WRITE, K_FREE
+from ignis.safety.records cimport (_Rec, _new_rec, RecordList, Graveyard, Clock, AddrMap, clock_at, spans_disjoint,
+                                   K_READ, K_WRITE, K_FREE)
 
 
 # Extents hold no reference that could lead back to them (strings, integers, stacks, their
@@ -55,12 +56,13 @@ cdef class Sanitizer:
     cdef readonly bint _atexit
     cdef readonly dict _sids, _by_id, _names, _labels
     cdef readonly object _next_sid
-    cdef readonly dict _clock, _seen, _events, _host
+    cdef readonly dict _clock, _events
+    cdef readonly Clock _host
     cdef readonly long long _host_version
     cdef readonly dict _regions
     cdef readonly list _starts
     cdef readonly long long _max_len
-    cdef readonly dict _live, _gen_at
+    cdef readonly AddrMap _live
     cdef readonly Graveyard _grave
     cdef readonly set pinned
     cdef readonly dict _capturing, _cap_events, _captured, _free_sites
@@ -69,23 +71,23 @@ cdef class Sanitizer:
     cdef readonly long long checked, checked_foreign, syncs
 
     cdef long long _sid(self, object handle) except -1
-    @cython.locals(vc=dict)
-    cdef dict _vc_of(self, long long sid)
-    cdef int _host_join(self, dict vc) except -1
-    @cython.locals(ext=_Extent, host=dict)
+    @cython.locals(vc=Clock)
+    cdef Clock _vc_of(self, long long sid)
+    cdef int _host_join(self, Clock vc) except -1
+    @cython.locals(ext=_Extent, host=Clock)
     cdef int _prune(self) except -1
     @cython.locals(r=_Rec)
-    cdef _Rec _find_conflict(self, _Rec rec, dict vc, bint rw)
-    @cython.locals(recs=list, r=_Rec)
+    cdef _Rec _find_conflict(self, _Rec rec, Clock vc, bint rw)
+    @cython.locals(recs=list, r=_Rec, vc=Clock)
     cdef int _insert(self, _Rec rec, tuple extent) except -1
-    @cython.locals(conflict=_Rec, keep=RecordList, ep=cython.longlong, sid=cython.longlong,
+    @cython.locals(conflict=_Rec, keep=RecordList, ep=cython.longlong, sid=cython.longlong, vc=Clock,
                    base=cython.longlong, end=cython.longlong)
     cdef tuple _retire(self, _Extent ext, object frames)
     @cython.locals(ext=_Extent, found=tuple)
     cdef tuple _freed(self, object base, object current=*)
     cdef object _add_rs(self, _Extent ext, long long sid, bint held)
     cdef object _drop_held(self, _Extent ext)
-    @cython.locals(sid=cython.longlong, ep=cython.longlong, vc=dict, live=dict, host=dict, hv=cython.longlong,
+    @cython.locals(sid=cython.longlong, ep=cython.longlong, vc=Clock, live=AddrMap, host=Clock, hv=cython.longlong,
                    ext=_Extent, rec=_Rec, recs=RecordList, conflict=_Rec, uninit=bint, mode=cython.longlong, per=cython.longlong,
                    ch=cython.longlong, write=bint, written=list, found=list, packed=bint, n=Py_ssize_t,
                    k=Py_ssize_t, buf=cython.p_char, p=cython.p_longlong, bad=bint, b=cython.longlong,
@@ -93,4 +95,4 @@ cdef class Sanitizer:
     cdef list _foreign(self, object stream, str op, object frames, object items, bint synced, bint from_lib=*)
     @cython.locals(end=cython.longlong)
     cdef _Extent _first_sight(self, _Extent ext, object base, object size, long long mode, long long sid,
-                              object frames, str op, long long lo=*, long long hi=*, long long per=*, dict vc=*)
+                              object frames, str op, long long lo=*, long long hi=*, long long per=*, Clock vc=*)

@@ -86,7 +86,7 @@ from .._types import Access
 from ..memory.block import DeviceBlock
 from ..memory.resource import ReentrantLock
 from .frames import capture_frames, format_frames, last_from_library, resolve, sites
-from .records import Graveyard, RecordList, _new_rec, _Rec
+from .records import AddrMap, Clock, Graveyard, RecordList, _new_rec, _Rec
 
 __all__ = ["Sanitizer", "sanitizer", "enable", "disable", "enabled", "is_enabled", "reports", "pack_items",
            "unpack_items", "user_frames", "UninitializedReadError", "READ", "WRITE", "OUTPUT", "NO_INIT_CHECK",
@@ -295,16 +295,14 @@ class Sanitizer:
         self._names: dict[int, int] = {}          # identity -> ignis Stream.id (for reports)
         self._labels: dict[int, str] = {}         # identity -> how a foreign access names its stream
         self._next_sid = itertools.count(1)
-        self._clock: dict[int, dict[int, int]] = {}
-        self._seen: dict[int, int] = {}           # identity -> host version joined
-        self._events: dict[int, dict[int, int]] = {}
-        self._host: dict[int, int] = {}
+        self._clock: dict[int, Clock] = {}         # identity -> its stream's clock (records.pyx)
+        self._events: dict[int, Clock] = {}        # event handle -> the clock it snapshot where recorded
+        self._host = Clock()                       # what the host has waited for
         self._host_version = 0
         self._regions: dict[tuple[int, int], list[_Rec]] = {}  # Ignis block extent -> records
         self._starts: list[tuple[int, int]] = []   # sorted extents
         self._max_len = 0
-        self._live: dict[int, _Extent] = {}        # foreign extents by base address
-        self._gen_at: dict[int, int] = {}          # base address -> last generation handed out there
+        self._live = AddrMap()                     # foreign extents by base address, and each address's generation
         self._grave = Graveyard()                 # freed foreign extents' records, by (base, end)
         self.pinned: set[int] = set()              # bases of pinned host extents with records
         self._capturing: dict[int, _Capture] = {}  # stream identity -> the CUDA graph it captures into
@@ -324,7 +322,7 @@ class Sanitizer:
         sid = self._sids.get(handle)
         if sid is None:
             sid = self._sids[handle] = next(self._next_sid)
-            self._clock[sid] = {sid: 0}
+            self._clock[sid] = Clock()  # (every entry at 0)
             if handle is HOST:
                 self._labels[sid] = "the host (CPU)"
             else:
@@ -336,24 +334,16 @@ class Sanitizer:
         with self._lock:
             self._labels[self._sid(handle)] = label
 
-    def _vc_of(self, sid: int) -> dict[int, int]:
+    def _vc_of(self, sid: int) -> Clock:
         """The clock of stream identity ``sid``, after joining what the host has seen."""
         vc = self._clock[sid]
-        if self._seen.get(sid) != self._host_version:
-            for k, v in self._host.items():
-                if vc.get(k, 0) < v:
-                    vc[k] = v
-            self._seen[sid] = self._host_version
+        if vc.seen != self._host_version:
+            vc.join(self._host)
+            vc.seen = self._host_version
         return vc
 
-    def _host_join(self, vc: dict[int, int]) -> None:
-        host = self._host
-        changed = False
-        for k, v in vc.items():
-            if host.get(k, 0) < v:
-                host[k] = v
-                changed = True
-        if changed:
+    def _host_join(self, vc: Clock) -> None:
+        if self._host.join(vc):
             self._host_version += 1
             self._prune()
 
@@ -361,7 +351,7 @@ class Sanitizer:
         host = self._host
         dead = []
         for key, recs in self._regions.items():
-            recs[:] = [r for r in recs if host.get(r.sid, 0) < r.epoch]
+            recs[:] = [r for r in recs if clock_at(host, r.sid) < r.epoch]
             if not recs:
                 dead.append(key)
         for key in dead:
@@ -369,12 +359,12 @@ class Sanitizer:
             del self._starts[bisect_left(self._starts, key)]
         self._grave.prune(host)  # (most of the graveyard dies at a synchronization: one pass)
         for base in list(self.pinned):
-            ext = self._live.get(base)
+            ext = self._live.find(base)
             if ext is not None:
                 ext.recs.retire_passed(host)
                 if len(ext.recs):
                     continue
-                del self._live[base]
+                self._live.take(base)
             self.pinned.discard(base)
 
     # -- trace handlers: the backend's trace registry and the front ends call these --
@@ -389,7 +379,7 @@ class Sanitizer:
                 return
             if self._cap_events:
                 self._cap_events.pop(event, None)
-            self._events[event] = dict(self._vc_of(sid))
+            self._events[event] = self._vc_of(sid).copy()
         finally:
             self._lock.give()
 
@@ -406,11 +396,8 @@ class Sanitizer:
                         self._capturing[sid] = cap
                     return
             snap = self._events.get(event)
-            if snap:
-                vc = self._vc_of(self._sid(stream))
-                for k, v in snap.items():
-                    if vc.get(k, 0) < v:
-                        vc[k] = v
+            if snap is not None:
+                self._vc_of(self._sid(stream)).join(snap)
         finally:
             self._lock.give()
 
@@ -432,7 +419,9 @@ class Sanitizer:
         self._lock.take()
         try:
             self.syncs += 1
-            self._host_join(self._events.get(event, {}))
+            snap = self._events.get(event)
+            if snap is not None:
+                self._host_join(snap)
         finally:
             self._lock.give()
 
@@ -537,10 +526,9 @@ class Sanitizer:
             sid = self._by_id.get(stream.id)
             if sid is None:  # identities follow Stream objects, so a closed stream keeps its clock
                 sid = self._by_id[stream.id] = self._sid(stream.handle)
-            vc = self._vc_of(sid)
+            vc: Clock = self._vc_of(sid)
             self._names[sid] = stream.id
-            vc[sid] += 1
-            rec = _new_rec(sid, stream.id, vc[sid], kind, lo, hi, op, frames, block.generation, block.ptr)
+            rec = _new_rec(sid, stream.id, vc.bump(sid), kind, lo, hi, op, frames, block.generation, block.ptr)
             conflict = self._find_conflict(rec, vc, rw)
             self._insert(rec, (block.ptr, block.ptr + block.bytes))
         finally:
@@ -548,7 +536,7 @@ class Sanitizer:
         if conflict is not None:
             self._race(conflict, rec)
 
-    def _find_conflict(self, rec: _Rec, vc: dict[int, int], rw: bool) -> _Rec | None:
+    def _find_conflict(self, rec: _Rec, vc: Clock, rw: bool) -> _Rec | None:
         lo, hi = rec.lo, rec.hi
         starts = self._starts
         i = bisect_left(starts, (lo - self._max_len, 0))
@@ -562,7 +550,7 @@ class Sanitizer:
                     continue
                 if r.kind == "read" and rec.kind == "read":
                     continue
-                if vc.get(r.sid, 0) >= r.epoch:
+                if clock_at(vc, r.sid) >= r.epoch:
                     continue
                 if (r.per or rec.per) and _disjoint(r, lo, hi, rec.per, rec.ch):
                     continue
@@ -581,7 +569,7 @@ class Sanitizer:
         elif not rec.per:
             vc = self._clock[rec.sid]
             recs[:] = [r for r in recs if not (r.lo >= rec.lo and r.hi <= rec.hi
-                                                and vc.get(r.sid, 0) >= r.epoch)]
+                                                and clock_at(vc, r.sid) >= r.epoch)]
         recs.append(rec)
 
     def _block_at(self, addr: int) -> tuple[int, int] | None:
@@ -600,8 +588,11 @@ class Sanitizer:
     def extent_allocated(self, base: int, stream: int) -> None:
         """An allocator handed out memory at ``base``, ordered on ``stream``: a new
         lifetime (and generation) there. Its size comes with its first access."""
+        if not 0 <= base < _ADDR_END:
+            raise ValueError(f"ignis sanitizer: an allocation at {base:#x} is not at an address below 2**63 "
+                             f"(every device and host pointer is)")
         with self._lock:
-            old = self._live.pop(base, None)
+            old = self._live.take(base)
             if old is not None and old.end is not None:  # its free was not seen: retire it quietly
                 self._retire(old, None)
             sid = self._sid(stream)
@@ -611,8 +602,8 @@ class Sanitizer:
                 cap.mine[base] = 0
                 self._graph_mem.add(base)
                 return
-            gen = self._gen_at[base] = self._gen_at.get(base, 0) + 1
-            self._live[base] = _Extent(base, None, gen, sid)
+            gen = self._live.gen_of(base) + 1
+            self._live.put(base, _Extent(base, None, gen, sid), gen)
             if self._pool_threads and threading.get_ident() in self._pool_threads:
                 self._graph_mem.add(base)
 
@@ -631,6 +622,8 @@ class Sanitizer:
 
     def _freed(self, base: Any, current: Any = None) -> tuple | None:
         """``extent_freed``'s work, under the lock: (conflict, the free's record) if it races."""
+        if not 0 <= base <= _ADDR_LAST:  # (not an address: nothing lives there)
+            return None
         self._lock.take()
         try:
             if self._capturing:
@@ -638,17 +631,17 @@ class Sanitizer:
                     if base in cap.private:  # freed into the graph's pool, within the capture
                         cap.mine.pop(base, None)
                         return None
-            ext = self._live.get(base)
+            ext = self._live.find(base)
             if ext is None or ext.pinned:
                 return None
             if self._graph_mem and base in self._graph_mem:
                 # A graph's pool keeps its memory for its graphs (their replays write it in their
                 # stream's order): nothing to check, no lifetime to hand on.
-                del self._live[base]
+                self._live.take(base)
                 return None
             if self._captured and base in self._captured:  # a graph replays on it: keep the free's site
                 self._free_sites[(base, ext.gen)] = self.capture()
-            del self._live[base]
+            self._live.take(base)
             if ext.end is None:  # never seen by an access (a library's workspace)
                 return None
             sid = ext.sid
@@ -668,7 +661,7 @@ class Sanitizer:
         not ordered before the free, the free's record) when there is one, else None."""
         sid = ext.sid
         vc = self._vc_of(sid)
-        ep = vc[sid] = vc[sid] + 1
+        ep = vc.bump(sid)
         base, end = ext.base, ext.end
         keep = RecordList()
         conflict = ext.recs.retire_into(keep, sid, base, end, ext.gen, self._host, vc, ext.rs)
@@ -732,8 +725,7 @@ class Sanitizer:
         with self._lock:
             ext = self._live.get(base)
             if ext is not None and ext.pinned:
-                del self._live[base]
-                self._gen_at[base] = ext.gen + 1
+                self._live.put(base, None, ext.gen + 1)
             self.pinned.discard(base)
 
     def knows(self, base: int) -> bool:
@@ -808,9 +800,9 @@ class Sanitizer:
                 self._capture_op(self._capturing[sid], op, frames, unpack_items(items) if packed else list(items))
                 return None
             vc = self._clock[sid]
-            if self._seen.get(sid) != self._host_version:
+            if vc.seen != self._host_version:
                 self._vc_of(sid)
-            ep = vc[sid] = vc[sid] + 1
+            ep = vc.bump(sid)
             label = self._labels[sid]
             self.checked_foreign += n
             live, host, hv = self._live, self._host, self._host_version
@@ -819,13 +811,11 @@ class Sanitizer:
                 if packed:
                     b, size, lo, hi = p[7 * k], p[7 * k + 1], p[7 * k + 2], p[7 * k + 3]
                     per, ch, mode = p[7 * k + 4], p[7 * k + 5], p[7 * k + 6]
-                    base = b
                 else:
-                    base, size, lo, hi, per, ch, mode = items[k]
-                    b = base
-                ext = live.get(base)
+                    b, size, lo, hi, per, ch, mode = items[k]
+                ext = live.find(b)
                 if ext is None or ext.end is None:
-                    ext = self._first_sight(ext, base, size, mode, sid, frames, op, lo, hi, per, vc)
+                    ext = self._first_sight(ext, b, size, mode, sid, frames, op, lo, hi, per, vc)
                     if ext is not None and mode & _O:
                         ext.lib = from_lib
                     if ext is None:  # inside an Ignis block: checked there
@@ -852,7 +842,7 @@ class Sanitizer:
                           and not _covered(w, lo - b, hi - b))
                 if conflict is not None or uninit:  # a report: the access as a record object
                     rec = _new_rec(sid, label, ep, "write" if write else "read", lo, hi, op, frames, ext.gen,
-                                   base, per, ch)
+                                   b, per, ch)
                     if conflict is not None:
                         found = (found or []) + [(conflict, rec)]
                     if uninit:
@@ -867,8 +857,8 @@ class Sanitizer:
                 for ext, a, b in written:
                     _mark(ext, a, b)
             if stream is HOST or synced:  # later work everywhere is ordered after this operation
-                if host.get(sid, 0) < ep:
-                    host[sid] = ep
+                if clock_at(host, sid) < ep:
+                    host.put(sid, ep)
                     self._host_version += 1
         finally:
             self._lock.give()
@@ -876,14 +866,15 @@ class Sanitizer:
 
     def _first_sight(self, ext: _Extent | None, base: int, size: int, mode: int, sid: int,
                      frames: tuple | None, op: str, lo: int = 0, hi: int = 0, per: int = 0,
-                     vc: dict | None = None) -> _Extent | None:
+                     vc: Clock | None = None) -> _Extent | None:
         if ext is None:
             if self._regions and not mode & _P and self._block_at(base) is not None:
                 return None
-            gen = self._gen_at.get(base, 0)
+            gen = self._live.gen_of(base)
             if not mode & _P:
-                gen = self._gen_at[base] = gen + 1
-            ext = self._live[base] = _Extent(base, None, gen, sid)
+                gen += 1
+            ext = _Extent(base, None, gen, sid)
+            self._live.put(base, ext, gen)
             if mode & _O and self.outputs_fresh and not mode & _P:  # allocated by this op
                 if self._pool_threads and threading.get_ident() in self._pool_threads:
                     self._graph_mem.add(base)  # into a graph's pool (a graph tree's warm-up)
@@ -911,7 +902,7 @@ class Sanitizer:
                 self._grave.inherit(ext.recs, base, end, self._host, -1, 0, 0, None)
         return ext
 
-    def _on_block(self, sid: int, label: str, ep: int, vc: dict[int, int], lo: int, hi: int, per: int,
+    def _on_block(self, sid: int, label: str, ep: int, vc: Clock, lo: int, hi: int, per: int,
                   ch: int, mode: int, op: str, frames: tuple | None) -> tuple | None:
         """A foreign access to an Ignis block's bytes (a tensor imported through DLPack)."""
         key = self._block_at(lo)
@@ -991,7 +982,7 @@ class Sanitizer:
             elif base not in cap.gens and base not in self._graph_mem:
                 ext = self._live.get(base)
                 gen = ext.gen if ext is not None and ext.end is not None else None
-                cap.gens[base] = (gen, self._gen_at.get(base, 0))
+                cap.gens[base] = (gen, self._live.gen_at(base))
         cap.records.append((op, frames, items))
         cap.recorded += len(items)
 
@@ -1026,15 +1017,15 @@ class Sanitizer:
         for base, size in cap.mine.items():  # the graph's own memory: garbage until the first replay
             if not size:
                 continue
-            old = self._live.pop(base, None)
+            old = self._live.take(base)
             if old is not None and old.end is not None:
                 self._retire(old, None)
-            gen = self._gen_at[base] = self._gen_at.get(base, 0) + 1
+            gen = self._live.gen_of(base) + 1
             ext = _Extent(base, base + size, gen, sid)
             ext.written = []
             ext.frames = cap.frames
             ext.op = f"the capture of the CUDA graph at {cap.site}" if cap.site else "a CUDA graph's capture"
-            self._live[base] = ext
+            self._live.put(base, ext, gen)
 
     def replay(self, cap: _Capture, stream: int, frames: Any = None) -> None:
         """The graph ``cap`` is replayed on ``stream`` (``frames``: the replay's site): every block
