@@ -726,17 +726,40 @@ def test_extents_at_many_addresses_keep_their_lifetimes_and_generations():
     with pytest.raises(KeyError):
         live[12345]
     assert not san.reports
+    far = [(k << 40) + 0x40 for k in range(1, 600)]  # addresses that differ only in their high bits
+    for b in far:
+        san.extent_allocated(b, 0x10)
+    assert all(live.gen_at(b) == 1 and live[b].gen == 1 for b in far)
+
+
+def test_an_address_given_as_any_integer_is_the_same_address():
+    """NumPy's integers and int subclasses name the same extent as the plain int does, through
+    every entry point (the record_stream here is what keeps a free from racing)."""
+    from ignis.safety.sanitizer import READ, WRITE, OUTPUT, Sanitizer
+    san = Sanitizer()
+    san.mode = "collect"
+    A, B, base = 0x10, 0x20, np.int64(4096)
+    san.extent_allocated(base, A)
+    san.foreign_access(A, "aten::fill_", None, [(4096, 256, 4096, 4096 + 256, 0, 0, WRITE | OUTPUT)])
+    san.on_event_record(0xE1, A)
+    san.on_stream_wait_event(B, 0xE1)
+    san.foreign_access(B, "aten::sum", None, [(4096, 256, 4096, 4096 + 256, 0, 0, READ)])
+    san.extent_record_stream(base, B)  # the free waits for B now
+    assert san.knows(base) and san.knows(4096) and base in san._live and san._live.gen_at(base) == 1
+    san.extent_freed(np.uint64(4096))
+    assert not san.reports and 4096 not in san._live
 
 
 def test_an_allocation_at_no_address_is_refused_and_a_free_there_does_nothing():
     from ignis.safety.sanitizer import Sanitizer
     san = Sanitizer()
     san.mode = "collect"
-    for bad in (-4096, 1 << 63):
-        with pytest.raises(ValueError, match="not at an address below 2\\*\\*63"):
+    for bad in (-4096, 1 << 63, None, 4096.0):
+        with pytest.raises(ValueError, match="is not at an address: an address is an integer in \\[0, 2\\*\\*63\\)"):
             san.extent_allocated(bad, 0x10)
     san.extent_freed(1 << 64)
     san.extent_freed(-1)
+    san.extent_freed(None)
     san.extent_record_stream(1 << 64, 0x20)
     san.extent_release(-1)
     san.extent_dropped(1 << 70)

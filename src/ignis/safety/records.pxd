@@ -112,6 +112,7 @@ ctypedef struct slot_t:
 cdef class AddrMap:
     cdef slot_t *a
     cdef Py_ssize_t cap, used       # slots, and those holding an address
+    cdef int shift                  # 64 - log2(cap): the hash's top bits pick the slot
     cdef readonly Py_ssize_t live   # those holding a live object
 
     cdef Py_ssize_t _slot(self, long long key) noexcept
@@ -120,3 +121,5 @@ cdef class AddrMap:
     cdef long long gen_of(self, long long key) noexcept
     cdef int put(self, long long key, object val, long long gen) except -1
     cdef object take(self, long long key)
+
+cpdef long long addr_of(object base) except -2

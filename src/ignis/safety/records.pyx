@@ -23,6 +23,7 @@ from libc.stdlib cimport free, malloc, realloc
 from libc.limits cimport LLONG_MIN
 from libc.string cimport memcpy, memmove, memset
 
+import operator
 from typing import Iterator
 
 from .frames import format_frames
@@ -109,8 +110,9 @@ cdef class Clock:
         """Set ``sid``'s entry to ``v``."""
         cdef Py_ssize_t n
         cdef long long *a
-        if sid < 0:
-            raise ValueError(f"ignis sanitizer: stream identity {sid} (identities are at least 0)")
+        if sid < 0 or sid >= 1 << 40:
+            raise ValueError(f"ignis sanitizer: stream identity {sid} (identities are at least 0, and handed out "
+                             f"one per stream)")
         if sid >= self.n:
             n = max(sid + 1, 2 * self.n, 8)
             a = <long long *>realloc(self.a, n * sizeof(long long))
@@ -537,13 +539,14 @@ cdef class AddrMap:
         if not self.cap:
             return -1
         mask = self.cap - 1
-        i = <Py_ssize_t>((<unsigned long long>key >> 4) * 0x9E3779B97F4A7C15ULL >> 20) & mask
+        i = _hash(key, self.shift)
         while self.a[i].key != key and self.a[i].key != LLONG_MIN:
             i = (i + 1) & mask
         return i
 
     cdef int _grow(self) except -1:
         cdef Py_ssize_t cap = self.cap * 2 if self.cap else 64, i, j, mask = cap - 1
+        cdef int shift = self.shift - 1 if self.cap else 58  # (64 - log2 of the slots)
         cdef slot_t *a = <slot_t *>malloc(cap * sizeof(slot_t))
         cdef slot_t *old = self.a
         if a == NULL:
@@ -552,11 +555,11 @@ cdef class AddrMap:
             a[i].key, a[i].gen, a[i].val = LLONG_MIN, 0, NULL
         for i in range(self.cap):
             if old[i].key != LLONG_MIN:
-                j = <Py_ssize_t>((<unsigned long long>old[i].key >> 4) * 0x9E3779B97F4A7C15ULL >> 20) & mask
+                j = _hash(old[i].key, shift)
                 while a[j].key != LLONG_MIN:
                     j = (j + 1) & mask
                 a[j] = old[i]
-        self.a, self.cap = a, cap
+        self.a, self.cap, self.shift = a, cap, shift
         free(old)
         return 0
 
@@ -615,20 +618,24 @@ cdef class AddrMap:
 
     def gen_at(self, base: int) -> int:
         """The last generation handed out at ``base`` (0: none)."""
-        return self.gen_of(base) if _is_addr(base) else 0
+        cdef long long b = addr_of(base)
+        return self.gen_of(b) if b >= 0 else 0
 
     def get(self, base: object, default: object = None) -> object:
-        v = self.find(base) if _is_addr(base) else None
+        cdef long long b = addr_of(base)
+        v = self.find(b) if b >= 0 else None
         return default if v is None else v
 
     def __getitem__(self, base: object) -> object:
-        v = self.find(base) if _is_addr(base) else None
+        cdef long long b = addr_of(base)
+        v = self.find(b) if b >= 0 else None
         if v is None:
             raise KeyError(base)
         return v
 
     def __contains__(self, base: object) -> bool:
-        return _is_addr(base) and self.find(base) is not None
+        cdef long long b = addr_of(base)
+        return b >= 0 and self.find(b) is not None
 
     def __len__(self) -> int:
         return self.live
@@ -649,5 +656,21 @@ cdef class AddrMap:
         return f"<{self.live} live extents by address>"
 
 
-cdef inline bint _is_addr(object base):
-    return type(base) is int and 0 <= base < 2 ** 63
+cdef inline Py_ssize_t _hash(long long key, int shift) noexcept:
+    """A slot for ``key`` among 2**(64 - shift): the top bits of a multiplicative hash, which
+    every bit of the key moves."""
+    return <Py_ssize_t>((<unsigned long long>key * 0x9E3779B97F4A7C15ULL) >> shift)
+
+
+cpdef long long addr_of(object base) except -2:
+    """``base`` as an address (any integer: ``int``, a subclass, NumPy's), or -1 where it is
+    not one: not an integer, or outside [0, 2**63)."""
+    if type(base) is not int:
+        try:
+            base = operator.index(base)
+        except TypeError:
+            return -1
+    return base if 0 <= base < _ADDR_END else -1
+
+
+_ADDR_END = 1 << 63

@@ -6,8 +6,8 @@
 
 cimport cython
 from ignis.memory.resource cimport ReentrantLock
-from ignis.safety.records cimport (_Rec, _new_rec, RecordList, Graveyard, Clock, AddrMap, clock_at, spans_disjoint,
-                                   K_READ, K_WRITE, K_FREE)
+from ignis.safety.records cimport (_Rec, _new_rec, RecordList, Graveyard, Clock, AddrMap, addr_of, clock_at,
+                                   spans_disjoint, K_READ, K_WRITE, K_FREE)
 
 
 # Extents hold no reference that could lead back to them (strings, integers, stacks, their
@@ -83,7 +83,7 @@ cdef class Sanitizer:
     @cython.locals(conflict=_Rec, keep=RecordList, ep=cython.longlong, sid=cython.longlong, vc=Clock,
                    base=cython.longlong, end=cython.longlong)
     cdef tuple _retire(self, _Extent ext, object frames)
-    @cython.locals(ext=_Extent, found=tuple)
+    @cython.locals(ext=_Extent, found=tuple, b=cython.longlong)
     cdef tuple _freed(self, object base, object current=*)
     cdef object _add_rs(self, _Extent ext, long long sid, bint held)
     cdef object _drop_held(self, _Extent ext)

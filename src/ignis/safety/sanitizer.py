@@ -86,7 +86,7 @@ from .._types import Access
 from ..memory.block import DeviceBlock
 from ..memory.resource import ReentrantLock
 from .frames import capture_frames, format_frames, last_from_library, resolve, sites
-from .records import AddrMap, Clock, Graveyard, RecordList, _new_rec, _Rec
+from .records import AddrMap, Clock, Graveyard, RecordList, _new_rec, _Rec, addr_of
 
 __all__ = ["Sanitizer", "sanitizer", "enable", "disable", "enabled", "is_enabled", "reports", "pack_items",
            "unpack_items", "user_frames", "UninitializedReadError", "READ", "WRITE", "OUTPUT", "NO_INIT_CHECK",
@@ -588,9 +588,9 @@ class Sanitizer:
     def extent_allocated(self, base: int, stream: int) -> None:
         """An allocator handed out memory at ``base``, ordered on ``stream``: a new
         lifetime (and generation) there. Its size comes with its first access."""
-        if not 0 <= base < _ADDR_END:
-            raise ValueError(f"ignis sanitizer: an allocation at {base:#x} is not at an address below 2**63 "
-                             f"(every device and host pointer is)")
+        if addr_of(base) < 0:
+            raise ValueError(f"ignis sanitizer: an allocation at {base!r} is not at an address: an address is an "
+                             f"integer in [0, 2**63) (every device and host pointer is)")
         with self._lock:
             old = self._live.take(base)
             if old is not None and old.end is not None:  # its free was not seen: retire it quietly
@@ -622,7 +622,8 @@ class Sanitizer:
 
     def _freed(self, base: Any, current: Any = None) -> tuple | None:
         """``extent_freed``'s work, under the lock: (conflict, the free's record) if it races."""
-        if not 0 <= base <= _ADDR_LAST:  # (not an address: nothing lives there)
+        b = addr_of(base)
+        if b < 0:  # (not an address: nothing lives there)
             return None
         self._lock.take()
         try:
@@ -631,17 +632,17 @@ class Sanitizer:
                     if base in cap.private:  # freed into the graph's pool, within the capture
                         cap.mine.pop(base, None)
                         return None
-            ext = self._live.find(base)
+            ext = self._live.find(b)
             if ext is None or ext.pinned:
                 return None
             if self._graph_mem and base in self._graph_mem:
                 # A graph's pool keeps its memory for its graphs (their replays write it in their
                 # stream's order): nothing to check, no lifetime to hand on.
-                self._live.take(base)
+                self._live.take(b)
                 return None
             if self._captured and base in self._captured:  # a graph replays on it: keep the free's site
                 self._free_sites[(base, ext.gen)] = self.capture()
-            self._live.take(base)
+            self._live.take(b)
             if ext.end is None:  # never seen by an access (a library's workspace)
                 return None
             sid = ext.sid
