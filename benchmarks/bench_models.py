@@ -16,9 +16,16 @@ every other round); medians over rounds are reported: the step time, its ratio t
 the fraction of CSAN's added time Ignis adds, the accesses the sanitizer checks per step and
 the host time it adds per access.
 
+``--lockstep``: the contenders' processes all live at once and take turns in short blocks of
+steps (``--block`` timed steps after one untimed, over ``--rounds`` rounds, the order reversed
+every other round): on a shared host whose speed drifts over seconds, every contender sees the
+same drift, where a process each in turn sees its own. Reported then: each contender's median
+step, and the median over rounds of its block's ratio to the plain block of the same round.
+
 Targets (issue 34): on both models ``--sanitize`` at most 1.5x the plain step and at most
 0.05 of CSAN's added time; ``--guard`` at most 1.3x.
-Run: ``PYTHONPATH=src python3 benchmarks/bench_models.py [--rounds 3] [--models resnet,gpt2] [--memcheck]``.
+Run: ``PYTHONPATH=src python3 benchmarks/bench_models.py [--rounds 3] [--models resnet,gpt2] [--memcheck]``
+or ``... --lockstep [--rounds 20] [--block 5]``.
 """
 
 from __future__ import annotations
@@ -31,6 +38,7 @@ import shutil
 import statistics
 import subprocess
 import sys
+import tempfile
 import time
 
 from _steps import median_step_ms
@@ -109,6 +117,110 @@ def child(name: str, steps: int, warm: int) -> None:
         print(f"BENCH_ACCESSES {(san.checked_foreign - before) / n:.1f}")
 
 
+def serve(name: str, warm: int) -> None:
+    """A lockstep contender: built and warm, then a block of steps for each line on stdin (the
+    number of timed steps; one untimed step first, its caches cold after the others' turns),
+    answering with their times in ms; ``end`` answers with the accesses checked per step."""
+    import torch
+    step = build(name)
+    for _ in range(max(1, warm)):
+        step()
+    torch.cuda.synchronize()
+    san = None
+    if "ignis.safety.sanitizer" in sys.modules:
+        from ignis.safety.sanitizer import sanitizer
+        san = sanitizer if sanitizer.active else None
+    before, timed = (san.checked_foreign if san is not None else 0), 0
+    print("BENCH_READY", flush=True)
+    for line in sys.stdin:
+        if line.strip() == "end":
+            break
+        n = int(line)
+        step()
+        torch.cuda.synchronize()
+        times = []
+        for _ in range(n):
+            t = time.perf_counter()
+            step()
+            torch.cuda.synchronize()
+            times.append((time.perf_counter() - t) * 1e3)
+        timed += n + 1
+        print("BENCH_BLOCK " + " ".join(f"{x:.4f}" for x in times), flush=True)
+    acc = (san.checked_foreign - before) / timed if san is not None and timed else -1
+    print(f"BENCH_END {acc:.1f}", flush=True)
+
+
+def _command(model: str, who: str, args: list[str]) -> tuple[list[str], dict]:
+    """The command line and environment of contender ``who`` running this file with ``args``."""
+    env = dict(os.environ)
+    env.pop("TORCH_CUDA_SANITIZER", None)
+    cmd = [sys.executable, HERE, *args]
+    if who == "csan":
+        env["TORCH_CUDA_SANITIZER"] = "1"
+    elif who.startswith("ignis"):
+        cmd = [sys.executable, "-m", "ignis", "run", who.split()[1], HERE, *args]
+    elif who == "memcheck":
+        cs = shutil.which("compute-sanitizer") or "/usr/local/cuda/bin/compute-sanitizer"
+        cmd = [cs, "--tool", "memcheck", "--print-limit", "10", sys.executable, HERE, *args]
+    return cmd, env
+
+
+def lockstep(model: str, whos: list[str], rounds: int, block: int, warm: int) -> tuple[dict, dict, float | None]:
+    """The contenders of ``model`` in lockstep (see the module): per contender, its step times
+    and its per-round ratios to plain's block; and the accesses the sanitizer checked per step."""
+    procs, errs = {}, {}
+
+    def err(w: str) -> str:  # (a file, not a pipe: nobody reads it while the blocks run)
+        errs[w].seek(0)
+        return errs[w].read()[-3000:]
+    try:
+        for w in whos:
+            cmd, env = _command(model, w, ["--serve", model, "--warm", str(warm if w != "csan" else 2)])
+            errs[w] = tempfile.TemporaryFile("w+")
+            procs[w] = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=errs[w],
+                                        text=True, env=env)
+        for w, p in procs.items():
+            line = p.stdout.readline()
+            if not line.startswith("BENCH_READY"):
+                p.kill()
+                raise SystemExit(f"{model} / {w} failed to start:\n{line}{err(w)}")
+        times: dict[str, list[float]] = {w: [] for w in whos}
+        ratios: dict[str, list[float]] = {w: [] for w in whos}
+        for r in range(rounds):
+            med = {}
+            for w in (whos if r % 2 == 0 else whos[::-1]):
+                n = block if w != "csan" else max(1, block // 4)
+                p = procs[w]
+                p.stdin.write(f"{n}\n")
+                p.stdin.flush()
+                line = p.stdout.readline()
+                if not line.startswith("BENCH_BLOCK"):
+                    raise SystemExit(f"{model} / {w} failed in round {r}:\n{line}{err(w)}")
+                got = [float(x) for x in line.split()[1:]]
+                times[w] += got
+                med[w] = statistics.median(got)
+            for w in whos:
+                ratios[w].append(med[w] / med["plain"])
+        acc = None
+        for w, p in procs.items():
+            out, _ = p.communicate("end\n", timeout=600)
+            text = out + err(w)
+            m = re.search(r"BENCH_END (\S+)", out)
+            if p.returncode != 0 or m is None:
+                raise SystemExit(f"{model} / {w} failed at the end (exit {p.returncode}):\n{text[-3000:]}")
+            if w.startswith("ignis") and "no problems found" not in text:
+                print(f"warning: {w} reported problems on {model}, a correct program:\n{text[-3000:]}")
+            if w == "ignis --sanitize" and float(m.group(1)) >= 0:
+                acc = float(m.group(1))
+        return times, ratios, acc
+    finally:
+        for p in procs.values():
+            if p.poll() is None:
+                p.kill()
+        for f in errs.values():
+            f.close()
+
+
 def available(name: str) -> str | None:
     try:
         if name == "resnet":
@@ -121,17 +233,7 @@ def available(name: str) -> str | None:
 
 
 def contender(model: str, who: str, steps: int, warm: int) -> tuple[float, float | None]:
-    env = dict(os.environ)
-    env.pop("TORCH_CUDA_SANITIZER", None)
-    args = [HERE, "--child", model, "--steps", str(steps), "--warm", str(warm)]
-    cmd = [sys.executable, *args]
-    if who == "csan":
-        env["TORCH_CUDA_SANITIZER"] = "1"
-    elif who.startswith("ignis"):
-        cmd = [sys.executable, "-m", "ignis", "run", who.split()[1], *args]
-    elif who == "memcheck":
-        cs = shutil.which("compute-sanitizer") or "/usr/local/cuda/bin/compute-sanitizer"
-        cmd = [cs, "--tool", "memcheck", "--print-limit", "10", sys.executable, *args]
+    cmd, env = _command(model, who, ["--child", model, "--steps", str(steps), "--warm", str(warm)])
     p = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=1200)
     text = p.stdout + p.stderr
     m = re.search(r"BENCH_STEP_MS (\S+)", text)
@@ -146,6 +248,9 @@ def contender(model: str, who: str, steps: int, warm: int) -> tuple[float, float
 def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--child", default=None, metavar="MODEL")
+    ap.add_argument("--serve", default=None, metavar="MODEL", help="(a lockstep contender)")
+    ap.add_argument("--lockstep", action="store_true", help="the contenders at once, in turns of --block steps")
+    ap.add_argument("--block", type=int, default=5)
     ap.add_argument("--steps", type=int, default=20)
     ap.add_argument("--warm", type=int, default=5)
     ap.add_argument("--rounds", type=int, default=3)
@@ -156,13 +261,18 @@ def main() -> int:
     if args.child:
         child(args.child, args.steps, args.warm)
         return 0
+    if args.serve:
+        serve(args.serve, args.warm)
+        return 0
     import torch
     if not torch.cuda.is_available():
         print("bench_models: needs a GPU; skipped")
         return 0
     card = torch.cuda.get_device_name(0)
     whos = ["plain", "ignis --sanitize", "ignis --guard"] + ([] if args.no_csan else ["csan"])
-    print(f"card: {card}, torch {torch.__version__}; medians of {args.rounds} round(s), contenders in turns")
+    how = (f"in lockstep: {args.rounds} rounds of blocks of {args.block} steps" if args.lockstep
+           else f"medians of {args.rounds} round(s), contenders in turns")
+    print(f"card: {card}, torch {torch.__version__}; {how}")
     for model in args.models.split(","):
         why = available(model)
         if why:
@@ -170,7 +280,14 @@ def main() -> int:
             continue
         res: dict[str, list[float]] = {w: [] for w in whos}
         acc: list[float] = []
-        for r in range(args.rounds):
+        ratio: dict[str, float] = {}
+        if args.lockstep:
+            times, ratios, a = lockstep(model, whos, args.rounds, args.block, args.warm)
+            res = {w: [statistics.median(v)] for w, v in times.items()}
+            ratio = {w: statistics.median(v) for w, v in ratios.items()}
+            if a is not None:
+                acc.append(a)
+        for r in range(0 if args.lockstep else args.rounds):
             for w in (whos if r % 2 == 0 else whos[::-1]):
                 steps = args.steps if w != "csan" else max(4, args.steps // 4)
                 ms, a = contender(model, w, steps, args.warm if w != "csan" else 2)
@@ -182,17 +299,19 @@ def main() -> int:
         plain = med["plain"]
         print(f"{model}:")
         for w in whos:
-            print(f"  {w:18s} {med[w]:9.2f} ms  {med[w] / plain:6.2f}x plain")
+            extra = f"  (median of the rounds' ratios {ratio[w]:.2f}x)" if ratio else ""
+            print(f"  {w:18s} {med[w]:9.2f} ms  {med[w] / plain:6.2f}x plain{extra}")
         if acc:
             a = statistics.median(acc)
             print(f"  --sanitize checks {a:.0f} accesses per step: {(med['ignis --sanitize'] - plain) * 1e3 / a:.2f} "
                   "µs of host time added per access")
-        ok_s = med["ignis --sanitize"] <= 1.5 * plain
+        x = ratio or {w: med[w] / plain for w in whos}  # (in lockstep, the rounds' ratios)
+        ok_s = x["ignis --sanitize"] <= 1.5
         line = f"  targets: --sanitize at most 1.5x: {'met' if ok_s else 'NOT met'}"
-        if "csan" in med:
-            frac = (med["ignis --sanitize"] - plain) / (med["csan"] - plain)
+        if "csan" in x:
+            frac = (x["ignis --sanitize"] - 1) / (x["csan"] - 1)
             line += f"; {frac:.3f} of CSAN's added time (at most 0.05: {'met' if frac <= 0.05 else 'NOT met'})"
-        line += f"; --guard at most 1.3x: {'met' if med['ignis --guard'] <= 1.3 * plain else 'NOT met'}"
+        line += f"; --guard at most 1.3x: {'met' if x['ignis --guard'] <= 1.3 else 'NOT met'}"
         print(line)
         if args.memcheck:
             ms, _ = contender(model, "memcheck", 3, 1)
