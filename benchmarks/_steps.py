@@ -7,8 +7,8 @@ import time
 from typing import Callable
 
 
-def median_step_ms(step: Callable[[], None], steps: int, warm: int) -> float:
-    """The median time of ``steps`` calls of ``step`` in ms, each followed by a device
+def step_times_ms(step: Callable[[], None], steps: int, warm: int) -> list[float]:
+    """The times of ``steps`` calls of ``step`` in ms, each followed by a device
     synchronization, after ``warm`` untimed ones."""
     import torch
     for _ in range(warm):
@@ -19,5 +19,10 @@ def median_step_ms(step: Callable[[], None], steps: int, warm: int) -> float:
         t = time.perf_counter()
         step()
         torch.cuda.synchronize()
-        times.append(time.perf_counter() - t)
-    return statistics.median(times) * 1e3
+        times.append((time.perf_counter() - t) * 1e3)
+    return times
+
+
+def median_step_ms(step: Callable[[], None], steps: int, warm: int) -> float:
+    """The median of ``step_times_ms``."""
+    return statistics.median(step_times_ms(step, steps, warm))

@@ -41,7 +41,7 @@ import sys
 import tempfile
 import time
 
-from _steps import median_step_ms
+from _steps import median_step_ms, step_times_ms
 
 HERE = os.path.abspath(__file__)
 
@@ -136,14 +136,7 @@ def serve(name: str, warm: int) -> None:
         if line.strip() == "end":
             break
         n = int(line)
-        step()
-        torch.cuda.synchronize()
-        times = []
-        for _ in range(n):
-            t = time.perf_counter()
-            step()
-            torch.cuda.synchronize()
-            times.append((time.perf_counter() - t) * 1e3)
+        times = step_times_ms(step, n, 1)
         timed += n + 1
         print("BENCH_BLOCK " + " ".join(f"{x:.4f}" for x in times), flush=True)
     acc = (san.checked_foreign - before) / timed if san is not None and timed else -1
