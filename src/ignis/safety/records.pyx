@@ -6,7 +6,9 @@ that may still race (``RecordList``); a freed lifetime's records wait in the gra
 inherits them. Every check of an access walks these records, so they are C structs: a record
 costs no Python object, and a walk compares C integers and reads the clocks (``Clock``: C
 arrays of stream identity -> epoch) without a Python frame or a dictionary lookup. A record
-becomes a Python object (``_Rec``) only when something outside reads it: a report, a test, the Ignis blocks' own records.
+becomes a Python object (``_Rec``) only when something outside reads it: a report, a test,
+the Ignis blocks' own records. The extents themselves are found by their base address in a
+C table (``AddrMap``) that also keeps each address's last generation.
 
 What each walk decides is the sanitizer's rule, written here once and described where
 ``Sanitizer`` calls it (sanitizer.py): ``scan`` (the race check of one access, dropping
