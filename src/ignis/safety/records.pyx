@@ -18,6 +18,7 @@ lifetime over freed addresses starts with).
 """
 
 cimport cython
+from cpython.long cimport PyLong_AsLongLongAndOverflow
 from cpython.object cimport PyObject
 from cpython.ref cimport Py_INCREF, Py_XDECREF
 from cpython.set cimport PySet_Contains
@@ -667,12 +668,12 @@ cdef inline Py_ssize_t _hash(long long key, int shift) noexcept:
 cpdef long long addr_of(object base) except -2:
     """``base`` as an address (any integer: ``int``, a subclass, NumPy's), or -1 where it is
     not one: not an integer, or outside [0, 2**63)."""
+    cdef int overflow = 0
+    cdef long long b
     if type(base) is not int:
         try:
             base = operator.index(base)
         except TypeError:
             return -1
-    return base if 0 <= base < _ADDR_END else -1
-
-
-_ADDR_END = 1 << 63
+    b = PyLong_AsLongLongAndOverflow(base, &overflow)
+    return -1 if overflow or b < 0 else b

@@ -85,6 +85,8 @@ cdef class Sanitizer:
     cdef tuple _retire(self, _Extent ext, object frames)
     @cython.locals(ext=_Extent, found=tuple, b=cython.longlong)
     cdef tuple _freed(self, object base, object current=*)
+    @cython.locals(gen=cython.longlong, ext=_Extent)
+    cdef _Extent _begin_lifetime(self, object base, object end, long long sid, bint bump)
     cdef object _add_rs(self, _Extent ext, long long sid, bint held)
     cdef object _drop_held(self, _Extent ext)
     @cython.locals(sid=cython.longlong, ep=cython.longlong, vc=Clock, live=AddrMap, host=Clock, hv=cython.longlong,

@@ -602,10 +602,18 @@ class Sanitizer:
                 cap.mine[base] = 0
                 self._graph_mem.add(base)
                 return
-            gen = self._live.gen_of(base) + 1
-            self._live.put(base, _Extent(base, None, gen, sid), gen)
+            self._begin_lifetime(base, None, sid, True)
             if self._pool_threads and threading.get_ident() in self._pool_threads:
                 self._graph_mem.add(base)
+
+    def _begin_lifetime(self, base: int, end: int | None, sid: int, bump: bool) -> _Extent:
+        """A new lifetime at ``base`` (its extent, made and put in the table, returned): at the
+        address's next generation where ``bump``, else at its current one (pinned host memory,
+        whose generation moves when it is dropped)."""
+        gen = self._live.gen_of(base) + bump
+        ext = _Extent(base, end, gen, sid)
+        self._live.put(base, ext, gen)
+        return ext
 
     def extent_freed(self, base: int, current: Any = None) -> None:
         """The allocator took ``base`` back (a free ordered on its allocation stream):
@@ -871,11 +879,7 @@ class Sanitizer:
         if ext is None:
             if self._regions and not mode & _P and self._block_at(base) is not None:
                 return None
-            gen = self._live.gen_of(base)
-            if not mode & _P:
-                gen += 1
-            ext = _Extent(base, None, gen, sid)
-            self._live.put(base, ext, gen)
+            ext = self._begin_lifetime(base, None, sid, not mode & _P)
             if mode & _O and self.outputs_fresh and not mode & _P:  # allocated by this op
                 if self._pool_threads and threading.get_ident() in self._pool_threads:
                     self._graph_mem.add(base)  # into a graph's pool (a graph tree's warm-up)
@@ -1021,12 +1025,10 @@ class Sanitizer:
             old = self._live.take(base)
             if old is not None and old.end is not None:
                 self._retire(old, None)
-            gen = self._live.gen_of(base) + 1
-            ext = _Extent(base, base + size, gen, sid)
+            ext = self._begin_lifetime(base, base + size, sid, True)
             ext.written = []
             ext.frames = cap.frames
             ext.op = f"the capture of the CUDA graph at {cap.site}" if cap.site else "a CUDA graph's capture"
-            self._live.put(base, ext, gen)
 
     def replay(self, cap: _Capture, stream: int, frames: Any = None) -> None:
         """The graph ``cap`` is replayed on ``stream`` (``frames``: the replay's site): every block
