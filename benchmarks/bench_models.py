@@ -22,6 +22,10 @@ every other round): on a shared host whose speed drifts over seconds, every cont
 same drift, where a process each in turn sees its own. Reported then: each contender's median
 step, and the median over rounds of its block's ratio to the plain block of the same round.
 
+``--variant K=V[,K=V]`` (repeatable) adds a diagnostic contender: the guard with those options
+changed (``scripts/diag_guard_variants.py``; ``--variant -`` is the guard's defaults run the same
+way, the variants' fair anchor).
+
 Targets (issue 34): on both models ``--sanitize`` at most 1.5x the plain step and at most
 0.05 of CSAN's added time; ``--guard`` at most 1.3x.
 Run: ``PYTHONPATH=src python3 benchmarks/bench_models.py [--rounds 3] [--models resnet,gpt2] [--memcheck]``
@@ -152,6 +156,9 @@ def _command(model: str, who: str, args: list[str]) -> tuple[list[str], dict]:
         env["TORCH_CUDA_SANITIZER"] = "1"
     elif who.startswith("ignis"):
         cmd = [sys.executable, "-m", "ignis", "run", who.split()[1], HERE, *args]
+    elif who.startswith("guard:"):  # the guard with options changed (scripts/diag_guard_variants.py)
+        tool = os.path.join(os.path.dirname(HERE), "..", "scripts", "diag_guard_variants.py")
+        cmd = [sys.executable, tool, who[len("guard:"):] or "-", HERE, *args]
     elif who == "memcheck":
         cs = shutil.which("compute-sanitizer") or "/usr/local/cuda/bin/compute-sanitizer"
         cmd = [cs, "--tool", "memcheck", "--print-limit", "10", sys.executable, HERE, *args]
@@ -250,6 +257,8 @@ def main() -> int:
     ap.add_argument("--models", default="resnet,gpt2")
     ap.add_argument("--no-csan", action="store_true")
     ap.add_argument("--memcheck", action="store_true", help="also Compute Sanitizer's memcheck (a few steps)")
+    ap.add_argument("--variant", action="append", default=[], metavar="K=V[,K=V]",
+                    help="also the guard with these options changed (a diagnostic contender; repeatable)")
     args = ap.parse_args()
     if args.child:
         child(args.child, args.steps, args.warm)
@@ -262,7 +271,8 @@ def main() -> int:
         print("bench_models: needs a GPU; skipped")
         return 0
     card = torch.cuda.get_device_name(0)
-    whos = ["plain", "ignis --sanitize", "ignis --guard"] + ([] if args.no_csan else ["csan"])
+    whos = (["plain", "ignis --sanitize", "ignis --guard"] + ([] if args.no_csan else ["csan"])
+            + [f"guard:{v}" for v in args.variant])
     how = (f"in lockstep: {args.rounds} rounds of blocks of {args.block} steps" if args.lockstep
            else f"medians of {args.rounds} round(s), contenders in turns")
     print(f"card: {card}, torch {torch.__version__}; {how}")

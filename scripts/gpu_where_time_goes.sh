@@ -43,6 +43,7 @@ if [ -z "${WTG_SKIP_PERF:-}" ] && [ -x .perfkit/perf ]; then
         perf record -q -F 2999 -e cpu-clock -D "${PERF_DELAY_MS:-12000}" -g -o "$data" \
             python3 scripts/perf_torch_sanitizer.py "$v" "$w" "${PERF_SECS:-6}" 2>&1 | tail -1
         perf report -i "$data" --no-children --sort dso,sym --stdio -g none 2>/dev/null | grep -v '^#' | grep -v '^$' | head -150 > "$out_dir/perf/$v-$w.txt"
+        perf report -i "$data" --no-children --sort dso --stdio -g none 2>/dev/null | grep -v '^#' | grep -v '^$' | head -40 > "$out_dir/perf/$v-$w-dso.txt"
         perf report -i "$data" --children --sort sym --stdio -g none --percent-limit 0.3 2>/dev/null | grep -v '^#' | grep -v '^$' | head -250 > "$out_dir/perf/$v-$w-incl.txt"
         rm -f "$data"
     done

@@ -101,6 +101,22 @@ def test_default_stream_handle_and_unknown_frees(guard, dev):
     assert guard.bytes_outstanding == 0
 
 
+def test_entry_point_timing_counts_only_while_on(guard, streams):
+    s = streams[0]
+    _fast.torch_guard_timing(False)  # (whatever an earlier test left)
+    free(alloc(512, s), 512, s)
+    assert _fast.torch_guard_timing(True) == (0, 0, 0, 0, 0)  # off: nothing counted
+    for _ in range(3):
+        free(alloc(512, s), 512, s)
+    c_free(None, 0, 0, None)  # NULL: no free, not counted
+    na, ta, nf, tf, tp = _fast.torch_guard_timing(False)
+    assert (na, nf) == (3, 3) and ta > 0 and tf > 0
+    assert tp == 0  # no C poison bound here (the emulated backend): the free's own fill
+    assert _fast.torch_guard_timing(False) == (0, 0, 0, 0, 0)  # restarted, and off again
+    free(alloc(512, s), 512, s)
+    assert _fast.torch_guard_timing(False) == (0, 0, 0, 0, 0)
+
+
 def test_unbound_entry_points_fail_cleanly(guard, streams):
     _fast.torch_guard_bind(None, None)
     assert c_alloc(256, 0, streams[0].handle) is None

@@ -28,6 +28,7 @@ from __future__ import annotations
 
 from cpython.ref cimport PyObject, Py_XDECREF
 from libc.stdint cimport uintptr_t
+from posix.time cimport clock_gettime, timespec, CLOCK_MONOTONIC
 
 from .._cpython cimport ignis_finalizing
 
@@ -50,7 +51,7 @@ cdef extern from *:
     __attribute__((visibility("default"))) void ignis_torch_free(void *, Py_ssize_t, int, void *);
     """
 
-__all__ = ["torch_guard_bind", "torch_guard_poison"]
+__all__ = ["torch_guard_bind", "torch_guard_poison", "torch_guard_timing"]
 
 cdef State _st = _state  # the front's state (one per process; re-initialized in place, never replaced)
 
@@ -70,6 +71,8 @@ cdef _memset8_fn _tg_memset = NULL
 cdef _memset32_fn _tg_memset32 = NULL
 cdef _ctx_device_fn _tg_ctx_device = NULL
 cdef int _tg_poison = -1
+cdef bint _timing = False  # the entry points' time measured (torch_guard_timing; a diagnostic)
+cdef unsigned long long _t_alloc = 0, _t_free = 0, _t_poison = 0, _t_nalloc = 0, _t_nfree = 0
 cdef dict _tg_blocks = None
 cdef object _tg_rs = None
 
@@ -86,6 +89,24 @@ def torch_guard_bind(alloc: object, free: object) -> tuple:
     _bound_alloc = alloc
     _bound_free = free
     return (_n_alloc, _n_free)
+
+
+def torch_guard_timing(on: bool) -> tuple:
+    """A diagnostic: measure (``on``) or stop measuring the time spent in the entry points,
+    the GIL's taking included. Returns what was measured since the last call and restarts
+    the count: (allocations, ns in them, frees, ns in them, ns of the frees in the poison's
+    driver calls)."""
+    global _timing, _t_alloc, _t_free, _t_poison, _t_nalloc, _t_nfree
+    out = (_t_nalloc, _t_alloc, _t_nfree, _t_free, _t_poison)
+    _t_alloc = _t_free = _t_poison = _t_nalloc = _t_nfree = 0
+    _timing = bool(on)
+    return out
+
+
+cdef inline unsigned long long _now_ns() noexcept nogil:
+    cdef timespec ts
+    clock_gettime(CLOCK_MONOTONIC, &ts)
+    return <unsigned long long>ts.tv_sec * 1000000000ULL + <unsigned long long>ts.tv_nsec
 
 
 def torch_guard_poison(memset: int, ctx_device: int, poison: int, blocks: dict | None, rs: set | None,
@@ -142,6 +163,7 @@ cdef bint _poison_here(void *ptr, Py_ssize_t size, int device, void *stream, obj
     """Queue the poison of a freed guarded block (see the module); True if it was queued.
     The driver is called with the GIL released, through the entry points read before (another
     thread may turn the poison off meanwhile)."""
+    global _t_poison
     cdef int cur = -1, r = -1
     cdef _memset8_fn ms8 = _tg_memset
     cdef _memset32_fn ms32 = _tg_memset32
@@ -156,17 +178,30 @@ cdef bint _poison_here(void *ptr, Py_ssize_t size, int device, void *stream, obj
             return False  # (a capturing stream: the memset would be captured; the free waits)
     except BaseException:
         return False
+    cdef unsigned long long t0 = _now_ns() if _timing else 0
     with nogil:
         if ctx_device(&cur) == 0 and cur == device:
             r = _poison_words(ms8, ms32, <unsigned long long><uintptr_t>ptr, <unsigned char>poison, <size_t>size, stream)
+    if t0:
+        _t_poison += _now_ns() - t0
     return r == 0
 
 
 cdef public void *ignis_torch_alloc(Py_ssize_t size, int device, void *stream) noexcept nogil:
+    global _t_alloc, _t_nalloc
+    cdef void *r
+    cdef unsigned long long t0
     if size <= 0 or not Py_IsInitialized():
         return NULL
+    if not _timing:
+        with gil:
+            return _entry_alloc(size, device, stream)
+    t0 = _now_ns()
     with gil:
-        return _entry_alloc(size, device, stream)
+        r = _entry_alloc(size, device, stream)
+        _t_alloc += _now_ns() - t0
+        _t_nalloc += 1
+    return r
 
 
 cdef void *_entry_alloc(Py_ssize_t size, int device, void *stream) noexcept:
@@ -201,10 +236,19 @@ cdef void *_entry_alloc(Py_ssize_t size, int device, void *stream) noexcept:
 
 
 cdef public void ignis_torch_free(void *ptr, Py_ssize_t size, int device, void *stream) noexcept nogil:
+    global _t_free, _t_nfree
+    cdef unsigned long long t0
     if ptr == NULL or not Py_IsInitialized():
         return
+    if not _timing:
+        with gil:
+            _entry_free(ptr, size, device, stream)
+        return
+    t0 = _now_ns()
     with gil:
         _entry_free(ptr, size, device, stream)
+        _t_free += _now_ns() - t0
+        _t_nfree += 1
 
 
 cdef void _entry_free(void *ptr, Py_ssize_t size, int device, void *stream) noexcept:
