@@ -64,11 +64,13 @@ def main() -> int:
         fast.torch_guard_timing(True)
         sync_ns[:] = [0, 0]
         step_times_ms(step, steps, 0)
-        na, ta, nf, tf, tp = fast.torch_guard_timing(False)
+        na, ta, nf, tf, tp, gil, cpu = fast.torch_guard_timing(False)
         print(f"  per step: {na / steps:.0f} allocations {ta / steps / 1e3:.0f} µs ({ta / max(na, 1) / 1e3:.2f} µs each); "
               f"{nf / steps:.0f} frees {tf / steps / 1e3:.0f} µs ({tf / max(nf, 1) / 1e3:.2f} µs each, "
               f"{tp / max(nf, 1) / 1e3:.2f} µs of it the poison's driver calls); "
               f"{sync_ns[1] / steps:.1f} synchronize hooks {sync_ns[0] / steps / 1e3:.0f} µs")
+        print(f"  of the entry points' {(ta + tf) / steps / 1e3:.0f} µs: {gil / steps / 1e3:.0f} µs taking the GIL, "
+              f"{cpu / steps / 1e3:.0f} µs on the thread's CPU")
     from torch.profiler import ProfilerActivity, profile
     n = 5
     with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
@@ -77,17 +79,30 @@ def main() -> int:
         torch.cuda.synchronize()
     by_kind: dict = collections.defaultdict(lambda: [0, 0.0])
     names: dict = collections.defaultdict(float)
+    spans: list = []
+    waits: dict = collections.defaultdict(float)
     for e in prof.events():
         if e.device_type != torch.autograd.DeviceType.CUDA:
+            if "Synchronize" in e.name or e.name in ("cudaMemcpyAsync", "cudaMemcpy"):
+                waits[e.name] += e.time_range.elapsed_us()
             continue
+        if getattr(e, "is_user_annotation", False):
+            continue  # (a range over the device's work, not work of its own)
         name = e.name.lower()
         kind = "memset" if "memset" in name else "copy" if "memcpy" in name else "kernel"
         by_kind[kind][0] += 1
-        by_kind[kind][1] += e.device_time_total if hasattr(e, "device_time_total") else e.cuda_time_total
+        by_kind[kind][1] += e.time_range.elapsed_us()
+        spans.append((e.time_range.start, e.time_range.end))
         if kind == "kernel":
-            names[e.name[:60]] += e.device_time_total if hasattr(e, "device_time_total") else e.cuda_time_total
-    print("  device time per step: " + "; ".join(
-        f"{k} {v[0] / n:.0f} x, {v[1] / n:.0f} µs" for k, v in sorted(by_kind.items())))
+            names[e.name[:60]] += e.time_range.elapsed_us()
+    busy, end = 0.0, float("-inf")
+    for a, b in sorted(spans):  # the union of the device's work
+        if b > end:
+            busy += b - max(a, end)
+            end = b
+    print("  device per step: " + "; ".join(f"{k} {v[0] / n:.0f} x, {v[1] / n:.0f} µs" for k, v in sorted(by_kind.items()))
+          + f"; busy (the union) {busy / n:.0f} µs")
+    print("  host waiting per step: " + "; ".join(f"{k} {v / n:.0f} µs" for k, v in sorted(waits.items())))
     top = sorted(names.items(), key=lambda kv: -kv[1])[:4]
     print("  longest kernels per step: " + "; ".join(f"{k} {v / n:.0f} µs" for k, v in top))
     if fast is not None:

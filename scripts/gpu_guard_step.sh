@@ -19,11 +19,12 @@ for round in 0 1; do
         for mode in "${modes[@]}"; do
             [ -z "$mode" ] && continue
             timeout 120 python3 scripts/diag_guard_step.py "$model" "$mode" 30 > "$out_dir/diag.txt" 2>&1
-            grep -E "step |per step|device time|longest|problem" "$out_dir/diag.txt" | head -8
+            grep -E "step |per step|entry points|device per|host wait|problem" "$out_dir/diag.txt" | head -8
         done
     done
 done
 echo "diag: $(( $(date +%s) - t0 )) s"
+[ -n "${GUARD_SKIP_LOCKSTEP:-}" ] && exit 0
 variants=()
 IFS=';' read -ra vs <<< "${GUARD_VARIANTS:--;capture_stacks=False;sync_check_interval=None}"
 for v in "${vs[@]}"; do [ -n "$v" ] && variants+=(--variant "$v"); done

@@ -28,7 +28,7 @@ from __future__ import annotations
 
 from cpython.ref cimport PyObject, Py_XDECREF
 from libc.stdint cimport uintptr_t
-from posix.time cimport clock_gettime, timespec, CLOCK_MONOTONIC
+from posix.time cimport clock_gettime, timespec, CLOCK_MONOTONIC, CLOCK_THREAD_CPUTIME_ID
 
 from .._cpython cimport ignis_finalizing
 
@@ -72,7 +72,7 @@ cdef _memset32_fn _tg_memset32 = NULL
 cdef _ctx_device_fn _tg_ctx_device = NULL
 cdef int _tg_poison = -1
 cdef bint _timing = False  # the entry points' time measured (torch_guard_timing; a diagnostic)
-cdef unsigned long long _t_alloc = 0, _t_free = 0, _t_poison = 0, _t_nalloc = 0, _t_nfree = 0
+cdef unsigned long long _t_alloc = 0, _t_free = 0, _t_poison = 0, _t_nalloc = 0, _t_nfree = 0, _t_gil = 0, _t_cpu = 0
 cdef dict _tg_blocks = None
 cdef object _tg_rs = None
 
@@ -95,17 +95,17 @@ def torch_guard_timing(on: bool) -> tuple:
     """A diagnostic: measure (``on``) or stop measuring the time spent in the entry points,
     the GIL's taking included. Returns what was measured since the last call and restarts
     the count: (allocations, ns in them, frees, ns in them, ns of the frees in the poison's
-    driver calls)."""
-    global _timing, _t_alloc, _t_free, _t_poison, _t_nalloc, _t_nfree
-    out = (_t_nalloc, _t_alloc, _t_nfree, _t_free, _t_poison)
-    _t_alloc = _t_free = _t_poison = _t_nalloc = _t_nfree = 0
+    driver calls, ns of both in taking the GIL, ns of both on the thread's CPU)."""
+    global _timing, _t_alloc, _t_free, _t_poison, _t_nalloc, _t_nfree, _t_gil, _t_cpu
+    out = (_t_nalloc, _t_alloc, _t_nfree, _t_free, _t_poison, _t_gil, _t_cpu)
+    _t_alloc = _t_free = _t_poison = _t_nalloc = _t_nfree = _t_gil = _t_cpu = 0
     _timing = bool(on)
     return out
 
 
-cdef inline unsigned long long _now_ns() noexcept nogil:
+cdef inline unsigned long long _now_ns(int clock=CLOCK_MONOTONIC) noexcept nogil:
     cdef timespec ts
-    clock_gettime(CLOCK_MONOTONIC, &ts)
+    clock_gettime(clock, &ts)
     return <unsigned long long>ts.tv_sec * 1000000000ULL + <unsigned long long>ts.tv_nsec
 
 
@@ -188,18 +188,21 @@ cdef bint _poison_here(void *ptr, Py_ssize_t size, int device, void *stream, obj
 
 
 cdef public void *ignis_torch_alloc(Py_ssize_t size, int device, void *stream) noexcept nogil:
-    global _t_alloc, _t_nalloc
+    global _t_alloc, _t_nalloc, _t_gil, _t_cpu
     cdef void *r
-    cdef unsigned long long t0
+    cdef unsigned long long t0, c0
     if size <= 0 or not Py_IsInitialized():
         return NULL
     if not _timing:
         with gil:
             return _entry_alloc(size, device, stream)
+    c0 = _now_ns(CLOCK_THREAD_CPUTIME_ID)
     t0 = _now_ns()
     with gil:
+        _t_gil += _now_ns() - t0
         r = _entry_alloc(size, device, stream)
         _t_alloc += _now_ns() - t0
+        _t_cpu += _now_ns(CLOCK_THREAD_CPUTIME_ID) - c0
         _t_nalloc += 1
     return r
 
@@ -236,18 +239,21 @@ cdef void *_entry_alloc(Py_ssize_t size, int device, void *stream) noexcept:
 
 
 cdef public void ignis_torch_free(void *ptr, Py_ssize_t size, int device, void *stream) noexcept nogil:
-    global _t_free, _t_nfree
-    cdef unsigned long long t0
+    global _t_free, _t_nfree, _t_gil, _t_cpu
+    cdef unsigned long long t0, c0
     if ptr == NULL or not Py_IsInitialized():
         return
     if not _timing:
         with gil:
             _entry_free(ptr, size, device, stream)
         return
+    c0 = _now_ns(CLOCK_THREAD_CPUTIME_ID)
     t0 = _now_ns()
     with gil:
+        _t_gil += _now_ns() - t0
         _entry_free(ptr, size, device, stream)
         _t_free += _now_ns() - t0
+        _t_cpu += _now_ns(CLOCK_THREAD_CPUTIME_ID) - c0
         _t_nfree += 1
 
 
