@@ -735,14 +735,69 @@ def test_a_thread_still_running_when_checking_stops_goes_on_unchecked():
 
 def test_the_query_wrappers_are_installed_while_a_front_end_is_on(traced):
     from ignis.torch import _queries
+    own_event, own_stream = _queries._generic_event_tap.original, _queries._generic_stream_tap.original
+    assert type(own_event).__name__ == type(own_stream).__name__ == "method_descriptor"
     assert _queries.installed()
     assert torch.cuda.Event.__dict__["query"] is _queries._event_tap.wrapper
     assert torch.cuda.Stream.__dict__["query"] is _queries._stream_tap.wrapper
+    # The device-generic types are immutable (setattr refuses): wrapped in their own dictionary.
+    assert torch.Event.__dict__["query"] is _queries._generic_event_tap.wrapper
+    assert torch.Stream.__dict__["query"] is _queries._generic_stream_tap.wrapper
+    with pytest.raises(TypeError):
+        torch.Event.query = own_event
     traced.disable()
     try:
         assert not _queries.installed() and torch.cuda.Event.__dict__["query"] is not _queries._event_tap.wrapper
+        assert torch.Event.__dict__["query"] is own_event  # PyTorch's own again
+        assert torch.Stream.__dict__["query"] is own_stream
+        assert torch.Event().query() is True  # and it still answers
     finally:
         traced.enable()
+
+
+def test_a_generic_query_answering_true_tells_the_listeners(traced):
+    # torch.Event / torch.Stream (torch.accelerator's) poll through PyTorch's device guard, which
+    # the GPU trace does not report either. Here (no CUDA) the CPU's generic objects answer True.
+    from ignis.torch import _queries
+    events, streams = [], []
+    assert _queries.add_listeners(events.append, streams.append)
+    try:
+        e, s = torch.Event(), torch.Stream()
+        assert e.query() is True and s.query() is True
+        assert events == [e] and streams == [s]
+    finally:
+        _queries.remove_listeners(events.append, streams.append)
+    assert _queries.installed()  # the front end's listeners keep the wrappers
+
+
+def test_a_generic_event_or_stream_orders_by_its_handle_on_its_own_device(traced):
+    import types
+    x = torch.zeros(1024)                          # written on stream 0x10
+    traced.san.on_event_record(0xE1, 0x10)
+    traced.current = 0x20
+    other = types.SimpleNamespace(device=torch.device("meta"), event_id=0xE1)
+    traced._on_event_done(other)                   # another device's event: orders nothing here
+    kept = [x.sum()]                               # 0x20 reads x, unordered: a race (results kept:
+    #                                                no address is freed and reused in this test)
+    assert [e.kind for e in traced.san.reports] == ["read-after-write race"]
+    traced.san.reports.clear()
+    y = torch.zeros(1024)                          # written on 0x20
+    traced.san.on_event_record(0xE2, 0x20)
+    traced._on_event_done(types.SimpleNamespace(device=torch.device("cpu"), event_id=0xE2))  # torch.Event
+    traced._on_event_done(types.SimpleNamespace(device=torch.device("cpu"), event_id=0))     # never recorded
+    traced.current = 0x30
+    y.add_(1)                                      # after the host saw y written: ordered
+    traced._on_stream_done(types.SimpleNamespace(device=torch.device("meta"), native_handle=0x30))  # not ours
+    traced._on_stream_done(torch.Stream())         # the CPU's: no raw handle, nothing to order
+    traced.current = 0x40
+    kept.append(y.sum())                           # 0x40 after 0x30's write, no wait: a race
+    assert [e.kind for e in traced.san.reports] == ["read-after-write race"]
+    traced.san.reports.clear()
+    for h in (0x30, 0x40):                         # torch.Stream's raw handle (native_handle)
+        traced._on_stream_done(types.SimpleNamespace(device=torch.device("cpu"), native_handle=h))
+    traced.current = 0x50
+    y.mul_(2)                                      # after the host saw 0x30's write and 0x40's read
+    assert not traced.san.reports
 
 
 def test_a_query_answering_true_orders_what_follows_it(traced):

@@ -34,6 +34,7 @@ PROGRAMS = sorted(f for f in os.listdir(ZOO) if f.endswith(".py") and not f.star
 BUGS = {
     "bug_d2h_read_before_sync.py": ("read-after-write race", "host.copy_(y, non_blocking=True)", "host.sum()"),
     "bug_thread_streams_no_wait.py": ("read-after-write race", "opt.step()", "models[0].weight + models[1].weight"),
+    "bug_generic_event_too_early.py": ("read-after-write race", "host.copy_(dev, non_blocking=True)", "host.sum()"),
 }
 FLAGS = [("--sanitize", "observer"), ("--sanitize", "mode"), ("--guard", "observer")]
 # Known failures, with why (each a defect to fix, not an accepted difference):

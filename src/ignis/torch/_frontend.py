@@ -63,8 +63,9 @@ Design:
 - CUDA graphs (``_graphs``): what is queued on a capturing stream is recorded into
   the graph and applied at each replay, on the replay stream; a replay that
   touches a block freed or reallocated since the capture is reported.
-- ``torch.cuda.Event.query()`` and ``torch.cuda.Stream.query()`` (``_queries``) answering
-  True are the host synchronizations they are (a program polling them is ordered).
+- ``Event.query()`` and ``Stream.query()`` (``_queries``; ``torch.cuda``'s and the
+  device-generic ``torch.Event`` / ``torch.Stream``) answering True are the host
+  synchronizations they are (a program polling them is ordered).
 - ``torch.distributed``'s ``Work.is_completed()`` (``_works``) answering True joins the
   host to the collective's end, as a synchronization does.
 - ``UntypedStorage.resize_`` (``_storage``), which frees or moves a storage below the
@@ -561,14 +562,27 @@ class TorchFrontEnd:
     def _on_event_done(self, event: Any) -> None:
         """``event.query()`` answered True: the host has seen the work its record covers finish
         (as ``event.synchronize()`` tells PyTorch's trace)."""
-        handle = event.cuda_event
-        if handle:  # (0: never recorded, nothing to order)
+        handle = getattr(event, "cuda_event", None)
+        if handle is None:  # a device-generic torch.Event: its event_id is the same driver handle
+            handle = event.event_id if event.device.type == self._dev_type else 0
+        if handle:  # (0: never recorded, or another device's: nothing to order)
             self._host_saw(self.san.on_event_synchronize, handle)
 
     def _on_stream_done(self, stream: Any) -> None:
         """``stream.query()`` answered True: the host has seen all the stream's queued work finish
         (as ``stream.synchronize()`` tells PyTorch's trace)."""
-        self._host_saw(self.san.on_stream_synchronize, stream.cuda_stream)
+        handle = getattr(stream, "cuda_stream", None)
+        if handle is None:  # a device-generic torch.Stream
+            if stream.device.type != self._dev_type:
+                return  # another device's: nothing to order here
+            try:
+                handle = stream.native_handle
+            except (AttributeError, RuntimeError):  # (a PyTorch without it; a device without raw handles)
+                try:
+                    handle = self._handle(stream)
+                except Exception:  # noqa: BLE001 - no handle to name: nothing this front end can order
+                    return
+        self._host_saw(self.san.on_stream_synchronize, handle)
 
     def _host_saw(self, synchronize: Callable[[int], None], handle: int) -> None:
         """A synchronization PyTorch's trace does not report (an answer of True), told as the

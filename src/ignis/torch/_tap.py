@@ -7,6 +7,13 @@ listener; ``remove(fn)`` gives the class its own method back when the last one l
 (an inherited method shows through again). Where the class is missing or the method
 cannot be replaced, nothing is installed and ``add`` returns False.
 
+PyTorch's device-generic ``torch.Event`` and ``torch.Stream`` are immutable types of its C
+extension: ``setattr`` refuses to replace their methods. For such a type the wrapper goes
+into the type's own attribute dictionary (the one ``cls.__dict__`` is a read-only view of),
+where ``setattr`` would have put it, and the interpreter's caches of the type's attributes
+are invalidated (``PyType_Modified``); ``remove`` puts the type's own method back the same
+way.
+
 ``_works`` (``Work.is_completed``), ``_queries`` (``Event.query``, ``Stream.query``) and
 ``_storage`` (``UntypedStorage.resize_``) are its users; ``when_true`` is the call of the
 first two (a question whose True answer the listeners hear of).
@@ -14,9 +21,41 @@ first two (a question whose True answer the listeners hear of).
 
 from __future__ import annotations
 
+import ctypes
+import gc
 from typing import Any, Callable
 
 __all__ = ["MethodTap", "when_true"]
+
+_IMMUTABLE = 1 << 8  # Py_TPFLAGS_IMMUTABLETYPE
+
+
+def _type_attrs(cls: type) -> dict:
+    """The dictionary the attributes of ``cls`` are looked up in (``cls.__dict__`` is a
+    read-only view of it)."""
+    for d in gc.get_referents(cls.__dict__):
+        if type(d) is dict:
+            return d
+    raise TypeError(f"the attributes of {cls.__qualname__} are not kept in a dictionary")
+
+
+def _set_attr(cls: type, name: str, value: Any) -> None:
+    """``setattr(cls, name, value)`` (``value`` None: ``delattr``), also for an immutable type
+    of an extension (see the module)."""
+    if not cls.__flags__ & _IMMUTABLE:
+        if value is None:
+            delattr(cls, name)
+        else:
+            setattr(cls, name, value)
+        return
+    attrs = _type_attrs(cls)
+    if value is None:
+        attrs.pop(name, None)
+    else:
+        attrs[name] = value
+    modified = ctypes.pythonapi.PyType_Modified
+    modified.argtypes, modified.restype = [ctypes.py_object], None
+    modified(cls)
 
 
 def when_true(original: Any, listeners: list, obj: Any, *args: Any) -> Any:
@@ -59,7 +98,7 @@ class MethodTap:
                 return False
             own = cls.__dict__.get(self._name)
             try:
-                setattr(cls, self._name, self.wrapper)
+                _set_attr(cls, self._name, self.wrapper)
             except (TypeError, AttributeError):
                 return False
             self._own, self.original = own, original
@@ -74,10 +113,7 @@ class MethodTap:
         if not self.listeners and self.original is not None:
             cls = self._owner()
             if cls is not None and cls.__dict__.get(self._name) is self.wrapper:
-                if self._own is None:
-                    delattr(cls, self._name)
-                else:
-                    setattr(cls, self._name, self._own)
+                _set_attr(cls, self._name, self._own)
             self.original = self._own = None
 
     def installed(self) -> bool:
