@@ -14,8 +14,8 @@ reaches the device through PyTorch's device guard, which reports nothing either.
 ``add_listeners(on_event, on_stream)`` wraps the four methods (``_tap.MethodTap``, once for
 every listener; the generic types' in their immutable type's dictionary, see ``_tap``) so
 that each ``True`` answer calls ``on_event(event)`` / ``on_stream(stream)`` with the object
-asked, of either kind; ``remove_listeners`` puts PyTorch's methods back when the last listener leaves. A ``False``
-answer orders nothing.
+asked, of either kind; ``remove_listeners`` puts PyTorch's methods back when the last
+listener leaves. A ``False`` answer orders nothing.
 """
 
 from __future__ import annotations
@@ -71,4 +71,3 @@ def remove_listeners(on_event: Callable[[Any], None], on_stream: Callable[[Any],
 def installed() -> bool:
     """Whether all four methods are wrapped now."""
     return all(t.installed() for t in (_event_tap, _stream_tap, _generic_event_tap, _generic_stream_tap))
-
