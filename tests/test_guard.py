@@ -810,3 +810,22 @@ def test_the_eager_guard_takes_the_deferred_free_and_refuses_bad_frames(guard, s
     guard.free_fast(b)  # the eager mode's free_fast is its deallocate
     assert b.state is BlockState.QUARANTINED and guard.quarantined_count == 1
     guard.flush()
+
+
+def test_the_quarantine_lets_its_oldest_out_first_and_reads_as_a_mapping(streams):
+    from ignis.memory.guard_base import _Quarantine
+    q = _Quarantine()
+    assert len(q) == 0 and not q and q.get(0x100) is None and 0x100 not in q
+    for p in (0x300, 0x100, 0x200):
+        q[p] = f"rec {p:#x}"
+    q[0x100] = "rec 0x100, again"          # already quarantined: keeps its place
+    assert len(q) == 3 and 0x100 in q and q[0x100] == "rec 0x100, again" and q.get(0x999, "none") == "none"
+    assert list(q) == [0x300, 0x100, 0x200] and list(q.values())[0] == "rec 0x300"
+    g = ig.DeferredGuardResource(ig.PoolResource(ig.get_current_resource()), quarantine_count=2)
+    s = streams[0]
+    blocks = [g.allocate(256 * (i + 1), s) for i in range(4)]
+    for b in blocks:
+        g.deallocate(b)
+    held = list(g._quarantine)                 # at most two: the two freed last, oldest first
+    assert held == [blocks[2].ptr, blocks[3].ptr] and len(g._quarantine) == g.quarantined_count == 2
+    g.close()

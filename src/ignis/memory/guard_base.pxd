@@ -49,6 +49,13 @@ cdef int fill_bytes_c(object backend, unsigned long long ptr, unsigned int value
                       object handle) except -1
 
 
+cdef class _Quarantine:
+    cdef dict _by_ptr
+    cdef object _order
+    cdef int put(self, object ptr, object record) except -1
+    cdef object take_oldest(self)
+
+
 cdef class _Guarded:
     cdef readonly DeviceBlock block
     cdef readonly DeviceBlock up
@@ -107,7 +114,7 @@ cdef class GuardBase(DeviceMemoryResource):
     cdef readonly object upstream
     cdef readonly ResourceLock _lock
     cdef readonly dict _live
-    cdef readonly object _quarantine
+    cdef readonly _Quarantine _quarantine
     cdef readonly Py_ssize_t _live_bytes
     cdef readonly Py_ssize_t _quarantined_bytes
     cdef readonly Py_ssize_t canary_bytes

@@ -32,10 +32,11 @@ from __future__ import annotations
 
 import ctypes
 import functools
-from collections import OrderedDict, deque
+from collections import deque
 
 import numpy as np
 
+cimport cython
 from libc.stdint cimport uintptr_t
 
 from .block cimport (BLOCK_FREED, BLOCK_QUARANTINED, DeviceBlock, block_clean_on, block_lend_record, block_live,
@@ -100,6 +101,53 @@ def fill_bytes(backend: object, ptr: int, value: int, nbytes: int, handle: int) 
     if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= 0xFF:
         raise ValueError(f"fill_bytes: value must be a byte value 0..255, got {value!r}")
     fill_bytes_c(backend, ptr, value, nbytes, handle)
+
+
+@cython.final
+cdef class _Quarantine:
+    """The quarantined blocks' records by user pointer, the oldest first out: a dictionary
+    for the lookups and a queue of the pointers for the order (an ``OrderedDict``'s
+    ``popitem(last=False)`` cost several times more on the free's path). From Python a
+    mapping: ``q[ptr] = record`` (a pointer quarantined already keeps its place), ``get``,
+    ``in``, ``len``, ``values()`` (oldest first)."""
+
+    def __cinit__(self) -> None:
+        self._by_ptr = {}
+        self._order = deque()
+
+    cdef int put(self, object ptr, object record) except -1:
+        cdef dict d = self._by_ptr
+        cdef Py_ssize_t n = len(d)
+        d[ptr] = record
+        if len(d) != n:  # (a new pointer: last in the order)
+            self._order.append(ptr)
+        return 0
+
+    cdef object take_oldest(self):
+        """The oldest record, removed (IndexError when empty)."""
+        return self._by_ptr.pop(self._order.popleft())
+
+    def __setitem__(self, ptr: int, record: object) -> None:
+        self.put(ptr, record)
+
+    def __getitem__(self, ptr: int) -> object:
+        return self._by_ptr[ptr]
+
+    def get(self, ptr: int, default: object = None) -> object:
+        return self._by_ptr.get(ptr, default)
+
+    def __contains__(self, ptr: object) -> bool:
+        return ptr in self._by_ptr
+
+    def __len__(self) -> int:
+        return len(self._by_ptr)
+
+    def __iter__(self):
+        return iter(self._by_ptr)
+
+    def values(self):
+        """The records, the oldest first."""
+        return self._by_ptr.values()
 
 
 cdef class _Guarded:
@@ -590,7 +638,7 @@ cdef class GuardBase(DeviceMemoryResource):
         self._tracks = tracks
         self._lock = ResourceLock()
         self._live = {}
-        self._quarantine = OrderedDict()
+        self._quarantine = _Quarantine()
         self._live_bytes = 0
         self._quarantined_bytes = 0
 
@@ -636,9 +684,9 @@ cdef class GuardBase(DeviceMemoryResource):
     cdef list _take_quarantine_c(self, Py_ssize_t k):
         cdef list out = []
         cdef Py_ssize_t i
-        popitem = self._quarantine.popitem
+        cdef _Quarantine q = self._quarantine
         for i in range(k):
-            e = popitem(False)[1]
+            e = q.take_oldest()
             self._quarantined_bytes -= self._held_c(<_Guarded?>e)
             out.append(e)
         return out
@@ -870,6 +918,7 @@ cdef class GuardBase(DeviceMemoryResource):
         cdef list evicted = None
         cdef ResourceLock lk
         cdef _Guarded x
+        cdef _Quarantine q
         impl = block._impl
         if type(impl) is not _Guarded or self._checker is None:
             self.deallocate(block, foreign=True)
@@ -907,9 +956,9 @@ cdef class GuardBase(DeviceMemoryResource):
                 raise
             self._live_bytes -= n
             q = self._quarantine
-            q[ptr] = e
+            q.put(ptr, e)
             self._quarantined_bytes += held
-            if len(q) > max_count or self._quarantined_bytes > max_bytes:
+            if len(q._by_ptr) > max_count or self._quarantined_bytes > max_bytes:
                 evicted = self._take_quarantine_c(self._overflow_c())
                 hx = self._held_exit
                 for x in evicted:
@@ -981,7 +1030,7 @@ cdef class GuardBase(DeviceMemoryResource):
             except BaseException as exc:  # the upstream refused it: keep it (counted) for a later flush
                 lock_take(lk)
                 try:
-                    self._quarantine[b.ptr] = e
+                    self._quarantine.put(b.ptr, e)
                     self._quarantined_bytes += self._held_c(e)
                 finally:
                     lock_give(lk)
