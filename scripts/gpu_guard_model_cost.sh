@@ -4,13 +4,8 @@
 # part of it changed at a time (scripts/diag_guard_variants.py), in turns; then a cProfile of the
 # guard's default run (host functions by own time). From the repository root, one GPU:
 #   bash scripts/gpu_guard_model_cost.sh       (device call: carry .whl)
-set -uo pipefail
-out_dir="${OUT:-out}"
-mkdir -p "$out_dir"
-export PYTHONUNBUFFERED=1 OPENBLAS_NUM_THREADS=1 IGNIS_BACKEND=cuda
-t0=$(date +%s)
-bash scripts/gpu_build.sh -j 16 > "$out_dir/build.txt" 2>&1; tail -1 "$out_dir/build.txt"
-echo "build: $(( $(date +%s) - t0 )) s"
+# shellcheck source=scripts/gpu_preamble.sh
+source scripts/gpu_preamble.sh
 export PYTHONPATH=src
 variants=(plain - sync_check_interval=None capture_stacks=False quarantine_count=0 ready_limit=0 canary_bytes=0)
 run_variant() {  # model variant -> ms/step

@@ -4,13 +4,8 @@
 # entry points and the synchronize hook; the device's time by kind), in turns, two rounds; then
 # bench_models.py in lockstep with guard variants (GUARD_VARIANTS, ';'-separated option sets).
 #   bash scripts/gpu_guard_step.sh [rounds] [block]        (device call: carry .whl)
-set -uo pipefail
-out_dir="${OUT:-out}"
-mkdir -p "$out_dir"
-export PYTHONUNBUFFERED=1 OPENBLAS_NUM_THREADS=1 IGNIS_BACKEND=cuda
-t0=$(date +%s)
-bash scripts/gpu_build.sh -j 16 > "$out_dir/build.txt" 2>&1; tail -1 "$out_dir/build.txt"
-echo "build: $(( $(date +%s) - t0 )) s"
+# shellcheck source=scripts/gpu_preamble.sh
+source scripts/gpu_preamble.sh
 export PYTHONPATH=src
 for round in 0 1; do
     for model in ${GUARD_MODELS:-resnet gpt2}; do

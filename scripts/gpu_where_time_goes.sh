@@ -6,13 +6,9 @@
 #   bash scripts/gpu_where_time_goes.sh        (device call: carry .whl and .perfkit)
 # WTG_FILES: the test files (default: the PyTorch ones); WTG_SKIP_TESTS=1 / WTG_SKIP_DIAG=1 /
 # WTG_SKIP_PERF=1 leave a part out; WTG_FILE_TIMEOUT: seconds per test file (default 240).
-set -uo pipefail
-out_dir="${OUT:-out}"
-mkdir -p "$out_dir"
-export PYTHONUNBUFFERED=1 OPENBLAS_NUM_THREADS=1 IGNIS_BACKEND=cuda
-t0=$(date +%s)
-bash scripts/gpu_build.sh -j 16 > "$out_dir/build.txt" 2>&1; tail -2 "$out_dir/build.txt"
-echo "build: $(( $(date +%s) - t0 )) s"
+# shellcheck source=scripts/gpu_preamble.sh
+BUILD_TAIL=2
+source scripts/gpu_preamble.sh
 export PYTHONPATH=src
 if [ -z "${WTG_SKIP_TESTS:-}" ]; then
     files=${WTG_FILES:-"test_torch_gpu test_torch_ops test_torch_graphs test_torch_graphs_gpu test_torch_guard test_cupy_guard test_torch_distributed_gpu test_torch_distributed"}
