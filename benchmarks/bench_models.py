@@ -90,15 +90,26 @@ def build(name: str, wrap=None):
     raise SystemExit(f"unknown model {name!r}")
 
 
+def _active_sanitizer():
+    """Ignis's sanitizer where ``ignis run --sanitize`` turned it on in this process, else None."""
+    if "ignis.safety.sanitizer" not in sys.modules:
+        return None
+    from ignis.safety.sanitizer import sanitizer
+    return sanitizer if sanitizer.active else None
+
+
+def _warn_if_reported(model: str, who: str, text: str) -> None:
+    """Say so where an Ignis contender's output reports problems on a model (a correct program)."""
+    if who.startswith("ignis") and "no problems found" not in text:
+        print(f"warning: {who} reported problems on {model}, a correct program:\n{text[-3000:]}")
+
+
 def child(name: str, steps: int, warm: int) -> None:
     import torch
     step = build(name)
     step()  # (built and warm before the sanitizer's count starts)
     torch.cuda.synchronize()
-    san = None
-    if "ignis.safety.sanitizer" in sys.modules:
-        from ignis.safety.sanitizer import sanitizer
-        san = sanitizer if sanitizer.active else None
+    san = _active_sanitizer()
     before = san.checked_foreign if san is not None else 0
     gc_count, gc_time = [0, 0, 0], [0.0]  # the cyclic collector's runs in the steps, and their time
     started = [0.0]
@@ -130,10 +141,7 @@ def serve(name: str, warm: int) -> None:
     for _ in range(max(1, warm)):
         step()
     torch.cuda.synchronize()
-    san = None
-    if "ignis.safety.sanitizer" in sys.modules:
-        from ignis.safety.sanitizer import sanitizer
-        san = sanitizer if sanitizer.active else None
+    san = _active_sanitizer()
     before, timed = (san.checked_foreign if san is not None else 0), 0
     print("BENCH_READY", flush=True)
     for line in sys.stdin:
@@ -208,8 +216,7 @@ def lockstep(model: str, whos: list[str], rounds: int, block: int, warm: int) ->
             m = re.search(r"BENCH_END (\S+)", out)
             if p.returncode != 0 or m is None:
                 raise SystemExit(f"{model} / {w} failed at the end (exit {p.returncode}):\n{text[-3000:]}")
-            if w.startswith("ignis") and "no problems found" not in text:
-                print(f"warning: {w} reported problems on {model}, a correct program:\n{text[-3000:]}")
+            _warn_if_reported(model, w, text)
             if w == "ignis --sanitize" and float(m.group(1)) >= 0:
                 acc = float(m.group(1))
         return times, ratios, acc
@@ -239,8 +246,7 @@ def contender(model: str, who: str, steps: int, warm: int) -> tuple[float, float
     m = re.search(r"BENCH_STEP_MS (\S+)", text)
     if p.returncode != 0 or m is None:
         raise SystemExit(f"{model} / {who} failed (exit {p.returncode}):\n{text[-3000:]}")
-    if who.startswith("ignis") and "no problems found" not in text:
-        print(f"warning: {who} reported problems on {model}, a correct program:\n{text[-3000:]}")
+    _warn_if_reported(model, who, text)
     acc = re.search(r"BENCH_ACCESSES (\S+)", text)
     return float(m.group(1)), (float(acc.group(1)) if acc else None)
 
