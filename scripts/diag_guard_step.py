@@ -6,7 +6,10 @@ prints per step:
 - the step's time (median, each step followed by a device synchronization);
 - under the guard, the host time inside PyTorch's allocator entry points (the GIL's taking
   included: ``_guard_fast.torch_guard_timing``), the part of the frees in the poison's driver
-  calls, and the time in the synchronize hook (``guard_front.on_sync``);
+  calls, the time in the synchronize hook (``guard_front.on_sync``), and the guard's parts
+  (``guard_base.guard_timing``: its compiled allocate and free, the check batches' queuing,
+  the release of blocks leaving the quarantine); ``guard:direct=0`` queues the check batches
+  through the backend's methods (``guard_base.check_batches_direct``);
 - the device's time by kind (PyTorch's profiler, kernels / memsets / copies summed): whether the
   guard makes the device's own work longer (its memsets and checks, or the model's kernels on
   memory that is not the one just freed).
@@ -54,23 +57,39 @@ def main() -> int:
                 sync_ns[0] += time.perf_counter_ns() - t
                 sync_ns[1] += 1
         guard_front.on_sync = on_sync
-        _guard.use_guard(**_options(mode.partition(":")[2]))
+        opts = _options(mode.partition(":")[2])
+        if "direct" in opts:  # not a guard option: the check batches through the backend's methods (0)
+            from ignis.memory import guard_base
+            guard_base.check_batches_direct(bool(opts.pop("direct")))
+        _guard.use_guard(**opts)
     import torch
     step = build(model)
     times = step_times_ms(step, steps, 5)
     print(f"{model} {mode}: step {statistics.median(times):.3f} ms (median of {steps}; "
           f"quartiles {statistics.quantiles(times, n=4)[0]:.3f}-{statistics.quantiles(times, n=4)[2]:.3f})")
     if fast is not None:
+        from ignis.memory import guard_base
         fast.torch_guard_timing(True)
+        guard_base.guard_timing(True)
         sync_ns[:] = [0, 0]
         step_times_ms(step, steps, 0)
         na, ta, nf, tf, tp, gil, cpu = fast.torch_guard_timing(False)
+        parts = guard_base.guard_timing(False)
         print(f"  per step: {na / steps:.0f} allocations {ta / steps / 1e3:.0f} µs ({ta / max(na, 1) / 1e3:.2f} µs each); "
               f"{nf / steps:.0f} frees {tf / steps / 1e3:.0f} µs ({tf / max(nf, 1) / 1e3:.2f} µs each, "
               f"{tp / max(nf, 1) / 1e3:.2f} µs of it the poison's driver calls); "
               f"{sync_ns[1] / steps:.1f} synchronize hooks {sync_ns[0] / steps / 1e3:.0f} µs")
         print(f"  of the entry points' {(ta + tf) / steps / 1e3:.0f} µs: {gil / steps / 1e3:.0f} µs taking the GIL, "
               f"{cpu / steps / 1e3:.0f} µs on the thread's CPU")
+        p = {k: v / steps for k, v in parts.items()}
+        print(f"  guard parts per step: allocate_c {p['alloc_ns'] / 1e3:.0f} µs; free_fast_c {p['free_ns'] / 1e3:.0f} µs, "
+              f"of it queuing jobs {p['queue_ns'] / 1e3:.0f} µs; {p['launches']:.1f} batches queued "
+              f"{p['launch_ns'] / 1e3:.0f} µs ({parts['launch_ns'] / max(parts['launches'], 1) / 1e3:.1f} µs each); "
+              f"{p['released']:.0f} blocks handed back {p['release_ns'] / 1e3:.0f} µs; {p['queries']:.0f} event queries")
+        calls = [k for k in parts if k.startswith("direct_")]
+        if parts["direct_dtoh_ns"]:
+            print("  a direct batch's driver calls (µs per batch): " + "; ".join(
+                f"{k[7:-3]} {parts[k] / max(parts['launches'], 1) / 1e3:.1f}" for k in calls))
     from torch.profiler import ProfilerActivity, profile
     n = 5
     with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:

@@ -4,17 +4,18 @@
 # entry points and the synchronize hook; the device's time by kind), in turns, two rounds; then
 # bench_models.py in lockstep with guard variants (GUARD_VARIANTS, ';'-separated option sets).
 #   bash scripts/gpu_guard_step.sh [rounds] [block]        (device call: carry .whl)
+# GUARD_MODES: the diag's modes, in turns (default "plain guard"; e.g. guard:direct=0).
 # shellcheck source=scripts/gpu_preamble.sh
 source scripts/gpu_preamble.sh
 export PYTHONPATH=src
 for round in 0 1; do
     for model in ${GUARD_MODELS:-resnet gpt2}; do
-        modes=(plain guard)
-        [ "$round" = 1 ] && modes=(guard plain)
+        read -ra modes <<< "${GUARD_MODES:-plain guard}"
+        [ "$round" = 1 ] && modes=($(printf '%s\n' "${modes[@]}" | tac))
         for mode in "${modes[@]}"; do
             [ -z "$mode" ] && continue
             timeout 120 python3 scripts/diag_guard_step.py "$model" "$mode" 30 > "$out_dir/diag.txt" 2>&1
-            grep -E "step |per step|entry points|device per|host wait|problem" "$out_dir/diag.txt" | head -8
+            grep -E "step |per step|entry points|guard parts|driver calls|device per|host wait|problem" "$out_dir/diag.txt" | head -10
         done
     done
 done

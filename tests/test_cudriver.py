@@ -31,7 +31,7 @@ from helpers import IMPORT_ROOT
 from ignis.memory import Access
 
 NAMES = ("cuEventRecord", "cuStreamWaitEvent", "cuLaunchKernel", "cuMemsetD8Async", "cuMemsetD32Async",
-         "cuCtxGetDevice")
+         "cuCtxGetDevice", "cuMemcpyHtoDAsync", "cuMemcpyDtoHAsync", "cuEventQuery")
 NOT_FOUND = 500  # CUDA_ERROR_NOT_FOUND: what a wrapper returns when the driver's functions cannot be loaded
 
 CTX_DEVICE = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.POINTER(ctypes.c_int))  # called with the GIL released
@@ -53,7 +53,7 @@ def _driver_loadable() -> bool:
     return True
 
 
-def test_entry_points_are_six_distinct_addresses(cudriver):
+def test_entry_points_are_distinct_addresses(cudriver):
     ep = cudriver.entry_points()
     assert set(ep) == set(NAMES)
     assert all(type(a) is int and a > 0 for a in ep.values())
@@ -96,6 +96,11 @@ static int m8(unsigned long long d, unsigned char v, size_t n, void *s) {
 static int m32(unsigned long long d, unsigned int v, size_t n, void *s) {
     stub_args[0] = d; stub_args[1] = v; stub_args[2] = n; stub_args[3] = (uintptr_t)s; return 104; }
 static int ctxdev(int *d) { *d = 7; return 0; }
+static int hd(unsigned long long d, const void *h, size_t n, void *s) {
+    stub_args[0] = d; stub_args[1] = (uintptr_t)h; stub_args[2] = n; stub_args[3] = (uintptr_t)s; return 105; }
+static int dh(void *h, unsigned long long d, size_t n, void *s) {
+    stub_args[0] = (uintptr_t)h; stub_args[1] = d; stub_args[2] = n; stub_args[3] = (uintptr_t)s; return 106; }
+static int eq(void *e) { stub_args[0] = (uintptr_t)e; return 107; }
 static void *lookup(const char *name) {
 #ifdef STUB_MISSING
     if (strcmp(name, STUB_MISSING) == 0) return NULL;
@@ -106,6 +111,9 @@ static void *lookup(const char *name) {
     if (!strcmp(name, "cuMemsetD8Async")) return (void *)m8;
     if (!strcmp(name, "cuMemsetD32Async")) return (void *)m32;
     if (!strcmp(name, "cuCtxGetDevice")) return (void *)ctxdev;
+    if (!strcmp(name, "cuMemcpyHtoDAsync")) return (void *)hd;
+    if (!strcmp(name, "cuMemcpyDtoHAsync")) return (void *)dh;
+    if (!strcmp(name, "cuEventQuery")) return (void *)eq;
     return NULL;
 }
 #ifdef STUB_V2
@@ -141,6 +149,14 @@ int cuMemsetD8Async_ptsz(unsigned long long d, unsigned char v, size_t n, void *
 int cuMemsetD32Async(unsigned long long d, unsigned int v, size_t n, void *s) { return m32(d, v, n, s); }
 int cuMemsetD32Async_ptsz(unsigned long long d, unsigned int v, size_t n, void *s) { return 100 + m32(d, v, n, s); }
 int cuCtxGetDevice(int *d) { return ctxdev(d); }
+/* A copy's plain symbol is CUDA 3's 32-bit function: never the one to take. */
+int cuMemcpyHtoDAsync(unsigned int d, const void *h, unsigned int n, void *s) { return 99; }
+int cuMemcpyDtoHAsync(void *h, unsigned int d, unsigned int n, void *s) { return 99; }
+int cuMemcpyHtoDAsync_v2(unsigned long long d, const void *h, size_t n, void *s) { return hd(d, h, n, s); }
+int cuMemcpyHtoDAsync_v2_ptsz(unsigned long long d, const void *h, size_t n, void *s) { return 100 + hd(d, h, n, s); }
+int cuMemcpyDtoHAsync_v2(void *h, unsigned long long d, size_t n, void *s) { return dh(h, d, n, s); }
+int cuMemcpyDtoHAsync_v2_ptsz(void *h, unsigned long long d, size_t n, void *s) { return 100 + dh(h, d, n, s); }
+int cuEventQuery(void *e) { return eq(e); }
 #endif
 """
 
@@ -181,7 +197,8 @@ CHILD = textwrap.dedent(r"""
         "cuEventRecord": (vp, vp), "cuStreamWaitEvent": (vp, vp, u),
         "cuLaunchKernel": (vp, u, u, u, u, u, u, u, vp, vp, vp),
         "cuMemsetD8Async": (ull, ctypes.c_ubyte, sz, vp), "cuMemsetD32Async": (ull, u, sz, vp),
-        "cuCtxGetDevice": (ctypes.POINTER(c_int),)}
+        "cuCtxGetDevice": (ctypes.POINTER(c_int),), "cuMemcpyHtoDAsync": (ull, vp, sz, vp),
+        "cuMemcpyDtoHAsync": (vp, ull, sz, vp), "cuEventQuery": (vp,)}
     ep = m.entry_points()
     fn = {n: ctypes.CFUNCTYPE(c_int, *sigs[n])(ep[n]) for n in sigs}
     out = {"mapped_at_import": any("libcuda" in l for l in open("/proc/self/maps"))}
@@ -195,7 +212,9 @@ CHILD = textwrap.dedent(r"""
     calls = {
         "cuEventRecord": (0x10, 0x20), "cuStreamWaitEvent": (0x30, 0x40, 1),
         "cuLaunchKernel": (0x50, 1, 2, 3, 4, 5, 6, 7, 0x60, 0x70, 0x80),
-        "cuMemsetD8Async": (big, 0xAB, 3, 0x90), "cuMemsetD32Async": (big, 0xDEADBEEF, 5, 0xA0)}
+        "cuMemsetD8Async": (big, 0xAB, 3, 0x90), "cuMemsetD32Async": (big, 0xDEADBEEF, 5, 0xA0),
+        "cuMemcpyHtoDAsync": (big, 0xB0, 1 << 33, 0xC0), "cuMemcpyDtoHAsync": (0xD0, big, 1 << 33, 0xE0),
+        "cuEventQuery": (0xF0,)}
     stub = None
     for name, args in calls.items():
         status = fn[name](*args)
@@ -208,7 +227,7 @@ CHILD = textwrap.dedent(r"""
     out["pending"] = ctypes.PYFUNCTYPE(c_int, ctypes.POINTER(c_int))(ep["cuCtxGetDevice"])(ctypes.byref(dev))
     try:
         loaded = m.load()
-        out["load"] = sorted(loaded) == sorted(ep) and all(loaded.values()) and len(set(loaded.values())) == 6
+        out["load"] = sorted(loaded) == sorted(ep) and all(loaded.values()) and len(set(loaded.values())) == 9
     except OSError as e:
         out["load"] = str(e)
     out["load_error"] = m.load_error()
@@ -233,7 +252,7 @@ def _run_child(libdir: str | None, mode: str = "calls", ptds: str | None = None)
 
 
 EXPECTED_CALLS = {"cuEventRecord": 100, "cuStreamWaitEvent": 101, "cuLaunchKernel": 102, "cuMemsetD8Async": 103,
-                  "cuMemsetD32Async": 104}
+                  "cuMemsetD32Async": 104, "cuMemcpyHtoDAsync": 105, "cuMemcpyDtoHAsync": 106, "cuEventQuery": 107}
 
 
 @pytest.mark.parametrize("ptds, flags", [(None, 0), ("0", 0), ("1", 2)])
@@ -249,7 +268,7 @@ def test_the_functions_come_from_cuGetProcAddress_v2(stub_driver, ptds, flags):
     assert out["pending"] == 0
     assert out["load"] is True and out["load_error"] is None
     assert out["via"] == "cuGetProcAddress_v2"
-    assert (out["version"], out["flags"], out["lookups"]) == (12000, flags, 6)
+    assert (out["version"], out["flags"], out["lookups"]) == (12000, flags, 9)
 
 
 def test_the_functions_come_from_the_older_cuGetProcAddress(stub_driver):
@@ -257,15 +276,17 @@ def test_the_functions_come_from_the_older_cuGetProcAddress(stub_driver):
     for name, status in EXPECTED_CALLS.items():
         assert out[name] == [status, True], name
     assert out["via"] == "cuGetProcAddress"
-    assert (out["version"], out["flags"], out["lookups"]) == (12000, 0, 6)
+    assert (out["version"], out["flags"], out["lookups"]) == (12000, 0, 9)
 
 
 @pytest.mark.parametrize("ptds, offset", [(None, 0), ("1", 100)])
 def test_a_driver_without_cuGetProcAddress_gives_them_by_name(stub_driver, ptds, offset):
-    """By symbol: the _ptsz functions for the per-thread default stream, the plain ones otherwise."""
+    """By symbol: the _ptsz functions for the per-thread default stream, the plain ones otherwise
+    (a copy's _v2 either way: its plain symbol is the 32-bit one; an event's query takes no
+    stream and has one symbol)."""
     out = _run_child(stub_driver("STUB_SYMBOLS"), ptds=ptds)
     for name, status in EXPECTED_CALLS.items():
-        assert out[name] == [status + offset, True], name
+        assert out[name] == [status + (0 if name == "cuEventQuery" else offset), True], name
     assert out["cuCtxGetDevice"] == [0, 7]
     assert out["via"] == "dlsym"
 
@@ -273,7 +294,7 @@ def test_a_driver_without_cuGetProcAddress_gives_them_by_name(stub_driver, ptds,
 def test_many_threads_making_the_first_call_load_once(stub_driver):
     out = _run_child(stub_driver("STUB_V2"), mode="threads")
     assert out["statuses"] == [100]
-    assert out["lookups"] == 6
+    assert out["lookups"] == 9
 
 
 def test_a_driver_lacking_a_function_is_refused_by_name(stub_driver):

@@ -829,3 +829,55 @@ def test_the_quarantine_lets_its_oldest_out_first_and_reads_as_a_mapping(streams
     held = list(g._quarantine)                 # at most two: the two freed last, oldest first
     assert held == [blocks[2].ptr, blocks[3].ptr] and len(g._quarantine) == g.quarantined_count == 2
     g.close()
+
+
+@pytest.mark.parametrize("direct", [True, False])
+def test_check_batches_go_straight_to_the_driver_where_the_backend_allows(up, streams, direct):
+    """On a GPU the deferred guard queues a check batch's six driver calls (the jobs' copy, the
+    results' fill, the kernel's two phases, the results' copy back, the event's record) without
+    the backend's methods, and finds the same damage either way; the emulated backend has no
+    direct calls, and every batch goes through its methods."""
+    from ignis.memory import guard_base
+    s = streams[0]
+    was = guard_base.check_batches_direct(direct)
+    try:
+        mr = ig.DeferredGuardResource(up, quarantine_count=4)
+        before, batches = mr._checker.direct_batches, mr._checker.batches
+        found = []
+        for i in range(3):  # three batches (one free each), each finding its own damage
+            b = mr.allocate(1000 + i, s, tag="twice")
+            k = write(b.ptr + 1000 + i + 3, b"\x11\x22", s)
+            mr.deallocate(b)
+            found += mr.check(raise_=False)
+            del k
+        assert [(e.side, e.offset, e.last_offset, e.damaged) for e in found] == \
+            [("after", 1003 + i, 1004 + i, 2) for i in range(3)]
+        assert all(e.found[:2] == b"\x11\x22" for e in found)
+        on_gpu = not s.device.backend.host_kernels
+        launched = mr._checker.batches - batches  # (a free's batch, and check()'s own of the quarantine)
+        assert launched >= 3
+        assert mr._checker.direct_batches - before == (launched if direct and on_gpu else 0)
+        mr.close()
+        assert mr.bytes_outstanding == 0
+    finally:
+        guard_base.check_batches_direct(was)
+
+
+def test_guard_timing_counts_the_deferred_guards_parts(up, streams):
+    """A diagnostic: off by default; on, it counts the batches queued, the blocks handed back and
+    the time of the compiled free and allocate; each call restarts the count."""
+    from ignis.memory import guard_base
+    s = streams[0]
+    guard_base.guard_timing(False)
+    mr = ig.DeferredGuardResource(up, quarantine_count=2, batch=2)
+    guard_base.guard_timing(True)
+    try:
+        for _ in range(8):
+            mr.free_fast(mr.allocate(4096, s))
+        got = guard_base.guard_timing(False)
+    finally:
+        guard_base.guard_timing(False)
+    assert got["launches"] >= 4 and got["released"] >= 4
+    assert got["free_ns"] >= got["queue_ns"] > 0 and got["alloc_ns"] > 0 and got["launch_ns"] > 0
+    assert guard_base.guard_timing(False) == dict.fromkeys(got, 0)
+    mr.close()

@@ -437,6 +437,31 @@ def test_write_past_the_end_is_reported_on_free(guard, streams):
     del keep
 
 
+@pytest.mark.gpu
+def test_a_framework_streams_check_batches_go_straight_to_the_driver(guard, dev):
+    """PyTorch's streams are not the backend's (adopted by handle): their check batches' copies
+    and launches still go straight to the driver while a context of the device is current, and
+    find the same damage; the event's record goes through the backend's method."""
+    from cuda.bindings import driver as cu
+    err, raw = cu.cuStreamCreate(1)  # a stream the backend did not make, as PyTorch's are
+    assert int(err) == 0
+    s = ig.Stream.from_handle(int(raw), dev)
+    try:
+        before = guard._checker.direct_batches
+        p = alloc(4096, s)
+        keep = write(p + 4096, b"\x07" * 8, s)
+        free(p, 4096, s)
+        (e,) = tg.check(raise_=False)
+        assert isinstance(e, ig.OutOfBoundsError)
+        assert (e.side, e.offset, e.last_offset, e.damaged, e.found[:8]) == ("after", 4096, 4103, 8, b"\x07" * 8)
+        assert guard._checker.direct_batches > before
+        del keep
+    finally:
+        tg._reset()  # (its checks waited for) before the stream goes
+        s.synchronize()
+        cu.cuStreamDestroy(raw)
+
+
 def test_write_before_the_start_is_reported(guard, streams):
     s = streams[0]
     p = alloc(256, s)

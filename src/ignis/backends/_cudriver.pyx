@@ -1,16 +1,17 @@
 """The CUDA driver entry points of the compiled hot paths, taken from the driver at run time.
 
 The compiled tracking (``ignis/memory/resource.pyx``: event record, stream wait), the
-compiled kernel launch (``ignis/runtime/kernel.pyx``) and PyTorch's free under the guard
-(``ignis/torch/_guard_fast.pyx``: the poison memsets and the current context's device)
-call the driver through C function pointers, with the GIL released (or, the guard's
+compiled kernel launch (``ignis/runtime/kernel.pyx``), PyTorch's free under the guard
+(``ignis/torch/_guard_fast.pyx``: the poison memsets and the current context's device) and
+the guard's check batches (``ignis/memory/guard_base.pyx``: their copies, launches, event
+record and query) call the driver through C function pointers, with the GIL released (or, the guard's
 free, without a Python call). The pointers are the addresses of the C functions here
 (``entry_points()``); each calls the driver's function of that name and returns its
 ``CUresult`` as a C int, with exactly the C signature its caller casts the address to
 (handles as ``void *``, device pointers as ``unsigned long long``).
 
 Design: no CUDA header and no cuda-bindings at build time. The driver API's C
-signatures are a stable ABI: the six used here are declared below in plain C types
+signatures are a stable ABI: the nine used here are declared below in plain C types
 (CUresult as int, handles as ``void *``, CUdeviceptr as ``unsigned long long``,
 CUdevice as int), as CUDA 12.0 defines them. The driver hands out its functions at run
 time: ``libcuda.so.1`` is opened with ``dlopen`` and each function is asked of its
@@ -58,15 +59,26 @@ cdef extern from *:
     typedef int (*ignis_memset32_t)(unsigned long long, unsigned int, size_t, void *);
     typedef int (*ignis_ctx_device_t)(int *);
 
+    typedef int (*ignis_htod_t)(unsigned long long, const void *, size_t, void *);
+    typedef int (*ignis_dtoh_t)(void *, unsigned long long, size_t, void *);
+    typedef int (*ignis_query_t)(void *);
+
     enum { IGNIS_CU_RECORD, IGNIS_CU_WAIT, IGNIS_CU_LAUNCH, IGNIS_CU_MEMSET8, IGNIS_CU_MEMSET32,
-           IGNIS_CU_CTX_DEVICE, IGNIS_CU_N };
+           IGNIS_CU_CTX_DEVICE, IGNIS_CU_HTOD, IGNIS_CU_DTOH, IGNIS_CU_QUERY, IGNIS_CU_N };
+    /* The names cuGetProcAddress is asked for (it picks the version of the CUDA release asked). */
     static const char *const ignis_cu_names[IGNIS_CU_N] = {
         "cuEventRecord", "cuStreamWaitEvent", "cuLaunchKernel", "cuMemsetD8Async", "cuMemsetD32Async",
-        "cuCtxGetDevice"};
-    /* Symbol names where the driver has no cuGetProcAddress, for the per-thread default stream. */
+        "cuCtxGetDevice", "cuMemcpyHtoDAsync", "cuMemcpyDtoHAsync", "cuEventQuery"};
+    /* Symbol names where the driver has no cuGetProcAddress: the legacy default stream's (a copy's
+       plain symbol is the 32-bit one of CUDA 3.x: its 64-bit function is _v2), and the per-thread
+       default stream's. */
+    static const char *const ignis_cu_sym_names[IGNIS_CU_N] = {
+        "cuEventRecord", "cuStreamWaitEvent", "cuLaunchKernel", "cuMemsetD8Async", "cuMemsetD32Async",
+        "cuCtxGetDevice", "cuMemcpyHtoDAsync_v2", "cuMemcpyDtoHAsync_v2", "cuEventQuery"};
     static const char *const ignis_cu_ptsz_names[IGNIS_CU_N] = {
         "cuEventRecord_ptsz", "cuStreamWaitEvent_ptsz", "cuLaunchKernel_ptsz", "cuMemsetD8Async_ptsz",
-        "cuMemsetD32Async_ptsz", "cuCtxGetDevice"};
+        "cuMemsetD32Async_ptsz", "cuCtxGetDevice", "cuMemcpyHtoDAsync_v2_ptsz", "cuMemcpyDtoHAsync_v2_ptsz",
+        "cuEventQuery"};
 
     static void *ignis_cu_fn[IGNIS_CU_N];
     static int ignis_cu_state;                 /* 0 not tried, 1 loaded, -1 failed; atomic */
@@ -122,7 +134,7 @@ cdef extern from *:
         } else {
             ignis_cu_via = "dlsym";
             for (i = 0; i < IGNIS_CU_N; i++) {
-                const char *name = ptds ? ignis_cu_ptsz_names[i] : ignis_cu_names[i];
+                const char *name = ptds ? ignis_cu_ptsz_names[i] : ignis_cu_sym_names[i];
                 if ((ignis_cu_fn[i] = dlsym(lib, name)) == NULL) {
                     snprintf(ignis_cu_error, sizeof ignis_cu_error, "the CUDA driver (libcuda.so.1) has no %s "
                              "(nor cuGetProcAddress): it is older than Ignis supports", name);
@@ -178,6 +190,18 @@ cdef extern from *:
         if (!IGNIS_CU_READY()) return IGNIS_CU_NOT_FOUND;
         return ((ignis_ctx_device_t)ignis_cu_fn[IGNIS_CU_CTX_DEVICE])(device);
     }
+    static int ignis_cuMemcpyHtoDAsync(unsigned long long dst, const void *src, size_t n, void *stream) {
+        if (!IGNIS_CU_READY()) return IGNIS_CU_NOT_FOUND;
+        return ((ignis_htod_t)ignis_cu_fn[IGNIS_CU_HTOD])(dst, src, n, stream);
+    }
+    static int ignis_cuMemcpyDtoHAsync(void *dst, unsigned long long src, size_t n, void *stream) {
+        if (!IGNIS_CU_READY()) return IGNIS_CU_NOT_FOUND;
+        return ((ignis_dtoh_t)ignis_cu_fn[IGNIS_CU_DTOH])(dst, src, n, stream);
+    }
+    static int ignis_cuEventQuery(void *event) {
+        if (!IGNIS_CU_READY()) return IGNIS_CU_NOT_FOUND;
+        return ((ignis_query_t)ignis_cu_fn[IGNIS_CU_QUERY])(event);
+    }
     """
     const int IGNIS_CU_ABI_VERSION
     const int IGNIS_CU_N
@@ -194,6 +218,9 @@ cdef extern from *:
     int ignis_cuMemsetD8Async(unsigned long long dst, unsigned char value, size_t n, void *stream) noexcept nogil
     int ignis_cuMemsetD32Async(unsigned long long dst, unsigned int value, size_t n, void *stream) noexcept nogil
     int ignis_cuCtxGetDevice(int *device) noexcept nogil
+    int ignis_cuMemcpyHtoDAsync(unsigned long long dst, const void *src, size_t n, void *stream) noexcept nogil
+    int ignis_cuMemcpyDtoHAsync(void *dst, unsigned long long src, size_t n, void *stream) noexcept nogil
+    int ignis_cuEventQuery(void *event) noexcept nogil
 
 CUDA_ABI_VERSION: int = IGNIS_CU_ABI_VERSION  # the CUDA release whose signatures the functions are asked for
 
@@ -202,7 +229,8 @@ def entry_points() -> dict[str, int]:
     """The address of each wrapper, by the driver function it calls: ``cuEventRecord``,
     ``cuStreamWaitEvent``, ``cuLaunchKernel`` (``raw`` of the cuda backend's
     ``direct_calls()``), ``cuMemsetD8Async``, ``cuMemsetD32Async``, ``cuCtxGetDevice``
-    (the guard's poison under PyTorch). Taking them loads no driver: a wrapper loads it
+    (the guard's poison under PyTorch), ``cuMemcpyHtoDAsync``, ``cuMemcpyDtoHAsync`` and
+    ``cuEventQuery`` (the guard's check batches). Taking them loads no driver: a wrapper loads it
     at its first call, if ``load()`` has not."""
     return {
         "cuEventRecord": <uintptr_t>&ignis_cuEventRecord,
@@ -211,11 +239,14 @@ def entry_points() -> dict[str, int]:
         "cuMemsetD8Async": <uintptr_t>&ignis_cuMemsetD8Async,
         "cuMemsetD32Async": <uintptr_t>&ignis_cuMemsetD32Async,
         "cuCtxGetDevice": <uintptr_t>&ignis_cuCtxGetDevice,
+        "cuMemcpyHtoDAsync": <uintptr_t>&ignis_cuMemcpyHtoDAsync,
+        "cuMemcpyDtoHAsync": <uintptr_t>&ignis_cuMemcpyDtoHAsync,
+        "cuEventQuery": <uintptr_t>&ignis_cuEventQuery,
     }
 
 
 def load() -> dict[str, int]:
-    """Open the driver library and take the six functions from it (once per process; later
+    """Open the driver library and take the nine functions from it (once per process; later
     calls return the same). Returns the driver's address of each, by name.
 
     Raises:

@@ -9,6 +9,11 @@ ctypedef int (*stream_wait_fn)(void *stream, void *event, unsigned int flags) no
 ctypedef int (*launch_fn)(void *f, unsigned int gx, unsigned int gy, unsigned int gz, unsigned int bx,
                           unsigned int by, unsigned int bz, unsigned int shared_mem, void *stream,
                           void **params, void **extra) noexcept nogil
+ctypedef int (*event_query_fn)(void *event) noexcept nogil
+ctypedef int (*ctx_device_fn)(int *device) noexcept nogil
+ctypedef int (*copy_htod_fn)(unsigned long long dst, const void *src, size_t n, void *stream) noexcept nogil
+ctypedef int (*copy_dtoh_fn)(void *dst, unsigned long long src, size_t n, void *stream) noexcept nogil
+ctypedef int (*memset32_fn)(unsigned long long dst, unsigned int value, size_t n, void *stream) noexcept nogil
 
 
 # Whether a device's context is current on the calling thread. The backend records, per thread,
@@ -55,6 +60,11 @@ cdef class DirectCalls:
     cdef launch_fn launch_fn
     cdef CtxCache seen_queue
     cdef CtxCache seen_launch
+    cdef event_query_fn query_fn
+    cdef ctx_device_fn ctx_device_fn
 
     cdef int queue(self, bint wait, object h, object ev) except -2
+    cdef int query(self, object ev) except -2
+    cdef bint _launch_open(self) except -1
     cdef object launch_target(self, object h)
+    cdef object launch_target_on(self, object h, int ordinal)

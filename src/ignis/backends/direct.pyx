@@ -9,10 +9,11 @@ layer's cross-stream tracking queues its event records and stream waits through
 What it holds, and the one rule of when a direct call may be made, are the backend's:
 
 - the C entry points (functions of ``ignis.backends._cudriver`` that call the driver's
-  cuEventRecord, cuStreamWaitEvent and cuLaunchKernel and return the CUresult; the
-  handles are the driver's pointers) and every entry point by name (``entry_points``:
-  the guard's poison under PyTorch takes cuMemsetD8Async, cuMemsetD32Async and
-  cuCtxGetDevice from there);
+  cuEventRecord, cuStreamWaitEvent, cuLaunchKernel and cuEventQuery and return the
+  CUresult; the handles are the driver's pointers) and every entry point by name
+  (``entry_points``: the guard's poison under PyTorch takes cuMemsetD8Async,
+  cuMemsetD32Async and cuCtxGetDevice from there, its check batches the copies and
+  cuMemsetD32Async);
 - the handle tables (handle -> (device record, driver object)): a handle the backend
   did not make, or destroyed, is never handed to the driver here;
 - the thread's current-context record and its epoch: a call goes direct only where the
@@ -76,6 +77,14 @@ cdef class DirectCalls:
         self.record_fn = <event_record_fn><uintptr_t>raw[0]
         self.wait_fn = <stream_wait_fn><uintptr_t>raw[1]
         self.launch_fn = <launch_fn><uintptr_t>raw[2]
+        q = self.entry_points.get("cuEventQuery", 0)
+        self.query_fn = NULL
+        if type(q) is int and q > 0:
+            self.query_fn = <event_query_fn><uintptr_t>q
+        q = self.entry_points.get("cuCtxGetDevice", 0)
+        self.ctx_device_fn = NULL
+        if type(q) is int and q > 0:
+            self.ctx_device_fn = <ctx_device_fn><uintptr_t>q
 
     @property
     def raw(self) -> tuple:
@@ -135,18 +144,51 @@ cdef class DirectCalls:
                 r = rec(e, st)
         return 0 if r == 0 else -1
 
+    cdef int query(self, object ev) except -2:
+        """Ask the driver whether the work before event ``ev``'s record is done: 1 done, 0 not
+        yet, -1 not asked here (closed gate, an event not of the table, its context not
+        current on this thread, any other answer: the backend's ``event_query`` asks, emits
+        what its listeners hear, and raises the driver's error)."""
+        cdef void *e
+        cdef int r
+        cdef event_query_fn fn = self.query_fn
+        if fn == NULL or type(ev) is not int:
+            return -1
+        for c in self.gates:  # a listener hears a True answer as a synchronization: its method must run
+            if c:
+                return -1
+        er = self.events.get(ev)
+        if type(er) is not tuple or len(<tuple>er) != 2:
+            return -1
+        try:
+            if not ctx_is_current(&self.seen_queue, self.current, self.epoch, (<tuple>er)[0]):
+                return -1
+            e = PyLong_AsVoidPtr(ev)
+        except Exception:
+            return -1
+        with nogil:
+            r = fn(e)
+        if r == 0:
+            return 1
+        return 0 if r == 600 else -1  # CUDA_ERROR_NOT_READY: not yet
+
+    cdef bint _launch_open(self) except -1:
+        """A launch may go direct as far as the backend's own state goes: an entry point, no
+        launch gate closed, no ``kernel_launch`` set on the backend's instance."""
+        if self.launch_fn == NULL:
+            return False
+        for c in self.launch_gates:
+            if c:
+                return False
+        own = self.own
+        return type(own) is dict and "kernel_launch" not in <dict>own
+
     cdef object launch_target(self, object h):
         """The backend's record of stream handle ``h`` (keep it while the launch runs) when a
         launch on it may go straight to the driver through ``launch_fn``: an entry point, no
         gate closed, no ``kernel_launch`` set on the backend's instance, a handle of the
         table whose context is current on this thread. None otherwise."""
-        if self.launch_fn == NULL or type(h) is not int:
-            return None
-        for c in self.launch_gates:
-            if c:
-                return None
-        own = self.own
-        if type(own) is not dict or "kernel_launch" in <dict>own:
+        if type(h) is not int or not self._launch_open():
             return None
         sr = self.streams.get(h)
         if type(sr) is not tuple or len(<tuple>sr) != 2:
@@ -154,6 +196,27 @@ cdef class DirectCalls:
         if not ctx_is_current(&self.seen_launch, self.current, self.epoch, (<tuple>sr)[0]):
             return None
         return sr
+
+    cdef object launch_target_on(self, object h, int ordinal):
+        """``launch_target`` for a stream of device ``ordinal`` that may be one the backend did
+        not make: a framework's stream it adopted (``Stream.from_handle``; PyTorch's streams
+        under the guard), whose handle is not in its table. Such a handle goes to the driver
+        as the backend's methods pass it, and only where the thread's current context is of
+        that device (the driver's answer, as the guard's poison under PyTorch asks it): a
+        context of another device, or none, leaves the launch to the backend's method, which
+        makes one current. Returns what to keep alive while the launch runs (the handle's
+        record, or True), or None."""
+        cdef int cur = -1, r
+        cdef ctx_device_fn fn = self.ctx_device_fn
+        if type(h) is not int:
+            return None
+        if self.streams.get(h) is not None:
+            return self.launch_target(h)
+        if fn == NULL or not self._launch_open():
+            return None
+        with nogil:
+            r = fn(&cur)
+        return True if r == 0 and cur == ordinal else None
 
     def __repr__(self) -> str:
         return (f"<DirectCalls of {type(self.backend).__name__}: {len(self.streams)} streams, "

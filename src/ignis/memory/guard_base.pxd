@@ -4,6 +4,7 @@
 # allocators (ignis/torch/_guard_fast.pyx) call allocate_c and free_fast_c. The guards keep an
 # instance dict too (DeviceMemoryResource).
 
+from ignis.backends.direct cimport DirectCalls, copy_dtoh_fn, copy_htod_fn, memset32_fn
 from ignis.memory.block cimport DeviceBlock
 from ignis.memory.resource cimport DeviceMemoryResource, ReentrantLock, ResourceLock
 from ignis.runtime.stream cimport Stream
@@ -97,8 +98,18 @@ cdef class _Checker:
     cdef readonly Py_ssize_t batches
     cdef readonly Py_ssize_t jobs
     cdef readonly bint closed
+    cdef readonly Py_ssize_t direct_batches   # batches whose copies and launches went straight to the driver
+    # The driver's calls of a batch without the backend's methods (the cuda backend's direct
+    # calls; None / NULL / 0: its methods only).
+    cdef DirectCalls dc
+    cdef unsigned long long fn_addr             # the check kernel's CUfunction (0: not known yet)
+    cdef copy_htod_fn htod
+    cdef copy_dtoh_fn dtoh
+    cdef memset32_fn ms32
 
     cdef _Slot _take_slot(self)
+    cdef bint _done(self, _Slot slot) except -1
+    cdef int _direct_steps(self, object h, _Slot slot, Py_ssize_t k, unsigned int gx) except -1
     cdef int _launch(self, object stream, list items) except -1
     cdef int _queue_free(self, Stream s, _Guarded e, list evicted) except -1
 

@@ -3,7 +3,13 @@
 from .block import DeviceBlock
 from .resource import DeviceMemoryResource
 from ..runtime.stream import Stream
-__all__ = ['GuardBase', 'fill_bytes', 'MAX_BATCH']
+__all__ = ['GuardBase', 'fill_bytes', 'MAX_BATCH', 'guard_timing', 'check_batches_direct']
+
+def guard_timing(on: bool) -> dict:
+    ...
+
+def check_batches_direct(on: bool) -> bool:
+    ...
 
 def fill_bytes(backend: object, ptr: int, value: int, nbytes: int, handle: int) -> None:
     ...

@@ -37,7 +37,11 @@ from collections import deque
 import numpy as np
 
 cimport cython
+from cpython.long cimport PyLong_AsVoidPtr
 from libc.stdint cimport uintptr_t
+from posix.time cimport clock_gettime, timespec, CLOCK_MONOTONIC
+
+from ..backends.direct cimport DirectCalls, copy_dtoh_fn, copy_htod_fn, memset32_fn
 
 from .block cimport (BLOCK_FREED, BLOCK_QUARANTINED, DeviceBlock, block_clean_on, block_lend_record, block_live,
                      block_move, fresh_generation, new_block)
@@ -49,9 +53,53 @@ from .resource import check_request
 from .types import UNTAGGED
 from ..runtime.stream cimport Stream
 
-__all__ = ["GuardBase", "fill_bytes", "MAX_BATCH"]
+__all__ = ["GuardBase", "fill_bytes", "MAX_BATCH", "guard_timing", "check_batches_direct"]
 
 cdef Hooks _HK = _HOOKS  # the hook slots (memory/hooks.pyx), read as C fields
+
+# A diagnostic (``guard_timing``): the time of the deferred mode's parts, off by default (one
+# branch where measured). _t: launches, ns queuing them, blocks released, ns releasing them,
+# event queries, ns in free_fast_c, ns in its jobs' queuing (launches included), ns in allocate_c.
+cdef bint _timing = False
+cdef unsigned long long _t[14]   # (8-13: ns in each of a direct batch's six driver calls)
+# Whether check batches may go straight to the driver (``check_batches_direct``; on by default).
+cdef bint _direct_on = True
+
+
+cdef inline unsigned long long _now_ns() noexcept nogil:
+    cdef timespec ts
+    clock_gettime(CLOCK_MONOTONIC, &ts)
+    return <unsigned long long>ts.tv_sec * 1000000000ULL + <unsigned long long>ts.tv_nsec
+
+
+def guard_timing(on: bool) -> dict:
+    """A diagnostic: measure (``on``) or stop measuring where the deferred guard's time goes.
+    Returns what was measured since the last call, and restarts the count: the check batches
+    queued and the ns queuing them (``launches``, ``launch_ns``), the blocks leaving the
+    quarantine handed back and the ns doing it (``released``, ``release_ns``), the queries of
+    batches' events (``queries``), the ns in the compiled free (``free_ns``, its jobs'
+    queuing and launches included), in its jobs' queuing (``queue_ns``, launches included),
+    in the compiled allocate (``alloc_ns``), and in each of the six driver calls of the
+    batches queued straight to the driver (``direct_*_ns``)."""
+    global _timing
+    names = ("launches", "launch_ns", "released", "release_ns", "queries", "free_ns", "queue_ns", "alloc_ns",
+             "direct_htod_ns", "direct_fill_ns", "direct_phase0_ns", "direct_phase1_ns", "direct_dtoh_ns",
+             "direct_record_ns")
+    out = {names[i]: _t[i] for i in range(14)}
+    for i in range(14):
+        _t[i] = 0
+    _timing = bool(on)
+    return out
+
+
+def check_batches_direct(on: bool) -> bool:
+    """Whether the deferred guard queues its check batches straight to the driver where the
+    backend's direct calls allow it (the default), or always through the backend's methods
+    (a diagnostic: the two ways compared in one process). Returns the previous setting."""
+    global _direct_on
+    was = _direct_on
+    _direct_on = bool(on)
+    return was
 
 
 # FILL_SPLIT (guard_base.pxd): below it an unaligned region is one byte-wise memset, as an
@@ -343,6 +391,20 @@ cdef class _Checker:
         self.frees = 0
         self.batches = 0
         self.jobs = 0
+        self.dc = None
+        if self.cuda:
+            try:
+                found = self.backend.direct_calls()
+            except Exception:  # noqa: BLE001 - a backend without them: its methods only
+                found = None
+            if isinstance(found, DirectCalls):
+                ep = (<DirectCalls>found).entry_points
+                a, b, c = ep.get("cuMemcpyHtoDAsync", 0), ep.get("cuMemcpyDtoHAsync", 0), ep.get("cuMemsetD32Async", 0)
+                if all(type(x) is int and x > 0 for x in (a, b, c)):
+                    self.htod = <copy_htod_fn><uintptr_t>a
+                    self.dtoh = <copy_dtoh_fn><uintptr_t>b
+                    self.ms32 = <memset32_fn><uintptr_t>c
+                    self.dc = found
 
     # -- buffers -----------------------------------------------------------------
     def _new_slot(self) -> _Slot:
@@ -374,7 +436,7 @@ cdef class _Checker:
                                "queued on the device")
         if self.free_slots:
             return self.free_slots.pop()
-        if self.inflight and self.backend.event_query((<_Batch>self.inflight[0]).slot.event):
+        if self.inflight and self._done((<_Batch>self.inflight[0]).slot):
             self._harvest(self.inflight.popleft())
             return self.free_slots.pop()
         if len(self.all_slots) < _MAX_SLOTS:
@@ -383,6 +445,98 @@ cdef class _Checker:
         self.backend.event_synchronize(b.slot.event)
         self._harvest(b)
         return self.free_slots.pop()
+
+    cdef bint _done(self, _Slot slot) except -1:
+        """Whether the batch of ``slot`` finished (its event's query: straight to the driver
+        where the backend's direct calls may, else the backend's method)."""
+        cdef int r
+        if _timing:
+            _t[4] += 1
+        if self.dc is not None:
+            r = self.dc.query(slot.event)
+            if r >= 0:
+                return r == 1
+        return self.backend.event_query(slot.event)
+
+    cdef int _direct_steps(self, object h, _Slot slot, Py_ssize_t k, unsigned int gx) except -1:
+        """Queue a batch of ``k`` jobs on stream handle ``h`` straight to the driver, in the
+        order the backend's methods would: the jobs' copy to the device, the results' fill,
+        the kernel's two phases, the results' copy back, the event's record. Returns how many
+        of those six were queued (0: none; the caller makes the rest through the backend's
+        methods, which raise the driver's error): only where the backend's direct calls may
+        (no gate closed; a handle of its table with its context current on this thread, or a
+        framework's stream it adopted with a context of this device current, whose event
+        record its method makes)."""
+        cdef DirectCalls dc = self.dc
+        cdef GuardBase g = self.g
+        cdef void *st
+        cdef void *f
+        cdef void *params[6]
+        cdef unsigned long long a_jobs, a_res, a_g
+        cdef unsigned int a_canary, a_poison
+        cdef int a_phase = 0
+        cdef int r = 0, done = 0
+        cdef unsigned int gy = <unsigned int>k
+        cdef size_t njob = <size_t>k * C_JOB_WORDS * 8, nres = <size_t>k * C_RES_WORDS * 8
+        if dc is None or self.fn_addr == 0 or dc.launch_fn == NULL:
+            return 0
+        # (kept: the driver's stream object stays alive while the GIL is released; a framework's
+        # stream, adopted, is kept by its Stream)
+        sr = dc.launch_target_on(h, self.device.ordinal)
+        if sr is None:
+            return 0
+        for c in dc.gates:  # trace listeners: they hear the event's record through the method
+            if c:
+                return 0
+        st = PyLong_AsVoidPtr(h)
+        f = <void *><uintptr_t>self.fn_addr
+        a_jobs = slot.jobs_dev
+        a_res = slot.res_dev
+        a_g = <unsigned long long>g.canary_bytes
+        a_canary = <unsigned int>g.canary
+        a_poison = <unsigned int>g.poison
+        params[0] = &a_jobs
+        params[1] = &a_res
+        params[2] = &a_g
+        params[3] = &a_canary
+        params[4] = &a_poison
+        params[5] = &a_phase
+        cdef unsigned long long jobs_dev = slot.jobs_dev, res_dev = slot.res_dev
+        cdef const void *jobs_host = slot.jobs_host
+        cdef void *res_host = slot.res_host
+        cdef bint timed = _timing
+        cdef unsigned long long t[6]
+        with nogil:
+            t[0] = _now_ns() if timed else 0
+            r = self.htod(jobs_dev, jobs_host, njob, st)
+            if r == 0:
+                done = 1
+                t[1] = _now_ns() if timed else 0
+                r = self.ms32(res_dev, 0xFFFFFFFFu, nres // 4, st)
+            if r == 0:
+                done = 2
+                t[2] = _now_ns() if timed else 0
+                r = dc.launch_fn(f, gx, gy, 1, C_THREADS, 1, 1, 0, st, params, NULL)
+            if r == 0:
+                done = 3
+                t[3] = _now_ns() if timed else 0
+                a_phase = 1  # (the driver copied the parameters at the first launch)
+                r = dc.launch_fn(f, 1, gy, 1, C_THREADS, 1, 1, 0, st, params, NULL)
+            if r == 0:
+                done = 4
+                t[4] = _now_ns() if timed else 0
+                r = self.dtoh(res_host, res_dev, nres, st)
+            if r == 0:
+                done = 5
+                t[5] = _now_ns() if timed else 0
+        if done == 5 and timed:
+            for i in range(5):
+                _t[8 + i] += t[i + 1] - t[i]
+        if done == 5 and dc.queue(False, h, slot.event) == 0:  # (a framework's stream: the method records)
+            done = 6
+            if timed:
+                _t[13] += _now_ns() - t[5]
+        return done
 
     def close(self) -> None:
         """Give the buffers back (after the batches in flight finished)."""
@@ -500,25 +654,43 @@ cdef class _Checker:
                 maxn = n
         maxchunks = (maxn + 15) // 16
         b = self.backend
+        cdef int done = 0
+        cdef unsigned long long t0 = _now_ns() if _timing else 0
         try:
             h = stream._check()
             if self.cuda:
                 if self.fn is None:
                     self.fn = b.kernel_compile(self.device.ordinal, _KERNEL, "ignis_guard_check")
-                b.memcpy_htod_async(slot.jobs_dev, slot.jobs_ptr, k * C_JOB_WORDS * 8, h)
-                fill_bytes_c(b, slot.res_dev, 0xFF, k * C_RES_WORDS * 8, h)
+                    try:  # the driver's CUfunction handle, for the direct calls (0: the backend's methods)
+                        addr = int(self.fn)
+                    except Exception:  # noqa: BLE001 - a backend whose functions are not driver handles
+                        addr = 0
+                    self.fn_addr = addr if type(addr) is int and addr > 0 else 0
                 gx = max(1, min(1024, (maxchunks + 2 * G // 16 + C_THREADS - 1) // C_THREADS))
-                args = (ctypes.c_uint64(slot.jobs_dev), ctypes.c_uint64(slot.res_dev), ctypes.c_uint64(G),
-                        ctypes.c_uint32(g.canary), ctypes.c_uint32(g.poison))
-                b.kernel_launch(self.fn, (gx, k, 1), (C_THREADS, 1, 1), 0, h, (*args, ctypes.c_int32(0)))
-                b.kernel_launch(self.fn, (1, k, 1), (C_THREADS, 1, 1), 0, h, (*args, ctypes.c_int32(1)))
-                b.memcpy_dtoh_async(slot.res_ptr, slot.res_dev, k * C_RES_WORDS * 8, h)
+                if _direct_on:
+                    done = self._direct_steps(h, slot, k, gx)
+                if done >= 5:
+                    self.direct_batches += 1
+                if done < 5:
+                    args = (ctypes.c_uint64(slot.jobs_dev), ctypes.c_uint64(slot.res_dev), ctypes.c_uint64(G),
+                            ctypes.c_uint32(g.canary), ctypes.c_uint32(g.poison))
+                    if done < 1:
+                        b.memcpy_htod_async(slot.jobs_dev, slot.jobs_ptr, k * C_JOB_WORDS * 8, h)
+                    if done < 2:
+                        fill_bytes_c(b, slot.res_dev, 0xFF, k * C_RES_WORDS * 8, h)
+                    if done < 3:
+                        b.kernel_launch(self.fn, (gx, k, 1), (C_THREADS, 1, 1), 0, h, (*args, ctypes.c_int32(0)))
+                    if done < 4:
+                        b.kernel_launch(self.fn, (1, k, 1), (C_THREADS, 1, 1), 0, h, (*args, ctypes.c_int32(1)))
+                    if done < 5:
+                        b.memcpy_dtoh_async(slot.res_ptr, slot.res_dev, k * C_RES_WORDS * 8, h)
             else:
                 views = [(b.host_view(x.up.ptr, 2 * G + x.block.requested), x.block.requested, _FLAGS[kind])
                          for x, kind, _ in items]
                 b.kernel_launch(functools.partial(_host_check, views, slot.res, G, g.canary, g.poison),
                                 (1, 1, 1), (1, 1, 1), 0, h, ())
-            b.event_record(slot.event, h)
+            if done < 6:
+                b.event_record(slot.event, h)
         except BaseException:
             self.free_slots.append(slot)
             # Blocks that were leaving the quarantine go back upstream unchecked, never lost.
@@ -532,11 +704,17 @@ cdef class _Checker:
         self.batches += 1
         self.jobs += k
         self.inflight.append(_Batch(slot, items, stream))
+        cdef unsigned long long t1 = _now_ns() if t0 else 0
         # The check is queued before any reuse (stream order; a reuse elsewhere waits on an
         # event recorded after it): blocks leaving the quarantine can go back to the pool now.
         exits = [x for x, kind, _ in items if kind == EXIT]
         if exits:
             g._release_exits(exits)
+        if t0:
+            _t[0] += 1
+            _t[1] += t1 - t0
+            _t[2] += len(exits)
+            _t[3] += _now_ns() - t1
         return 0
 
     # -- results -------------------------------------------------------------------
@@ -544,7 +722,7 @@ cdef class _Checker:
         """Read every finished batch (no waiting)."""
         with self.lock:
             q = self.inflight
-            while q and self.backend.event_query((<_Batch>q[0]).slot.event):
+            while q and self._done((<_Batch>q[0]).slot):
                 self._harvest(q.popleft())
 
     def wait(self) -> None:
@@ -719,6 +897,7 @@ cdef class GuardBase(DeviceMemoryResource):
         cdef _Guarded entry
         cdef Py_ssize_t g = self.canary_bytes, n
         cdef ResourceLock lk
+        cdef unsigned long long t0 = _now_ns() if _timing else 0
         if stream is None:
             stream = self.device.default_stream
         if type(nbytes) is not int or nbytes <= 0 or type(stream) is not Stream:
@@ -775,6 +954,8 @@ cdef class GuardBase(DeviceMemoryResource):
             lock_give(lk)
         if rec is not None:
             rec("alloc", self, ptr, nbytes, block.alloc_stream, block)
+        if t0:
+            _t[7] += _now_ns() - t0
         return block
 
     def _note_stream_close(self, stream: Stream) -> None:
@@ -919,6 +1100,7 @@ cdef class GuardBase(DeviceMemoryResource):
         cdef ResourceLock lk
         cdef _Guarded x
         cdef _Quarantine q
+        cdef unsigned long long t0 = _now_ns() if _timing else 0, tq = 0
         impl = block._impl
         if type(impl) is not _Guarded or self._checker is None:
             self.deallocate(block, foreign=True)
@@ -980,7 +1162,12 @@ cdef class GuardBase(DeviceMemoryResource):
         rec = _HK.recorder
         if rec is not None:
             rec("free_requested", self, ptr, block.requested, s, block)
+        if t0:
+            tq = _now_ns()
         self._checker._queue_free(s, e, evicted)
+        if t0:
+            _t[6] += _now_ns() - tq
+            _t[5] += _now_ns() - t0
         return 0
 
     def _release_exits(self, entries: list) -> None:
