@@ -881,3 +881,23 @@ def test_guard_timing_counts_the_deferred_guards_parts(up, streams):
     assert got["free_ns"] >= got["queue_ns"] > 0 and got["alloc_ns"] > 0 and got["launch_ns"] > 0
     assert guard_base.guard_timing(False) == dict.fromkeys(got, 0)
     mr.close()
+
+
+def test_the_live_check_at_a_synchronize_point_finds_damage_on_open_and_closed_streams(up, dev, streams):
+    """The live check queues one job per live block in one call, each on its block's stream, or
+    where that stream closed, on the device's default stream after a device synchronization."""
+    mr = ig.DeferredGuardResource(up, batch=2)
+    closing = dev.create_stream()
+    a = mr.allocate(100, streams[0], tag="open")
+    b = mr.allocate(200, closing, tag="closed")
+    c = mr.allocate(300, streams[1], tag="clean")
+    keep = [write(a.ptr + 100, b"\x01", streams[0]), write(b.ptr - 1, b"\x02", closing)]
+    closing.close()
+    mr.on_sync(True)
+    found = mr.check(raise_=False)
+    got = sorted((e.tag, e.side, e.when) for e in found if e.when == "at a synchronize point")
+    assert got == [("closed", "before", "at a synchronize point"), ("open", "after", "at a synchronize point")]
+    for x in (a, c):
+        mr.deallocate(x)
+    mr.close()
+    del keep

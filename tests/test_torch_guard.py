@@ -439,9 +439,9 @@ def test_write_past_the_end_is_reported_on_free(guard, streams):
 
 @pytest.mark.gpu
 def test_a_framework_streams_check_batches_go_straight_to_the_driver(guard, dev):
-    """PyTorch's streams are not the backend's (adopted by handle): their check batches' copies
-    and launches still go straight to the driver while a context of the device is current, and
-    find the same damage; the event's record goes through the backend's method."""
+    """PyTorch's streams are not the backend's (adopted by handle): their check batches' copies,
+    launches and event record still go straight to the driver while a context of the device is
+    current, and find the same damage."""
     from cuda.bindings import driver as cu
     err, raw = cu.cuStreamCreate(1)  # a stream the backend did not make, as PyTorch's are
     assert int(err) == 0

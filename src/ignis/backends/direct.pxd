@@ -65,6 +65,7 @@ cdef class DirectCalls:
 
     cdef int queue(self, bint wait, object h, object ev) except -2
     cdef int query(self, object ev) except -2
+    cdef int record_on(self, object h, object ev, int ordinal) except -2
     cdef bint _launch_open(self) except -1
     cdef object launch_target(self, object h)
     cdef object launch_target_on(self, object h, int ordinal)

@@ -172,6 +172,42 @@ cdef class DirectCalls:
             return 1
         return 0 if r == 600 else -1  # CUDA_ERROR_NOT_READY: not yet
 
+    cdef int record_on(self, object h, object ev, int ordinal) except -2:
+        """``queue``'s record of event ``ev`` on stream handle ``h``, for a stream of device
+        ``ordinal`` that may be one the backend did not make (a framework's stream it adopted,
+        see ``launch_target_on``): such a handle goes to the driver only where the thread's
+        current context is of that device. 0 done, -1 not done here (the backend's method
+        records, and raises the driver's error)."""
+        cdef void *e
+        cdef void *st
+        cdef int r, cur = -1
+        cdef event_record_fn rec = self.record_fn
+        cdef ctx_device_fn cd = self.ctx_device_fn
+        if type(h) is not int or type(ev) is not int:
+            return -1
+        if self.streams.get(h) is not None:
+            return self.queue(False, h, ev)
+        if rec == NULL or cd == NULL:
+            return -1
+        for c in self.gates:  # trace listeners, armed faults, a fork marker: each one's methods must run
+            if c:
+                return -1
+        er = self.events.get(ev)  # (a local: keeps the driver's event object alive while the GIL is released)
+        if type(er) is not tuple or len(<tuple>er) != 2:
+            return -1
+        try:
+            e = PyLong_AsVoidPtr(ev)
+            st = PyLong_AsVoidPtr(h)
+        except Exception:
+            return -1
+        with nogil:
+            r = cd(&cur)
+            if r == 0 and cur == ordinal:
+                r = rec(e, st)
+            else:
+                r = -1
+        return 0 if r == 0 else -1
+
     cdef bint _launch_open(self) except -1:
         """A launch may go direct as far as the backend's own state goes: an entry point, no
         launch gate closed, no ``kernel_launch`` set on the backend's instance."""

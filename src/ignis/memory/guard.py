@@ -877,8 +877,7 @@ class DeferredGuardResource(DebugGuardResource):
         with ck.lock:  # held first: a block freed meanwhile gets its jobs after these
             with self._lock:
                 live = list(self._live.values())
-            for e in live:
-                ck.add(self._stream_of(e), e, LIVE, when)
+            ck.add_many(live, LIVE, when)
             ck.launch_all()
 
     def on_sync(self, live: bool) -> None:

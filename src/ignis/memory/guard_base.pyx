@@ -465,8 +465,7 @@ cdef class _Checker:
         of those six were queued (0: none; the caller makes the rest through the backend's
         methods, which raise the driver's error): only where the backend's direct calls may
         (no gate closed; a handle of its table with its context current on this thread, or a
-        framework's stream it adopted with a context of this device current, whose event
-        record its method makes)."""
+        framework's stream it adopted with a context of this device current)."""
         cdef DirectCalls dc = self.dc
         cdef GuardBase g = self.g
         cdef void *st
@@ -532,7 +531,7 @@ cdef class _Checker:
         if done == 5 and timed:
             for i in range(5):
                 _t[8 + i] += t[i + 1] - t[i]
-        if done == 5 and dc.queue(False, h, slot.event) == 0:  # (a framework's stream: the method records)
+        if done == 5 and dc.record_on(h, slot.event, self.device.ordinal) == 0:
             done = 6
             if timed:
                 _t[13] += _now_ns() - t[5]
@@ -568,6 +567,30 @@ cdef class _Checker:
             lst.append((entry, kind, when))
             if len(lst) >= self.g.batch:
                 self.launch(stream)
+
+    def add_many(self, entries: list, kind: str, when: str) -> None:
+        """``add`` for each of ``entries`` (its block's stream: its allocation stream, or where
+        that closed, ``_stream_of``'s), in one call: the live check of every live block."""
+        cdef Py_ssize_t batch = self.g.batch
+        cdef list lst
+        cdef _Guarded e
+        cdef ReentrantLock lk = self.lock
+        g = self.g
+        lk.take()
+        try:
+            pend = self.pending
+            for e in entries:
+                s = e.up.alloc_stream
+                if s._closed:
+                    s = g._stream_of(e)
+                lst = pend.get(s)
+                if lst is None:
+                    lst = pend[s] = []
+                lst.append((e, kind, when))
+                if len(lst) >= batch:
+                    self.launch(s)
+        finally:
+            lk.give()
 
     def after_free(self) -> None:
         """Count a free; every 16th reads the batches that finished."""
