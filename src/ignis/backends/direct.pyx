@@ -4,7 +4,9 @@ A backend that can reach the driver without its Python methods offers them throu
 ``Backend.direct_calls()``: a ``DirectCalls``, or None (the emulated backend: every call
 goes through its methods). The compiled hot paths take it once per backend: the memory
 layer's cross-stream tracking queues its event records and stream waits through
-``queue``, and ``Kernel``'s launch asks ``launch_target`` and calls ``launch_fn``.
+``queue``, ``Kernel``'s launch asks ``launch_target`` and calls ``launch_fn``, and the
+guard's check batches ask ``launch_target_on``, record through ``record_on`` and read
+their events through ``query``.
 
 What it holds, and the one rule of when a direct call may be made, are the backend's:
 
@@ -15,7 +17,12 @@ What it holds, and the one rule of when a direct call may be made, are the backe
   cuMemsetD32Async and cuCtxGetDevice from there, its check batches the copies and
   cuMemsetD32Async);
 - the handle tables (handle -> (device record, driver object)): a handle the backend
-  did not make, or destroyed, is never handed to the driver here;
+  did not make, or destroyed, is never handed to the driver here, with one exception:
+  ``launch_target_on`` and ``record_on`` take a handle outside the table on the caller's
+  word that it is a framework's stream the caller holds open (adopted by its handle,
+  ``Stream.from_handle``: PyTorch's and CuPy's streams under the guard), and hand it over
+  as the backend's methods pass such a handle, only where the thread's current context is
+  of the stream's device (the driver's answer);
 - the thread's current-context record and its epoch: a call goes direct only where the
   handle's context is current on the calling thread (else the backend's method makes it
   current);
@@ -236,7 +243,8 @@ cdef class DirectCalls:
     cdef object launch_target_on(self, object h, int ordinal):
         """``launch_target`` for a stream of device ``ordinal`` that may be one the backend did
         not make: a framework's stream it adopted (``Stream.from_handle``; PyTorch's streams
-        under the guard), whose handle is not in its table. Such a handle goes to the driver
+        under the guard), whose handle is not in its table; the caller holds that stream open
+        (a handle of a stream closed or destroyed must not come here). Such a handle goes to the driver
         as the backend's methods pass it, and only where the thread's current context is of
         that device (the driver's answer, as the guard's poison under PyTorch asks it): a
         context of another device, or none, leaves the launch to the backend's method, which

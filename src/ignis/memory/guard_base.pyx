@@ -465,7 +465,8 @@ cdef class _Checker:
         of those six were queued (0: none; the caller makes the rest through the backend's
         methods, which raise the driver's error): only where the backend's direct calls may
         (no gate closed; a handle of its table with its context current on this thread, or a
-        framework's stream it adopted with a context of this device current)."""
+        framework's stream it adopted with a context of this device current). ``h``: the
+        handle its Stream's ``_check`` returned (open, of the live context)."""
         cdef DirectCalls dc = self.dc
         cdef GuardBase g = self.g
         cdef void *st
