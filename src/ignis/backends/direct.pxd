@@ -69,3 +69,13 @@ cdef class DirectCalls:
     cdef bint _launch_open(self) except -1
     cdef object launch_target(self, object h)
     cdef object launch_target_on(self, object h, int ordinal)
+
+
+# No gate of ``dc`` is closed now: no trace listener, armed fault or fork marker, each of which
+# needs the backend's methods to run (a launch has its own, ``launch_gates``). Inline: it is on
+# the tracked use's path (``queue``).
+cdef inline bint gates_open(DirectCalls dc) except -1:
+    for c in dc.gates:
+        if c:
+            return False
+    return True

@@ -107,10 +107,7 @@ cdef class DirectCalls:
     def is_open(self) -> bool:
         """Whether no gate holds the record / wait path off now (the tables and the context
         are asked per call)."""
-        for c in self.gates:
-            if c:
-                return False
-        return self.record_fn != NULL and self.wait_fn != NULL
+        return gates_open(self) and self.record_fn != NULL and self.wait_fn != NULL
 
     cdef int queue(self, bint wait, object h, object ev) except -2:
         """Queue on stream handle ``h`` a record of event ``ev`` (``wait``: a wait for it)
@@ -123,9 +120,8 @@ cdef class DirectCalls:
         cdef stream_wait_fn wt = self.wait_fn
         if rec == NULL or wt == NULL:
             return -1
-        for c in self.gates:  # trace listeners, armed faults, a fork marker: each one's methods must run
-            if c:
-                return -1
+        if not gates_open(self):  # trace listeners, armed faults, a fork marker: each one's methods must run
+            return -1
         sr = self.streams.get(h)
         er = self.events.get(ev)
         if type(sr) is not tuple or type(er) is not tuple or len(<tuple>sr) != 2 or len(<tuple>er) != 2:
@@ -161,9 +157,8 @@ cdef class DirectCalls:
         cdef event_query_fn fn = self.query_fn
         if fn == NULL or type(ev) is not int:
             return -1
-        for c in self.gates:  # a listener hears a True answer as a synchronization: its method must run
-            if c:
-                return -1
+        if not gates_open(self):  # a listener hears a True answer as a synchronization: its method must run
+            return -1
         er = self.events.get(ev)
         if type(er) is not tuple or len(<tuple>er) != 2:
             return -1
@@ -196,9 +191,8 @@ cdef class DirectCalls:
             return self.queue(False, h, ev)
         if rec == NULL or cd == NULL:
             return -1
-        for c in self.gates:  # trace listeners, armed faults, a fork marker: each one's methods must run
-            if c:
-                return -1
+        if not gates_open(self):  # trace listeners, armed faults, a fork marker: each one's methods must run
+            return -1
         er = self.events.get(ev)  # (a local: keeps the driver's event object alive while the GIL is released)
         if type(er) is not tuple or len(<tuple>er) != 2:
             return -1

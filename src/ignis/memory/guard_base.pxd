@@ -10,8 +10,19 @@ from ignis.memory.resource cimport DeviceMemoryResource, ReentrantLock, Resource
 from ignis.runtime.stream cimport Stream
 
 
+from posix.time cimport clock_gettime, timespec, CLOCK_MONOTONIC
+
+
 cdef extern from "Python.h":
     const Py_ssize_t PY_SSIZE_T_MAX
+
+
+# Nanoseconds of ``clock`` (the guard's diagnostic timers: guard_base.guard_timing and
+# torch/_guard_fast.pyx's torch_guard_timing).
+cdef inline unsigned long long now_ns(int clock=CLOCK_MONOTONIC) noexcept nogil:
+    cdef timespec ts
+    clock_gettime(clock, &ts)
+    return <unsigned long long>ts.tv_sec * 1000000000ULL + <unsigned long long>ts.tv_nsec
 
 
 # A quarantine bound (a non-negative int, however large) as a C size: one beyond every

@@ -39,9 +39,8 @@ import numpy as np
 cimport cython
 from cpython.long cimport PyLong_AsVoidPtr
 from libc.stdint cimport uintptr_t
-from posix.time cimport clock_gettime, timespec, CLOCK_MONOTONIC
 
-from ..backends.direct cimport DirectCalls, copy_dtoh_fn, copy_htod_fn, memset32_fn
+from ..backends.direct cimport DirectCalls, copy_dtoh_fn, copy_htod_fn, gates_open, memset32_fn
 
 from .block cimport (BLOCK_FREED, BLOCK_QUARANTINED, DeviceBlock, block_clean_on, block_lend_record, block_live,
                      block_move, fresh_generation, new_block)
@@ -64,12 +63,6 @@ cdef bint _timing = False
 cdef unsigned long long _t[14]   # (8-13: ns in each of a direct batch's six driver calls)
 # Whether check batches may go straight to the driver (``check_batches_direct``; on by default).
 cdef bint _direct_on = True
-
-
-cdef inline unsigned long long _now_ns() noexcept nogil:
-    cdef timespec ts
-    clock_gettime(CLOCK_MONOTONIC, &ts)
-    return <unsigned long long>ts.tv_sec * 1000000000ULL + <unsigned long long>ts.tv_nsec
 
 
 def guard_timing(on: bool) -> dict:
@@ -485,9 +478,8 @@ cdef class _Checker:
         sr = dc.launch_target_on(h, self.device.ordinal)
         if sr is None:
             return 0
-        for c in dc.gates:  # trace listeners: they hear the event's record through the method
-            if c:
-                return 0
+        if not gates_open(dc):  # (trace listeners, armed faults: the backend's methods make every call)
+            return 0
         st = PyLong_AsVoidPtr(h)
         f = <void *><uintptr_t>self.fn_addr
         a_jobs = slot.jobs_dev
@@ -507,35 +499,35 @@ cdef class _Checker:
         cdef bint timed = _timing
         cdef unsigned long long t[6]
         with nogil:
-            t[0] = _now_ns() if timed else 0
+            t[0] = now_ns() if timed else 0
             r = self.htod(jobs_dev, jobs_host, njob, st)
             if r == 0:
                 done = 1
-                t[1] = _now_ns() if timed else 0
+                t[1] = now_ns() if timed else 0
                 r = self.ms32(res_dev, 0xFFFFFFFFu, nres // 4, st)
             if r == 0:
                 done = 2
-                t[2] = _now_ns() if timed else 0
+                t[2] = now_ns() if timed else 0
                 r = dc.launch_fn(f, gx, gy, 1, C_THREADS, 1, 1, 0, st, params, NULL)
             if r == 0:
                 done = 3
-                t[3] = _now_ns() if timed else 0
+                t[3] = now_ns() if timed else 0
                 a_phase = 1  # (the driver copied the parameters at the first launch)
                 r = dc.launch_fn(f, 1, gy, 1, C_THREADS, 1, 1, 0, st, params, NULL)
             if r == 0:
                 done = 4
-                t[4] = _now_ns() if timed else 0
+                t[4] = now_ns() if timed else 0
                 r = self.dtoh(res_host, res_dev, nres, st)
             if r == 0:
                 done = 5
-                t[5] = _now_ns() if timed else 0
+                t[5] = now_ns() if timed else 0
         if done == 5 and timed:
             for i in range(5):
                 _t[8 + i] += t[i + 1] - t[i]
         if done == 5 and dc.record_on(h, slot.event, self.device.ordinal) == 0:
             done = 6
             if timed:
-                _t[13] += _now_ns() - t[5]
+                _t[13] += now_ns() - t[5]
         return done
 
     def close(self) -> None:
@@ -679,7 +671,7 @@ cdef class _Checker:
         maxchunks = (maxn + 15) // 16
         b = self.backend
         cdef int done = 0
-        cdef unsigned long long t0 = _now_ns() if _timing else 0
+        cdef unsigned long long t0 = now_ns() if _timing else 0
         try:
             h = stream._check()
             if self.cuda:
@@ -728,7 +720,7 @@ cdef class _Checker:
         self.batches += 1
         self.jobs += k
         self.inflight.append(_Batch(slot, items, stream))
-        cdef unsigned long long t1 = _now_ns() if t0 else 0
+        cdef unsigned long long t1 = now_ns() if t0 else 0
         # The check is queued before any reuse (stream order; a reuse elsewhere waits on an
         # event recorded after it): blocks leaving the quarantine can go back to the pool now.
         exits = [x for x, kind, _ in items if kind == EXIT]
@@ -738,7 +730,7 @@ cdef class _Checker:
             _t[0] += 1
             _t[1] += t1 - t0
             _t[2] += len(exits)
-            _t[3] += _now_ns() - t1
+            _t[3] += now_ns() - t1
         return 0
 
     # -- results -------------------------------------------------------------------
@@ -921,7 +913,7 @@ cdef class GuardBase(DeviceMemoryResource):
         cdef _Guarded entry
         cdef Py_ssize_t g = self.canary_bytes, n
         cdef ResourceLock lk
-        cdef unsigned long long t0 = _now_ns() if _timing else 0
+        cdef unsigned long long t0 = now_ns() if _timing else 0
         if stream is None:
             stream = self.device.default_stream
         if type(nbytes) is not int or nbytes <= 0 or type(stream) is not Stream:
@@ -979,7 +971,7 @@ cdef class GuardBase(DeviceMemoryResource):
         if rec is not None:
             rec("alloc", self, ptr, nbytes, block.alloc_stream, block)
         if t0:
-            _t[7] += _now_ns() - t0
+            _t[7] += now_ns() - t0
         return block
 
     def _note_stream_close(self, stream: Stream) -> None:
@@ -1124,7 +1116,7 @@ cdef class GuardBase(DeviceMemoryResource):
         cdef ResourceLock lk
         cdef _Guarded x
         cdef _Quarantine q
-        cdef unsigned long long t0 = _now_ns() if _timing else 0, tq = 0
+        cdef unsigned long long t0 = now_ns() if _timing else 0, tq = 0
         impl = block._impl
         if type(impl) is not _Guarded or self._checker is None:
             self.deallocate(block, foreign=True)
@@ -1187,11 +1179,11 @@ cdef class GuardBase(DeviceMemoryResource):
         if rec is not None:
             rec("free_requested", self, ptr, block.requested, s, block)
         if t0:
-            tq = _now_ns()
+            tq = now_ns()
         self._checker._queue_free(s, e, evicted)
         if t0:
-            _t[6] += _now_ns() - tq
-            _t[5] += _now_ns() - t0
+            _t[6] += now_ns() - tq
+            _t[5] += now_ns() - t0
         return 0
 
     def _release_exits(self, entries: list) -> None:

@@ -28,11 +28,11 @@ from __future__ import annotations
 
 from cpython.ref cimport PyObject, Py_XDECREF
 from libc.stdint cimport uintptr_t
-from posix.time cimport clock_gettime, timespec, CLOCK_MONOTONIC, CLOCK_THREAD_CPUTIME_ID
+from posix.time cimport CLOCK_THREAD_CPUTIME_ID
 
 from .._cpython cimport ignis_finalizing
 
-from ..memory.guard_base cimport fill_plan
+from ..memory.guard_base cimport fill_plan, now_ns
 from ..memory.guard_alloc cimport State, alloc_c, free_c
 from ..memory.guard_alloc import alloc as _front_alloc, free as _front_free, state as _state
 
@@ -101,12 +101,6 @@ def torch_guard_timing(on: bool) -> tuple:
     _t_alloc = _t_free = _t_poison = _t_nalloc = _t_nfree = _t_gil = _t_cpu = 0
     _timing = bool(on)
     return out
-
-
-cdef inline unsigned long long _now_ns(int clock=CLOCK_MONOTONIC) noexcept nogil:
-    cdef timespec ts
-    clock_gettime(clock, &ts)
-    return <unsigned long long>ts.tv_sec * 1000000000ULL + <unsigned long long>ts.tv_nsec
 
 
 def torch_guard_poison(memset: int, ctx_device: int, poison: int, blocks: dict | None, rs: set | None,
@@ -178,12 +172,12 @@ cdef bint _poison_here(void *ptr, Py_ssize_t size, int device, void *stream, obj
             return False  # (a capturing stream: the memset would be captured; the free waits)
     except BaseException:
         return False
-    cdef unsigned long long t0 = _now_ns() if _timing else 0
+    cdef unsigned long long t0 = now_ns() if _timing else 0
     with nogil:
         if ctx_device(&cur) == 0 and cur == device:
             r = _poison_words(ms8, ms32, <unsigned long long><uintptr_t>ptr, <unsigned char>poison, <size_t>size, stream)
     if t0:
-        _t_poison += _now_ns() - t0
+        _t_poison += now_ns() - t0
     return r == 0
 
 
@@ -196,13 +190,13 @@ cdef public void *ignis_torch_alloc(Py_ssize_t size, int device, void *stream) n
     if not _timing:
         with gil:
             return _entry_alloc(size, device, stream)
-    c0 = _now_ns(CLOCK_THREAD_CPUTIME_ID)
-    t0 = _now_ns()
+    c0 = now_ns(CLOCK_THREAD_CPUTIME_ID)
+    t0 = now_ns()
     with gil:
-        _t_gil += _now_ns() - t0
+        _t_gil += now_ns() - t0
         r = _entry_alloc(size, device, stream)
-        _t_alloc += _now_ns() - t0
-        _t_cpu += _now_ns(CLOCK_THREAD_CPUTIME_ID) - c0
+        _t_alloc += now_ns() - t0
+        _t_cpu += now_ns(CLOCK_THREAD_CPUTIME_ID) - c0
         _t_nalloc += 1
     return r
 
@@ -247,13 +241,13 @@ cdef public void ignis_torch_free(void *ptr, Py_ssize_t size, int device, void *
         with gil:
             _entry_free(ptr, size, device, stream)
         return
-    c0 = _now_ns(CLOCK_THREAD_CPUTIME_ID)
-    t0 = _now_ns()
+    c0 = now_ns(CLOCK_THREAD_CPUTIME_ID)
+    t0 = now_ns()
     with gil:
-        _t_gil += _now_ns() - t0
+        _t_gil += now_ns() - t0
         _entry_free(ptr, size, device, stream)
-        _t_free += _now_ns() - t0
-        _t_cpu += _now_ns(CLOCK_THREAD_CPUTIME_ID) - c0
+        _t_free += now_ns() - t0
+        _t_cpu += now_ns(CLOCK_THREAD_CPUTIME_ID) - c0
         _t_nfree += 1
 
 
