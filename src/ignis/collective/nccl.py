@@ -361,7 +361,7 @@ def load_bindings() -> Any:
                           "(pip install ignis[nccl]) or CuPy, or use IGNIS_BACKEND=emulated", kind="init")
 
 
-def _enqueue(api: Any, h: Any, op: "_Op", st: int) -> None:
+def _enqueue(api: Any, h: Any, op: "_Op", st: int) -> int:
     """Call NCCL for ``op`` on the stream handle ``st`` (``op.red``: the reduction's code)."""
     name, dt, n = op.name, op.plan.nccl_dtype, op.count
     if name == "all_reduce":
@@ -380,11 +380,14 @@ def _enqueue(api: Any, h: Any, op: "_Op", st: int) -> None:
         api.recv(h, op.recv_ptr, n, dt, op.root, st)
     else:  # pragma: no cover
         raise AssertionError(name)
+    return 0
 
 
 # -- the engine ------------------------------------------------------------------
 class NcclEngine:
-    """One rank's NCCL communicator, its enqueue path, its watchdog and its call matcher."""
+    """One rank's NCCL communicator, its enqueue path, its watchdog and its call matcher.
+
+    Compiled, an extension type (nccl.pxd): every attribute it has is declared there."""
 
     name = "nccl"
 
@@ -571,8 +574,10 @@ class NcclEngine:
         match = self._match
         if match is not None:
             gate = None
-            if any(op.name in _ROOTED for op in ops) if grouped else ops[0].name in _ROOTED:
-                gate = Gate(self.matcher, self.issued + 1)  # type: ignore[arg-type]
+            for op in ops:
+                if op.name in _ROOTED:
+                    gate = Gate(self.matcher, self.issued + 1)  # type: ignore[arg-type]
+                    break
             # Logged before NCCL is called: a call that blocks in NCCL (its connections to a peer that
             # never makes the matching call are set up there) is still compared, and a mismatch
             # aborts NCCL, which lets it return.
@@ -609,11 +614,17 @@ class NcclEngine:
                 raise self.health.report(ops[0].label) from e
             raise CollectiveError(f"NCCL ({self.api.name} bindings) refused it: {e}", op=ops[0].label,
                                   this_rank=self.rank, kind="nccl") from e
-        with self._lock:
+        # acquire/release, not ``with``: compiled, a method call makes no bound method (the
+        # ``with`` statement makes two, one per call)
+        lock = self._lock
+        lock.acquire()
+        try:
             ticket = self.issued = self.issued + 1
             self._flight.append((ticket, ops[0], targets))
             if not self._unwatched_at:
                 self._unwatched_at = _monotonic()
+        finally:
+            lock.release()
         if targets:
             claimed = self.health.claimed
             if claimed is not None:  # the first failure's hooks may have missed this call
