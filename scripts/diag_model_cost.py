@@ -153,6 +153,8 @@ def run(model: str, steps: int, rounds: int) -> None:
 
     hooked: list[str] = []
     names = ["trace", "rf-bare", "rf-io", "ignis", "ignis-nofree", "ignis-freenoop", "ignis-stack0", "ignis-nullsan"]
+    if os.environ.get("DIAG_VARIANTS"):  # only these (comma-separated)
+        names = [n for n in os.environ["DIAG_VARIANTS"].split(",") if n in names]
     for r in range(rounds):
         for n in (names if r % 2 == 0 else names[::-1]):
             variant(n)
