@@ -5,7 +5,9 @@ dependency of Ignis):
 - ``resnet``: torchvision's ResNet-18, AMP (bf16) with a GradScaler, channels_last, batch 32
   at 64x64, SGD with momentum;
 - ``gpt2``: a transformers GPT-2 built from a config (2 layers, 128 wide, random weights,
-  nothing downloaded), bf16 autocast, AdamW, batch 8 of 128 tokens.
+  nothing downloaded), bf16 autocast, AdamW, batch 8 of 128 tokens;
+- ``resnet-ddp1``, ``gpt2-ddp1``: either under DistributedDataParallel on an NCCL process group
+  of this process alone (its reducer, buckets, buffer broadcasts and all-reduces, on one GPU).
 
 Contenders, each a process of its own running this file's ``--child`` (the checks are per
 process; PyTorch's CSAN cannot be switched off once on): ``plain``; ``csan``
