@@ -376,6 +376,28 @@ def test_a_buffer_freed_after_the_call_waits_for_the_collective(coll):
     assert coll.san.reports == []
 
 
+@pytest.mark.parametrize("role", ["read and written", "written"])
+def test_memory_a_collective_touches_first_lives_on_the_issuing_stream(coll, role):
+    # Memory no op reported (a library allocated it below the dispatcher) first touched by a
+    # collective: the caching allocator put it on the stream current at the allocation, the
+    # issuing stream, not the communication stream. Freed there once the collective is done and
+    # handed out there again, its next owner's use is in stream order: no reuse race.
+    coll.fe.disable()
+    t = torch.ones(256)
+    out = [torch.empty(256), torch.empty(256)]
+    coll.fe.enable()
+    if role == "written":
+        OPS.allgather_([out], [torch.ones(256)], True)
+        t = out[0]
+    else:
+        OPS.allreduce_([t], True)
+    coll.wait()
+    base = t.untyped_storage().data_ptr()
+    coll.san.extent_freed(base, S)
+    coll.san.foreign_access(S, "aten::cat", None, [(base, 1024, base, base + 160, 0, 0, WRITE | OUTPUT)])
+    assert coll.san.reports == []
+
+
 def test_a_storage_resized_away_while_the_collective_uses_it_races_the_free(coll):
     # The Work keeps the tensor; resize_(0) (FSDP's way to free) takes its memory anyway.
     t = torch.ones(256)

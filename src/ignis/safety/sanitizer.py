@@ -681,6 +681,34 @@ class Sanitizer:
             return None
         return conflict, _new_rec(sid, label, ep, "free", base, end, "free", frames, ext.gen, base)
 
+    def begin_lifetimes(self, stream: Any, op: str, frames: Any, items: list, library: int = 0) -> None:
+        """The extents of ``items`` (``foreign_access``'s tuples) that no access has shown yet
+        begin their lifetime on ``stream``, no byte touched: where their allocator put them.
+        A collective reads and writes its buffers on its communication stream, but memory it is
+        the first to touch (allocated below the dispatcher, where no op reported it) was handed
+        out on the issuing stream, where it is freed and handed out again: its lifetime is the
+        issuing stream's, or its free would race every later owner there. Extents already
+        known are left as they are; an item's ``OUTPUT`` bit makes the lifetime fresh (its reads
+        before a write are uninitialized), as at an op's first sight."""
+        self._lock.take()
+        try:
+            sid = self._sid(stream)
+            if self._capturing and sid in self._capturing:  # queued into a graph: its own rules
+                return
+            live = self._live
+            for it in items:
+                b = addr_of(it[0])
+                if b < 0:
+                    continue
+                ext = live.find(b)
+                if ext is None or ext.end is None:
+                    mode = it[6] & ~(_R | _W | _MW)
+                    ext = self._first_sight(ext, it[0], it[1], mode, sid, frames, op)
+                    if ext is not None and mode & _O:
+                        ext.lib = (last_from_library() if library < 0 else library) != 0
+        finally:
+            self._lock.give()
+
     def extent_record_stream(self, base: int, stream: int, held: bool = False) -> None:
         """The memory at ``base`` is also used on ``stream`` (``Tensor.record_stream``): its
         free waits for that stream, so uses there do not race the free or a reuse.

@@ -499,6 +499,8 @@ class TorchFrontEnd:
             san.on_event_wait(key, comm)
             san.on_event_destroyed(key)
         if during:
+            if comm != issue:  # what the op touches first was allocated on the issuing stream
+                san.begin_lifetimes(issue, spec.name, b.frames, during, b.lib)
             san.foreign_access(comm, spec.name, b.frames, during, False, b.lib)
             if comm != issue:
                 for it in during:  # kept alive on the Work until it is done (PyTorch's stash)
