@@ -398,6 +398,19 @@ def test_memory_a_collective_touches_first_lives_on_the_issuing_stream(coll, rol
     assert coll.san.reports == []
 
 
+def test_memory_a_collective_touches_first_still_races_a_read_before_wait(coll):
+    # The lifetime begun on the issuing stream is still the collective's to write on its own
+    # stream: reading it on the issuing stream before wait() is the race it always was.
+    coll.fe.disable()
+    t = torch.ones(256)
+    coll.fe.enable()
+    OPS.allreduce_([t], True)
+    t.sum()
+    [e] = coll.san.reports
+    assert e.kind == "read-after-write race" and e.first["op"] == "ignis_test_c10d::allreduce_"
+    assert e.first["stream_name"] == f"the communication stream {N:#x}" and e.second["op"] == "aten::sum"
+
+
 def test_a_storage_resized_away_while_the_collective_uses_it_races_the_free(coll):
     # The Work keeps the tensor; resize_(0) (FSDP's way to free) takes its memory anyway.
     t = torch.ones(256)
