@@ -17,7 +17,7 @@ counts. Then the ownership bookkeeping, on a 256-byte array:
 
 - per call, host time of ``comm.all_reduce(tiny)`` minus that of the raw NCCL
   call on the same pointer and stream (batches of 200 enqueues, median);
-- directly: acquire + tracked use (``_begin``/``_end``) + release, without
+- directly: acquire + tracked use (``NvArray.use``) + release, without
   NCCL, for an array of the default stream and one of the communicator's.
 
 Rank 0 prints a table with the ratios (ignis / torch) and, with ``--json``,
@@ -158,8 +158,8 @@ def worker(args: argparse.Namespace) -> int:
             t0 = time.perf_counter()
             for _ in range(n):
                 acq(arr, "collective")
-                arr._begin(s, rw, "all_reduce")
-                arr._end(s, rw)
+                with arr.use(s, rw):  # the tracked use: its waits before, its record after
+                    pass
                 rel(arr, "collective")
             best_t = min(best_t, (time.perf_counter() - t0) / n)
         dev.synchronize()
