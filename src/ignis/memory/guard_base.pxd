@@ -118,6 +118,8 @@ cdef class _Checker:
     cdef copy_dtoh_fn dtoh
     cdef memset32_fn ms32
 
+    cdef list _pending_on(self, object stream)
+    cdef object _job_stream(self, _Guarded e)
     cdef _Slot _take_slot(self)
     cdef bint _done(self, _Slot slot) except -1
     cdef int _direct_steps(self, object h, _Slot slot, Py_ssize_t k, unsigned int gx) except -1

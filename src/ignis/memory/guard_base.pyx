@@ -551,12 +551,23 @@ cdef class _Checker:
             self.free_slots.clear()
 
     # -- jobs ----------------------------------------------------------------------
+    cdef inline list _pending_on(self, object stream):
+        """The jobs waiting on ``stream`` (a list made on first use). Lock held."""
+        cdef list lst = self.pending.get(stream)
+        if lst is None:
+            lst = self.pending[stream] = []
+        return lst
+
+    cdef inline object _job_stream(self, _Guarded e):
+        """Where ``e``'s job is checked: its allocation stream, or where that closed, ``_stream_of``'s."""
+        s = e.up.alloc_stream
+        return self.g._stream_of(e) if s._closed else s
+
     def add(self, stream: Stream, entry: _Guarded, kind: str, when: str) -> None:
         """Queue a job (``kind``: FREE, EXIT, LIVE or HELD) for ``entry`` on ``stream``; a full batch is launched."""
+        cdef list lst
         with self.lock:
-            lst = self.pending.get(stream)
-            if lst is None:
-                lst = self.pending[stream] = []
+            lst = self._pending_on(stream)
             lst.append((entry, kind, when))
             if len(lst) >= self.g.batch:
                 self.launch(stream)
@@ -568,17 +579,11 @@ cdef class _Checker:
         cdef list lst
         cdef _Guarded e
         cdef ReentrantLock lk = self.lock
-        g = self.g
         lk.take()
         try:
-            pend = self.pending
             for e in entries:
-                s = e.up.alloc_stream
-                if s._closed:
-                    s = g._stream_of(e)
-                lst = pend.get(s)
-                if lst is None:
-                    lst = pend[s] = []
+                s = self._job_stream(e)
+                lst = self._pending_on(s)
                 lst.append((e, kind, when))
                 if len(lst) >= batch:
                     self.launch(s)
@@ -600,19 +605,12 @@ cdef class _Checker:
         cdef ReentrantLock lk = self.lock
         lk.take()
         try:
-            pend = self.pending
-            lst = pend.get(s)
-            if lst is None:
-                lst = pend[s] = []
+            lst = self._pending_on(s)
             lst.append((e, FREE, _ON_FREE))
             if evicted:
                 for x in evicted:
-                    xs = x.up.alloc_stream
-                    if xs._closed:
-                        xs = self.g._stream_of(x)
-                    l2 = pend.get(xs)
-                    if l2 is None:
-                        l2 = pend[xs] = []
+                    xs = self._job_stream(x)
+                    l2 = self._pending_on(xs)
                     l2.append((x, EXIT, _LEFT))
                     if xs is not s and len(l2) >= batch:
                         self.launch(xs)

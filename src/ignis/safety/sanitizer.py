@@ -702,10 +702,8 @@ class Sanitizer:
                     continue
                 ext = live.find(b)
                 if ext is None or ext.end is None:
-                    mode = it[6] & ~(_R | _W | _MW)
-                    ext = self._first_sight(ext, it[0], it[1], mode, sid, frames, op)
-                    if ext is not None and mode & _O:
-                        ext.lib = (last_from_library() if library < 0 else library) != 0
+                    self._first_sight(ext, it[0], it[1], it[6] & ~(_R | _W | _MW), sid, frames, op, 0, 0, 0, None,
+                                      (last_from_library() if library < 0 else library) != 0)
         finally:
             self._lock.give()
 
@@ -852,9 +850,7 @@ class Sanitizer:
                     b, size, lo, hi, per, ch, mode = items[k]
                 ext = live.find(b)
                 if ext is None or ext.end is None:
-                    ext = self._first_sight(ext, b, size, mode, sid, frames, op, lo, hi, per, vc)
-                    if ext is not None and mode & _O:
-                        ext.lib = from_lib
+                    ext = self._first_sight(ext, b, size, mode, sid, frames, op, lo, hi, per, vc, from_lib)
                     if ext is None:  # inside an Ignis block: checked there
                         c = self._on_block(sid, label, ep, vc, lo, hi, per, ch, mode, op, frames)
                         if c is not None:
@@ -903,7 +899,7 @@ class Sanitizer:
 
     def _first_sight(self, ext: _Extent | None, base: int, size: int, mode: int, sid: int,
                      frames: tuple | None, op: str, lo: int = 0, hi: int = 0, per: int = 0,
-                     vc: Clock | None = None) -> _Extent | None:
+                     vc: Clock | None = None, from_lib: bool = False) -> _Extent | None:
         if ext is None:
             if self._regions and not mode & _P and self._block_at(base) is not None:
                 return None
@@ -924,6 +920,8 @@ class Sanitizer:
             ext.frames, ext.op = frames, op
         else:  # first seen as an input: something invisible wrote it
             ext.op = f"an allocation first used by {op}"
+        if mode & _O:
+            ext.lib = from_lib  # (memory a library made and reads itself: no uninitialized-read check)
         end = base + max(size, 1)
         ext.end = end
         # Its records so far (none: nothing accessed it) are the graveyard's over its bytes, less
