@@ -268,7 +268,9 @@ cdef class _TrackedAccess:
         """(4) record the uses begun (when ``record``), (5) release what was acquired."""
         cdef NvArray a
         begun, held = self.begun, self.held
-        self.begun, self.held = [], []
+        if begun is None:
+            return 0  # finished already
+        self.begun = self.held = None
         try:
             if record:
                 s = self.stream

@@ -10,6 +10,7 @@
 cimport cython
 
 from ignis.collective.communicator cimport _Op
+from ignis.memory.resource cimport ResourceLock, lock_give, lock_take
 
 
 @cython.locals(name=str)
@@ -21,7 +22,8 @@ cdef class NcclEngine:
     cdef public object api, rank, world_size, device, health, timeout, checker, matcher, handle
     cdef public bint fp8
     # The hot path's state: the match log's append, the calls' tickets and those in flight
-    cdef public object _match, _lock, _flight
+    cdef public object _match, _flight
+    cdef public ResourceLock _lock
     cdef public Py_ssize_t issued, _done
     cdef public double _unwatched_at, _polled
     # The watchdog's and the abort's
@@ -29,7 +31,7 @@ cdef class NcclEngine:
     cdef public object _abort_done, _stop, _watchdog, _stream, _pending, _retire_lock
     cdef object __weakref__
 
-    @cython.locals(op=_Op, grouped=bint, ticket=Py_ssize_t)
+    @cython.locals(op=_Op, grouped=bint, ticket=Py_ssize_t, lock=ResourceLock)
     cpdef run(self, ops, stream, tuple targets=*)
 
     @cython.locals(now=double)

@@ -66,6 +66,13 @@ import time
 from collections import deque
 from typing import TYPE_CHECKING, Any
 
+try:  # compiled, this is Cython's; as plain Python, its shadow module if installed (not required)
+    import cython
+    _COMPILED = cython.compiled
+except ImportError:
+    _COMPILED = False
+
+from ..memory.resource import ResourceLock
 from .communicator import poison
 from .errors import CollectiveError, CollectiveTimeoutError
 from .matching import Gate, OpMatcher
@@ -405,7 +412,9 @@ class NcclEngine:
         self._match = self.matcher.log.append if self.matcher is not None else None  # the hot path's one append
         self.handle: Any = None
         self.fp8 = api.version >= FP8_MIN_VERSION
-        self._lock = threading.Lock()
+        # The engine's lock: the hot path takes it as C (lock_take / lock_give) where compiled;
+        # the watchdog, the poll and the abort take it with ``with``, as a threading.Lock.
+        self._lock = ResourceLock()
         self._unwatched_at = 0.0  # when the first call since the watchdog's last look was enqueued (0: none)
         self._aborted = False
         self._abort_done: threading.Event | None = None
@@ -614,17 +623,23 @@ class NcclEngine:
                 raise self.health.report(ops[0].label) from e
             raise CollectiveError(f"NCCL ({self.api.name} bindings) refused it: {e}", op=ops[0].label,
                                   this_rank=self.rank, kind="nccl") from e
-        # acquire/release, not ``with``: compiled, a method call makes no bound method (the
-        # ``with`` statement makes two, one per call)
+        # Compiled, the lock is taken as C (one atomic operation, no Python call); as plain
+        # Python, as a threading.Lock.
         lock = self._lock
-        lock.acquire()
+        if _COMPILED:
+            lock_take(lock)
+        else:
+            lock.acquire()
         try:
             ticket = self.issued = self.issued + 1
             self._flight.append((ticket, ops[0], targets))
             if not self._unwatched_at:
                 self._unwatched_at = _monotonic()
         finally:
-            lock.release()
+            if _COMPILED:
+                lock_give(lock)
+            else:
+                lock.release()
         if targets:
             claimed = self.health.claimed
             if claimed is not None:  # the first failure's hooks may have missed this call
