@@ -174,7 +174,19 @@ def _public(name: str) -> bool:
 
 _DEF = re.compile(r"^(?:async\s+)?def\s+(\w+)\s*\(")
 _CLASS = re.compile(r"^(?:cdef\s+)?class\s+(\w+)\s*(\([^)]*\))?\s*:")
-_CPDEF = re.compile(r"^cpdef\s+(\w+)\s+(\w+)\s*\(\s*self\s*\)\s*(?:except\s+\S+)?\s*(?:nogil)?\s*:")
+_CPDEF = re.compile(r"^cpdef\s+(?:(\w+)\s+)?(\w+)\s*\(([^)]*)\)\s*(?:except\s+\S+)?\s*(?:nogil)?\s*:")
+
+
+def _cpdef_as_def(m: re.Match) -> str:
+    """A ``cpdef [ctype] name(args):`` line (``_CPDEF``'s match) as the Python ``def`` it exposes:
+    C types as their Python types, ``object`` and an untyped return as ``Any``, a class kept."""
+    def py(ctype: str | None) -> str:
+        return "Any" if ctype in (None, "object") else C_TYPES.get(ctype, ctype)
+    args = []
+    for arg in (a.strip() for a in m.group(3).split(",") if a.strip()):
+        *ctype, name = arg.split()
+        args.append(name if name == "self" else f"{name}: {py(' '.join(ctype) or None)}")
+    return f"def {m.group(2)}({', '.join(args)}) -> {py(m.group(1))}:"
 _CIMPORT = re.compile(r"^from\s+(\S+)\s+cimport\s+(.+)$")
 _ASSIGN = re.compile(r"^([A-Za-z_]\w*)\s*(?::\s*([^=]+?))?\s*=\s*(.+)$")
 
@@ -205,10 +217,10 @@ def skeleton(module: str, text: str) -> tuple[list[str], dict[str, list[str]], l
             decorators.append(line)
             i += 1
             continue
-        m_def, m_class = _DEF.match(line), _CLASS.match(line)
-        if m_def:
-            if _public(m_def.group(1)):
-                top += decorators + [line + " ..."]
+        m_def, m_class, m_cpdef = _DEF.match(line), _CLASS.match(line), _CPDEF.match(line)
+        if m_def or m_cpdef:
+            if _public((m_def or m_cpdef).group(1 if m_def else 2)):
+                top += decorators + [(line if m_def else _cpdef_as_def(m_cpdef)) + " ..."]
             decorators = []
             i = _block_end(lines, i)
             continue
@@ -266,7 +278,7 @@ def _class_body(module: str, cls: str, body: list[tuple[int, str]], keep: set[st
                 name, line = "__init__", line.replace("__cinit__", "__init__", 1)  # Cython's constructor
             if (_public(name) or name in keep) and name not in ("__cinit__", "__dealloc__"):
                 if m_cpdef:
-                    line = f"def {name}(self) -> {C_TYPES[m_cpdef.group(1)]}:"
+                    line = _cpdef_as_def(m_cpdef)
                 out += ["    " + d for d in decorators] + ["    " + line + " ..."]
             decorators = []
             j = i + 1

@@ -439,6 +439,40 @@ def test_access_all_on_an_exception_records_then_releases(dev, streams):
     assert _state(x, streams) == (0, [1]) and _state(y, streams) == (1, None)
 
 
+def test_a_block_held_without_with_enters_and_exits_as_the_with_statement(dev, streams):
+    """``access_block`` + ``enter()`` / ``exit(ok)`` (the collective enqueue path's form of the
+    block): the same checks, holds, records and releases as ``with NvArray.access_all``."""
+    from ignis.array.nvarray import access_block
+    s0, s1, _ = streams
+    x = ig.zeros(64, "uint8", stream=s0)
+    y = ig.zeros(64, "uint8", stream=s0)
+    block = access_block([(x, "read"), (y, "write")], s1, "io", "test", False)
+    assert block.enter() == [x.device_ptr, y.device_ptr]
+    assert (x.owner, y.owner) == ("io", "io")
+    block.exit(True)
+    assert (x.owner, y.owner) == ("compute", "compute")
+    assert _state(x, streams) == (0, [1]) and _state(y, streams) == (1, None)
+    block.exit(True)  # finished already: nothing more
+    assert (x.owner, y.owner) == ("compute", "compute")
+    with pytest.raises(RuntimeError, match="already entered"):
+        block.enter()
+    # A block that did not run to its end, not finishing on error: released, nothing recorded.
+    z = ig.zeros(64, "uint8", stream=s0)
+    block = access_block([(z, "write")], s1, "io", "test", False)
+    block.enter()
+    block.exit(False)
+    assert z.owner == "compute" and _state(z, streams) == (0, None)
+    # finish_on_error: recorded all the same, as the with statement does when its block raised.
+    block = access_block([(z, "write")], s1, "io", "test", True)
+    block.enter()
+    block.exit(False)
+    assert z.owner == "compute" and _state(z, streams) == (1, None)
+    # The uses are checked as access_all checks them, before anything is held.
+    with pytest.raises(TypeError, match=r"\(NvArray, mode\)"):
+        access_block([x], s1, "io", "test", False)
+    assert x.owner == "compute"
+
+
 # -- layering ---------------------------------------------------------------------------------
 
 def test_the_array_layer_imports_nothing_above_it():

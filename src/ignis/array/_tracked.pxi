@@ -180,13 +180,6 @@ cdef class _TrackedAccess:
     """The ``with`` block of ``NvArray.access`` / ``NvArray.access_all``: check, acquire,
     prepare on entry; record, release on exit (see ``NvArray.access``). Entered once."""
 
-    cdef list uses       # [(array, Access or None (held only), offset, nbytes)]
-    cdef object stream
-    cdef object by
-    cdef object op
-    cdef bint finish_on_error, single, entered
-    cdef list held, begun
-
     def __init__(self, uses: list, stream: Stream, by: str | None, op: str, finish_on_error: bool,
                  single: bool) -> None:
         self._init(uses, stream, by, op, finish_on_error, single)
@@ -209,6 +202,17 @@ cdef class _TrackedAccess:
         return f"<tracked access ({self.op}) by {self.by!r} on stream #{self.stream.id}: {arrays}>"
 
     def __enter__(self) -> Any:
+        return self.enter()
+
+    def __exit__(self, exc_type: Any, exc: Any, tb: Any) -> bool:
+        self._finish(exc_type is None or self.finish_on_error)
+        return False
+
+    cpdef enter(self):
+        """What ``__enter__`` does, for a caller that holds the block without ``with`` (the
+        collective enqueue path, where the protocol's two method lookups cost more than the
+        block): check, acquire, prepare; the device address (``access``) or the list of them
+        (``access_all``). Pair it with ``exit``."""
         cdef NvArray a, r
         cdef tuple use
         cdef set roots
@@ -260,9 +264,10 @@ cdef class _TrackedAccess:
             return (<NvArray>use[0])._ptr + use[2]
         return [(<NvArray>use[0])._ptr + use[2] for use in uses]
 
-    def __exit__(self, exc_type: Any, exc: Any, tb: Any) -> bool:
-        self._finish(exc_type is None or self.finish_on_error)
-        return False
+    cpdef exit(self, bint ok):
+        """What ``__exit__`` does, after ``enter``: ``ok`` (the block ran to its end) records the
+        uses, as does a block that raised when ``finish_on_error``; then the arrays are released."""
+        self._finish(ok or self.finish_on_error)
 
     cdef int _finish(self, bint record) except -1:
         """(4) record the uses begun (when ``record``), (5) release what was acquired."""

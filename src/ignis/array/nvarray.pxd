@@ -28,3 +28,24 @@ cdef class NvArray:
 cdef int begin_use(NvArray arr, object stream, object access, object op, Py_ssize_t off,
                    Py_ssize_t n) except -1
 cdef int end_use(NvArray arr, object stream, object access) except -1
+
+
+# A tracked-access block (the ``with`` of ``NvArray.access`` / ``access_all``), for compiled
+# callers that hold one without the ``with`` protocol (the collective enqueue path): made by
+# ``access_block`` (``access_all``'s arguments by position), then ``enter()`` and ``exit(ok)``.
+cdef class _TrackedAccess:
+    cdef list uses       # [(array, Access or None (held only), offset, nbytes)]
+    cdef object stream
+    cdef object by
+    cdef object op
+    cdef bint finish_on_error, single, entered
+    cdef list held, begun
+
+    cdef int _init(self, list uses, object stream, object by, object op, bint finish_on_error,
+                   bint single) except -1
+    cpdef enter(self)
+    cpdef exit(self, bint ok)
+    cdef int _finish(self, bint record) except -1
+
+
+cpdef _TrackedAccess access_block(object uses, object stream, object by, object op, bint finish_on_error)

@@ -19,6 +19,9 @@ def drain_deferred() -> None:
 def empty(shape: Any, dtype: Any=..., *, device: Device | int | None=..., stream: Stream | None=..., owner: str=..., mr: DeviceMemoryResource | None=..., tag: str=...) -> NvArray:
     ...
 
+def access_block(uses: Any, stream: Any, by: Any, op: Any, finish_on_error: bool) -> _TrackedAccess:
+    ...
+
 class NvArray:
 
     @property
@@ -323,4 +326,10 @@ class _TrackedAccess:
         ...
 
     def __exit__(self, exc_type: Any, exc: Any, tb: Any) -> bool:
+        ...
+
+    def enter(self) -> Any:
+        ...
+
+    def exit(self, ok: bool) -> Any:
         ...

@@ -1057,26 +1057,7 @@ cdef class NvArray:
         Raises:
             TypeError: a use is not ``(NvArray, mode[, offset, nbytes])``; the rest as ``access``.
         """
-        cdef list items = []
-        cdef NvArray a
-        for use in uses:
-            if not isinstance(use, tuple) or len(use) not in (2, 4) or not isinstance(use[0], NvArray):
-                raise TypeError(f"access_all: each use is (NvArray, mode) or (NvArray, mode, offset, nbytes), "
-                                f"got {use!r:.80}")
-            a = <NvArray>use[0]
-            mode = use[1]
-            if len(use) == 2:
-                items.append((a, None if mode is None else _mode(mode), 0, a.nbytes))
-            else:
-                off, n = a._byte_range(use[2], use[3], op)
-                items.append((a, None if mode is None else _mode(mode), off, n))
-        if stream is not None:
-            s = stream if type(stream) is _Stream else _check_stream(stream)
-        elif items:
-            s = _stream_for(<NvArray>items[0][0], None)
-        else:
-            s = _rt_current.current_stream()
-        return _tracked_access(items, s, _by(by), op, finish_on_error, False)
+        return access_block(uses, stream, by, op, finish_on_error)
 
     def _byte_range(self, offset: Any, nbytes: Any, op: str) -> tuple[int, int]:
         """``(offset, nbytes)`` checked against this array's bytes (``nbytes`` None: to the end)."""
@@ -1640,3 +1621,28 @@ def empty(shape: Any, dtype: Any = _dt.float32, *, device: "Device | int | None"
 include "_tracked.pxi"     # the tracked use: begin_use / end_use, TrackedUse, _TrackedAccess
 include "_transfers.pxi"   # bytes in and out: memset, fill, device and host copies
 include "_dlcapsule.pxi"   # DLPack: what a consumer's deleter and a dead capsule call
+
+
+cpdef _TrackedAccess access_block(object uses, object stream, object by, object op, bint finish_on_error):
+    """``NvArray.access_all(uses, stream, by=by, op=op, finish_on_error=finish_on_error)``, with its
+    arguments by position: for compiled callers (a C call), and the one implementation of both."""
+    cdef list items = []
+    cdef NvArray a
+    for use in uses:
+        if not isinstance(use, tuple) or len(use) not in (2, 4) or not isinstance(use[0], NvArray):
+            raise TypeError(f"access_all: each use is (NvArray, mode) or (NvArray, mode, offset, nbytes), "
+                            f"got {use!r:.80}")
+        a = <NvArray>use[0]
+        mode = use[1]
+        if len(use) == 2:
+            items.append((a, None if mode is None else _mode(mode), 0, a.nbytes))
+        else:
+            off, n = a._byte_range(use[2], use[3], op)
+            items.append((a, None if mode is None else _mode(mode), off, n))
+    if stream is not None:
+        s = stream if type(stream) is _Stream else _check_stream(stream)
+    elif items:
+        s = _stream_for(<NvArray>items[0][0], None)
+    else:
+        s = _rt_current.current_stream()
+    return _tracked_access(items, s, _by(by), op, finish_on_error, False)

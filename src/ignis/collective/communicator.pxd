@@ -5,6 +5,8 @@
 
 cimport cython
 
+from ignis.array.nvarray cimport _TrackedAccess, access_block
+
 
 # An operation holds no reference that could lead back to it (strings, integers, its plan,
 # its ReduceOp): it stays out of the cyclic collector (one is made per call; the directive
@@ -34,4 +36,5 @@ cdef class Communicator:
     cpdef _array(self, a, str what, str role)
     cpdef _reduction(self, dt, op, str what)
     cpdef Py_ssize_t _next(self)
+    @cython.locals(block=_TrackedAccess)
     cpdef _submit(self, _Op op, a, acc, b=*, acc_b=*)

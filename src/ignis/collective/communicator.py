@@ -62,6 +62,7 @@ except ImportError:
 
 from .. import dtypes as _dt
 from ..array import NvArray
+from ..array.nvarray import access_block
 from ..errors import DriverError, MemoryContractViolation
 from .._types import Access
 from .errors import CollectiveError
@@ -458,8 +459,12 @@ class Communicator:
         # Held for "collective" (two views of one array: once), ordered on the communicator's
         # stream, recorded and released. A failed run records nothing: it poisons what it was
         # to write, and the others must not wait on a failed stream.
+        # (``NvArray.access_all``'s block, held without the ``with`` protocol: compiled, its
+        # enter and exit are C calls, where ``with`` looks up and binds two methods a call)
         uses = ((a, acc),) if b is None else ((a, acc), (b, acc_b))
-        with NvArray.access_all(uses, self.stream, by=OWNER, op=op.name, finish_on_error=False):
+        block = access_block(uses, self.stream, OWNER, op.name, False)
+        block.enter()
+        try:
             if acc is not _READ:
                 targets: tuple = (_target(a, op),) if b is None else (_target(a, op), _target(b, op))
             else:
@@ -468,6 +473,10 @@ class Communicator:
                 self._engine.run((op,), self.stream, targets)
             except BaseException as e:
                 self._run_failed((op,), targets, e)
+        except BaseException:
+            block.exit(False)
+            raise
+        block.exit(True)
 
     def _run_failed(self, ops: "list[_Op] | tuple[_Op, ...]", targets: tuple, e: BaseException) -> None:
         """The engine raised while queuing ``ops``: part of the work may be queued, so the

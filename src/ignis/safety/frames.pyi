@@ -4,6 +4,9 @@ from typing import Any
 __all__ = ['capture_frames', 'format_frames', 'add_library_dir', 'is_user_file', 'resolve', 'sites', 'MAX_FRAMES', 'last_from_library']
 MAX_FRAMES: int
 
+def last_from_library() -> bool:
+    ...
+
 def add_library_dir(path: str, *, machinery: bool=...) -> None:
     ...
 
