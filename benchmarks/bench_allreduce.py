@@ -16,7 +16,9 @@ Bus bandwidth is nccl-tests': bytes / time x 2(n-1)/n; the best trial of each
 counts. Then the ownership bookkeeping, on a 256-byte array:
 
 - per call, host time of ``comm.all_reduce(tiny)`` minus that of the raw NCCL
-  call on the same pointer and stream (batches of 200 enqueues, median);
+  call on the same pointer and stream: batches of 200 enqueues of each contender in
+  turns (raw, Ignis, Ignis on an array of the communicator's stream, torch), 15
+  rounds; the median of the rounds' differences;
 - directly: acquire + tracked use (``NvArray.use``) + release, without
   NCCL, for an array of the default stream and one of the communicator's.
 
@@ -132,23 +134,34 @@ def worker(args: argparse.Namespace) -> int:
     api, h, st = comm._engine.api, comm._engine.handle, comm.stream.handle
     ptr = tiny.device_ptr
 
-    def per_call(fn, batch: int = 200, batches: int = 15) -> float:
-        times = []
-        for _ in range(batches):
-            comm.barrier()
-            t0 = time.perf_counter()
-            for _ in range(batch):
-                fn()
-            times.append((time.perf_counter() - t0) / batch)
-            dev.synchronize()
-            torch.cuda.synchronize()
-        return statistics.median(times) * 1e6
+    tiny_c = ig.zeros(64, "float32", stream=comm.stream)
 
-    raw_us = per_call(lambda: api.all_reduce(h, ptr, ptr, 64, 7, 0, st))
-    ig_us = per_call(lambda: comm.all_reduce(tiny))
-    raw_us2 = per_call(lambda: api.all_reduce(h, ptr, ptr, 64, 7, 0, st))
-    torch_us = per_call(lambda: dist.all_reduce(tiny_t))
-    raw = min(raw_us, raw_us2)
+    def per_call(fns: dict, batch: int = 200, rounds: int = 15) -> dict:
+        """Host seconds per call of each of ``fns``, in turns: every round times a batch of
+        each (the order reversed every other round), so that a drift of the host's speed
+        reaches every contender alike; the same calls on every rank (they are collectives)."""
+        times: dict = {k: [] for k in fns}
+        for r in range(rounds):
+            for name in (list(fns) if r % 2 == 0 else list(fns)[::-1]):
+                fn = fns[name]
+                comm.barrier()
+                t0 = time.perf_counter()
+                for _ in range(batch):
+                    fn()
+                times[name].append((time.perf_counter() - t0) / batch * 1e6)
+                dev.synchronize()
+                torch.cuda.synchronize()
+        return times
+
+    turns = per_call({"raw": lambda: api.all_reduce(h, ptr, ptr, 64, 7, 0, st),
+                      "ignis": lambda: comm.all_reduce(tiny),
+                      "ignis_comm": lambda: comm.all_reduce(tiny_c),
+                      "torch": lambda: dist.all_reduce(tiny_t)})
+    med = {k: statistics.median(v) for k, v in turns.items()}
+    raw, ig_us, ig_c_us, torch_us = med["raw"], med["ignis"], med["ignis_comm"], med["torch"]
+    # Ignis's addition, round by round against the raw call of the same round
+    added = statistics.median(i - r for i, r in zip(turns["ignis"], turns["raw"]))
+    added_c = statistics.median(i - r for i, r in zip(turns["ignis_comm"], turns["raw"]))
 
     def direct(arr, n: int = 20000) -> float:
         s, rw = comm.stream, Access.READ_WRITE
@@ -166,13 +179,15 @@ def worker(args: argparse.Namespace) -> int:
         return best_t * 1e6
 
     own_default = direct(tiny)
-    tiny_c = ig.zeros(64, "float32", stream=comm.stream)
     own_comm = direct(tiny_c)
     book = {"raw_nccl_call_us": raw, "ignis_call_us": ig_us, "torch_call_us": torch_us,
-            "ignis_minus_raw_us": ig_us - raw, "bookkeeping_direct_default_stream_us": own_default,
-            "bookkeeping_direct_comm_stream_us": own_comm}
-    say(f"per call, 256 B, host: raw NCCL {raw:.2f} us, ignis {ig_us:.2f} us (+{ig_us - raw:.2f} us), "
-        f"torch {torch_us:.2f} us")
+            "ignis_minus_raw_us": added, "ignis_comm_stream_call_us": ig_c_us,
+            "ignis_comm_stream_minus_raw_us": added_c, "rounds_us": turns,
+            "bookkeeping_direct_default_stream_us": own_default, "bookkeeping_direct_comm_stream_us": own_comm}
+    say(f"per call, 256 B, host (medians of 15 rounds in turns): raw NCCL {raw:.2f} us, ignis {ig_us:.2f} us "
+        f"(+{added:.2f} us, the median of the rounds' differences; target +5), torch {torch_us:.2f} us")
+    say(f"  ignis on an array of the communicator's stream (no cross-stream ordering): {ig_c_us:.2f} us "
+        f"(+{added_c:.2f} us)")
     say(f"ownership bookkeeping alone (acquire + tracked use + release): {own_default:.2f} us (array of another "
         f"stream: one event record), {own_comm:.2f} us (array of the communicator's stream)")
     big = [r for r in rows if r["bytes"] >= 64 << 20]
