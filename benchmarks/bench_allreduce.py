@@ -17,8 +17,9 @@ counts. Then the ownership bookkeeping, on a 256-byte array:
 
 - per call, host time of ``comm.all_reduce(tiny)`` minus that of the raw NCCL
   call on the same pointer and stream: batches of 200 enqueues of each contender in
-  turns (raw, Ignis, Ignis on an array of the communicator's stream, torch), 15
-  rounds; the median of the rounds' differences;
+  turns (raw, Ignis, Ignis on an array of the communicator's stream, torch), 16
+  rounds in pairs (the order forward, then reversed); Ignis's addition is the
+  median over the pairs of the pair's mean difference to raw;
 - directly: acquire + tracked use (``NvArray.use``) + release, without
   NCCL, for an array of the default stream and one of the communicator's.
 
@@ -136,10 +137,11 @@ def worker(args: argparse.Namespace) -> int:
 
     tiny_c = ig.zeros(64, "float32", stream=comm.stream)
 
-    def per_call(fns: dict, batch: int = 200, rounds: int = 15) -> dict:
-        """Host seconds per call of each of ``fns``, in turns: every round times a batch of
-        each (the order reversed every other round), so that a drift of the host's speed
-        reaches every contender alike; the same calls on every rank (they are collectives)."""
+    def per_call(fns: dict, batch: int = 200, rounds: int = 16) -> dict:
+        """Host microseconds per call of each of ``fns``, in turns: every round times a batch of
+        each, in pairs of rounds (the order forward, then reversed), so that a drift of the
+        host's speed, and what a batch leaves to the next, reach every contender alike; the
+        same calls on every rank (they are collectives)."""
         times: dict = {k: [] for k in fns}
         for r in range(rounds):
             for name in (list(fns) if r % 2 == 0 else list(fns)[::-1]):
@@ -159,9 +161,14 @@ def worker(args: argparse.Namespace) -> int:
                       "torch": lambda: dist.all_reduce(tiny_t)})
     med = {k: statistics.median(v) for k, v in turns.items()}
     raw, ig_us, ig_c_us, torch_us = med["raw"], med["ignis"], med["ignis_comm"], med["torch"]
-    # Ignis's addition, round by round against the raw call of the same round
-    added = statistics.median(i - r for i, r in zip(turns["ignis"], turns["raw"]))
-    added_c = statistics.median(i - r for i, r in zip(turns["ignis_comm"], turns["raw"]))
+
+    def added_to_raw(name: str) -> float:
+        """``name``'s time less the raw call's, averaged over each pair of rounds (one of each
+        order, so that an order effect cancels), the median over the pairs."""
+        d = [i - r for i, r in zip(turns[name], turns["raw"])]
+        return statistics.median((d[k] + d[k + 1]) / 2 for k in range(0, len(d) - 1, 2))
+
+    added, added_c = added_to_raw("ignis"), added_to_raw("ignis_comm")
 
     def direct(arr, n: int = 20000) -> float:
         s, rw = comm.stream, Access.READ_WRITE
@@ -180,12 +187,14 @@ def worker(args: argparse.Namespace) -> int:
 
     own_default = direct(tiny)
     own_comm = direct(tiny_c)
+    # (medians over the rounds; the additions over raw are medians over pairs of rounds of the
+    # rounds' differences, not the difference of the medians)
     book = {"raw_nccl_call_us": raw, "ignis_call_us": ig_us, "torch_call_us": torch_us,
-            "ignis_minus_raw_us": added, "ignis_comm_stream_call_us": ig_c_us,
-            "ignis_comm_stream_minus_raw_us": added_c, "rounds_us": turns,
+            "ignis_added_us": added, "ignis_comm_stream_call_us": ig_c_us,
+            "ignis_comm_stream_added_us": added_c, "rounds_us": turns,
             "bookkeeping_direct_default_stream_us": own_default, "bookkeeping_direct_comm_stream_us": own_comm}
-    say(f"per call, 256 B, host (medians of 15 rounds in turns): raw NCCL {raw:.2f} us, ignis {ig_us:.2f} us "
-        f"(+{added:.2f} us, the median of the rounds' differences; target +5), torch {torch_us:.2f} us")
+    say(f"per call, 256 B, host (medians of 16 rounds in turns): raw NCCL {raw:.2f} us, ignis {ig_us:.2f} us "
+        f"(+{added:.2f} us over raw, round by round; target +5), torch {torch_us:.2f} us")
     say(f"  ignis on an array of the communicator's stream (no cross-stream ordering): {ig_c_us:.2f} us "
         f"(+{added_c:.2f} us)")
     say(f"ownership bookkeeping alone (acquire + tracked use + release): {own_default:.2f} us (array of another "

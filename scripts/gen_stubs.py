@@ -174,19 +174,35 @@ def _public(name: str) -> bool:
 
 _DEF = re.compile(r"^(?:async\s+)?def\s+(\w+)\s*\(")
 _CLASS = re.compile(r"^(?:cdef\s+)?class\s+(\w+)\s*(\([^)]*\))?\s*:")
-_CPDEF = re.compile(r"^cpdef\s+(?:(\w+)\s+)?(\w+)\s*\(([^)]*)\)\s*(?:except\s+\S+)?\s*(?:nogil)?\s*:")
+_CPDEF = re.compile(r"^cpdef\s+(.*?)\b(\w+)\s*\((.*)\)\s*(?:(?:except|noexcept)\b[^:]*?)?\s*(?:nogil)?\s*:$")
 
 
-def _cpdef_as_def(m: re.Match) -> str:
+def _cpdef(line: str) -> "re.Match[str] | None":
+    """``_CPDEF``'s match of a ``cpdef`` line; a ``cpdef`` line it cannot read stops the script."""
+    if not line.startswith("cpdef"):
+        return None
+    m = _CPDEF.match(line)
+    if m is None:
+        raise SystemExit(f"gen_stubs: cannot read the cpdef line {line!r}: extend _CPDEF")
+    return m
+
+
+def _cpdef_as_def(m: "re.Match[str]") -> str:
     """A ``cpdef [ctype] name(args):`` line (``_CPDEF``'s match) as the Python ``def`` it exposes:
-    C types as their Python types, ``object`` and an untyped return as ``Any``, a class kept."""
-    def py(ctype: str | None) -> str:
-        return "Any" if ctype in (None, "object") else C_TYPES.get(ctype, ctype)
+    C types as their Python types, ``object`` and an untyped return as ``Any``, a class kept; a
+    default as ``...``; ``not None`` dropped."""
+    def py(ctype: str) -> str:
+        ctype = " ".join(ctype.split())
+        return "Any" if ctype in ("", "object") else C_TYPES.get(ctype, ctype)
     args = []
     for arg in (a.strip() for a in m.group(3).split(",") if a.strip()):
-        *ctype, name = arg.split()
-        args.append(name if name == "self" else f"{name}: {py(' '.join(ctype) or None)}")
+        arg, eq, _ = arg.partition("=")
+        words = arg.replace(" not None", "").split()
+        name, ctype = words[-1], " ".join(words[:-1])
+        args.append(name if name == "self" else f"{name}: {py(ctype)}{'=...' if eq else ''}")
     return f"def {m.group(2)}({', '.join(args)}) -> {py(m.group(1))}:"
+
+
 _CIMPORT = re.compile(r"^from\s+(\S+)\s+cimport\s+(.+)$")
 _ASSIGN = re.compile(r"^([A-Za-z_]\w*)\s*(?::\s*([^=]+?))?\s*=\s*(.+)$")
 
@@ -217,7 +233,7 @@ def skeleton(module: str, text: str) -> tuple[list[str], dict[str, list[str]], l
             decorators.append(line)
             i += 1
             continue
-        m_def, m_class, m_cpdef = _DEF.match(line), _CLASS.match(line), _CPDEF.match(line)
+        m_def, m_class, m_cpdef = _DEF.match(line), _CLASS.match(line), _cpdef(line)
         if m_def or m_cpdef:
             if _public((m_def or m_cpdef).group(1 if m_def else 2)):
                 top += decorators + [(line if m_def else _cpdef_as_def(m_cpdef)) + " ..."]
@@ -270,7 +286,7 @@ def _class_body(module: str, cls: str, body: list[tuple[int, str]], keep: set[st
             i += 1
             continue
         m_def = _DEF.match(line)
-        m_cpdef = _CPDEF.match(line)
+        m_cpdef = _cpdef(line)
         if m_def or m_cpdef:
             name = (m_def or m_cpdef).group(1 if m_def else 2)
             if name == "__cinit__" and not any(_DEF.match(ln) and _DEF.match(ln).group(1) == "__init__"

@@ -20,6 +20,6 @@ for i in 1 2; do
         "${run[@]}" timeout 60 python3 benchmarks/bench_allreduce.py --min-mib 64 --max-mib 64 --trials 1 \
             > "$out_dir/percall_node${node}_$i.txt" 2>&1
         echo "== node $node, turn $i (rc $?)"
-        grep -E "per call|communicator's stream \(no" "$out_dir/percall_node${node}_$i.txt" | sed 's/ the median of the rounds. differences; target +5//'
+        grep -E "per call|communicator's stream \(no" "$out_dir/percall_node${node}_$i.txt"
     done
 done

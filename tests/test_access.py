@@ -467,6 +467,14 @@ def test_a_block_held_without_with_enters_and_exits_as_the_with_statement(dev, s
     block.enter()
     block.exit(False)
     assert z.owner == "compute" and _state(z, streams) == (1, None)
+    # An exit before the block was entered is refused, and leaves the block to be entered.
+    block = access_block([(z, "read")], s1, "io", "test", False)
+    with pytest.raises(RuntimeError, match=r"exit\(\) before enter\(\)"):
+        block.exit(True)
+    block.enter()
+    assert z.owner == "io"
+    block.exit(True)
+    assert z.owner == "compute"
     # The uses are checked as access_all checks them, before anything is held.
     with pytest.raises(TypeError, match=r"\(NvArray, mode\)"):
         access_block([x], s1, "io", "test", False)

@@ -266,7 +266,10 @@ cdef class _TrackedAccess:
 
     cpdef exit(self, bint ok):
         """What ``__exit__`` does, after ``enter``: ``ok`` (the block ran to its end) records the
-        uses, as does a block that raised when ``finish_on_error``; then the arrays are released."""
+        uses, as does a block that raised when ``finish_on_error``; then the arrays are released.
+        A second ``exit`` does nothing; one before ``enter`` is refused."""
+        if not self.entered:
+            raise RuntimeError(f"{self!r}: exit() before enter()")
         self._finish(ok or self.finish_on_error)
 
     cdef int _finish(self, bint record) except -1:

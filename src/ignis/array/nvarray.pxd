@@ -1,3 +1,6 @@
+cimport cython
+
+
 # NvArray's fields, typed for the compiled callers (launch.pyx, the tracked use). The
 # descriptive ones are readable and writable from Python; the private state (pointer,
 # block, resource, lifecycle, views, gate, exports) is readable only: NvArray's own code,
@@ -33,6 +36,7 @@ cdef int end_use(NvArray arr, object stream, object access) except -1
 # A tracked-access block (the ``with`` of ``NvArray.access`` / ``access_all``), for compiled
 # callers that hold one without the ``with`` protocol (the collective enqueue path): made by
 # ``access_block`` (``access_all``'s arguments by position), then ``enter()`` and ``exit(ok)``.
+@cython.final
 cdef class _TrackedAccess:
     cdef list uses       # [(array, Access or None (held only), offset, nbytes)]
     cdef object stream

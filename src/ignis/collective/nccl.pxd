@@ -23,7 +23,7 @@ cdef class NcclEngine:
     cdef public bint fp8
     # The hot path's state: the match log's append, the calls' tickets and those in flight
     cdef public object _match, _flight
-    cdef public ResourceLock _lock
+    cdef readonly ResourceLock _lock  # (taken as C on the hot path: never replaced from Python)
     cdef public Py_ssize_t issued, _done
     cdef public double _unwatched_at, _polled
     # The watchdog's and the abort's

@@ -66,11 +66,10 @@ import time
 from collections import deque
 from typing import TYPE_CHECKING, Any
 
-try:  # compiled, this is Cython's; as plain Python, its shadow module if installed (not required)
-    import cython
-    _COMPILED = cython.compiled
+try:  # compiled, this is Cython's (``cython.compiled`` a constant there); as plain Python, its
+    import cython  # shadow module if installed (not required), else the package's stand-in
 except ImportError:
-    _COMPILED = False
+    from .._cython_shim import cython
 
 from ..memory.resource import ResourceLock
 from .communicator import poison
@@ -626,8 +625,8 @@ class NcclEngine:
         # Compiled, the lock is taken as C (one atomic operation, no Python call); as plain
         # Python, as a threading.Lock.
         lock = self._lock
-        if _COMPILED:
-            lock_take(lock)
+        if cython.compiled:
+            lock_take(lock)  # type: ignore[name-defined]  # (cimported in nccl.pxd)
         else:
             lock.acquire()
         try:
@@ -636,8 +635,8 @@ class NcclEngine:
             if not self._unwatched_at:
                 self._unwatched_at = _monotonic()
         finally:
-            if _COMPILED:
-                lock_give(lock)
+            if cython.compiled:
+                lock_give(lock)  # type: ignore[name-defined]
             else:
                 lock.release()
         if targets:

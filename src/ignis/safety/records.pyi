@@ -3,6 +3,9 @@
 from typing import Any
 from typing import Iterator
 
+def addr_of(base: Any) -> int:
+    ...
+
 class _Rec:
 
     @property
