@@ -23,16 +23,22 @@ from ._tap import MethodTap, when_true
 __all__ = ["add_listener", "remove_listener", "installed", "work_class"]
 
 
+_found: list = []  # the Work class, once found (each collective's end asks for it)
+
+
 def work_class() -> Any:
     """``torch._C._distributed_c10d.Work``, or None where this PyTorch has none."""
+    if _found:
+        return _found[0]
     try:
         import torch.distributed as dist
         if not dist.is_available():
             return None
         from torch._C._distributed_c10d import Work
-        return Work
     except Exception:  # (a build without distributed support)
         return None
+    _found.append(Work)  # (only a class found is kept: an import that failed is asked again)
+    return Work
 
 
 _tap = MethodTap(work_class, "is_completed", when_true)
