@@ -12,7 +12,7 @@ root="$(cd "$(dirname "$0")/.." && pwd)"
 # shellcheck source=scripts/gpu_build_tools.sh
 source "$root/scripts/gpu_build_tools.sh"
 python3 -c "import Cython, setuptools; print('building with Cython', Cython.__version__, 'and setuptools', setuptools.__version__)"
-python3 setup.py -q build_ext --inplace "$@"
+python3 setup.py -q build_ext --inplace "$@" || exit 1
 # The PyTorch front end's op observer (built against this machine's torch, cached): once
 # here, so that tests running in parallel do not each build it.
 PYTHONPATH="$root/src${PYTHONPATH:+:$PYTHONPATH}" python3 - <<'PY'

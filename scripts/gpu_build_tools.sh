@@ -27,7 +27,9 @@ _ignis_build_tools() {
                 *) export PYTHONPATH="/tmp/ignis-build-tools${PYTHONPATH:+:$PYTHONPATH}" ;; esac
         fi
         if ! _ignis_tool_ok "$name" "$want"; then
-            echo "gpu_build_tools.sh: this machine's $name is older than ${want} and no $name wheel is in .whl/" >&2
+            echo "gpu_build_tools.sh: this machine's $name is older than ${want} and no $name wheel is in .whl/;" \
+                "on the development host: pip download '$name>=$want' --no-deps --only-binary=:all:" \
+                "--python-version 3.12 --platform manylinux2014_x86_64 -d .whl (then carry .whl)" >&2
             status=1
         fi
     done
