@@ -190,8 +190,8 @@ def worker(args: argparse.Namespace) -> int:
     # (medians over the rounds; the additions over raw are medians over pairs of rounds of the
     # rounds' differences, not the difference of the medians)
     book = {"raw_nccl_call_us": raw, "ignis_call_us": ig_us, "torch_call_us": torch_us,
-            "ignis_added_us": added, "ignis_comm_stream_call_us": ig_c_us,
-            "ignis_comm_stream_added_us": added_c, "rounds_us": turns,
+            "ignis_minus_raw_us": added, "ignis_comm_stream_call_us": ig_c_us,
+            "ignis_comm_stream_minus_raw_us": added_c, "rounds_us": turns,
             "bookkeeping_direct_default_stream_us": own_default, "bookkeeping_direct_comm_stream_us": own_comm}
     say(f"per call, 256 B, host (medians of 16 rounds in turns): raw NCCL {raw:.2f} us, ignis {ig_us:.2f} us "
         f"(+{added:.2f} us over raw, round by round; target +5), torch {torch_us:.2f} us")
