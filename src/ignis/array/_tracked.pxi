@@ -205,7 +205,7 @@ cdef class _TrackedAccess:
         return self.enter()
 
     def __exit__(self, exc_type: Any, exc: Any, tb: Any) -> bool:
-        self._finish(exc_type is None or self.finish_on_error)
+        self.exit(exc_type is None)
         return False
 
     cpdef enter(self):

@@ -95,7 +95,7 @@ cdef class Sanitizer:
                    k=Py_ssize_t, buf=cython.p_char, p=cython.p_longlong, bad=bint, b=cython.longlong,
                    lo=cython.longlong, hi=cython.longlong, size=cython.longlong, e=cython.longlong)
     cdef list _foreign(self, object stream, str op, object frames, object items, bint synced, bint from_lib=*)
-    @cython.locals(ext=_Extent, b=cython.longlong)
+    @cython.locals(ext=_Extent, b=cython.longlong, from_lib=bint)
     cpdef begin_lifetimes(self, object stream, str op, object frames, list items, int library=*)
     @cython.locals(end=cython.longlong)
     cdef _Extent _first_sight(self, _Extent ext, object base, object size, long long mode, long long sid,

@@ -696,6 +696,7 @@ class Sanitizer:
             if self._capturing and sid in self._capturing:  # queued into a graph: its own rules
                 return
             live = self._live
+            from_lib = (last_from_library() if library < 0 else library) != 0  # (as foreign_access's)
             for it in items:
                 b = addr_of(it[0])
                 if b < 0:
@@ -703,7 +704,7 @@ class Sanitizer:
                 ext = live.find(b)
                 if ext is None or ext.end is None:
                     self._first_sight(ext, it[0], it[1], it[6] & ~(_R | _W | _MW), sid, frames, op, 0, 0, 0, None,
-                                      (last_from_library() if library < 0 else library) != 0)
+                                      from_lib)
         finally:
             self._lock.give()
 
