@@ -336,6 +336,38 @@ def test_the_observer_hands_ops_to_the_sanitizer_itself_with_the_users_stack():
         assert e.second["stream_name"] == "stream 0x20"
 
 
+def test_the_observers_timers_count_its_spans_only_while_on():
+    # The diagnostic timers (where the observer's time goes in a step): nothing counted while
+    # off, every RecordFunction call's start and end and each checked op's capture and
+    # sanitizer call while on, and a take restarts them.
+    need_engine("observer")
+    from ignis.torch._native import TIMER_SLOTS, observer_timing
+    san = Sanitizer()
+    san.mode = "collect"
+    fe = TorchFrontEnd(san, device_type="cpu", stream_of=lambda t: 0x10, engine="observer")
+    fe.enable()
+    try:
+        observer_timing(False)
+        x = torch.ones(256)
+        (x * 2).sum()
+        off = observer_timing(True)
+        assert set(off) == set(TIMER_SLOTS) and all(v == (0, 0) for v in off.values())
+        before = fe.ops
+        for _ in range(5):
+            x = (x * 2).add_(1)
+        checked = fe.ops - before
+        on = observer_timing(False)
+    finally:
+        fe.disable()
+    assert checked >= 10
+    assert on["start"][1] >= 2 * checked and on["end"][1] >= 2 * checked  # (mul, add_; nested calls too)
+    assert on["capture"][1] == on["sanitizer"][1] == checked
+    assert on["gil"][1] >= checked
+    assert all(ns > 0 for ns, n in on.values() if n)
+    assert on["start"][0] + on["end"][0] > on["sanitizer"][0] > 0  # (the sanitizer's call is inside an end)
+    assert observer_timing(False) == {k: (0, 0) for k in TIMER_SLOTS}
+
+
 def test_wait_stream_orders_it(traced):
     x = torch.zeros(1024)
     traced.san.on_event_record(0xE, 0x10)

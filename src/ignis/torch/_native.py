@@ -22,7 +22,7 @@ import sysconfig
 import tempfile
 import threading
 
-__all__ = ["observer", "observer_error", "observer_path", "compiler"]
+__all__ = ["observer", "observer_error", "observer_path", "compiler", "observer_timing", "TIMER_SLOTS"]
 
 _SOURCE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "_observer.cpp")
 _lock = threading.Lock()
@@ -108,6 +108,8 @@ def _load(path: str) -> ctypes.PyDLL:
     lib.ignis_obs_trace_fire.restype = ctypes.c_int
     lib.ignis_obs_probe_start.argtypes = [ctypes.c_int]
     lib.ignis_obs_probe_start.restype = ctypes.c_int
+    lib.ignis_obs_timing.argtypes = [ctypes.c_int, ctypes.POINTER(ctypes.c_ulonglong), ctypes.c_int]
+    lib.ignis_obs_timing.restype = ctypes.c_int
     lib.ignis_obs_py_functions.argtypes = []
     lib.ignis_obs_py_functions.restype = ctypes.py_object
     for name in ("ignis_obs_take_cpu_ops", "ignis_obs_take_ops", "ignis_obs_errors", "ignis_obs_trace_take_events",
@@ -143,6 +145,25 @@ def observer() -> ctypes.PyDLL | None:
             _error = f"{type(e).__name__}: {e}"
             _lib = None
         return _lib
+
+
+# The observer's diagnostic timers, in the order of its TimerSlot.
+TIMER_SLOTS = ("start", "end", "gil", "capture", "sanitizer", "trace")
+
+
+def observer_timing(on: bool) -> dict[str, tuple[int, int]]:
+    """A diagnostic: turn the op observer's timers on (``on``) or off, and take what they
+    measured since the last call, restarting them: per slot, (ns, spans). ``start`` / ``end``:
+    PyTorch's RecordFunction callbacks (every call, nested ones that return at once included);
+    ``gil``: the GIL's taking in them; ``capture`` / ``sanitizer``: the user's stack and the
+    sanitizer's call per checked op; ``trace``: the GPU trace events handled (frees among them),
+    the GIL's taking included. RuntimeError where the observer cannot be built."""
+    lib = observer()
+    if lib is None:
+        raise RuntimeError(f"ignis.torch: the op observer cannot be built here ({observer_error()})")
+    out = (ctypes.c_ulonglong * (2 * len(TIMER_SLOTS)))()
+    lib.ignis_obs_timing(1 if on else 0, out, len(TIMER_SLOTS))
+    return {k: (out[2 * i], out[2 * i + 1]) for i, k in enumerate(TIMER_SLOTS)}
 
 
 def observer_error() -> str | None:

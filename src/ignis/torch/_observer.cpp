@@ -167,6 +167,48 @@ struct InPython {
   }
 };
 
+// A diagnostic (``ignis_obs_timing``): where the observer's own time goes inside a real step,
+// off by default (then one relaxed load a span). Each slot sums the ns of its spans and counts
+// them: the RecordFunction start and end callbacks (every call, the nested ones that return at
+// once included), the GIL's taking in them, the user's stack capture and the sanitizer's call
+// per checked op, and the trace events handled (the GIL's taking included).
+enum TimerSlot : int { TM_START, TM_END, TM_GIL, TM_CAPTURE, TM_SANITIZER, TM_TRACE, TM_SLOTS };
+std::atomic<bool> g_timing{false};
+std::atomic<uint64_t> g_tm_ns[TM_SLOTS];
+std::atomic<uint64_t> g_tm_n[TM_SLOTS];
+
+// Now in ns where the timers run, else 0 (no clock read).
+inline uint64_t tm_now() {
+  if (!g_timing.load(std::memory_order_relaxed)) return 0;
+  timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
+}
+
+// A span of slot ``k`` that began at ``t0`` (tm_now(); 0: not timed) ends now.
+inline void tm_add(int k, uint64_t t0) {
+  if (t0 == 0) return;
+  uint64_t t1 = tm_now();
+  if (t1 == 0) return;  // (turned off meanwhile)
+  g_tm_ns[k].fetch_add(t1 - t0, std::memory_order_relaxed);
+  g_tm_n[k].fetch_add(1, std::memory_order_relaxed);
+}
+
+// A span of slot ``k`` for the scope it lives in.
+struct TmSpan {
+  int k;
+  uint64_t t0;
+  explicit TmSpan(int slot) : k(slot), t0(tm_now()) {}
+  ~TmSpan() { tm_add(k, t0); }
+};
+
+// The GIL taken for the scope, its taking timed.
+struct InPythonTimed {
+  uint64_t t0;
+  InPython py;
+  InPythonTimed() : t0(tm_now()), py() { tm_add(TM_GIL, t0); }
+};
+
 // (span, period, chunk) in bytes of a non-contiguous view; period 0 when its bytes are
 // not one regular set of chunks (then the span stands for them).
 void pattern(const at::Tensor &t, uint64_t isz, uint64_t &span, uint64_t &per, uint64_t &chunk) {
@@ -435,6 +477,7 @@ std::unique_ptr<at::ObserverContext> start_op(const at::RecordFunction &fn) {
 }
 
 std::unique_ptr<at::ObserverContext> on_start(const at::RecordFunction &fn) {
+  TmSpan span(TM_START);
   if (t_busy || t_depth > 0 || !g_on.load(std::memory_order_relaxed) || finalizing()) return nullptr;
   try {
     return start_op(fn);
@@ -640,12 +683,16 @@ void call_sanitizer(Ctx *c, long long sid, bool synced) {
     sanitizer_failed(stream.p, pending.p, error_type.p);
     return;
   }
+  uint64_t t0 = tm_now();
   PyObject *frames = PyObject_CallNoArgs(capture.p);
+  tm_add(TM_CAPTURE, t0);
   PyObject *items = frames != nullptr ? items_bytes(c->items) : nullptr;
   PyObject *r = nullptr;
   if (items != nullptr) {
     PyObject *argv[6] = {san.p, h, spec->name, frames, items, synced ? Py_True : Py_False};
+    t0 = tm_now();
     r = PyObject_VectorcallMethod(g_foreign_name, argv, 6 | PY_VECTORCALL_ARGUMENTS_OFFSET, nullptr);
+    tm_add(TM_SANITIZER, t0);
   }
   if (r == nullptr) sanitizer_failed(frames == nullptr ? capture.p : san.p, pending.p, error_type.p);
   Py_XDECREF(r);
@@ -722,7 +769,7 @@ void end_op(const at::RecordFunction &fn, Ctx *c) {
     if (c->items.empty()) return;
     if (c->device < 0) c->device = std::max<int>(0, device_of(c->args.empty() ? c10::IValue() : c->args[0]));
     long long sid = stream_id(c->device);
-    InPython py;
+    InPythonTimed py;
     if (g_san != nullptr && c->generation == g_generation.load()) {
       call_sanitizer(c, sid, synced);
       return;
@@ -740,7 +787,7 @@ void end_op(const at::RecordFunction &fn, Ctx *c) {
     }
   }
   long long sid = spec->kind == RECORD_STREAM ? 0 : stream_id(c->device);  // record_stream names its stream
-  InPython py;
+  InPythonTimed py;
   if (g_san != nullptr && c->generation == g_generation.load() &&
       ((spec->kind == REGULAR && c->host.empty()) || spec->kind == RECORD_STREAM)) {
     call_sanitizer(c, sid, synced);
@@ -750,6 +797,7 @@ void end_op(const at::RecordFunction &fn, Ctx *c) {
 }
 
 void on_end(const at::RecordFunction &fn, at::ObserverContext *oc) {
+  TmSpan span(TM_END);
   if (oc == nullptr) return;
   t_depth--;
   auto *c = static_cast<Ctx *>(oc);
@@ -853,6 +901,7 @@ struct TraceShim final : PyInterpreterVTable {
   // unraisable (PyTorch's own implementation would log and drop it).
   static void call(int kind, int nargs, uintptr_t a, uintptr_t b) {
     if (!g_trace_on.load(std::memory_order_acquire) || finalizing()) return;
+    TmSpan span(TM_TRACE);
     PyGILState_STATE st = PyGILState_Ensure();
     // An exception already set on this thread (an event fired by a release inside an error
     // path) is kept aside and put back: the handler runs clean, and the caller's error survives.
@@ -1303,6 +1352,21 @@ IGNIS_API int ignis_obs_set_collective(PyObject *fn) {
 IGNIS_API void ignis_obs_host_check(int on) { g_host_check = on != 0; }
 
 // The host waited for device work: an op in flight across this is marked synced.
+// The diagnostic timers (see TimerSlot): turn them on (``on``) or off, and take what they
+// measured since the last call into ``out`` (ns then count for each slot, in TimerSlot's
+// order: 2 * ``n`` words at most), restarting them. Returns the number of slots.
+IGNIS_API int ignis_obs_timing(int on, unsigned long long *out, int n) {
+  for (int k = 0; k < TM_SLOTS; k++) {
+    uint64_t ns = g_tm_ns[k].exchange(0), cnt = g_tm_n[k].exchange(0);
+    if (out != nullptr && k < n) {
+      out[2 * k] = ns;
+      out[2 * k + 1] = cnt;
+    }
+  }
+  g_timing.store(on != 0, std::memory_order_relaxed);
+  return TM_SLOTS;
+}
+
 IGNIS_API void ignis_obs_synced(void) { g_epoch.fetch_add(1, std::memory_order_relaxed); }
 
 // Ops that touched host tensors only since the last call (taken and reset).
