@@ -360,7 +360,8 @@ def test_the_observers_timers_count_its_spans_only_while_on():
     finally:
         fe.disable()
     assert checked >= 10
-    assert on["start"][1] >= 2 * checked and on["end"][1] >= 2 * checked  # (mul, add_; nested calls too)
+    assert on["start"][1] >= checked and on["end"][1] >= checked  # (the nested calls too, where there are)
+    assert on["start"][1] == on["end"][1]
     assert on["capture"][1] == on["sanitizer"][1] == checked
     assert on["gil"][1] >= checked
     assert all(ns > 0 for ns, n in on.values() if n)

@@ -1351,7 +1351,6 @@ IGNIS_API int ignis_obs_set_collective(PyObject *fn) {
 // Host tensors' accesses are collected too (pinned memory is tracked).
 IGNIS_API void ignis_obs_host_check(int on) { g_host_check = on != 0; }
 
-// The host waited for device work: an op in flight across this is marked synced.
 // The diagnostic timers (see TimerSlot): turn them on (``on``) or off, and take what they
 // measured since the last call into ``out`` (ns then count for each slot, in TimerSlot's
 // order: 2 * ``n`` words at most), restarting them. Returns the number of slots.
@@ -1367,6 +1366,7 @@ IGNIS_API int ignis_obs_timing(int on, unsigned long long *out, int n) {
   return TM_SLOTS;
 }
 
+// The host waited for device work: an op in flight across this is marked synced.
 IGNIS_API void ignis_obs_synced(void) { g_epoch.fetch_add(1, std::memory_order_relaxed); }
 
 // Ops that touched host tensors only since the last call (taken and reset).
