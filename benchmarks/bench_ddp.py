@@ -33,7 +33,7 @@ import subprocess
 import sys
 import tempfile
 
-from _steps import median_step_ms, step_times_ms
+from _steps import lockstep_rounds, median_step_ms, step_times_ms
 from bench_models import build
 
 HERE = os.path.abspath(__file__)
@@ -162,20 +162,15 @@ def lockstep(names: list[str], rounds: int, block: int, warm: int) -> tuple[dict
         for n, p in procs.items():
             model = _expect(p, "BENCH_MODEL", n, err_of(n)).split(" ", 1)[1].strip()
             _expect(p, "BENCH_READY", n, err_of(n))
-        times: dict[str, list[float]] = {n: [] for n in names}
-        ratios: dict[str, list[float]] = {n: [] for n in names}
-        for r in range(rounds):
-            med = {}
-            for n in (names if r % 2 == 0 else names[::-1]):
-                k = block if n != "csan" else max(1, block // 4)
-                for fd in pipes[n]:
-                    os.write(fd, f"{k}\n".encode())
-                got = [float(x) for x in _expect(procs[n], "BENCH_BLOCK", n, err_of(n)).split()[1:]]
-                times[n] += got
-                med[n] = statistics.median(got)
-            for n in names:
-                ratios[n].append(med[n] / med["plain"])
+
+        def run_block(n: str, k: int) -> list[float]:
+            for fd in pipes[n]:
+                os.write(fd, f"{k}\n".encode())
+            return [float(x) for x in _expect(procs[n], "BENCH_BLOCK", n, err_of(n)).split()[1:]]
+
+        def on_round(r: int, med: dict) -> None:
             print(f"round {r}: " + ", ".join(f"{n} {med[n]:.2f} ms" for n in names), flush=True)
+        times, ratios = lockstep_rounds(names, rounds, block, run_block, on_round)
         for n, p in procs.items():
             for fd in pipes[n]:
                 os.write(fd, b"end\n")

@@ -47,7 +47,7 @@ import sys
 import tempfile
 import time
 
-from _steps import median_step_ms, step_times_ms
+from _steps import lockstep_rounds, median_step_ms, step_times_ms
 
 HERE = os.path.abspath(__file__)
 
@@ -214,23 +214,16 @@ def lockstep(model: str, whos: list[str], rounds: int, block: int, warm: int) ->
             if not line.startswith("BENCH_READY"):
                 p.kill()
                 raise SystemExit(f"{model} / {w} failed to start:\n{line}{err(w)}")
-        times: dict[str, list[float]] = {w: [] for w in whos}
-        ratios: dict[str, list[float]] = {w: [] for w in whos}
-        for r in range(rounds):
-            med = {}
-            for w in (whos if r % 2 == 0 else whos[::-1]):
-                n = block if w != "csan" else max(1, block // 4)
-                p = procs[w]
-                p.stdin.write(f"{n}\n")
-                p.stdin.flush()
-                line = p.stdout.readline()
-                if not line.startswith("BENCH_BLOCK"):
-                    raise SystemExit(f"{model} / {w} failed in round {r}:\n{line}{err(w)}")
-                got = [float(x) for x in line.split()[1:]]
-                times[w] += got
-                med[w] = statistics.median(got)
-            for w in whos:
-                ratios[w].append(med[w] / med["plain"])
+
+        def run_block(w: str, n: int) -> list[float]:
+            p = procs[w]
+            p.stdin.write(f"{n}\n")
+            p.stdin.flush()
+            line = p.stdout.readline()
+            if not line.startswith("BENCH_BLOCK"):
+                raise SystemExit(f"{model} / {w} failed in a block:\n{line}{err(w)}")
+            return [float(x) for x in line.split()[1:]]
+        times, ratios = lockstep_rounds(whos, rounds, block, run_block)
         acc = None
         for w, p in procs.items():
             out, _ = p.communicate("end\n", timeout=600)
