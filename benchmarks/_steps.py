@@ -49,3 +49,13 @@ def lockstep_rounds(names: Sequence[str], rounds: int, block: int,
         if on_round is not None:
             on_round(r, med)
     return times, ratios
+
+
+def stop_contenders(procs: dict, errs: dict) -> None:
+    """A lockstep benchmark's end, however it came: kill the contenders' processes still running
+    and close their error files."""
+    for p in procs.values():
+        if p.poll() is None:
+            p.kill()
+    for f in errs.values():
+        f.close()

@@ -33,7 +33,7 @@ import subprocess
 import sys
 import tempfile
 
-from _steps import lockstep_rounds, median_step_ms, step_times_ms
+from _steps import lockstep_rounds, median_step_ms, step_times_ms, stop_contenders
 from bench_models import build
 
 HERE = os.path.abspath(__file__)
@@ -182,11 +182,7 @@ def lockstep(names: list[str], rounds: int, block: int, warm: int) -> tuple[dict
                 print(f"warning: ignis reported problems on the benchmark's correct program:\n{text[-3000:]}")
         return times, ratios, model
     finally:
-        for p in procs.values():
-            if p.poll() is None:
-                p.kill()
-        for f in errs.values():
-            f.close()
+        stop_contenders(procs, errs)
         for ends in pipes.values():
             for fd in ends:
                 os.close(fd)

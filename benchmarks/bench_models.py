@@ -47,7 +47,7 @@ import sys
 import tempfile
 import time
 
-from _steps import lockstep_rounds, median_step_ms, step_times_ms
+from _steps import lockstep_rounds, median_step_ms, step_times_ms, stop_contenders
 
 HERE = os.path.abspath(__file__)
 
@@ -236,11 +236,7 @@ def lockstep(model: str, whos: list[str], rounds: int, block: int, warm: int) ->
                 acc = float(m.group(1))
         return times, ratios, acc
     finally:
-        for p in procs.values():
-            if p.poll() is None:
-                p.kill()
-        for f in errs.values():
-            f.close()
+        stop_contenders(procs, errs)
 
 
 def available(name: str) -> str | None:
