@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Issue 32's DDP step in lockstep on two GPUs: `benchmarks/bench_ddp.py --lockstep`, TIMES times
 # (each time a fresh set of process groups: the spread between process states shows), ROUNDS
-# rounds of blocks of BLOCK steps; then the per-thread split of a DDP-of-one step.
+# rounds of blocks of BLOCK steps. Brings back each time's output and build.txt (under ${OUT:-out}).
 #   bash scripts/gpu_ddp_lockstep.sh [ROUNDS] [BLOCK] [TIMES]
 set -uo pipefail
 rounds="${1:-30}"; block="${2:-5}"; times="${3:-2}"
