@@ -15,6 +15,10 @@ Record (GPU, CUDA PyTorch): ``PYTHONPATH=src python3 benchmarks/bench_sanitizer_
 (``--models resnet,gpt2``: ``bench_models.py``'s real-model steps too;
 ``benchmarks/data/torch_sanitizer_models_h100.json.gz`` is such a recording, made on an H100)
 Replay (anywhere):         ``PYTHONPATH=src python3 benchmarks/bench_sanitizer_core.py [calls.json.gz]``
+
+``--sweep MB``: before each replayed call, copy MB MiB between two unrelated buffers (untimed), as
+the framework's own work between two ops of a real step does to the caches: the same calls,
+timed on caches that something else has just used.
 """
 
 from __future__ import annotations
@@ -96,11 +100,14 @@ def record(path: str, loop_iters: int, train_steps: int, models: list[str], mode
     return 0
 
 
-def replay(path: str, rounds: int) -> int:
+def replay(path: str, rounds: int, sweep_mb: int = 0) -> int:
     with gzip.open(path, "rt", encoding="utf-8") as f:
         data = json.load(f)
     from ignis.safety.sanitizer import pack_items, sanitizer
-    print(f"recorded on {data['card']} (torch {data['torch']}); replayed here, best and median of {rounds} rounds")
+    sweep = bytearray(sweep_mb << 20) if sweep_mb > 0 else None
+    blank = bytes(sweep_mb << 20) if sweep_mb > 0 else b""  # (made once: no allocation between calls)
+    how = f", {sweep_mb} MiB written between calls" if sweep is not None else ""
+    print(f"recorded on {data['card']} (torch {data['torch']}); replayed here{how}, best and median of {rounds} rounds")
     print(f"{'workload':18s} {'calls':>7s} {'ops':>6s} {'µs/op best':>11s} {'µs/op median':>13s} {'µs/call':>8s}")
     failed = 0
     for label, w in data["workloads"].items():
@@ -113,10 +120,19 @@ def replay(path: str, rounds: int) -> int:
             # Each op's items packed, as the op observer hands them over.
             bound = [(getattr(sanitizer, name), (*args[:3], pack_items(args[3]), *args[4:])
                       if name == "foreign_access" else args) for name, args in calls]
-            t = time.perf_counter()
-            for fn, args in bound:
-                fn(*args)
-            times.append(time.perf_counter() - t)
+            if sweep is None:
+                t = time.perf_counter()
+                for fn, args in bound:
+                    fn(*args)
+                times.append(time.perf_counter() - t)
+            else:
+                spent = 0.0
+                for fn, args in bound:
+                    sweep[:] = blank  # (untimed: MB MiB read and MB MiB written, in place)
+                    t = time.perf_counter()
+                    fn(*args)
+                    spent += time.perf_counter() - t
+                times.append(spent)
             found = len(sanitizer.reports)
             sanitizer.disable()
             if found:
@@ -139,11 +155,13 @@ def main() -> int:
     ap.add_argument("--models", default="", help="also record bench_models.py's steps (e.g. resnet,gpt2)")
     ap.add_argument("--model-steps", type=int, default=5)
     ap.add_argument("--rounds", type=int, default=15)
+    ap.add_argument("--sweep", type=int, default=0, metavar="MB",
+                    help="copy MB MiB between other buffers before each call (caches used by something else)")
     args = ap.parse_args()
     if args.record:
         return record(args.path, args.loop_iters, args.train_steps, [m for m in args.models.split(",") if m],
                       args.model_steps)
-    return replay(args.path, args.rounds)
+    return replay(args.path, args.rounds, args.sweep)
 
 
 if __name__ == "__main__":
