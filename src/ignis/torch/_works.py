@@ -23,13 +23,14 @@ from ._tap import MethodTap, when_true
 __all__ = ["add_listener", "remove_listener", "installed", "work_class"]
 
 
-_found: list = []  # the Work class, once found (each collective's end asks for it)
+_work: Any = None  # the Work class, once found (each collective's end asks for it)
 
 
 def work_class() -> Any:
     """``torch._C._distributed_c10d.Work``, or None where this PyTorch has none."""
-    if _found:
-        return _found[0]
+    global _work
+    if _work is not None:
+        return _work
     try:
         import torch.distributed as dist
         if not dist.is_available():
@@ -37,7 +38,7 @@ def work_class() -> Any:
         from torch._C._distributed_c10d import Work
     except Exception:  # (a build without distributed support)
         return None
-    _found.append(Work)  # (only a class found is kept: an import that failed is asked again)
+    _work = Work  # (only a class found is kept: an import that failed is asked again)
     return Work
 
 
