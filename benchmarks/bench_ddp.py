@@ -202,6 +202,8 @@ def main() -> int:
     ap.add_argument("--block", type=int, default=5)
     ap.add_argument("--serve", default=None, metavar="PIPES", help="(a lockstep contender's rank)")
     args = ap.parse_args()
+    if args.rounds < 1 or args.block < 1:
+        ap.error("--rounds and --block take a count of at least 1")
     if args.child:
         child(args.steps, args.warm)
         return 0

@@ -279,6 +279,8 @@ def main() -> int:
     ap.add_argument("--variant", action="append", default=[], metavar="K=V[,K=V]",
                     help="also the guard with these options changed (a diagnostic contender; repeatable)")
     args = ap.parse_args()
+    if args.rounds < 1 or args.block < 1:
+        ap.error("--rounds and --block take a count of at least 1")
     if args.child:
         child(args.child, args.steps, args.warm)
         return 0
