@@ -47,11 +47,13 @@ cdef class Sanitizer:
     cdef readonly ReentrantLock _lock
     cdef readonly bint active
     cdef public object mode
-    cdef readonly list reports
+    cdef readonly list _reports
     cdef readonly dict _groups
     cdef readonly list notes
     cdef public object capture
     cdef public bint outputs_fresh
+    cdef readonly object _drainer    # a front end's deferred calls (set_drainer)
+    cdef readonly bint _draining
     cdef readonly object _backend
     cdef readonly bint _atexit
     cdef readonly dict _sids, _by_id, _names, _labels
@@ -68,9 +70,10 @@ cdef class Sanitizer:
     cdef readonly dict _capturing, _cap_events, _captured, _free_sites
     cdef readonly set _graph_mem
     cdef readonly dict _pool_threads
-    cdef readonly long long checked, checked_foreign, syncs
+    cdef readonly long long checked, checked_foreign, syncs, device_streams
 
     cdef long long _sid(self, object handle) except -1
+    cdef int _drain(self) except -1
     @cython.locals(vc=Clock)
     cdef Clock _vc_of(self, long long sid)
     cdef int _host_join(self, Clock vc) except -1
@@ -84,7 +87,7 @@ cdef class Sanitizer:
                    base=cython.longlong, end=cython.longlong)
     cdef tuple _retire(self, _Extent ext, object frames)
     @cython.locals(ext=_Extent, found=tuple, b=cython.longlong)
-    cdef tuple _freed(self, object base, object current=*)
+    cdef tuple _freed(self, object base, object current=*, object stack=*)
     @cython.locals(gen=cython.longlong, ext=_Extent)
     cdef _Extent _begin_lifetime(self, object base, object end, long long sid, bint bump)
     cdef object _add_rs(self, _Extent ext, long long sid, bint held)

@@ -277,7 +277,7 @@ class Sanitizer:
         self._lock = ReentrantLock()
         self.active = False
         self.mode = "raise"
-        self.reports: list[Exception] = []
+        self._reports: list[Exception] = []
         self._groups: dict[tuple, Exception] = {}
         self.notes: list[Callable[[], str]] = []   # front ends' lines for the summary
         self.capture: Callable[[], Any] = user_frames     # how a foreign free takes its stack (a front end's cheaper way)
@@ -285,6 +285,9 @@ class Sanitizer:
         # when every extent first seen as an op's output is memory that op allocated: the
         # new lifetime then starts there, its unwritten bytes checked as announced ones are.
         self.outputs_fresh = False
+        # A front end that defers its calls (``set_drainer``): run before anything else here.
+        self._drainer: Callable[[], Any] | None = None
+        self._draining = False
         self._backend: Any = None
         self._reset()
         self._atexit = False
@@ -311,6 +314,7 @@ class Sanitizer:
         self._free_sites: dict[tuple, Any] = {}    # (base, generation) -> the frames of its free (captured bases)
         self._graph_mem: set[int] = set()          # bases of any graph's private pool (graphs may share a pool)
         self._pool_threads: dict[int, int] = {}    # threads allocating into a graph pool (outside a capture)
+        self.device_streams = 0                    # stream handles other than the host's given identities
         self.checked = 0
         self.checked_foreign = 0
         # Host synchronizations seen (each, whether or not it ordered anything new): a front end
@@ -326,12 +330,61 @@ class Sanitizer:
             if handle is HOST:
                 self._labels[sid] = "the host (CPU)"
             else:
+                self.device_streams += 1
                 self._labels[sid] = "the default stream (0x0)" if handle == 0 else f"stream {handle:#x}"
         return sid
+
+    # -- a front end's deferred calls ------------------------------------------
+    def set_drainer(self, drainer: Callable[[], Any] | None) -> None:
+        """Register the callable that runs a front end's deferred calls (None: no longer).
+
+        A front end may hold back its calls into this sanitizer (an op's accesses, a free) and
+        hand them over in batches: the sanitizer's code and state then stay in the CPU's caches
+        from one call to the next, where one call per op finds them evicted by the framework's
+        work in between. ``drainer`` makes those calls, in the order they were made, each as it
+        would have been made then (its stack and its stream taken when it happened). Every
+        entry point here runs it first, under the lock, so nothing is checked, reported or read
+        out of order: a deferred call is only ever late, never reordered. One front end at a
+        time defers (the PyTorch front end's op observer): a new drainer replaces the last."""
+        with self._lock:
+            self._drainer = drainer
+
+    def _drain(self) -> None:
+        """Under the lock: the deferred calls first (``set_drainer``). They call back in here
+        and find it draining."""
+        if self._drainer is not None and not self._draining:
+            self._draining = True
+            try:
+                self._drainer()
+            finally:
+                self._draining = False
+
+    def drain(self) -> None:
+        """Run a front end's deferred calls now (``set_drainer``); nothing if there are none."""
+        self._lock.take()
+        try:
+            self._drain()
+        finally:
+            self._lock.give()
+
+    @property
+    def reports(self) -> list:
+        """The problems collected in ``collect`` mode, one per kind and pair of sites (each with
+        a ``count``), deferred calls run first."""
+        self.drain()
+        return self._reports
+
+    @property
+    def free_stacks(self) -> bool:
+        """Whether a foreign free can need its stack: a free races only uses on other streams
+        than its own, and CUDA graphs note the frees of memory they replay on. A front end that
+        defers a free takes its stack where it happens while this holds (else none)."""
+        return self.device_streams > 1 or bool(self._captured)
 
     def set_stream_label(self, handle: int, label: str) -> None:
         """How reports name the stream ``handle`` in foreign accesses."""
         with self._lock:
+            self._drain()
             self._labels[self._sid(handle)] = label
 
     def _vc_of(self, sid: int) -> Clock:
@@ -373,6 +426,7 @@ class Sanitizer:
         stream it is a node of the graph: a stream that waits for it joins the capture)."""
         self._lock.take()
         try:
+            self._drain()
             sid = self._sid(stream)
             if self._capturing and sid in self._capturing:
                 self._cap_events[event] = self._capturing[sid]
@@ -387,6 +441,7 @@ class Sanitizer:
         """``on_stream_wait_event`` in PyTorch's trace argument order (PyTorch's callback)."""
         self._lock.take()
         try:
+            self._drain()
             if self._cap_events:
                 cap = self._cap_events.get(event)
                 if cap is not None:
@@ -409,6 +464,7 @@ class Sanitizer:
         """The host waited for ``stream`` (or saw it idle)."""
         self._lock.take()
         try:
+            self._drain()
             self.syncs += 1
             self._host_join(self._vc_of(self._sid(stream)))
         finally:
@@ -418,6 +474,7 @@ class Sanitizer:
         """The host waited for ``event`` (or saw it complete)."""
         self._lock.take()
         try:
+            self._drain()
             self.syncs += 1
             snap = self._events.get(event)
             if snap is not None:
@@ -429,6 +486,7 @@ class Sanitizer:
         """The host waited for every stream (of device ``ordinal``; all are joined, which
         only ever orders more)."""
         with self._lock:
+            self._drain()
             self.syncs += 1
             for vc in list(self._clock.values()):
                 self._host_join(vc)
@@ -440,6 +498,7 @@ class Sanitizer:
             stream: the driver's stream handle.
         """
         with self._lock:
+            self._drain()
             self._sids.pop(stream, None)  # a new stream may get the same handle
 
     def on_event_destroyed(self, event: int) -> None:
@@ -450,6 +509,7 @@ class Sanitizer:
         """
         self._lock.take()
         try:
+            self._drain()
             self._events.pop(event, None)
         finally:
             self._lock.give()
@@ -522,6 +582,7 @@ class Sanitizer:
         frames = user_frames()
         self._lock.take()
         try:
+            self._drain()
             self.checked += 1
             sid = self._by_id.get(stream.id)
             if sid is None:  # identities follow Stream objects, so a closed stream keeps its clock
@@ -592,6 +653,7 @@ class Sanitizer:
             raise ValueError(f"ignis sanitizer: an allocation at {base!r} is not at an address: an address is an "
                              f"integer in [0, 2**63) (every device and host pointer is)")
         with self._lock:
+            self._drain()
             old = self._live.take(base)
             if old is not None and old.end is not None:  # its free was not seen: retire it quietly
                 self._retire(old, None)
@@ -615,7 +677,7 @@ class Sanitizer:
         self._live.put(base, ext, gen)
         return ext
 
-    def extent_freed(self, base: int, current: Any = None) -> None:
+    def extent_freed(self, base: int, current: Any = None, frames: Any = ...) -> None:
         """The allocator took ``base`` back (a free ordered on its allocation stream):
         checked against uses on other streams, then kept until the addresses are reused.
         The free's stack is taken (``capture``) only when another stream used the memory.
@@ -623,18 +685,21 @@ class Sanitizer:
         while another stream than its own is current is not checked at the free: PyTorch
         hands it only to its own stream's later work, which such code orders after its other
         streams (FSDP2's gradients, CUDA graph trees' warm-up); the new owner's first
-        accesses are checked against the old uses instead (the reuse race)."""
-        found = self._freed(base, current)
+        accesses are checked against the old uses instead (the reuse race).
+        ``frames``: the free's stack, taken where it happened (or None), for a caller that
+        hands the free over later (``set_drainer``); by default it is taken here when needed."""
+        found = self._freed(base, current, frames)
         if found is not None:
             self._race(found[0], found[1])
 
-    def _freed(self, base: Any, current: Any = None) -> tuple | None:
+    def _freed(self, base: Any, current: Any = None, stack: Any = ...) -> tuple | None:
         """``extent_freed``'s work, under the lock: (conflict, the free's record) if it races."""
         b = addr_of(base)
         if b < 0:  # (not an address: nothing lives there)
             return None
         self._lock.take()
         try:
+            self._drain()
             if self._capturing:
                 for cap in self._capturing.values():
                     if base in cap.private:  # freed into the graph's pool, within the capture
@@ -649,7 +714,7 @@ class Sanitizer:
                 self._live.take(b)
                 return None
             if self._captured and base in self._captured:  # a graph replays on it: keep the free's site
-                self._free_sites[(base, ext.gen)] = self.capture()
+                self._free_sites[(base, ext.gen)] = self.capture() if stack is ... else stack
             self._live.take(b)
             if ext.end is None:  # never seen by an access (a library's workspace)
                 return None
@@ -657,7 +722,7 @@ class Sanitizer:
             frames = None
             quiet = current is not None and self._sids.get(current, -1) != sid
             if not quiet and ext.recs.used_elsewhere(sid, ext.rs):
-                frames = self.capture()
+                frames = self.capture() if stack is ... else stack
             found = self._retire(ext, frames)
         finally:
             self._lock.give()
@@ -692,6 +757,7 @@ class Sanitizer:
         before a write are uninitialized), as at an op's first sight."""
         self._lock.take()
         try:
+            self._drain()
             sid = self._sid(stream)
             if self._capturing and sid in self._capturing:  # queued into a graph: its own rules
                 return
@@ -718,6 +784,7 @@ class Sanitizer:
         taken from under the holder (``extent_release``)."""
         self._lock.take()
         try:
+            self._drain()
             ext = self._live.get(base)
             if ext is not None:
                 self._add_rs(ext, self._sid(stream), held)
@@ -745,6 +812,7 @@ class Sanitizer:
         their unfinished uses race it."""
         self._lock.take()
         try:
+            self._drain()
             ext = self._live.get(base)
             if ext is not None and ext.held:
                 self._drop_held(ext)
@@ -759,6 +827,7 @@ class Sanitizer:
     def extent_dropped(self, base: int) -> None:
         """Forget a pinned host extent (its memory died; the host allocator orders its reuse)."""
         with self._lock:
+            self._drain()
             ext = self._live.get(base)
             if ext is not None and ext.pinned:
                 self._live.put(base, None, ext.gen + 1)
@@ -766,8 +835,13 @@ class Sanitizer:
 
     def knows(self, base: int) -> bool:
         """Whether ``base`` is a foreign extent whose size is known."""
-        ext = self._live.get(base)
-        return ext is not None and ext.end is not None
+        self._lock.take()
+        try:
+            self._drain()
+            ext = self._live.get(base)
+            return ext is not None and ext.end is not None
+        finally:
+            self._lock.give()
 
     def foreign_access(self, stream: Any, op: str, frames: Any, items: list | bytes, synced: bool = False,
                        library: int = -1) -> None:
@@ -831,6 +905,7 @@ class Sanitizer:
         found: list | None = None
         self._lock.take()
         try:
+            self._drain()
             sid = self._sid(stream)
             if self._capturing and sid in self._capturing:  # queued into a CUDA graph: nothing runs now
                 self._capture_op(self._capturing[sid], op, frames, unpack_items(items) if packed else list(items))
@@ -953,6 +1028,7 @@ class Sanitizer:
         description), until ``capture_end``. ``managed``: the graph's inputs are kept in place
         by the code that captures it (CUDA graph trees): its replays check no generation."""
         with self._lock:
+            self._drain()
             sid = self._sid(stream)
             if sid in self._capturing:
                 raise ValueError(f"ignis sanitizer: stream {stream:#x} is capturing already")
@@ -969,12 +1045,14 @@ class Sanitizer:
         """This thread allocates into a CUDA graph pool from now on, outside a capture (CUDA
         graph trees' warm-up): memory first seen as an output here is a graph pool's."""
         with self._lock:
+            self._drain()
             t = threading.get_ident()
             self._pool_threads[t] = self._pool_threads.get(t, 0) + 1
 
     def pool_end(self) -> None:
         """The end of this thread's ``pool_begin``."""
         with self._lock:
+            self._drain()
             t = threading.get_ident()
             n = self._pool_threads.get(t, 0) - 1
             if n > 0:
@@ -986,6 +1064,7 @@ class Sanitizer:
         """``stream``'s capture ended: returns it, made ready to replay (None when the stream
         was not capturing)."""
         with self._lock:
+            self._drain()
             sid = self._sids.get(stream)
             cap = self._capturing.get(sid) if sid is not None else None
             if cap is None:
@@ -1066,6 +1145,7 @@ class Sanitizer:
         bad: list[tuple] = []
         if not cap.managed:
             with self._lock:
+                self._drain()
                 live = self._live
                 for base, (gen, at) in cap.gens.items():
                     # (a block no lifetime was known for at the capture has nothing to compare)
@@ -1169,7 +1249,7 @@ class Sanitizer:
                 return
             err.count = 1  # type: ignore[attr-defined]
             self._groups[key] = err
-            self.reports.append(err)
+            self._reports.append(err)
 
     # -- control ---------------------------------------------------------------
     def enable(self, mode: str = "raise", backend: Any = None) -> "Sanitizer":
@@ -1178,6 +1258,7 @@ class Sanitizer:
             raise ValueError(f"sanitizer mode must be 'raise' or 'collect', got {mode!r}")
         from ..backends import get_backend
         with self._lock:
+            self._drain()
             b = backend or get_backend()
             if self.active and self._backend is not b:
                 self._uninstall()
@@ -1195,6 +1276,7 @@ class Sanitizer:
     def disable(self) -> None:
         """Stop checking and forget all state (reports are kept)."""
         with self._lock:
+            self._drain()
             _set_checker(None)
             self._uninstall()
             self._reset()
@@ -1203,7 +1285,8 @@ class Sanitizer:
     def clear(self) -> list:
         """Return and forget the collected reports."""
         with self._lock:
-            out, self.reports = self.reports, []
+            self._drain()
+            out, self._reports = self._reports, []
             self._groups = {}
             return out
 
@@ -1218,7 +1301,8 @@ class Sanitizer:
         checked = f"{self.checked} accesses checked"
         if self.checked_foreign:
             checked = f"{self.checked} Ignis accesses and {self.checked_foreign} foreign accesses checked"
-        found = [*self.reports, *raised]
+        self.drain()
+        found = [*self._reports, *raised]
         lines = []
         if not found:
             lines.append(f"ignis sanitizer: no problems found ({checked})")
@@ -1230,12 +1314,13 @@ class Sanitizer:
         lines += [n() for n in self.notes]
         for i, e in enumerate(found, 1):
             n = getattr(e, "count", 1)
-            how = " (raised to the program)" if i > len(self.reports) else ""
+            how = " (raised to the program)" if i > len(self._reports) else ""
             lines.append(f"--- {i}: {type(e).__name__}{how}{f' (seen {n} times)' if n > 1 else ''}: {e}")
         return "\n".join(line for line in lines if line)
 
     def _print_at_exit(self) -> None:
-        if self.active and self.mode == "collect" and self.reports:
+        self.drain()
+        if self.active and self.mode == "collect" and self._reports:
             print(self.summary(), file=sys.stderr)
 
 

@@ -813,7 +813,8 @@ class TorchFrontEnd:
         if (type(self)._observed is not cls._observed or type(self)._observed_special is not cls._observed_special
                 or "_observed" in self.__dict__ or "_observed_special" in self.__dict__):
             return None
-        return (self.san, capture_stack, self._obs_stream, self._raw_handle, self.pending, IgnisError)
+        return (self.san, capture_stack, self._obs_stream, self._raw_handle, self.pending, IgnisError,
+                last_from_library)
 
     def _obs_stream(self, device: int, sid: int) -> int:
         """The raw handle of the stream the observer named (a CUDA stream's id on ``device``)."""
@@ -965,6 +966,8 @@ class TorchFrontEnd:
                 raise RuntimeError(f"ignis.torch: the op observer refused to start (status {rc})")
             lib.ignis_obs_set_collective(self._observed_collective)
             self._obs = lib
+            if self._direct() is not None:  # its calls into the sanitizer are made in batches
+                self.san.set_drainer(lib.ignis_obs_drainer())
         self.engine = engine
         if self._cuda and _raw_stream is not None:
             try:
@@ -973,6 +976,7 @@ class TorchFrontEnd:
                 self._remove_trace()
                 if self._obs is not None:
                     self._obs.ignis_obs_stop()
+                    self.san.set_drainer(None)
                     self._obs = None
                 raise
         if self._cuda and _raw_stream is not None:
@@ -1043,7 +1047,8 @@ class TorchFrontEnd:
             self._stop_following_threads()
             _ctc.uninstall()
         else:
-            self._obs.ignis_obs_stop()
+            self._obs.ignis_obs_stop()  # (the calls it held are made first)
+            self.san.set_drainer(None)
             self.cpu_ops += self._obs.ignis_obs_take_cpu_ops()
             self._ops += self._obs.ignis_obs_take_ops()
             self._obs = None

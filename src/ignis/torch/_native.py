@@ -112,6 +112,10 @@ def _load(path: str) -> ctypes.PyDLL:
     lib.ignis_obs_timing.restype = ctypes.c_int
     lib.ignis_obs_py_functions.argtypes = []
     lib.ignis_obs_py_functions.restype = ctypes.py_object
+    lib.ignis_obs_drainer.argtypes = []
+    lib.ignis_obs_drainer.restype = ctypes.py_object
+    lib.ignis_obs_held.argtypes = []
+    lib.ignis_obs_held.restype = ctypes.c_int
     for name in ("ignis_obs_take_cpu_ops", "ignis_obs_take_ops", "ignis_obs_errors", "ignis_obs_trace_take_events",
                  "ignis_obs_probe_stop"):
         fn = getattr(lib, name)

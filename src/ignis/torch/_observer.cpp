@@ -133,6 +133,7 @@ PyObject *g_stream = nullptr;      // (device, stream id) -> the handle of that 
 PyObject *g_raw_stream = nullptr;  // (stream id, device index, device type) -> that stream's handle
 PyObject *g_pending = nullptr;     // a list: the IgnisErrors found (raise mode raises them later)
 PyObject *g_error_type = nullptr;  // IgnisError
+PyObject *g_last_lib = nullptr;    // () -> whether the last capture was made from a library's code
 // Stream handles by (device index, stream id, device type), filled from g_raw_stream / g_stream
 // (a stream's id names one stream for the process's life). Read and written with the GIL.
 std::unordered_map<std::tuple<int, long long, int>, PyObject *, StreamKeyHash> *g_handles = nullptr;
@@ -517,11 +518,14 @@ long long stream_id(int device) {
   return (long long)impl->getStream(c10::Device(g_dev, (c10::DeviceIndex)device)).id();
 }
 
+void flush_backlog();  // (the backlog: below)
+
 // Call the front end (the GIL held); nothing if this context's session is over.
 void call_front_end(Ctx *c, const std::vector<c10::IValue> &outs, long long sid, bool synced) {
   Spec *spec = c->spec;
   PyObject *fn = spec->kind == REGULAR ? g_on_op : g_on_special;
   if (fn == nullptr || c->generation != g_generation.load()) return;  // stopped or restarted meanwhile
+  flush_backlog();
   Py_INCREF(fn);  // a stop on another thread may drop the front end's reference during the call
   PyObject *argv[7] = {nullptr, nullptr, nullptr, nullptr, nullptr, nullptr, nullptr};
   Py_ssize_t argc = 6;
@@ -612,6 +616,7 @@ void sanitizer_failed(PyObject *fn, PyObject *pending, PyObject *error_type) {
 void call_collective(Ctx *c, int phase, const std::vector<c10::IValue> *outs, long long sid) {
   PyObject *fn = g_on_collective;
   if (fn == nullptr || c->generation != g_generation.load()) return;
+  flush_backlog();
   Py_INCREF(fn);
   auto convert = [](const std::vector<c10::IValue> &vs) -> PyObject * {
     PyObject *t = PyTuple_New((Py_ssize_t)vs.size());
@@ -658,12 +663,152 @@ struct Held {
   ~Held() { Py_XDECREF(p); }
 };
 
-// A regular op's accesses, or a record_stream, straight to the sanitizer (the GIL held).
+// ---- The backlog: the direct path's calls, handed to the sanitizer in batches ----------------
+//
+// A call per op into the sanitizer finds its code and data evicted from the CPU's caches by
+// PyTorch's own work since the last op: the same calls take 1.5 µs an op back to back and 4.7
+// with 1 MiB of other work between them (RESULTS, AB8). So the calls the direct path makes most
+// (an op's accesses, the caching allocator's frees) are held here, each with everything it would
+// have been made with then (the stream's handle, the stack, whether a library's code made it,
+// whether the host synchronized inside the op), and made in a batch of up to BACKLOG_MAX. The
+// sanitizer runs the batch at each of its entry points before anything else, its lock held
+// throughout (Sanitizer.set_drainer: this library's ``ignis_obs_drainer``), and the observer's
+// own other calls (special ops, collectives, record_stream, the trace's other events) drain it
+// first: a held call is only ever late, never reordered, and nothing reads the sanitizer's state
+// before the calls held for it are made. Read and written with the GIL held.
+struct Deferred {
+  PyObject *target;   // the Sanitizer (``name`` its method) or a handler (``name`` nullptr)
+  PyObject *name;     // an interned method name (kept for the process's life), or nullptr
+  PyObject *args[6];  // the call's arguments (references)
+  int nargs;
+  uint64_t generation;  // the session it belongs to: a later one drops it
+};
+constexpr size_t BACKLOG_MAX = 64;
+std::vector<Deferred> *g_backlog = nullptr;
+PyObject *g_drain_name = nullptr;  // "drain"
+PyObject *g_free_stacks_name = nullptr;  // "free_stacks"
+bool g_free_deferred = false;      // the trace's free handler is the sanitizer's own: frees are held
+// Whether a held free takes its stack where it happens: it races only with uses on other streams
+// (and a CUDA graph notes the frees of memory it replays on). The held calls' streams are noted
+// here (one seen, or more), the sanitizer's own in its ``free_stacks``; both stay set for the session.
+bool g_stream_seen = false, g_multi_stream = false, g_free_stacks = false;
+uint64_t g_first_stream = 0;
+
+void note_stream(PyObject *h) {
+  uint64_t v = PyLong_Check(h) ? (uint64_t)PyLong_AsUnsignedLongLongMask(h) : (uint64_t)(uintptr_t)h;
+  if (PyErr_Occurred()) {  // (an int that is not an address: count it as another stream)
+    PyErr_Clear();
+    g_multi_stream = true;
+    return;
+  }
+  if (!g_stream_seen) {
+    g_first_stream = v;
+    g_stream_seen = true;
+  } else if (v != g_first_stream) {
+    g_multi_stream = true;
+  }
+}
+
+void release(Deferred &d) {
+  Py_DECREF(d.target);
+  for (int i = 0; i < d.nargs; i++) Py_XDECREF(d.args[i]);
+}
+
+// The held calls, made in order (the drainer: the sanitizer calls it under its lock). An
+// IgnisError a call raises waits in the pending list, as a direct call's does.
+PyObject *py_drain(PyObject *, PyObject *) {
+  if (g_backlog == nullptr || g_backlog->empty()) Py_RETURN_NONE;
+  Held pending(g_pending), error_type(g_error_type);
+  std::vector<Deferred> batch;
+  while (!g_backlog->empty()) {  // (a call that lets the GIL go may let another thread add more)
+    batch.clear();
+    batch.swap(*g_backlog);
+    for (Deferred &d : batch) {
+      if (d.generation == g_generation.load() && !finalizing()) {
+        PyObject *argv[7];
+        PyObject *r;
+        if (d.name != nullptr) {
+          argv[0] = d.target;
+          for (int i = 0; i < d.nargs; i++) argv[i + 1] = d.args[i];
+          r = PyObject_VectorcallMethod(d.name, argv, (size_t)(d.nargs + 1) | PY_VECTORCALL_ARGUMENTS_OFFSET, nullptr);
+        } else {
+          r = PyObject_Vectorcall(d.target, d.args, (size_t)d.nargs, nullptr);
+        }
+        if (r == nullptr) sanitizer_failed(d.target, pending.p, error_type.p);
+        Py_XDECREF(r);
+      }
+      if (!finalizing()) release(d);  // (at exit the objects may be gone: left as they are)
+    }
+  }
+  Py_RETURN_NONE;
+}
+
+PyMethodDef g_drain_def = {"ignis_observer_drain", py_drain, METH_NOARGS,
+                           "Make the op observer's held calls into the sanitizer, in order."};
+
+// Make the held calls now, through the sanitizer (its lock held), before a call that is not held.
+void flush_backlog() {
+  if (g_backlog == nullptr || g_backlog->empty()) return;
+  Held san(g_san);
+  PyObject *r = nullptr;
+  if (san.p != nullptr) {
+    PyObject *argv[1] = {san.p};
+    r = PyObject_VectorcallMethod(g_drain_name, argv, 1 | PY_VECTORCALL_ARGUMENTS_OFFSET, nullptr);
+  } else {
+    r = py_drain(nullptr, nullptr);
+  }
+  if (r == nullptr) {
+    g_errors++;
+    if (PyErr_Occurred()) PyErr_WriteUnraisable(san.p);
+  }
+  Py_XDECREF(r);
+}
+
+// Hold a call (``args``' references are taken over); the batch is made once it is full.
+void defer(PyObject *target, PyObject *name, PyObject **args, int nargs) {
+  if (g_backlog == nullptr) g_backlog = new std::vector<Deferred>();
+  Deferred d{target, name, {}, nargs, g_generation.load()};
+  Py_INCREF(target);
+  for (int i = 0; i < nargs; i++) d.args[i] = args[i];
+  g_backlog->push_back(d);
+  if (g_backlog->size() >= BACKLOG_MAX) flush_backlog();
+}
+
+// A free of the caching allocator, held (``argv``: the pointer and the current stream's handle,
+// references taken over). Its stack is taken now where the free can need it (``g_free_stacks``).
+void hold_free(PyObject *fn, PyObject **argv) {
+  note_stream(argv[1]);
+  if (!g_free_stacks && !g_multi_stream && g_san != nullptr) {
+    PyObject *v = PyObject_GetAttr(g_san, g_free_stacks_name);
+    int t = v != nullptr ? PyObject_IsTrue(v) : -1;
+    Py_XDECREF(v);
+    if (t < 0) {  // (when unsure, the stack is taken)
+      PyErr_Clear();
+      g_errors++;
+    }
+    g_free_stacks = t != 0;
+  }
+  PyObject *frames = nullptr;
+  if ((g_free_stacks || g_multi_stream) && g_capture != nullptr) {
+    frames = PyObject_CallNoArgs(g_capture);
+    if (frames == nullptr) {  // (the free is still checked; a report of it would show no stack)
+      PyErr_Clear();
+      g_errors++;
+    }
+  }
+  if (frames == nullptr) frames = (Py_INCREF(Py_None), Py_None);
+  argv[2] = frames;
+  defer(fn, nullptr, argv, 3);
+}
+
+// A regular op's accesses, or a record_stream, to the sanitizer (the GIL held): the accesses
+// held in the backlog, record_stream made at once.
 void call_sanitizer(Ctx *c, long long sid, bool synced) {
   Spec *spec = c->spec;
   Held san(g_san), capture(g_capture), stream(g_stream), raw_stream(g_raw_stream), pending(g_pending),
       error_type(g_error_type);
   if (spec->kind == RECORD_STREAM) {
+    flush_backlog();
     PyObject *h = stream_handle(c->rs_device, c->rs_id, c->rs_type, false, stream.p, raw_stream.p);
     PyObject *base = h != nullptr ? PyLong_FromUnsignedLongLong(c->rs_base) : nullptr;
     PyObject *r = nullptr;
@@ -685,20 +830,35 @@ void call_sanitizer(Ctx *c, long long sid, bool synced) {
   }
   uint64_t t0 = tm_now();
   PyObject *frames = PyObject_CallNoArgs(capture.p);
+  // (read right after the capture, on its thread: the held call cannot ask later)
+  int lib = 0;
+  if (frames != nullptr && g_last_lib != nullptr) {
+    PyObject *from_lib = PyObject_CallNoArgs(g_last_lib);
+    lib = from_lib != nullptr ? PyObject_IsTrue(from_lib) : -1;
+    Py_XDECREF(from_lib);
+    if (lib < 0) Py_CLEAR(frames);  // (its error is set: reported below)
+  }
   tm_add(TM_CAPTURE, t0);
   PyObject *items = frames != nullptr ? items_bytes(c->items) : nullptr;
-  PyObject *r = nullptr;
-  if (items != nullptr) {
-    PyObject *argv[6] = {san.p, h, spec->name, frames, items, synced ? Py_True : Py_False};
-    t0 = tm_now();
-    r = PyObject_VectorcallMethod(g_foreign_name, argv, 6 | PY_VECTORCALL_ARGUMENTS_OFFSET, nullptr);
-    tm_add(TM_SANITIZER, t0);
+  if (items == nullptr) {
+    sanitizer_failed(frames == nullptr ? capture.p : san.p, pending.p, error_type.p);
+    Py_XDECREF(frames);
+    Py_DECREF(h);
+    return;
   }
-  if (r == nullptr) sanitizer_failed(frames == nullptr ? capture.p : san.p, pending.p, error_type.p);
-  Py_XDECREF(r);
-  Py_XDECREF(items);
-  Py_XDECREF(frames);
-  Py_DECREF(h);
+  note_stream(h);
+  Py_INCREF(spec->name);
+  PyObject *s = synced ? Py_True : Py_False;
+  Py_INCREF(s);
+  PyObject *args[6] = {h, spec->name, frames, items, s, PyLong_FromLong(lib)};
+  if (args[5] == nullptr) {
+    sanitizer_failed(san.p, pending.p, error_type.p);
+    for (PyObject *a : args) Py_XDECREF(a);
+    return;
+  }
+  t0 = tm_now();
+  defer(san.p, g_foreign_name, args, 6);  // (the references are the backlog's now)
+  tm_add(TM_SANITIZER, t0);
 }
 
 // The op's fresh outputs (its spec's), after its inputs' items: an output that aliases an input
@@ -824,7 +984,8 @@ void on_end(const at::RecordFunction &fn, at::ObserverContext *oc) {
 
 // Drop the direct path's callables and the stream handles (the GIL held).
 void clear_direct() {
-  PyObject **slots[6] = {&g_san, &g_capture, &g_stream, &g_raw_stream, &g_pending, &g_error_type};
+  flush_backlog();
+  PyObject **slots[7] = {&g_san, &g_capture, &g_stream, &g_raw_stream, &g_pending, &g_error_type, &g_last_lib};
   for (auto *slot : slots) Py_CLEAR(*slot);
   auto *handles = g_handles;
   g_handles = nullptr;  // detached first: a release may run Python code
@@ -925,7 +1086,7 @@ struct TraceShim final : PyInterpreterVTable {
       g_trace_events.fetch_add(1, std::memory_order_relaxed);
       if (kind == T_DEVICE_SYNC || kind == T_STREAM_SYNC || kind == T_EVENT_SYNC)
         g_epoch.fetch_add(1, std::memory_order_relaxed);  // an op in flight across it is synced
-      PyObject *argv[2] = {nullptr, nullptr};
+      PyObject *argv[3] = {nullptr, nullptr, nullptr};
       bool ok = true;
       if (kind == T_DEALLOCATION) {
         // The sanitizer checks a free with the stream current where it happens.
@@ -935,7 +1096,13 @@ struct TraceShim final : PyInterpreterVTable {
         argv[0] = PyLong_FromUnsignedLongLong(a);
         argv[1] = stream.p != nullptr ? stream_handle(device, sid, (int)g_dev, true, stream.p, raw_stream.p) : nullptr;
         if (argv[1] == nullptr && !PyErr_Occurred()) PyErr_SetString(PyExc_RuntimeError, "ignis.torch: the op observer is off");
+        if (g_free_deferred && argv[0] != nullptr && argv[1] != nullptr) {
+          hold_free(h.p, argv);
+          return;
+        }
+        flush_backlog();
       } else {
+        flush_backlog();
         if (nargs > 0) argv[0] = PyLong_FromUnsignedLongLong(a);
         if (nargs > 1) argv[1] = PyLong_FromUnsignedLongLong(b);
       }
@@ -1040,6 +1207,7 @@ void clear_trace_tables();
 void trace_stop() {
 #ifdef IGNIS_TRACE_SHIM
   if (!g_trace_on.load()) return;
+  flush_backlog();
   g_trace_on.store(false, std::memory_order_release);
   const c10::impl::PyInterpreter *expected = g_shim_interp;  // (another tool's replacement stays)
   if (g_trace_orig != nullptr) c10::impl::GPUTrace::gpuTraceState.compare_exchange_strong(expected, g_trace_orig);
@@ -1048,6 +1216,7 @@ void trace_stop() {
 }
 
 void clear_trace_tables() {
+  g_free_deferred = false;
   for (int k = 0; k < T_KINDS; k++) {
     Py_CLEAR(g_trace_fn[k]);
     // The lists stay referenced: a trace call without the GIL may still read one's size.
@@ -1283,11 +1452,15 @@ IGNIS_API PyObject *ignis_obs_py_functions(void) {
 IGNIS_API int ignis_obs_start(PyObject *classify_fn, PyObject *on_op, PyObject *on_special, PyObject *direct,
                               int device_type) {
   if (g_on.load()) return -1;
-  if (direct != Py_None && (!PyTuple_Check(direct) || PyTuple_GET_SIZE(direct) != 6)) return -2;
+  if (direct != Py_None && (!PyTuple_Check(direct) || PyTuple_GET_SIZE(direct) != 7)) return -2;
   if (g_foreign_name == nullptr) {
     g_foreign_name = PyUnicode_InternFromString("foreign_access");
     g_record_stream_name = PyUnicode_InternFromString("extent_record_stream");
-    if (g_foreign_name == nullptr || g_record_stream_name == nullptr) return -2;
+    g_drain_name = PyUnicode_InternFromString("drain");
+    g_free_stacks_name = PyUnicode_InternFromString("free_stacks");
+    if (g_foreign_name == nullptr || g_record_stream_name == nullptr || g_drain_name == nullptr ||
+        g_free_stacks_name == nullptr)
+      return -2;
   }
   {  // specs are never freed: a thread may still hold one in its cache
     std::lock_guard<std::mutex> g(g_lock);
@@ -1302,13 +1475,14 @@ IGNIS_API int ignis_obs_start(PyObject *classify_fn, PyObject *on_op, PyObject *
   g_on_special = on_special;
   clear_direct();
   if (direct != Py_None) {
-    PyObject **slots[6] = {&g_san, &g_capture, &g_stream, &g_raw_stream, &g_pending, &g_error_type};
-    for (int i = 0; i < 6; i++) {
+    PyObject **slots[7] = {&g_san, &g_capture, &g_stream, &g_raw_stream, &g_pending, &g_error_type, &g_last_lib};
+    for (int i = 0; i < 7; i++) {
       *slots[i] = PyTuple_GET_ITEM(direct, i);
       Py_INCREF(*slots[i]);
     }
   }
   g_dev = (c10::DeviceType)device_type;
+  g_stream_seen = g_multi_stream = g_free_stacks = false;
   g_ops = 0;
   g_cpu_ops = 0;
   g_errors = 0;
@@ -1326,6 +1500,7 @@ IGNIS_API int ignis_obs_start(PyObject *classify_fn, PyObject *on_op, PyObject *
 // which finds the observer off (this code is never unloaded).
 IGNIS_API void ignis_obs_stop(void) {
   if (!g_on.load()) return;
+  flush_backlog();  // (the held calls are this session's: made before anything is let go)
   trace_stop();  // (its free handler needs the direct path's callables)
   g_on = false;
   at::removeCallback(g_handle);
@@ -1423,6 +1598,15 @@ IGNIS_API int ignis_obs_trace_start(PyObject *handlers, PyObject *registries) {
       g_trace_others[k] = l;  // (a list replaced is kept: see clear_trace_tables)
     }
   }
+  // Frees are held in the backlog when their handler is the sanitizer's own method (bound to the
+  // direct path's sanitizer): nothing else is done at a free that could not wait.
+  g_free_deferred = false;
+  if (g_trace_fn[T_DEALLOCATION] != nullptr && g_san != nullptr) {
+    PyObject *self = PyObject_GetAttrString(g_trace_fn[T_DEALLOCATION], "__self__");
+    g_free_deferred = self == g_san;
+    Py_XDECREF(self);
+    PyErr_Clear();
+  }
   g_trace_on.store(true, std::memory_order_release);
   const c10::impl::PyInterpreter *expected = cur;
   if (!c10::impl::GPUTrace::gpuTraceState.compare_exchange_strong(expected, g_shim_interp)) {
@@ -1432,6 +1616,13 @@ IGNIS_API int ignis_obs_trace_start(PyObject *handlers, PyObject *registries) {
   return 0;
 #endif
 }
+
+// The drainer the sanitizer runs first at each of its entry points (Sanitizer.set_drainer): makes
+// the calls the direct path holds (a new reference).
+IGNIS_API PyObject *ignis_obs_drainer(void) { return PyCFunction_New(&g_drain_def, nullptr); }
+
+// Calls held in the backlog now (tests, diagnostics; the GIL held).
+IGNIS_API int ignis_obs_held(void) { return g_backlog == nullptr ? 0 : (int)g_backlog->size(); }
 
 // Give the trace back to PyTorch's interpreter (events fire into its Python registries again).
 IGNIS_API void ignis_obs_trace_stop(void) { trace_stop(); }

@@ -1,0 +1,178 @@
+"""The op observer's backlog: the calls its direct path makes into the sanitizer (an op's
+accesses, the caching allocator's frees) are held and handed over in batches. A held call
+must be made exactly as it would have been made at once: in the same order against every
+other call, with the stack of the moment it happened, and before anything reads what the
+sanitizer found.
+
+CPU tensors stand for a device's (the front end's test mode); each test names the stream
+its ops are queued on. Real PyTorch, the real observer library, no GPU.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+torch = pytest.importorskip("torch")
+
+import ignis as ig  # noqa: E402
+from ignis.safety.sanitizer import Sanitizer  # noqa: E402
+from ignis.torch._frontend import TorchFrontEnd  # noqa: E402
+
+A, B = 0x5A00, 0x5B00  # two streams' handles
+
+
+def _observer():
+    from ignis.torch._native import observer, observer_error
+    lib = observer()
+    if lib is None:
+        pytest.skip(f"the op observer cannot be built here: {observer_error()}")
+    return lib
+
+
+class Front:
+    """A front end on the observer with its direct path (as ``ignis run`` has it), whose ops
+    are queued on ``self.stream``."""
+
+    def __init__(self, mode: str = "collect") -> None:
+        self.lib = _observer()
+        self.stream = A
+        self.san = Sanitizer()
+        self.san.mode = mode
+        self.san.outputs_fresh = True  # as with the GPU trace: an op's fresh output starts a lifetime
+        self.fe = TorchFrontEnd(self.san, device_type="cpu", stream_of=lambda t: self.stream, engine="observer")
+
+    def __enter__(self) -> "Front":
+        self.fe.enable()
+        assert self.fe._direct() is not None
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.fe.disable()
+
+    def held(self) -> int:
+        return self.lib.ignis_obs_held()
+
+
+def _write_on_a(f: Front):
+    f.stream = A
+    return torch.ones(256)  # the write's site
+
+
+def _read_on_b(f: Front, x):
+    f.stream = B
+    return x.sum()  # the read's site
+
+
+def test_an_ops_accesses_are_held_then_reported_with_the_stacks_of_their_ops():
+    with Front() as f:
+        x = _write_on_a(f)
+        _read_on_b(f, x)  # no wait: a read-after-write race
+        assert f.held() >= 2 and f.san.checked_foreign == 0  # held, not made yet
+        [e] = f.san.reports  # reading the reports makes them first
+        assert f.held() == 0 and f.san.checked_foreign >= 2
+    assert isinstance(e, ig.RaceError) and e.kind == "read-after-write race"
+    # Each side's stack is its op's, taken when the op ran, not where the calls were made.
+    assert "_write_on_a" in e.first["stack"] and "_read_on_b" in e.second["stack"]
+    assert "test_an_ops_accesses_are_held" not in e.first["stack"].splitlines()[0]
+
+
+def test_a_synchronization_is_ordered_after_the_held_ops_before_it():
+    # The host's wait for stream A reaches the sanitizer directly (a trace event, here a call):
+    # it must find the write on A already made, or the read on B would race it.
+    with Front() as f:
+        x = _write_on_a(f)
+        assert f.held() >= 1
+        f.san.on_stream_synchronize(A)  # any entry point makes the held calls first
+        assert f.held() == 0
+        _read_on_b(f, x)
+        assert f.san.reports == []
+    # Without the synchronization the same program races: the check above could fail.
+    with Front() as f:
+        x = _write_on_a(f)
+        _read_on_b(f, x)
+        assert len(f.san.reports) == 1
+
+
+def test_a_full_backlog_is_handed_over_and_stop_hands_over_the_rest():
+    with Front() as f:
+        x = torch.zeros(64)
+        most = 0
+        for _ in range(300):
+            x.add_(1)
+            most = max(most, f.held())
+        assert 0 < most <= 64  # at most a batch is held at a time
+        assert f.san.checked_foreign > 200  # the full batches were made on the way
+        assert float(x[0]) == 300.0
+    assert f.held() == 0 and f.san.checked_foreign >= 301  # stop made the rest
+    assert f.fe.ops >= 301
+
+
+def test_raise_mode_raises_a_problem_found_in_a_held_call_when_checking_stops():
+    f = Front(mode="raise")
+    f.__enter__()
+    try:
+        x = _write_on_a(f)
+        _read_on_b(f, x)
+    except BaseException:
+        f.__exit__()
+        raise
+    with pytest.raises(ig.RaceError) as info:
+        f.__exit__()
+    assert "_read_on_b" in info.value.second["stack"]
+    assert f.held() == 0
+
+
+def _free_here(lib, base: int) -> None:
+    lib.ignis_obs_trace_fire(5, 0, base, 0, 0)  # the caching allocator's free (device type 0: this test's)
+
+
+def test_a_held_free_keeps_the_stack_of_the_moment_it_happened(monkeypatch):
+    # Frees reach the sanitizer's own handler through the observer's trace interpreter, and are
+    # held like ops. A free that races a use on another stream is reported with its own stack.
+    lib = _observer()
+    import torch.cuda._gpu_trace as gt
+    torch._C._activate_gpu_trace()
+    monkeypatch.setattr(torch.cpu, "_gpu_trace", gt, raising=False)  # (CPU events: the CUDA registries)
+    kinds = TorchFrontEnd._TRACE_KINDS
+    with Front() as f:
+        handlers = tuple(f.san.extent_freed if k == "MemoryDeallocationCallbacks" else None for k in kinds)
+        assert lib.ignis_obs_trace_start(handlers, tuple(getattr(gt, k).callback_list for k in kinds)) == 0
+        try:
+            x = _write_on_a(f)
+            base = x.untyped_storage().data_ptr()
+            _read_on_b(f, x)
+            f.stream = A
+            _free_here(lib, base)  # freed on A while B's read may still run
+            assert f.held() >= 3
+            found = f.san.reports
+        finally:
+            lib.ignis_obs_trace_stop()
+    kinds_found = sorted(e.kind for e in found)
+    assert "free-after-read race" in kinds_found or any("free" in k for k in kinds_found), kinds_found
+    [free] = [e for e in found if e.second.get("op") == "free"]
+    assert "_read_on_b" in free.first["stack"] and "_free_here" in free.second["stack"]
+
+
+def test_the_sanitizer_runs_a_drainer_once_per_entry_and_not_inside_itself():
+    # The sanitizer's side of the contract, without PyTorch's observer: every entry point runs
+    # the drainer first, under the lock; the calls the drainer makes find it draining.
+    san = Sanitizer()
+    san.mode = "collect"
+    made: list = []
+
+    def drainer():
+        made.append(len(made))
+        san.on_stream_synchronize(A)  # an entry point, from inside the drain: no second drain
+
+    san.set_drainer(drainer)
+    try:
+        san.on_event_record(0xE1, A)
+        assert made == [0]
+        san.reports
+        san.summary()
+        assert made == [0, 1, 2]
+        assert san.syncs == 3
+    finally:
+        san.set_drainer(None)
+    san.on_event_record(0xE2, A)
+    assert len(made) == 3
