@@ -184,8 +184,10 @@ def _command(model: str, who: str, args: list[str]) -> tuple[list[str], dict]:
     cmd = [sys.executable, HERE, *args]
     if who == "csan":
         env["TORCH_CUDA_SANITIZER"] = "1"
-    elif who.startswith("ignis"):
-        cmd = [sys.executable, "-m", "ignis", "run", who.split()[1], HERE, *args]
+    elif who.startswith("ignis"):  # "ignis --sanitize [NAME=VALUE ...]": the variables set for it
+        words = who.split()
+        env.update(w.split("=", 1) for w in words[2:])
+        cmd = [sys.executable, "-m", "ignis", "run", words[1], HERE, *args]
     elif who.startswith("guard:"):  # the guard with options changed (scripts/diag_guard_variants.py)
         tool = os.path.join(os.path.dirname(HERE), "..", "scripts", "diag_guard_variants.py")
         cmd = [sys.executable, tool, who[len("guard:"):] or "-", HERE, *args]
@@ -274,7 +276,8 @@ def main() -> int:
     ap.add_argument("--models", default="resnet,gpt2")
     ap.add_argument("--no-csan", action="store_true")
     ap.add_argument("--contenders", default=None, metavar="A,B",
-                    help="only these contenders (plain is always one), e.g. 'ignis --sanitize'")
+                    help="only these contenders (plain is always one), e.g. 'ignis --sanitize'; an Ignis "
+                         "contender may set variables: 'ignis --sanitize IGNIS_OBSERVER_BATCH=1'")
     ap.add_argument("--memcheck", action="store_true", help="also Compute Sanitizer's memcheck (a few steps)")
     ap.add_argument("--variant", action="append", default=[], metavar="K=V[,K=V]",
                     help="also the guard with these options changed (a diagnostic contender; repeatable)")

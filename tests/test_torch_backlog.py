@@ -21,6 +21,11 @@ from ignis.torch._frontend import TorchFrontEnd  # noqa: E402
 A, B = 0x5A00, 0x5B00  # two streams' handles
 
 
+@pytest.fixture(autouse=True)
+def _default_batch(monkeypatch):
+    monkeypatch.delenv("IGNIS_OBSERVER_BATCH", raising=False)  # (the diagnostic's: see the last test)
+
+
 def _observer():
     from ignis.torch._native import observer, observer_error
     lib = observer()
@@ -176,3 +181,15 @@ def test_the_sanitizer_runs_a_drainer_once_per_entry_and_not_inside_itself():
         san.set_drainer(None)
     san.on_event_record(0xE2, A)
     assert len(made) == 3
+
+
+def test_a_batch_of_one_makes_each_call_at_once(monkeypatch):
+    # IGNIS_OBSERVER_BATCH=1 (a diagnostic: the calls made as before the backlog, for comparisons
+    # in one run) holds nothing, and finds the same race.
+    monkeypatch.setenv("IGNIS_OBSERVER_BATCH", "1")
+    with Front() as f:
+        x = _write_on_a(f)
+        assert f.held() == 0 and f.san.checked_foreign >= 1
+        _read_on_b(f, x)
+        [e] = f.san.reports
+    assert e.kind == "read-after-write race" and "_read_on_b" in e.second["stack"]

@@ -24,6 +24,8 @@
 
 #include <Python.h>
 
+#include <cstdlib>
+
 #include <ATen/core/Tensor.h>
 #include <ATen/core/ivalue.h>
 #include <ATen/record_function.h>
@@ -670,7 +672,7 @@ struct Held {
 // with 1 MiB of other work between them (RESULTS, AB8). So the calls the direct path makes most
 // (an op's accesses, the caching allocator's frees) are held here, each with everything it would
 // have been made with then (the stream's handle, the stack, whether a library's code made it,
-// whether the host synchronized inside the op), and made in a batch of up to BACKLOG_MAX. The
+// whether the host synchronized inside the op), and made in a batch (g_backlog_max). The
 // sanitizer runs the batch at each of its entry points before anything else, its lock held
 // throughout (Sanitizer.set_drainer: this library's ``ignis_obs_drainer``), and the observer's
 // own other calls (special ops, collectives, record_stream, the trace's other events) drain it
@@ -683,7 +685,9 @@ struct Deferred {
   int nargs;
   uint64_t generation;  // the session it belongs to: a later one drops it
 };
-constexpr size_t BACKLOG_MAX = 64;
+// The batch: 64 calls, or IGNIS_OBSERVER_BATCH (1 to 4096) read at start (a diagnostic: 1 makes
+// each call at once, as before the backlog, for comparisons in one run).
+size_t g_backlog_max = 64;
 std::vector<Deferred> *g_backlog = nullptr;
 PyObject *g_drain_name = nullptr;  // "drain"
 PyObject *g_free_stacks_name = nullptr;  // "free_stacks"
@@ -771,7 +775,7 @@ void defer(PyObject *target, PyObject *name, PyObject **args, int nargs) {
   Py_INCREF(target);
   for (int i = 0; i < nargs; i++) d.args[i] = args[i];
   g_backlog->push_back(d);
-  if (g_backlog->size() >= BACKLOG_MAX) flush_backlog();
+  if (g_backlog->size() >= g_backlog_max) flush_backlog();
 }
 
 // A free of the caching allocator, held (``argv``: the pointer and the current stream's handle,
@@ -1483,6 +1487,11 @@ IGNIS_API int ignis_obs_start(PyObject *classify_fn, PyObject *on_op, PyObject *
   }
   g_dev = (c10::DeviceType)device_type;
   g_stream_seen = g_multi_stream = g_free_stacks = false;
+  g_backlog_max = 64;
+  if (const char *b = std::getenv("IGNIS_OBSERVER_BATCH")) {
+    long v = std::strtol(b, nullptr, 10);
+    if (v >= 1 && v <= 4096) g_backlog_max = (size_t)v;
+  }
   g_ops = 0;
   g_cpu_ops = 0;
   g_errors = 0;
