@@ -117,7 +117,7 @@ def _load(path: str) -> ctypes.PyDLL:
     lib.ignis_obs_held.argtypes = []
     lib.ignis_obs_held.restype = ctypes.c_int
     for name in ("ignis_obs_take_cpu_ops", "ignis_obs_take_ops", "ignis_obs_errors", "ignis_obs_trace_take_events",
-                 "ignis_obs_probe_stop", "ignis_obs_take_quieted"):
+                 "ignis_obs_probe_stop"):
         fn = getattr(lib, name)
         fn.argtypes = []
         fn.restype = ctypes.c_ulonglong

@@ -25,7 +25,6 @@
 #include <Python.h>
 
 #include <cstdlib>
-#include <cstring>
 
 #include <ATen/core/Tensor.h>
 #include <ATen/core/ivalue.h>
@@ -78,7 +77,6 @@ struct Spec {
   PyObject *name = nullptr;  // the op's name as reports show it (a reference, kept as long as the spec)
   int returns = 0;  // how many values the schema returns (none came back: the op failed)
   std::vector<Arg> in, out;
-  int inner = 0;  // the most calls seen inside one of its calls (only ever grows)
 };
 
 // One access, laid out as the sanitizer's packed items (pack_items: seven native int64s), so
@@ -105,8 +103,6 @@ struct Ctx : at::ObserverContext {
   uint64_t rs_base = 0;             // its storage, and the stream as (id, device index, device type)
   long long rs_id = 0;
   int rs_device = 0, rs_type = 0;
-  bool rf_off = false;              // RecordFunction switched off on this thread for the op's inner calls
-  bool rf_was = true;               // (and what it was before)
 };
 
 struct StreamKeyHash {
@@ -154,8 +150,6 @@ c10::DeviceType g_dev = c10::DeviceType::CUDA;
 at::CallbackHandle g_handle = 0;
 
 thread_local int t_depth = 0;      // inside an op being reported
-thread_local Spec *t_top = nullptr;  // the op being reported on this thread
-thread_local int t_inner = 0;        // the calls seen inside it so far
 thread_local bool t_busy = false;  // inside the front end's Python (its own ops are not the program's)
 
 inline bool finalizing() {
@@ -485,50 +479,11 @@ std::unique_ptr<at::ObserverContext> start_op(const at::RecordFunction &fn) {
   return c;
 }
 
-// The calls inside an op this observer reports are never reported (only the outermost op is), but
-// PyTorch still builds a RecordFunction for each, boxes its inputs and outputs and calls every
-// callback: a training step makes four to five inner calls per op it runs. So where nothing but
-// this observer listens on the thread (no thread-local callback, such as a profiler's, and no
-// other global one), RecordFunction is switched off on the thread for the span of an op that was
-// once seen to make QUIET_MIN inner calls or more, and back on at its end. (Switching it costs
-// about as much as two inner calls each way: PyTorch rebuilds the thread's callback lists.) IGNIS_OBSERVER_NESTED=1 keeps it on (a
-// diagnostic, for comparisons in one run).
-bool g_quiet_inner = true;
-constexpr int QUIET_MIN = 4;
-std::atomic<uint64_t> g_quieted{0};  // ops run with RecordFunction off inside (tests, diagnostics)
-
-// Whether this observer is the only RecordFunction callback of ops on this thread: no thread-local
-// callback, and among global ones only this one (counted at the thread's first op that asks and
-// every 1024th after: a tool that adds a global callback later is seen within that many such ops).
-bool alone() {
-  thread_local uint32_t count = 0;
-  thread_local bool only = false;
-  if (at::hasThreadLocalCallbacks()) return false;
-  if ((count++ & 1023u) == 0) {
-    auto sc = at::getStepCallbacksUnlessEmpty(at::RecordScope::FUNCTION);
-    only = sc.has_value() && sc->callbacks_.size() == 1;
-  }
-  return only;
-}
-
 std::unique_ptr<at::ObserverContext> on_start(const at::RecordFunction &fn) {
   TmSpan span(TM_START);
-  if (t_depth > 0) t_inner++;
   if (t_busy || t_depth > 0 || !g_on.load(std::memory_order_relaxed) || finalizing()) return nullptr;
   try {
-    auto c = start_op(fn);
-    if (c != nullptr) {
-      auto *ctx = static_cast<Ctx *>(c.get());
-      t_top = ctx->spec;
-      t_inner = 0;
-      if (ctx->spec->inner >= QUIET_MIN && g_quiet_inner && alone()) {
-        ctx->rf_was = at::isRecordFunctionEnabled();
-        at::enableRecordFunction(false);
-        ctx->rf_off = true;
-        g_quieted.fetch_add(1, std::memory_order_relaxed);
-      }
-    }
-    return c;
+    return start_op(fn);
   } catch (abi::__forced_unwind &) {  // the thread is being ended (a daemon thread at exit): let it
     throw;
   } catch (...) {  // a tensor this cannot measure: the op goes unseen, its own ops are seen
@@ -1008,12 +963,8 @@ void end_op(const at::RecordFunction &fn, Ctx *c) {
 void on_end(const at::RecordFunction &fn, at::ObserverContext *oc) {
   TmSpan span(TM_END);
   if (oc == nullptr) return;
+  t_depth--;
   auto *c = static_cast<Ctx *>(oc);
-  if (c->rf_off) at::enableRecordFunction(c->rf_was);  // (first: the front end's Python may run ops)
-  if (--t_depth == 0) {
-    if (!c->rf_off && t_top != nullptr && t_inner > t_top->inner) t_top->inner = t_inner;
-    t_top = nullptr;
-  }
   if (c->spec->kind == INACTIVE || !g_on.load(std::memory_order_relaxed) || finalizing()) return;
   if (std::uncaught_exceptions() > c->unwinding) {  // the op is throwing: it did nothing to report
     if (c->spec->kind == COLLECTIVE && c->device >= 0) {  // (the front end closes what it opened)
@@ -1537,8 +1488,6 @@ IGNIS_API int ignis_obs_start(PyObject *classify_fn, PyObject *on_op, PyObject *
   g_dev = (c10::DeviceType)device_type;
   g_stream_seen = g_multi_stream = g_free_stacks = false;
   g_backlog_max = 256;
-  const char *nested = std::getenv("IGNIS_OBSERVER_NESTED");
-  g_quiet_inner = nested == nullptr || std::strcmp(nested, "1") != 0;
   if (const char *b = std::getenv("IGNIS_OBSERVER_BATCH")) {
     long v = std::strtol(b, nullptr, 10);
     if (v >= 1 && v <= 4096) g_backlog_max = (size_t)v;
@@ -1611,9 +1560,6 @@ IGNIS_API unsigned long long ignis_obs_take_cpu_ops(void) { return g_cpu_ops.exc
 IGNIS_API unsigned long long ignis_obs_take_ops(void) { return g_ops.exchange(0); }
 
 IGNIS_API unsigned long long ignis_obs_errors(void) { return g_errors.load(); }
-
-// Ops run with RecordFunction off for their inner calls (see alone()) since the last call (taken and reset).
-IGNIS_API unsigned long long ignis_obs_take_quieted(void) { return g_quieted.exchange(0); }
 
 // Whether any global RecordFunction callback (this one or another's) is registered.
 IGNIS_API int ignis_obs_any_global(void) { return at::hasGlobalCallbacks() ? 1 : 0; }
