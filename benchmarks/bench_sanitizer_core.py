@@ -61,10 +61,11 @@ def record(path: str, loop_iters: int, train_steps: int, models: list[str], mode
 
     def wrap(name: str, fn: Any) -> Any:
         if name == "foreign_access":
-            def rec(stream: Any, op: str, frames: Any, items: list, synced: bool = False, library: int = -1) -> None:
+            def rec(stream: Any, op: str, frames: Any, items: list, synced: bool = False, library: int = -1,
+                    thread: int = 0) -> None:
                 its = unpack_items(items) if isinstance(items, bytes) else [tuple(it) for it in items]
                 calls.append((name, (stream, op, None, its, synced)))
-                fn(stream, op, frames, items, synced, library)
+                fn(stream, op, frames, items, synced, library, thread)
         else:
             def rec(*args: Any) -> None:
                 calls.append((name, args))

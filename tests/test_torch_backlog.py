@@ -194,3 +194,85 @@ def test_a_batch_of_one_makes_each_call_at_once(monkeypatch):
         [e] = f.san.reports
     assert e.kind == "read-after-write race" and "_read_on_b" in e.second["stack"]
 
+
+
+# Every entry point of the sanitizer makes a front end's held calls first (sanitizer-level).
+BLK = 0x7F00_0000_0000
+ENTRY_POINTS = [
+    ("set_stream_label", (A, "a stream")), ("on_event_record", (0xE1, A)), ("on_event_wait", (0xE1, A)),
+    ("on_stream_wait_event", (A, 0xE1)), ("on_stream_synchronize", (A,)), ("on_event_synchronize", (0xE1,)),
+    ("on_device_synchronize", ()), ("on_stream_destroyed", (A,)), ("on_event_destroyed", (0xE1,)),
+    ("extent_allocated", (BLK, A)), ("extent_freed", (BLK,)), ("begin_lifetimes", (A, "op", None, [])),
+    ("extent_record_stream", (BLK, A)), ("extent_release", (BLK,)), ("extent_dropped", (BLK,)), ("knows", (BLK,)),
+    ("foreign_access", (A, "op", None, [])), ("pool_begin", ()), ("clear", ()), ("summary", ()),
+    ("drain", ()), ("capture_end", (A,)),
+]
+
+
+@pytest.mark.parametrize("name,args", ENTRY_POINTS, ids=[n for n, _ in ENTRY_POINTS])
+def test_each_entry_point_makes_the_held_calls_first(name, args):
+    san = Sanitizer()
+    san.mode = "collect"
+    made: list = []
+    san.set_drainer(lambda: made.append(name))
+    try:
+        getattr(san, name)(*args)
+    finally:
+        san.set_drainer(None)
+    assert made == [name]
+
+
+def test_reading_reports_or_setting_the_mode_makes_the_held_calls_first():
+    san = Sanitizer()
+    made: list = []
+    san.set_drainer(lambda: made.append(san.mode))
+    try:
+        san.reports
+        san.mode = "collect"  # the held calls are made in the mode they were made in
+        assert made == ["raise", "raise"] and san.mode == "collect"
+    finally:
+        san.set_drainer(None)
+
+
+def test_a_held_call_keeps_the_thread_that_made_it():
+    # A CUDA graph tree's warm-up allocates into the graph's pool on one thread (pool_begin and
+    # pool_end on it): memory an op makes there is the pool's. Held, that op's call may be made by
+    # another thread's entry point: it must still count as the warm-up thread's.
+    import threading
+    with Front() as f:
+        f.san.pool_begin()
+        x = _write_on_a(f)  # a fresh output, held
+        base = x.untyped_storage().data_ptr()
+        assert f.held() >= 1
+        t = threading.Thread(target=f.san.on_stream_synchronize, args=(B,))  # another thread drains
+        t.start()
+        t.join()
+        assert f.held() == 0
+        f.san.pool_end()
+        assert base in f.san._graph_mem
+
+
+def test_a_held_free_takes_its_stack_when_the_sanitizer_knows_another_stream(monkeypatch):
+    # Every held call is on stream A here; stream B's use reaches the sanitizer directly (as a
+    # Triton kernel's does). The free on A races it, and must carry the stack of its moment.
+    lib = _observer()
+    import torch.cuda._gpu_trace as gt
+    from ignis.safety.frames import capture_frames
+    from ignis.safety.sanitizer import READ
+    torch._C._activate_gpu_trace()
+    monkeypatch.setattr(torch.cpu, "_gpu_trace", gt, raising=False)
+    kinds = TorchFrontEnd._TRACE_KINDS
+    with Front() as f:
+        handlers = tuple(f.san.extent_freed if k == "MemoryDeallocationCallbacks" else None for k in kinds)
+        assert lib.ignis_obs_trace_start(handlers, tuple(getattr(gt, k).callback_list for k in kinds)) == 0
+        try:
+            x = _write_on_a(f)
+            base, n = x.untyped_storage().data_ptr(), x.untyped_storage().nbytes()
+            f.san.foreign_access(B, "a kernel on B", capture_frames(1), [(base, n, base, base + n, 0, 0, READ)])
+            _free_here(lib, base)  # on A, while B's read may still run
+            assert f.held() >= 1
+            found = f.san.reports
+        finally:
+            lib.ignis_obs_trace_stop()
+    frees = [e for e in found if e.second.get("op") == "free"]
+    assert len(frees) == 1 and "_free_here" in frees[0].second["stack"], [str(e) for e in found]

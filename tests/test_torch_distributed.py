@@ -125,11 +125,11 @@ _RANK_SCRIPT = textwrap.dedent("""
     seen = []
     real = san.foreign_access
 
-    def watch(stream, op, frames, items, synced=False, library=-1):
+    def watch(stream, op, frames, items, synced=False, library=-1, thread=0):
         its = unpack_items(items) if isinstance(items, bytes) else items
         if "c10d" in op:
             seen.append([op, sorted([m, hi - lo] for b, _, lo, hi, _, _, m in its)])
-        return real(stream, op, frames, items, synced, library)
+        return real(stream, op, frames, items, synced, library, thread)
 
     san.foreign_access = watch
     fe.enable()

@@ -208,7 +208,7 @@ def calls(fe: TorchFrontEnd, fn):
     (the observer measures written arguments after the op, the others before it)."""
     got = []
     real = fe.san.foreign_access
-    fe.san.foreign_access = lambda stream, op, frames, items, synced=False, library=-1: got.append(
+    fe.san.foreign_access = lambda stream, op, frames, items, synced=False, library=-1, thread=0: got.append(
         (op, sorted((m, lo - b, hi - b) for b, _, lo, hi, _, _, m in
                     (unpack_items(items) if isinstance(items, bytes) else items))))
     try:
@@ -253,7 +253,7 @@ def test_both_engines_measure_an_op_alike():
         fe = Traced(san, engine)
         got = []
         real = san.foreign_access
-        san.foreign_access = lambda stream, op, frames, items, synced=False, library=-1: got.append(
+        san.foreign_access = lambda stream, op, frames, items, synced=False, library=-1, thread=0: got.append(
             (op, sorted(unpack_items(items) if isinstance(items, bytes) else items)))
         fe.enable()
         try:

@@ -46,7 +46,7 @@ cdef class Sanitizer:
     cdef dict __dict__              # an instance may have an entry point replaced (tests, recorders)
     cdef readonly ReentrantLock _lock
     cdef readonly bint active
-    cdef public object mode
+    cdef readonly object _mode
     cdef readonly list _reports
     cdef readonly dict _groups
     cdef readonly list notes
@@ -54,6 +54,7 @@ cdef class Sanitizer:
     cdef public bint outputs_fresh
     cdef readonly object _drainer    # a front end's deferred calls (set_drainer)
     cdef readonly bint _draining
+    cdef object _caller
     cdef readonly object _backend
     cdef readonly bint _atexit
     cdef readonly dict _sids, _by_id, _names, _labels
@@ -97,7 +98,8 @@ cdef class Sanitizer:
                    ch=cython.longlong, write=bint, written=list, found=list, packed=bint, n=Py_ssize_t,
                    k=Py_ssize_t, buf=cython.p_char, p=cython.p_longlong, bad=bint, b=cython.longlong,
                    lo=cython.longlong, hi=cython.longlong, size=cython.longlong, e=cython.longlong)
-    cdef list _foreign(self, object stream, str op, object frames, object items, bint synced, bint from_lib=*)
+    cdef list _foreign(self, object stream, str op, object frames, object items, bint synced, bint from_lib=*,
+                       object thread=*)
     @cython.locals(ext=_Extent, b=cython.longlong, from_lib=bint)
     cpdef begin_lifetimes(self, object stream, str op, object frames, list items, int library=*)
     @cython.locals(end=cython.longlong)

@@ -276,7 +276,7 @@ class Sanitizer:
         # (a ``with`` block costs several times as much); ``with`` serves the rest.
         self._lock = ReentrantLock()
         self.active = False
-        self.mode = "raise"
+        self._mode = "raise"
         self._reports: list[Exception] = []
         self._groups: dict[tuple, Exception] = {}
         self.notes: list[Callable[[], str]] = []   # front ends' lines for the summary
@@ -288,6 +288,7 @@ class Sanitizer:
         # A front end that defers its calls (``set_drainer``): run before anything else here.
         self._drainer: Callable[[], Any] | None = None
         self._draining = False
+        self._caller = 0  # the thread of the foreign access being checked (0: the calling one)
         self._backend: Any = None
         self._reset()
         self._atexit = False
@@ -373,6 +374,21 @@ class Sanitizer:
         a ``count``), deferred calls run first."""
         self.drain()
         return self._reports
+
+    @property
+    def mode(self) -> str:
+        """``"raise"`` or ``"collect"``. Set: a front end's held calls are made first, in the mode
+        they were made in."""
+        return self._mode
+
+    @mode.setter
+    def mode(self, mode: str) -> None:
+        self._lock.take()
+        try:
+            self._drain()
+            self._mode = mode
+        finally:
+            self._lock.give()
 
     @property
     def free_stacks(self) -> bool:
@@ -844,7 +860,7 @@ class Sanitizer:
             self._lock.give()
 
     def foreign_access(self, stream: Any, op: str, frames: Any, items: list | bytes, synced: bool = False,
-                       library: int = -1) -> None:
+                       library: int = -1, thread: int = 0) -> None:
         """One operation's accesses to foreign memory, queued on ``stream`` (a handle;
         ``HOST`` for the host itself). Each item is ``(base, size, lo, hi, period, chunk,
         mode)``: the extent's base and size (size is read only when the extent is new),
@@ -856,8 +872,11 @@ class Sanitizer:
         its work was queued: the host clock covers it. ``library``: 1 when a library's code made
         the operation, 0 when not, -1 (default): as the capture of ``frames`` found
         (``frames.last_from_library``): memory a library allocated and reads itself is not checked
-        for uninitialized reads (its warm-ups read placeholders on purpose)."""
-        found = self._foreign(stream, op, frames, items, synced, last_from_library() if library < 0 else library)
+        for uninitialized reads (its warm-ups read placeholders on purpose). ``thread``: the
+        identity of the thread that ran the operation (``threading.get_ident()``), for a caller
+        that hands the call over later; 0 (default): this one."""
+        found = self._foreign(stream, op, frames, items, synced, last_from_library() if library < 0 else library,
+                              thread)
         if found:
             for first, rec in found:
                 if isinstance(first, _Extent):
@@ -866,7 +885,7 @@ class Sanitizer:
                     self._race(first, rec)
 
     def _foreign(self, stream: Any, op: str, frames: Any, items: list | bytes, synced: bool,
-                 from_lib: bool = False) -> list | None:
+                 from_lib: bool = False, thread: int = 0) -> list | None:
         """``foreign_access``'s checks, under the lock: the problems found, for reporting after."""
         packed = type(items) is bytes
         if packed and not _COMPILED:
@@ -907,6 +926,7 @@ class Sanitizer:
         try:
             self._drain()
             sid = self._sid(stream)
+            self._caller = thread  # (read by _first_sight: 0 is the calling thread)
             if self._capturing and sid in self._capturing:  # queued into a CUDA graph: nothing runs now
                 self._capture_op(self._capturing[sid], op, frames, unpack_items(items) if packed else list(items))
                 return None
@@ -970,6 +990,7 @@ class Sanitizer:
                     host.put(sid, ep)
                     self._host_version += 1
         finally:
+            self._caller = 0
             self._lock.give()
         return found
 
@@ -981,7 +1002,7 @@ class Sanitizer:
                 return None
             ext = self._begin_lifetime(base, None, sid, not mode & _P)
             if mode & _O and self.outputs_fresh and not mode & _P:  # allocated by this op
-                if self._pool_threads and threading.get_ident() in self._pool_threads:
+                if self._pool_threads and (self._caller or threading.get_ident()) in self._pool_threads:
                     self._graph_mem.add(base)  # into a graph's pool (a graph tree's warm-up)
                 if not (self._graph_mem and base in self._graph_mem):  # (a pool's bytes: its graphs')
                     ext.written = []
@@ -1240,7 +1261,7 @@ class Sanitizer:
         self._report(err, key)
 
     def _report(self, err: Exception, key: tuple) -> None:
-        if self.mode != "collect":
+        if self._mode != "collect":
             raise err
         with self._lock:
             g = self._groups.get(key)
@@ -1265,7 +1286,7 @@ class Sanitizer:
                 self._reset()
             if not self.active or self._backend is not b:
                 self._install(b)
-            self.mode = mode
+            self._mode = mode
             self.active = True
             _set_checker(self)
         if mode == "collect" and not self._atexit:
@@ -1298,10 +1319,10 @@ class Sanitizer:
                 them here (a use after free stops the program in any mode); each is a problem
                 found, counted and shown after the collected reports.
         """
+        self.drain()
         checked = f"{self.checked} accesses checked"
         if self.checked_foreign:
             checked = f"{self.checked} Ignis accesses and {self.checked_foreign} foreign accesses checked"
-        self.drain()
         found = [*self._reports, *raised]
         lines = []
         if not found:
@@ -1320,7 +1341,7 @@ class Sanitizer:
 
     def _print_at_exit(self) -> None:
         self.drain()
-        if self.active and self.mode == "collect" and self._reports:
+        if self.active and self._mode == "collect" and self._reports:
             print(self.summary(), file=sys.stderr)
 
 

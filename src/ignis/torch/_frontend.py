@@ -907,6 +907,7 @@ class TorchFrontEnd:
             # first touched as one: its lifetime starts there (the sanitizer's outputs_fresh),
             # so allocations need no handler. Frees keep theirs: a free is checked, with its
             # stack, where it happens.
+            san.drain()  # (ops held since the observer started were seen with it as it was)
             san.outputs_fresh = True
             # Where the observer can take the trace below Python (its TraceShim), each event
             # goes straight to its handler here, and the events nothing here needs cost no
@@ -958,16 +959,22 @@ class TorchFrontEnd:
         if engine == "observer":
             from ._native import observer
             lib = observer()  # (built: _bind_native)
-            rc = lib.ignis_obs_start(self._obs_classify, self._observed, self._observed_special, self._direct(),
+            direct = self._direct()
+            before = self.san._drainer
+            if direct is not None:  # its calls into the sanitizer are made in batches: drained
+                self.san.set_drainer(lib.ignis_obs_drainer())  # from its first (before it starts)
+            rc = lib.ignis_obs_start(self._obs_classify, self._observed, self._observed_special, direct,
                                      1 if self._cuda else 0)
-            if rc == -1:
-                raise RuntimeError("ignis.torch: another front end observes PyTorch's ops already; disable it first")
-            if rc != 0:  # the direct path's callables were refused: a bug of this package
+            if rc != 0:
+                if direct is not None:
+                    self.san.set_drainer(before)
+                if rc == -1:
+                    raise RuntimeError("ignis.torch: another front end observes PyTorch's ops already; disable it "
+                                       "first")
+                # (the direct path's callables were refused: a bug of this package)
                 raise RuntimeError(f"ignis.torch: the op observer refused to start (status {rc})")
             lib.ignis_obs_set_collective(self._observed_collective)
             self._obs = lib
-            if self._direct() is not None:  # its calls into the sanitizer are made in batches
-                self.san.set_drainer(lib.ignis_obs_drainer())
         self.engine = engine
         if self._cuda and _raw_stream is not None:
             try:

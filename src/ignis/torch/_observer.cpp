@@ -681,7 +681,7 @@ struct Held {
 struct Deferred {
   PyObject *target;   // the Sanitizer (``name`` its method) or a handler (``name`` nullptr)
   PyObject *name;     // an interned method name (kept for the process's life), or nullptr
-  PyObject *args[6];  // the call's arguments (references)
+  PyObject *args[7];  // the call's arguments (references)
   int nargs;
   uint64_t generation;  // the session it belongs to: a later one drops it
 };
@@ -718,8 +718,23 @@ void release(Deferred &d) {
   for (int i = 0; i < d.nargs; i++) Py_XDECREF(d.args[i]);
 }
 
-// The held calls, made in order (the drainer: the sanitizer calls it under its lock). An
-// IgnisError a call raises waits in the pending list, as a direct call's does.
+// Make one held call (the GIL held, no exception set). An IgnisError it raises waits in the
+// pending list, as a direct call's does.
+void make_call(Deferred &d, PyObject *pending, PyObject *error_type) {
+  PyObject *argv[8];
+  PyObject *r;
+  if (d.name != nullptr) {
+    argv[0] = d.target;
+    for (int i = 0; i < d.nargs; i++) argv[i + 1] = d.args[i];
+    r = PyObject_VectorcallMethod(d.name, argv, (size_t)(d.nargs + 1) | PY_VECTORCALL_ARGUMENTS_OFFSET, nullptr);
+  } else {
+    r = PyObject_Vectorcall(d.target, d.args, (size_t)d.nargs, nullptr);
+  }
+  if (r == nullptr) sanitizer_failed(d.target, pending, error_type);
+  Py_XDECREF(r);
+}
+
+// The held calls, made in order (the drainer: the sanitizer calls it under its lock).
 PyObject *py_drain(PyObject *, PyObject *) {
   if (g_backlog == nullptr || g_backlog->empty()) Py_RETURN_NONE;
   Held pending(g_pending), error_type(g_error_type);
@@ -728,19 +743,7 @@ PyObject *py_drain(PyObject *, PyObject *) {
     batch.clear();
     batch.swap(*g_backlog);
     for (Deferred &d : batch) {
-      if (d.generation == g_generation.load() && !finalizing()) {
-        PyObject *argv[7];
-        PyObject *r;
-        if (d.name != nullptr) {
-          argv[0] = d.target;
-          for (int i = 0; i < d.nargs; i++) argv[i + 1] = d.args[i];
-          r = PyObject_VectorcallMethod(d.name, argv, (size_t)(d.nargs + 1) | PY_VECTORCALL_ARGUMENTS_OFFSET, nullptr);
-        } else {
-          r = PyObject_Vectorcall(d.target, d.args, (size_t)d.nargs, nullptr);
-        }
-        if (r == nullptr) sanitizer_failed(d.target, pending.p, error_type.p);
-        Py_XDECREF(r);
-      }
+      if (d.generation == g_generation.load() && !finalizing()) make_call(d, pending.p, error_type.p);
       if (!finalizing()) release(d);  // (at exit the objects may be gone: left as they are)
     }
   }
@@ -768,12 +771,20 @@ void flush_backlog() {
   Py_XDECREF(r);
 }
 
-// Hold a call (``args``' references are taken over); the batch is made once it is full.
+// Hold a call (``args``' references are taken over); the batch is made once it is full. A call
+// that comes after the session's last drain (checking stopped while it was being measured: the
+// stack's capture may let the GIL go) is made at once, as it would have been before.
 void defer(PyObject *target, PyObject *name, PyObject **args, int nargs) {
   if (g_backlog == nullptr) g_backlog = new std::vector<Deferred>();
   Deferred d{target, name, {}, nargs, g_generation.load()};
   Py_INCREF(target);
   for (int i = 0; i < nargs; i++) d.args[i] = args[i];
+  if (!g_on.load() || g_san == nullptr) {
+    Held pending(g_pending), error_type(g_error_type);
+    make_call(d, pending.p, error_type.p);
+    release(d);
+    return;
+  }
   g_backlog->push_back(d);
   if (g_backlog->size() >= g_backlog_max) flush_backlog();
 }
@@ -810,7 +821,7 @@ void hold_free(PyObject *fn, PyObject **argv) {
 void call_sanitizer(Ctx *c, long long sid, bool synced) {
   Spec *spec = c->spec;
   Held san(g_san), capture(g_capture), stream(g_stream), raw_stream(g_raw_stream), pending(g_pending),
-      error_type(g_error_type);
+      error_type(g_error_type), last_lib(g_last_lib);
   if (spec->kind == RECORD_STREAM) {
     flush_backlog();
     PyObject *h = stream_handle(c->rs_device, c->rs_id, c->rs_type, false, stream.p, raw_stream.p);
@@ -836,8 +847,8 @@ void call_sanitizer(Ctx *c, long long sid, bool synced) {
   PyObject *frames = PyObject_CallNoArgs(capture.p);
   // (read right after the capture, on its thread: the held call cannot ask later)
   int lib = 0;
-  if (frames != nullptr && g_last_lib != nullptr) {
-    PyObject *from_lib = PyObject_CallNoArgs(g_last_lib);
+  if (frames != nullptr && last_lib.p != nullptr) {
+    PyObject *from_lib = PyObject_CallNoArgs(last_lib.p);
     lib = from_lib != nullptr ? PyObject_IsTrue(from_lib) : -1;
     Py_XDECREF(from_lib);
     if (lib < 0) Py_CLEAR(frames);  // (its error is set: reported below)
@@ -854,14 +865,16 @@ void call_sanitizer(Ctx *c, long long sid, bool synced) {
   Py_INCREF(spec->name);
   PyObject *s = synced ? Py_True : Py_False;
   Py_INCREF(s);
-  PyObject *args[6] = {h, spec->name, frames, items, s, PyLong_FromLong(lib)};
-  if (args[5] == nullptr) {
+  // (the thread, for the sanitizer's checks that depend on it: the call may be made on another)
+  PyObject *args[7] = {h, spec->name, frames, items, s, PyLong_FromLong(lib),
+                       PyLong_FromUnsignedLong(PyThread_get_thread_ident())};
+  if (args[5] == nullptr || args[6] == nullptr) {
     sanitizer_failed(san.p, pending.p, error_type.p);
     for (PyObject *a : args) Py_XDECREF(a);
     return;
   }
   t0 = tm_now();
-  defer(san.p, g_foreign_name, args, 6);  // (the references are the backlog's now)
+  defer(san.p, g_foreign_name, args, 7);  // (the references are the backlog's now)
   tm_add(TM_SANITIZER, t0);
 }
 
@@ -1104,7 +1117,7 @@ struct TraceShim final : PyInterpreterVTable {
           hold_free(h.p, argv);
           return;
         }
-        flush_backlog();
+        if (!PyErr_Occurred()) flush_backlog();
       } else {
         flush_backlog();
         if (nargs > 0) argv[0] = PyLong_FromUnsignedLongLong(a);
@@ -1470,6 +1483,7 @@ IGNIS_API int ignis_obs_start(PyObject *classify_fn, PyObject *on_op, PyObject *
     std::lock_guard<std::mutex> g(g_lock);
     g_specs.clear();
   }
+  flush_backlog();  // (anything still held is the last session's)
   g_generation++;
   Py_INCREF(classify_fn);
   Py_INCREF(on_op);
