@@ -10,6 +10,8 @@ its ops are queued on. Real PyTorch, the real observer library, no GPU.
 
 from __future__ import annotations
 
+from contextlib import contextmanager
+
 import pytest
 
 torch = pytest.importorskip("torch")
@@ -131,9 +133,10 @@ def _free_here(lib, base: int) -> None:
     lib.ignis_obs_trace_fire(5, 0, base, 0, 0)  # the caching allocator's free (device type 0: this test's)
 
 
-def test_a_held_free_keeps_the_stack_of_the_moment_it_happened(monkeypatch):
-    # Frees reach the sanitizer's own handler through the observer's trace interpreter, and are
-    # held like ops. A free that races a use on another stream is reported with its own stack.
+@contextmanager
+def _frees_held(monkeypatch):
+    """A front end whose frees come through the observer's trace interpreter to the sanitizer's
+    own handler (held like ops), fired by ``_free_here``."""
     lib = _observer()
     import torch.cuda._gpu_trace as gt
     torch._C._activate_gpu_trace()
@@ -143,15 +146,22 @@ def test_a_held_free_keeps_the_stack_of_the_moment_it_happened(monkeypatch):
         handlers = tuple(f.san.extent_freed if k == "MemoryDeallocationCallbacks" else None for k in kinds)
         assert lib.ignis_obs_trace_start(handlers, tuple(getattr(gt, k).callback_list for k in kinds)) == 0
         try:
-            x = _write_on_a(f)
-            base = x.untyped_storage().data_ptr()
-            _read_on_b(f, x)
-            f.stream = A
-            _free_here(lib, base)  # freed on A while B's read may still run
-            assert f.held() >= 3
-            found = f.san.reports
+            yield f
         finally:
             lib.ignis_obs_trace_stop()
+
+
+def test_a_held_free_keeps_the_stack_of_the_moment_it_happened(monkeypatch):
+    # Frees reach the sanitizer's own handler through the observer's trace interpreter, and are
+    # held like ops. A free that races a use on another stream is reported with its own stack.
+    with _frees_held(monkeypatch) as f:
+        x = _write_on_a(f)
+        base = x.untyped_storage().data_ptr()
+        _read_on_b(f, x)
+        f.stream = A
+        _free_here(f.lib, base)  # freed on A while B's read may still run
+        assert f.held() >= 3
+        found = f.san.reports
     kinds_found = sorted(e.kind for e in found)
     assert "free-after-read race" in kinds_found or any("free" in k for k in kinds_found), kinds_found
     [free] = [e for e in found if e.second.get("op") == "free"]
@@ -255,24 +265,14 @@ def test_a_held_call_keeps_the_thread_that_made_it():
 def test_a_held_free_takes_its_stack_when_the_sanitizer_knows_another_stream(monkeypatch):
     # Every held call is on stream A here; stream B's use reaches the sanitizer directly (as a
     # Triton kernel's does). The free on A races it, and must carry the stack of its moment.
-    lib = _observer()
-    import torch.cuda._gpu_trace as gt
     from ignis.safety.frames import capture_frames
     from ignis.safety.sanitizer import READ
-    torch._C._activate_gpu_trace()
-    monkeypatch.setattr(torch.cpu, "_gpu_trace", gt, raising=False)
-    kinds = TorchFrontEnd._TRACE_KINDS
-    with Front() as f:
-        handlers = tuple(f.san.extent_freed if k == "MemoryDeallocationCallbacks" else None for k in kinds)
-        assert lib.ignis_obs_trace_start(handlers, tuple(getattr(gt, k).callback_list for k in kinds)) == 0
-        try:
-            x = _write_on_a(f)
-            base, n = x.untyped_storage().data_ptr(), x.untyped_storage().nbytes()
-            f.san.foreign_access(B, "a kernel on B", capture_frames(1), [(base, n, base, base + n, 0, 0, READ)])
-            _free_here(lib, base)  # on A, while B's read may still run
-            assert f.held() >= 1
-            found = f.san.reports
-        finally:
-            lib.ignis_obs_trace_stop()
+    with _frees_held(monkeypatch) as f:
+        x = _write_on_a(f)
+        base, n = x.untyped_storage().data_ptr(), x.untyped_storage().nbytes()
+        f.san.foreign_access(B, "a kernel on B", capture_frames(1), [(base, n, base, base + n, 0, 0, READ)])
+        _free_here(f.lib, base)  # on A, while B's read may still run
+        assert f.held() >= 1
+        found = f.san.reports
     frees = [e for e in found if e.second.get("op") == "free"]
     assert len(frees) == 1 and "_free_here" in frees[0].second["stack"], [str(e) for e in found]
