@@ -793,8 +793,9 @@ void defer(PyObject *target, PyObject *name, PyObject **args, int nargs) {
 // references taken over). Its stack is taken now where the free can need it (``g_free_stacks``).
 void hold_free(PyObject *fn, PyObject **argv) {
   note_stream(argv[1]);
-  if (!g_free_stacks && !g_multi_stream && g_san != nullptr) {
-    PyObject *v = PyObject_GetAttr(g_san, g_free_stacks_name);
+  Held san(g_san);
+  if (!g_free_stacks && !g_multi_stream && san.p != nullptr) {
+    PyObject *v = PyObject_GetAttr(san.p, g_free_stacks_name);
     int t = v != nullptr ? PyObject_IsTrue(v) : -1;
     Py_XDECREF(v);
     if (t < 0) {  // (when unsure, the stack is taken)
@@ -804,8 +805,9 @@ void hold_free(PyObject *fn, PyObject **argv) {
     g_free_stacks = t != 0;
   }
   PyObject *frames = nullptr;
-  if ((g_free_stacks || g_multi_stream) && g_capture != nullptr) {
-    frames = PyObject_CallNoArgs(g_capture);
+  Held capture(g_capture);
+  if ((g_free_stacks || g_multi_stream) && capture.p != nullptr) {
+    frames = PyObject_CallNoArgs(capture.p);
     if (frames == nullptr) {  // (the free is still checked; a report of it would show no stack)
       PyErr_Clear();
       g_errors++;
