@@ -276,3 +276,10 @@ def test_a_held_free_takes_its_stack_when_the_sanitizer_knows_another_stream(mon
         found = f.san.reports
     frees = [e for e in found if e.second.get("op") == "free"]
     assert len(frees) == 1 and "_free_here" in frees[0].second["stack"], [str(e) for e in found]
+
+
+@pytest.mark.parametrize("value", ["0", "4097", "-3", "many", ""])
+def test_a_batch_outside_1_to_4096_is_refused_with_what_to_set(monkeypatch, value):
+    monkeypatch.setenv("IGNIS_OBSERVER_BATCH", value)
+    with pytest.raises(ValueError, match="IGNIS_OBSERVER_BATCH must be a whole number from 1 to 4096"):
+        TorchFrontEnd(Sanitizer(), device_type="cpu", stream_of=lambda t: A, engine="observer")

@@ -242,6 +242,10 @@ class TorchFrontEnd:
         if engine not in (None, "observer", "mode"):
             raise ValueError(f"ignis.torch: {source} must be 'observer' or 'mode' (or unset: the observer where "
                              f"it can be built, in collect mode), not {engine!r}")
+        batch = os.environ.get("IGNIS_OBSERVER_BATCH")  # (read by the observer when it starts)
+        if batch is not None and not (batch.strip().isdigit() and 1 <= int(batch) <= 4096):
+            raise ValueError(f"ignis.torch: IGNIS_OBSERVER_BATCH must be a whole number from 1 to 4096 (the calls "
+                             f"the op observer holds before it makes them; unset: 256), not {batch!r}")
         self.san = san
         self.engine_asked = engine
         self.engine: str | None = None  # which one runs, once enabled
