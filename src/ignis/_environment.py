@@ -45,6 +45,9 @@ VARIABLES: tuple[Variable, ...] = (
     Variable("IGNIS_TORCH_ENGINE", "``observer`` or ``mode``: how ``ignis.torch`` sees PyTorch's ops (default: the "
                                    "C++ op observer in collect mode, else the dispatch mode; both need the "
                                    "observer's library, built once with a C++ compiler)."),
+    Variable("IGNIS_OBSERVER_BATCH", "1 to 4096: how many calls the PyTorch front end's op observer holds "
+                                     "before it hands them to the sanitizer together (default 256; 1 makes each "
+                                     "at once: a diagnostic, for comparisons in one run)."),
     Variable("IGNIS_CACHE_DIR", "Where the PyTorch front end's op observer is built once and kept (default "
                                 "``$XDG_CACHE_HOME/ignis``, else ``~/.cache/ignis``)."),
     Variable("IGNIS_RUN_MERGE_TIMEOUT", "Seconds ``ignis run`` waits for the other ranks' reports in a distributed "
