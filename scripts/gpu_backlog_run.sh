@@ -9,13 +9,8 @@ source scripts/gpu_preamble.sh
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
 export PYTHONPATH=src OUT_DIR="$out_dir"
 nvidia-smi -L
-run_one() {
-    f="$1"; name=$(basename "$f" .py)
-    timeout -k 10 300 python3 -X faulthandler -m pytest "$f" -q -p no:cacheprovider --timeout=200 \
-        --timeout-method=thread > "$OUT_DIR/$name.log" 2>&1
-    echo "$? $name $(grep -E '[0-9]+ (passed|failed)' "$OUT_DIR/$name.log" | tail -1)"
-}
-export -f run_one
+# shellcheck source=scripts/gpu_run_one.sh
+source scripts/gpu_run_one.sh
 ls tests/test_torch_distributed_gpu.py tests/test_torch_graphs_gpu.py tests/test_torch_gpu.py tests/test_torch_wild_gpu.py \
    tests/test_torch_guard.py tests/test_torch_ops.py tests/test_torch_backlog.py tests/test_torch_trace.py \
    tests/test_sanitizer.py \

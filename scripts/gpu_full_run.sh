@@ -20,14 +20,9 @@ if ! bash scripts/gpu_build.sh -j 16 > "$out_dir/build.txt" 2>&1; then
     wait; exit 1
 fi
 echo "build: $(( $(date +%s) - t0 )) s"
-export PYTHONPATH=src IGNIS_BACKEND=cuda OUT_DIR="$out_dir"
-run_one() {
-    f="$1"; name=$(basename "$f" .py)
-    timeout -k 10 420 python3 -X faulthandler -m pytest "$f" -q -p no:cacheprovider --timeout=200 \
-        --timeout-method=thread > "$OUT_DIR/$name.log" 2>&1
-    echo "$? $name $(grep -E '[0-9]+ (passed|failed)' "$OUT_DIR/$name.log" | tail -1)"
-}
-export -f run_one
+export PYTHONPATH=src IGNIS_BACKEND=cuda OUT_DIR="$out_dir" RUN_ONE_LIMIT=420
+# shellcheck source=scripts/gpu_run_one.sh
+source scripts/gpu_run_one.sh
 # The longest first, so that they do not start last.
 { ls tests/test_collective.py tests/test_torch_distributed_gpu.py tests/test_torch_graphs_gpu.py tests/test_torch_gpu.py \
      tests/test_torch_guard.py; ls tests/test_*.py; } | awk '!seen[$0]++' \

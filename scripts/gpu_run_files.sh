@@ -10,15 +10,9 @@ mkdir -p "$out_dir"
 jobs=4
 [ "${1:-}" = "-P" ] && jobs="$2"
 bash scripts/gpu_build.sh > "$out_dir/build.txt" 2>&1 || echo "the compiled modules did not build (see build.txt)"
-run_one() {
-    f="$1"; name=$(basename "$f" .py)
-    timeout -k 10 300 python3 -X faulthandler -m pytest "$f" -q -p no:cacheprovider --timeout=120 \
-        --timeout-method=thread > "$OUT_DIR/$name.log" 2>&1
-    rc=$?
-    echo "$rc $name $(grep -E '[0-9]+ (passed|failed)' "$OUT_DIR/$name.log" | tail -1)"
-}
-export -f run_one
-export OUT_DIR="$out_dir"
+export OUT_DIR="$out_dir" RUN_ONE_TEST_LIMIT=120
+# shellcheck source=scripts/gpu_run_one.sh
+source scripts/gpu_run_one.sh
 # The collective tests bind ports and spawn ranks: alone, first; the rest in parallel.
 run_one tests/test_collective.py | tee "$out_dir/status.txt"
 ls tests/test_*.py | grep -v test_collective.py | xargs -P "$jobs" -I{} bash -c 'run_one {}' | sort | tee -a "$out_dir/status.txt"

@@ -693,23 +693,22 @@ PyObject *g_drain_name = nullptr;  // "drain"
 PyObject *g_free_stacks_name = nullptr;  // "free_stacks"
 bool g_free_deferred = false;      // the trace's free handler is the sanitizer's own: frees are held
 // Whether a held free takes its stack where it happens: it races only with uses on other streams
-// (and a CUDA graph notes the frees of memory it replays on). The held calls' streams are noted
-// here (one seen, or more), the sanitizer's own in its ``free_stacks``; both stay set for the session.
-bool g_stream_seen = false, g_multi_stream = false, g_free_stacks = false;
+// (and a CUDA graph notes the frees of memory it replays on). Set, for the rest of the session,
+// once the held calls show a second stream (note_stream) or the sanitizer's ``free_stacks`` says so.
+bool g_free_stacks = false;
+bool g_stream_seen = false;  // the held calls' first stream, while they show only one
 uint64_t g_first_stream = 0;
 
 void note_stream(PyObject *h) {
   uint64_t v = PyLong_Check(h) ? (uint64_t)PyLong_AsUnsignedLongLongMask(h) : (uint64_t)(uintptr_t)h;
   if (PyErr_Occurred()) {  // (an int that is not an address: count it as another stream)
     PyErr_Clear();
-    g_multi_stream = true;
-    return;
-  }
-  if (!g_stream_seen) {
+    g_free_stacks = true;
+  } else if (!g_stream_seen) {
     g_first_stream = v;
     g_stream_seen = true;
   } else if (v != g_first_stream) {
-    g_multi_stream = true;
+    g_free_stacks = true;
   }
 }
 
@@ -794,7 +793,7 @@ void defer(PyObject *target, PyObject *name, PyObject **args, int nargs) {
 void hold_free(PyObject *fn, PyObject **argv) {
   note_stream(argv[1]);
   Held san(g_san);
-  if (!g_free_stacks && !g_multi_stream && san.p != nullptr) {
+  if (!g_free_stacks && san.p != nullptr) {
     PyObject *v = PyObject_GetAttr(san.p, g_free_stacks_name);
     int t = v != nullptr ? PyObject_IsTrue(v) : -1;
     Py_XDECREF(v);
@@ -806,7 +805,7 @@ void hold_free(PyObject *fn, PyObject **argv) {
   }
   PyObject *frames = nullptr;
   Held capture(g_capture);
-  if ((g_free_stacks || g_multi_stream) && capture.p != nullptr) {
+  if (g_free_stacks && capture.p != nullptr) {
     frames = PyObject_CallNoArgs(capture.p);
     if (frames == nullptr) {  // (the free is still checked; a report of it would show no stack)
       PyErr_Clear();
@@ -1502,7 +1501,7 @@ IGNIS_API int ignis_obs_start(PyObject *classify_fn, PyObject *on_op, PyObject *
     }
   }
   g_dev = (c10::DeviceType)device_type;
-  g_stream_seen = g_multi_stream = g_free_stacks = false;
+  g_stream_seen = g_free_stacks = false;
   g_backlog_max = 256;
   if (const char *b = std::getenv("IGNIS_OBSERVER_BATCH")) {
     long v = std::strtol(b, nullptr, 10);
