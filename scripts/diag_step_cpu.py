@@ -90,6 +90,11 @@ def main() -> int:
         from ignis.torch._native import observer_timing
         timing = observer_timing
         timing(True)
+    obs = None
+    if "ignis.torch" in sys.modules:  # the op observer's calls held without the GIL (its checker thread's)
+        from ignis.torch._native import observer
+        obs = observer()
+    c0 = obs.ignis_obs_c_held() if obs is not None else 0
     before = _threads()
     for _ in range(steps):
         t0 = time.perf_counter()
@@ -107,6 +112,9 @@ def main() -> int:
     mode = os.environ.get("IGNIS_RUN_MODE") or ("under ignis run" if "ignis.torch" in sys.modules else "plain")
     print(f"STEP {model} {mode}: wall {wall_ms:.2f} ms (median of {steps}; mean {total_ms / steps:.2f}), "
           f"issue {statistics.median(issues):.2f} ms, collector runs {collections[0] / steps:.2f} a step")
+    if obs is not None:
+        print(f"  observer calls held without the GIL: {(obs.ignis_obs_c_held() - c0) / steps:.0f} a step; "
+              f"checker thread {'on' if obs.ignis_obs_checker() else 'off'}")
     if calls is not None:
         print(f"  RecordFunction probe: {calls / (steps + warm):.0f} calls a step, inputs and outputs asked for")
     if timers is not None:

@@ -2,7 +2,8 @@
 # Where a real training step's time goes on the host, plain and under the checks, on one GPU:
 # scripts/diag_step_cpu.py's per-thread CPU and run-queue times, the contenders in turns, ROUNDS
 # rounds per model (WHOS: plain, sanitize, guard, and rf: a RecordFunction callback that only
-# counts, as the observer asks for inputs and outputs); then, under --sanitize, the op
+# counts, as the observer asks for inputs and outputs; sanitize0: --sanitize without the op
+# observer's checker thread, IGNIS_OBSERVER_CHECKER=0); then, under --sanitize, the op
 # observer's own timers in the steps (NO_TIMERS=1: not).
 #   bash scripts/gpu_step_cpu.sh [MODELS] [ROUNDS] [STEPS]
 set -uo pipefail
@@ -15,6 +16,7 @@ run() {  # who model steps [timers]
     case "$1" in
         plain) python3 scripts/diag_step_cpu.py "$2" "$3" 5 ${4:-} ;;
         rf) python3 scripts/diag_step_cpu.py "$2" "$3" 5 rf ;;
+        sanitize0) IGNIS_OBSERVER_CHECKER=0 python3 -m ignis run --sanitize scripts/diag_step_cpu.py "$2" "$3" 5 ${4:-} ;;
         *) python3 -m ignis run "--$1" scripts/diag_step_cpu.py "$2" "$3" 5 ${4:-} ;;
     esac 2>&1 | grep -E "^STEP|^  thread|^  observer|^  RecordFunction|problem|Error" | head -20
 }

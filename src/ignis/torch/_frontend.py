@@ -246,6 +246,11 @@ class TorchFrontEnd:
         if batch is not None and not (batch.strip().isdigit() and 1 <= int(batch) <= 4096):
             raise ValueError(f"ignis.torch: IGNIS_OBSERVER_BATCH must be a whole number from 1 to 4096 (the calls "
                              f"the op observer holds before it makes them; unset: 256), not {batch!r}")
+        checker = os.environ.get("IGNIS_OBSERVER_CHECKER")  # (read by the observer when it starts)
+        if checker is not None and checker not in ("0", "1"):
+            raise ValueError(f"ignis.torch: IGNIS_OBSERVER_CHECKER must be 1 (the default: the checks of a "
+                             f"backward pass's ops are made on a thread of their own) or 0 (on the backward "
+                             f"pass's thread), not {checker!r}")
         self.san = san
         self.engine_asked = engine
         self.engine: str | None = None  # which one runs, once enabled
@@ -266,6 +271,7 @@ class TorchFrontEnd:
         self._thread_start: tuple | None = None  # (threading.Thread.start, the wrapper put in its place)
         self._callbacks: list[tuple[Any, Callable]] = []
         self._trace_shim = False  # the observer took PyTorch's GPU trace below Python (_install_trace)
+        self._backward_windows: tuple | None = None  # (PyTorch's _engine_run_backward, the wrapper)
         self.trace_hooked = False  # it did, at the last enable (stays so after disable, for the summary)
         self._storages: dict[int, weakref.ref] = {}
         self._handles: dict[tuple, int] = {}
@@ -979,6 +985,8 @@ class TorchFrontEnd:
                 raise RuntimeError(f"ignis.torch: the op observer refused to start (status {rc})")
             lib.ignis_obs_set_collective(self._observed_collective)
             self._obs = lib
+            if direct is not None:
+                self._open_backward_windows()
         self.engine = engine
         if self._cuda and _raw_stream is not None:
             try:
@@ -986,6 +994,7 @@ class TorchFrontEnd:
             except BaseException:  # nothing of it stays on
                 self._remove_trace()
                 if self._obs is not None:
+                    self._close_backward_windows()
                     self._obs.ignis_obs_stop()
                     self.san.set_drainer(None)
                     self._obs = None
@@ -1002,6 +1011,53 @@ class TorchFrontEnd:
             self._follow_threads()
             _ctc.install()
         self.san.notes.append(self.note)
+
+    def _open_backward_windows(self) -> None:
+        """Tell the op observer of each ``backward()`` call, with the user's stack there: the
+        stack of every op and free the autograd engine's own threads run for it, which the
+        observer then holds without the GIL for its checker thread (``_observer.cpp``: the
+        backlog's C form). Through PyTorch's ``_engine_run_backward``, which
+        ``torch.autograd.backward`` and ``grad`` call (by the name in both modules, as
+        ``torch.compiler`` patches it); where it is not there, every call is the Python
+        form, as before."""
+        import torch.autograd as autograd
+        import torch.autograd.graph as graph
+
+        orig = getattr(graph, "_engine_run_backward", None)
+        if orig is None or self._obs is None:
+            return
+        win_open, win_close = self._obs.ignis_obs_window_open, self._obs.ignis_obs_window_close
+        stream_of = None if self._cuda else self.stream_of
+
+        def run_backward(*args: Any, **kwargs: Any) -> Any:
+            frames = capture_stack()
+            opened = win_open(frames, 1 if last_from_library() else 0,
+                              None if stream_of is None else stream_of(None))
+            try:
+                return orig(*args, **kwargs)
+            finally:
+                if opened:
+                    win_close()
+
+        run_backward.__wrapped__ = orig  # type: ignore[attr-defined]
+        run_backward.__doc__ = orig.__doc__
+        graph._engine_run_backward = run_backward
+        if getattr(autograd, "_engine_run_backward", None) is orig:
+            autograd._engine_run_backward = run_backward
+        self._backward_windows = (orig, run_backward)
+
+    def _close_backward_windows(self) -> None:
+        """Put PyTorch's ``_engine_run_backward`` back (where it is still this front end's)."""
+        if self._backward_windows is None:
+            return
+        import torch.autograd as autograd
+        import torch.autograd.graph as graph
+
+        orig, mine = self._backward_windows
+        self._backward_windows = None
+        for mod in (graph, autograd):
+            if getattr(mod, "_engine_run_backward", None) is mine:
+                mod._engine_run_backward = orig
 
     def _follow_threads(self) -> None:
         """The dispatch mode is entered per thread: enter it on every thread started from now on
@@ -1058,6 +1114,7 @@ class TorchFrontEnd:
             self._stop_following_threads()
             _ctc.uninstall()
         else:
+            self._close_backward_windows()
             self._obs.ignis_obs_stop()  # (the calls it held are made first)
             self.san.set_drainer(None)
             self.cpu_ops += self._obs.ignis_obs_take_cpu_ops()

@@ -116,8 +116,16 @@ def _load(path: str) -> ctypes.PyDLL:
     lib.ignis_obs_drainer.restype = ctypes.py_object
     lib.ignis_obs_held.argtypes = []
     lib.ignis_obs_held.restype = ctypes.c_int
+    lib.ignis_obs_checker.argtypes = []
+    lib.ignis_obs_checker.restype = ctypes.c_int
+    lib.ignis_obs_window_open.argtypes = [ctypes.py_object, ctypes.c_int, ctypes.py_object]
+    lib.ignis_obs_window_open.restype = ctypes.c_int
+    lib.ignis_obs_window_close.argtypes = []
+    lib.ignis_obs_window_close.restype = None
+    lib.ignis_obs_frameless_ops.argtypes = [ctypes.py_object, ctypes.c_int, ctypes.c_ulonglong, ctypes.c_int]
+    lib.ignis_obs_frameless_ops.restype = ctypes.c_int
     for name in ("ignis_obs_take_cpu_ops", "ignis_obs_take_ops", "ignis_obs_errors", "ignis_obs_trace_take_events",
-                 "ignis_obs_probe_stop"):
+                 "ignis_obs_probe_stop", "ignis_obs_c_held"):
         fn = getattr(lib, name)
         fn.argtypes = []
         fn.restype = ctypes.c_ulonglong

@@ -46,11 +46,14 @@ TORCH_PYTHON_API pybind11::object toPyObject(c10::IValue ivalue);
 }  // namespace torch::jit
 
 #include <cxxabi.h>
+#include <pthread.h>
 
 #include <algorithm>
 #include <atomic>
 #include <cstdint>
+#include <condition_variable>
 #include <mutex>
+#include <thread>
 #include <unordered_map>
 #include <tuple>
 #include <utility>
@@ -665,6 +668,8 @@ struct Held {
   ~Held() { Py_XDECREF(p); }
 };
 
+PyObject *g_trace_fn_free();  // the trace's free handler (below)
+
 // ---- The backlog: the direct path's calls, handed to the sanitizer in batches ----------------
 //
 // A call per op into the sanitizer finds its code and data evicted from the CPU's caches by
@@ -677,27 +682,91 @@ struct Held {
 // throughout (Sanitizer.set_drainer: this library's ``ignis_obs_drainer``), and the observer's
 // own other calls (special ops, collectives, record_stream, the trace's other events) drain it
 // first: a held call is only ever late, never reordered, and nothing reads the sanitizer's state
-// before the calls held for it are made. Read and written with the GIL held.
+// before the calls held for it are made.
+//
+// Two forms of a held call. The Python form holds the call's arguments as objects, made with the
+// GIL. The C form is held by a thread that runs no Python code inside ``backward()`` (PyTorch's
+// autograd engine runs a device's backward ops on a thread of its own): its user's stack is the
+// one ``backward()`` was called from (the open window, below), so it needs no capture, and it is
+// held as C values, without the GIL: its Python arguments are made when it is made. The checker
+// thread makes the held calls while the autograd thread goes on (the program's own thread that
+// called ``backward()`` waits for it meanwhile, the GIL let go), so that the backward pass's
+// checks cost its thread little more than measuring the tensors (RESULTS, AB2: a step is the
+// host's work, one thread at a time). The backlog (both forms, in the order they were held) is
+// guarded by its own mutex, never held across a call into Python.
+enum HeldForm : int { F_PY, F_OP, F_FREE };
 struct Deferred {
-  PyObject *target;   // the Sanitizer (``name`` its method) or a handler (``name`` nullptr)
+  PyObject *target;   // the Python form: the Sanitizer (``name`` its method) or a handler (``name`` nullptr)
   PyObject *name;     // an interned method name (kept for the process's life), or nullptr
   PyObject *args[7];  // the call's arguments (references)
   int nargs;
   uint64_t generation;  // the session it belongs to: a later one drops it
+  int form;
+  // The C form: an op's (F_OP) or a free's (F_FREE), on stream ``sid`` of ``device``, under window ``window``.
+  Spec *spec;
+  int device, window;
+  long long sid;
+  bool synced;
+  unsigned long thread;
+  uint64_t ptr;                 // the free's pointer
+  uint32_t first, count;        // the op's items, in the backlog's arena
 };
 // The batch: 256 calls, or IGNIS_OBSERVER_BATCH (1 to 4096) read at start (a diagnostic: 1 makes
 // each call at once, as before the backlog, for comparisons in one run).
 size_t g_backlog_max = 256;
-std::vector<Deferred> *g_backlog = nullptr;
+std::mutex g_backlog_mu;
+std::vector<Deferred> *g_backlog = nullptr;  // (both under g_backlog_mu)
+std::vector<Item> *g_arena = nullptr;        // the C form's items
+std::atomic<size_t> g_held{0};               // the backlog's length (read without the mutex)
 PyObject *g_drain_name = nullptr;  // "drain"
 PyObject *g_free_stacks_name = nullptr;  // "free_stacks"
-bool g_free_deferred = false;      // the trace's free handler is the sanitizer's own: frees are held
+std::atomic<bool> g_free_deferred{false};  // the trace's free handler is the sanitizer's own: frees are held
 // Whether a held free takes its stack where it happens: it races only with uses on other streams
 // (and a CUDA graph notes the frees of memory it replays on). Set, for the rest of the session,
 // once the held calls show a second stream (note_stream) or the sanitizer's ``free_stacks`` says so.
 bool g_free_stacks = false;
 bool g_stream_seen = false;  // the held calls' first stream, while they show only one
 uint64_t g_first_stream = 0;
+
+// ---- Windows: ``backward()`` calls, for the C form ----
+// The front end opens one around each ``backward()`` (PyTorch's _engine_run_backward) with the
+// user's stack there: what a capture on the autograd engine's threads gives (the calling
+// thread's frames, waiting in ``backward()``). The windows' (stack, library flag, stream) are
+// kept in a small table for the session (the same call site opens the same one: a stack is
+// interned); ``g_window`` names the open one, or -1: none open, more than one (nested, or from
+// two threads at once), or the table full. Then every call is the Python form, as before.
+struct Window {
+  PyObject *frames;
+  int lib;
+  PyObject *stream;  // the front end's test mode (no CUDA): the stream current at the window's opening
+};
+constexpr size_t WINDOWS = 64;
+std::vector<Window> g_windows;  // (the GIL held)
+int g_window_depth = 0;         // (the GIL held)
+std::atomic<int> g_window{-1};
+
+// Whether this thread runs no Python code now: it never ran any, or no Python frame is on its
+// stack (CPython 3.11 and 3.12, whose thread state says so in its public struct; elsewhere
+// false, and every call is the Python form). Read without the GIL: only this thread changes it.
+inline bool frameless() {
+#if !defined(PYPY_VERSION) && PY_VERSION_HEX >= 0x030B0000 && PY_VERSION_HEX < 0x030D0000
+  PyThreadState *ts = PyGILState_GetThisThreadState();
+  return ts == nullptr || ts->cframe == nullptr || ts->cframe->current_frame == nullptr;
+#else
+  return false;
+#endif
+}
+
+// ---- The checker thread: makes the C form's calls while the autograd thread goes on ----
+std::mutex g_ck_mu;
+std::condition_variable g_ck_cv;
+bool g_ck_due = false, g_ck_quit = false;  // (under g_ck_mu)
+std::thread *g_checker = nullptr;          // (the GIL held)
+bool g_checker_on = true;                  // IGNIS_OBSERVER_CHECKER=0: no thread (the producer makes its batch)
+constexpr size_t CHECKER_WAKE = 64;        // C-form calls that wake it
+constexpr size_t BACKLOG_LIMIT = 8192;     // a producer past this makes the batch itself
+std::atomic<size_t> g_c_since{0};          // C-form calls held since the checker last woke
+std::atomic<uint64_t> g_c_held{0};         // C-form calls held (tests, diagnostics)
 
 void note_stream(PyObject *h) {
   uint64_t v = PyLong_Check(h) ? (uint64_t)PyLong_AsUnsignedLongLongMask(h) : (uint64_t)(uintptr_t)h;
@@ -713,12 +782,13 @@ void note_stream(PyObject *h) {
 }
 
 void release(Deferred &d) {
+  if (d.form != F_PY) return;
   Py_DECREF(d.target);
   for (int i = 0; i < d.nargs; i++) Py_XDECREF(d.args[i]);
 }
 
-// Make one held call (the GIL held, no exception set). An IgnisError it raises waits in the
-// pending list, as a direct call's does.
+// Make one held call of the Python form (the GIL held, no exception set). An IgnisError it raises
+// waits in the pending list, as a direct call's does.
 void make_call(Deferred &d, PyObject *pending, PyObject *error_type) {
   PyObject *argv[8];
   PyObject *r;
@@ -733,16 +803,80 @@ void make_call(Deferred &d, PyObject *pending, PyObject *error_type) {
   Py_XDECREF(r);
 }
 
+// Make one held call of the C form (the GIL held, no exception set), its arguments made now as
+// the Python form's were made then: the stream's handle from its id, the window's stack.
+void make_c_call(Deferred &d, const std::vector<Item> &arena, PyObject *pending, PyObject *error_type) {
+  if (d.window < 0 || (size_t)d.window >= g_windows.size()) return;
+  const Window &win = g_windows[(size_t)d.window];
+  Held frames(win.frames), win_stream(win.stream);  // (a stop while a call below runs Python clears the table)
+  struct {
+    PyObject *frames, *stream;
+    int lib;
+  } w{frames.p, win_stream.p, win.lib};
+  Held san(g_san), stream(g_stream), raw_stream(g_raw_stream);
+  Held fn(d.form == F_FREE ? g_trace_fn_free() : nullptr);
+  PyObject *target = d.form == F_FREE ? fn.p : san.p;
+  if (target == nullptr || stream.p == nullptr) return;  // (stopped: the session's calls were made)
+  PyObject *h;
+  if (w.stream != nullptr) {
+    h = w.stream;
+    Py_INCREF(h);
+  } else {
+    h = stream_handle(d.device, d.sid, (int)g_dev, true, stream.p, raw_stream.p);
+  }
+  if (h == nullptr) {
+    sanitizer_failed(stream.p, pending, error_type);
+    return;
+  }
+  note_stream(h);
+  PyObject *r = nullptr;
+  if (d.form == F_OP) {
+    PyObject *items = PyBytes_FromStringAndSize(reinterpret_cast<const char *>(arena.data() + d.first),
+                                                (Py_ssize_t)(d.count * sizeof(Item)));
+    PyObject *lib = PyLong_FromLong(w.lib), *thread = PyLong_FromUnsignedLong(d.thread);
+    if (items != nullptr && lib != nullptr && thread != nullptr) {
+      PyObject *argv[8] = {san.p, h, d.spec->name, w.frames, items, d.synced ? Py_True : Py_False, lib, thread};
+      r = PyObject_VectorcallMethod(g_foreign_name, argv, 8 | PY_VECTORCALL_ARGUMENTS_OFFSET, nullptr);
+    }
+    Py_XDECREF(items);
+    Py_XDECREF(lib);
+    Py_XDECREF(thread);
+  } else {
+    PyObject *ptr = PyLong_FromUnsignedLongLong(d.ptr);
+    if (ptr != nullptr) {
+      PyObject *argv[3] = {ptr, h, w.frames};
+      r = PyObject_Vectorcall(fn.p, argv, 3, nullptr);
+    }
+    Py_XDECREF(ptr);
+  }
+  if (r == nullptr) sanitizer_failed(target, pending, error_type);
+  Py_XDECREF(r);
+  Py_DECREF(h);
+}
+
 // The held calls, made in order (the drainer: the sanitizer calls it under its lock).
 PyObject *py_drain(PyObject *, PyObject *) {
-  if (g_backlog == nullptr || g_backlog->empty()) Py_RETURN_NONE;
+  if (g_held.load() == 0) Py_RETURN_NONE;
   Held pending(g_pending), error_type(g_error_type);
   std::vector<Deferred> batch;
-  while (!g_backlog->empty()) {  // (a call that lets the GIL go may let another thread add more)
+  std::vector<Item> arena;
+  for (;;) {  // (a call that lets the GIL go may let another thread add more)
     batch.clear();
-    batch.swap(*g_backlog);
+    arena.clear();
+    {
+      std::lock_guard<std::mutex> g(g_backlog_mu);
+      if (g_backlog == nullptr || g_backlog->empty()) break;
+      batch.swap(*g_backlog);
+      if (g_arena != nullptr) arena.swap(*g_arena);
+      g_held.store(0);
+    }
     for (Deferred &d : batch) {
-      if (d.generation == g_generation.load() && !finalizing()) make_call(d, pending.p, error_type.p);
+      if (d.generation == g_generation.load() && !finalizing()) {
+        if (d.form == F_PY)
+          make_call(d, pending.p, error_type.p);
+        else
+          make_c_call(d, arena, pending.p, error_type.p);
+      }
       if (!finalizing()) release(d);  // (at exit the objects may be gone: left as they are)
     }
   }
@@ -754,7 +888,7 @@ PyMethodDef g_drain_def = {"ignis_observer_drain", py_drain, METH_NOARGS,
 
 // Make the held calls now, through the sanitizer (its lock held), before a call that is not held.
 void flush_backlog() {
-  if (g_backlog == nullptr || g_backlog->empty()) return;
+  if (g_held.load() == 0) return;
   Held san(g_san);
   PyObject *r = nullptr;
   if (san.p != nullptr) {
@@ -770,12 +904,32 @@ void flush_backlog() {
   Py_XDECREF(r);
 }
 
+// Append to the backlog (its mutex taken here); returns its length after.
+size_t push_held(const Deferred &d, const Item *items, size_t n) {
+  std::lock_guard<std::mutex> g(g_backlog_mu);
+  if (g_backlog == nullptr) g_backlog = new std::vector<Deferred>();
+  if (g_arena == nullptr) g_arena = new std::vector<Item>();
+  Deferred &x = g_backlog->emplace_back(d);
+  if (n > 0) {
+    x.first = (uint32_t)g_arena->size();
+    x.count = (uint32_t)n;
+    g_arena->insert(g_arena->end(), items, items + n);
+  }
+  size_t len = g_backlog->size();
+  g_held.store(len);
+  return len;
+}
+
 // Hold a call (``args``' references are taken over); the batch is made once it is full. A call
 // that comes after the session's last drain (checking stopped while it was being measured: the
 // stack's capture may let the GIL go) is made at once, as it would have been before.
 void defer(PyObject *target, PyObject *name, PyObject **args, int nargs) {
-  if (g_backlog == nullptr) g_backlog = new std::vector<Deferred>();
-  Deferred d{target, name, {}, nargs, g_generation.load()};
+  Deferred d{};
+  d.target = target;
+  d.name = name;
+  d.nargs = nargs;
+  d.generation = g_generation.load();
+  d.form = F_PY;
   Py_INCREF(target);
   for (int i = 0; i < nargs; i++) d.args[i] = args[i];
   if (!g_on.load() || g_san == nullptr) {
@@ -784,8 +938,123 @@ void defer(PyObject *target, PyObject *name, PyObject **args, int nargs) {
     release(d);
     return;
   }
-  g_backlog->push_back(d);
-  if (g_backlog->size() >= g_backlog_max) flush_backlog();
+  if (push_held(d, nullptr, 0) >= g_backlog_max) flush_backlog();
+}
+
+// Hold a call of the C form, without the GIL, where this thread may (the window open, no Python
+// frame on it): false where it may not (the caller makes the Python form). The checker thread is
+// woken every CHECKER_WAKE such calls; with no checker thread, or the backlog past its limit, the
+// producer makes the batch itself, as the Python form does.
+bool hold_c(Deferred &d, const Item *items, size_t n) {
+  int w = g_window.load(std::memory_order_acquire);
+  if (w < 0 || !frameless()) return false;
+  d.window = w;
+  d.thread = PyThread_get_thread_ident();
+  size_t len = push_held(d, items, n);
+  g_c_held.fetch_add(1, std::memory_order_relaxed);
+  bool self = len >= BACKLOG_LIMIT || (!g_checker_on && len >= g_backlog_max);
+  if (!self && g_checker_on && g_c_since.fetch_add(1, std::memory_order_relaxed) + 1 >= CHECKER_WAKE) {
+    g_c_since.store(0, std::memory_order_relaxed);
+    {
+      std::lock_guard<std::mutex> g(g_ck_mu);
+      g_ck_due = true;
+    }
+    g_ck_cv.notify_one();
+  }
+  if (self && !finalizing()) {
+    InPython py;
+    flush_backlog();
+  }
+  return true;
+}
+
+void checker_main() {
+  PyGILState_STATE st = PyGILState_Ensure();  // (waits for the starting thread to let the GIL go)
+  PyThreadState *ts = PyEval_SaveThread();
+  for (;;) {
+    {
+      std::unique_lock<std::mutex> lk(g_ck_mu);
+      g_ck_cv.wait(lk, [] { return g_ck_due || g_ck_quit; });
+      if (g_ck_quit) break;
+      g_ck_due = false;
+    }
+    if (finalizing()) break;  // (the interpreter would end this thread at the GIL's taking)
+    PyEval_RestoreThread(ts);
+    t_busy = true;
+    flush_backlog();
+    t_busy = false;
+    ts = PyEval_SaveThread();
+  }
+  if (!finalizing()) {
+    PyEval_RestoreThread(ts);
+    PyGILState_Release(st);
+  }
+}
+
+// In a child process forked meanwhile (a DataLoader's worker, say) the checker thread is not
+// there, and a thread holding the backlog's mutex at the fork never gives it back: every call is
+// the Python form there, the thread is forgotten and the locks are new.
+void checker_forked() {
+  g_window.store(-1);
+  g_window_depth = 0;
+  g_checker = nullptr;  // (not joined, not freed: it is not this process's)
+  g_checker_on = false;
+  new (&g_backlog_mu) std::mutex();
+  new (&g_ck_mu) std::mutex();
+  new (&g_ck_cv) std::condition_variable();
+}
+
+// Start the checker thread (the GIL held), unless IGNIS_OBSERVER_CHECKER=0.
+void checker_start() {
+  static bool at_fork = pthread_atfork(nullptr, nullptr, checker_forked) == 0;
+  (void)at_fork;
+  const char *v = std::getenv("IGNIS_OBSERVER_CHECKER");
+  g_checker_on = !(v != nullptr && v[0] == '0' && v[1] == '\0');
+  if (!g_checker_on || g_checker != nullptr) return;
+  {
+    std::lock_guard<std::mutex> g(g_ck_mu);
+    g_ck_due = g_ck_quit = false;
+  }
+  g_c_since = 0;
+  try {
+    g_checker = new std::thread(checker_main);
+  } catch (...) {  // (no thread: the producers make their batches, as with IGNIS_OBSERVER_CHECKER=0)
+    g_checker_on = false;
+    g_errors++;
+  }
+}
+
+// Stop it (the GIL held; let go while it finishes a batch it is making).
+void checker_stop() {
+  if (g_checker == nullptr) return;
+  {
+    std::lock_guard<std::mutex> g(g_ck_mu);
+    g_ck_quit = true;
+  }
+  g_ck_cv.notify_all();
+  bool joined = true;
+  Py_BEGIN_ALLOW_THREADS
+  try {
+    g_checker->join();
+  } catch (...) {
+    joined = false;
+  }
+  Py_END_ALLOW_THREADS
+  if (joined) delete g_checker;  // (else left as it is: a joinable thread's destructor ends the process)
+  else g_errors++;
+  g_checker = nullptr;
+}
+
+// Close every window and let the table go (the GIL held; nothing can use it: the calls that
+// name it were made, or belong to a finished session and are dropped unmade).
+void windows_clear() {
+  g_window.store(-1);
+  g_window_depth = 0;
+  for (Window &w : g_windows) {
+    Py_XDECREF(w.frames);
+    Py_XDECREF(w.stream);
+  }
+  g_windows.clear();
 }
 
 // A free of the caching allocator, held (``argv``: the pointer and the current stream's handle,
@@ -879,6 +1148,22 @@ void call_sanitizer(Ctx *c, long long sid, bool synced) {
   tm_add(TM_SANITIZER, t0);
 }
 
+// A regular op's accesses held in the C form (see the backlog), without the GIL, where this
+// thread may: false where it may not, or where the direct path is not this session's.
+bool hold_op(Ctx *c, long long sid, bool synced) {
+  if (g_window.load(std::memory_order_relaxed) < 0 || c->generation != g_generation.load()) return false;
+  Deferred d{};
+  d.generation = c->generation;
+  d.form = F_OP;
+  d.spec = c->spec;
+  d.device = c->device;
+  d.sid = sid;
+  d.synced = synced;
+  if (!hold_c(d, c->items.data(), c->items.size())) return false;
+  g_ops.fetch_add(1, std::memory_order_relaxed);
+  return true;
+}
+
 // The op's fresh outputs (its spec's), after its inputs' items: an output that aliases an input
 // the schema does not annotate is that input's access, not a second one.
 void add_outputs(Ctx *c, Spec *spec, const std::vector<c10::IValue> &outs) {
@@ -947,6 +1232,7 @@ void end_op(const at::RecordFunction &fn, Ctx *c) {
     if (c->items.empty()) return;
     if (c->device < 0) c->device = std::max<int>(0, device_of(c->args.empty() ? c10::IValue() : c->args[0]));
     long long sid = stream_id(c->device);
+    if (hold_op(c, sid, synced)) return;
     InPythonTimed py;
     if (g_san != nullptr && c->generation == g_generation.load()) {
       call_sanitizer(c, sid, synced);
@@ -965,6 +1251,7 @@ void end_op(const at::RecordFunction &fn, Ctx *c) {
     }
   }
   long long sid = spec->kind == RECORD_STREAM ? 0 : stream_id(c->device);  // record_stream names its stream
+  if (spec->kind == REGULAR && c->host.empty() && hold_op(c, sid, synced)) return;
   InPythonTimed py;
   if (g_san != nullptr && c->generation == g_generation.load() &&
       ((spec->kind == REGULAR && c->host.empty()) || spec->kind == RECORD_STREAM)) {
@@ -1046,6 +1333,7 @@ enum TraceKind : int {
 // listeners). Written with the GIL held; never freed (a trace call on another thread may
 // read them): a restart replaces the entries.
 PyObject *g_trace_fn[T_KINDS] = {};
+PyObject *g_trace_fn_free() { return g_trace_fn[T_DEALLOCATION]; }
 PyObject *g_trace_others[T_KINDS] = {};
 std::atomic<bool> g_trace_on{false};
 std::atomic<uint64_t> g_trace_events{0};  // events handled by Ignis's handlers (tests, diagnostics)
@@ -1081,6 +1369,7 @@ struct TraceShim final : PyInterpreterVTable {
   static void call(int kind, int nargs, uintptr_t a, uintptr_t b) {
     if (!g_trace_on.load(std::memory_order_acquire) || finalizing()) return;
     TmSpan span(TM_TRACE);
+    if (kind == T_DEALLOCATION && g_free_deferred.load(std::memory_order_relaxed) && hold_free_c(a)) return;
     PyGILState_STATE st = PyGILState_Ensure();
     // An exception already set on this thread (an event fired by a release inside an error
     // path) is kept aside and put back: the handler runs clean, and the caller's error survives.
@@ -1093,6 +1382,22 @@ struct TraceShim final : PyInterpreterVTable {
     }
     PyErr_Restore(et, ev, etb);
     PyGILState_Release(st);
+  }
+
+  // A free held in the C form (see the backlog), without the GIL, where this thread may.
+  static bool hold_free_c(uintptr_t a) {
+    if (g_window.load(std::memory_order_relaxed) < 0) return false;
+    Deferred d{};
+    d.generation = g_generation.load();
+    d.form = F_FREE;
+    d.ptr = a;
+    try {  // (c10 may throw: then the Python form, which reports it)
+      d.device = g_dev == c10::DeviceType::CPU ? -1 : (int)c10::impl::getDeviceGuardImpl(g_dev)->getDevice().index();
+      d.sid = stream_id(d.device);
+    } catch (...) {
+      return false;
+    }
+    return hold_c(d, nullptr, 0);
   }
 
   // ``call``'s work, the GIL held and no exception set.
@@ -1485,6 +1790,7 @@ IGNIS_API int ignis_obs_start(PyObject *classify_fn, PyObject *on_op, PyObject *
     g_specs.clear();
   }
   flush_backlog();  // (anything still held is the last session's)
+  windows_clear();
   g_generation++;
   Py_INCREF(classify_fn);
   Py_INCREF(on_op);
@@ -1511,6 +1817,7 @@ IGNIS_API int ignis_obs_start(PyObject *classify_fn, PyObject *on_op, PyObject *
   g_cpu_ops = 0;
   g_errors = 0;
   g_host_check = false;
+  if (g_san != nullptr) checker_start();
   g_handle = at::addGlobalCallback(at::RecordFunctionCallback(on_start, on_end)
                                        .needsInputs(true)
                                        .needsOutputs(true)
@@ -1524,6 +1831,8 @@ IGNIS_API int ignis_obs_start(PyObject *classify_fn, PyObject *on_op, PyObject *
 // which finds the observer off (this code is never unloaded).
 IGNIS_API void ignis_obs_stop(void) {
   if (!g_on.load()) return;
+  g_window.store(-1);  // (no more calls of the C form; those held are made below)
+  checker_stop();
   flush_backlog();  // (the held calls are this session's: made before anything is let go)
   trace_stop();  // (its free handler needs the direct path's callables)
   g_on = false;
@@ -1534,6 +1843,7 @@ IGNIS_API void ignis_obs_stop(void) {
   Py_CLEAR(g_on_special);
   Py_CLEAR(g_on_collective);
   clear_direct();
+  windows_clear();
 }
 
 // The front end's callable for collectives (see g_on_collective); set after ignis_obs_start, cleared
@@ -1646,7 +1956,85 @@ IGNIS_API int ignis_obs_trace_start(PyObject *handlers, PyObject *registries) {
 IGNIS_API PyObject *ignis_obs_drainer(void) { return PyCFunction_New(&g_drain_def, nullptr); }
 
 // Calls held in the backlog now (tests, diagnostics; the GIL held).
-IGNIS_API int ignis_obs_held(void) { return g_backlog == nullptr ? 0 : (int)g_backlog->size(); }
+IGNIS_API int ignis_obs_held(void) { return (int)g_held.load(); }
+
+// Calls held in the C form this session, and whether the checker thread runs (tests, diagnostics).
+IGNIS_API unsigned long long ignis_obs_c_held(void) { return g_c_held.load(); }
+IGNIS_API int ignis_obs_checker(void) { return g_checker != nullptr ? 1 : 0; }
+
+// Open a window (the GIL held): ``backward()`` is called from ``frames`` (``lib``: its innermost
+// frame is a library's; ``stream``: in the front end's test mode the current stream, else None).
+// Returns 1 if it counts (close it then), 0 if not (checking is off, or its calls are not the
+// observer's to make).
+IGNIS_API int ignis_obs_window_open(PyObject *frames, int lib, PyObject *stream) {
+  if (!g_on.load() || g_san == nullptr) return 0;
+  g_window_depth++;
+  if (g_window_depth > 1) {  // nested, or two threads at once: whose stack is not known here
+    g_window.store(-1);
+    return 1;
+  }
+  PyObject *st = stream == Py_None ? nullptr : stream;
+  int found = -1;
+  for (size_t i = 0; i < g_windows.size() && found < 0; i++) {
+    const Window &w = g_windows[i];
+    if (w.lib != lib || w.stream != st) continue;
+    if (w.frames == frames) {
+      found = (int)i;
+    } else {
+      int eq = PyObject_RichCompareBool(w.frames, frames, Py_EQ);
+      if (eq < 0) {
+        PyErr_Clear();
+        continue;
+      }
+      if (eq) found = (int)i;
+    }
+  }
+  if (found < 0 && g_windows.size() < WINDOWS) {
+    Py_INCREF(frames);
+    Py_XINCREF(st);
+    g_windows.push_back(Window{frames, lib, st});
+    found = (int)g_windows.size() - 1;
+  }
+  g_window.store(found, std::memory_order_release);  // (-1: the table is full: the Python form)
+  return 1;
+}
+
+IGNIS_API void ignis_obs_window_close(void) {
+  if (g_window_depth <= 0) return;
+  if (--g_window_depth == 0) g_window.store(-1, std::memory_order_release);
+}
+
+// A test's thread with no Python frame, as PyTorch's autograd engine runs a device's backward
+// ops on (the GIL held; let go while it runs): ``reps`` times ``tensors[0].add_(tensors[1])``
+// (aten::add_: a write and a read), then, where ``free_ptr`` is not 0, a caching allocator's
+// free of ``free_ptr`` through the trace (device type ``device_type``). Returns 0, or -1 for bad
+// arguments.
+IGNIS_API int ignis_obs_frameless_ops(PyObject *tensors, int reps, unsigned long long free_ptr, int device_type) {
+  if (!PyTuple_Check(tensors) || PyTuple_GET_SIZE(tensors) != 2 || !THPVariable_Check(PyTuple_GET_ITEM(tensors, 0)) ||
+      !THPVariable_Check(PyTuple_GET_ITEM(tensors, 1)))
+    return -1;
+  at::Tensor a = THPVariable_Unpack(PyTuple_GET_ITEM(tensors, 0));
+  at::Tensor b = THPVariable_Unpack(PyTuple_GET_ITEM(tensors, 1));
+  int rc = 0;
+  Py_BEGIN_ALLOW_THREADS
+  std::thread t([&] {
+    try {
+      for (int i = 0; i < reps; i++) a.add_(b);
+#ifdef IGNIS_TRACE_SHIM
+      if (free_ptr != 0) {
+        const c10::impl::PyInterpreter *tr = c10::impl::GPUTrace::get_trace();
+        if (tr != nullptr) (*tr)->trace_gpu_memory_deallocation((c10::DeviceType)device_type, (uintptr_t)free_ptr);
+      }
+#endif
+    } catch (...) {
+      rc = -2;
+    }
+  });
+  t.join();
+  Py_END_ALLOW_THREADS
+  (void)device_type;
+  return rc;
+}
 
 // Give the trace back to PyTorch's interpreter (events fire into its Python registries again).
 IGNIS_API void ignis_obs_trace_stop(void) { trace_stop(); }

@@ -1,0 +1,262 @@
+"""The op observer's checker thread: the ops and frees that PyTorch's autograd engine runs on
+its own threads inside ``backward()`` (threads with no Python frame) are held as C values,
+without the GIL, with the stack of the ``backward()`` call, and made into the sanitizer by a
+thread of the observer's own while the backward pass goes on. Made late, they must still be
+made exactly as the ops' own calls would have been: in order against every other call, with
+their stream, their stack and their thread.
+
+CPU tensors stand for a device's (the front end's test mode). A C++ thread of the observer's
+test entry point (``ignis_obs_frameless_ops``) runs real PyTorch ops with no Python frame on it,
+as the autograd engine's device threads do. Real PyTorch, the real observer library, no GPU.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from contextlib import contextmanager
+
+import pytest
+
+torch = pytest.importorskip("torch")
+
+import ignis as ig  # noqa: E402
+from ignis.safety.frames import capture_frames, last_from_library  # noqa: E402
+from ignis.safety.sanitizer import Sanitizer  # noqa: E402
+from ignis.torch._frontend import TorchFrontEnd  # noqa: E402
+
+A, B = 0x5A00, 0x5B00  # two streams' handles
+
+
+@pytest.fixture(autouse=True)
+def _defaults(monkeypatch):
+    monkeypatch.delenv("IGNIS_OBSERVER_BATCH", raising=False)
+    monkeypatch.delenv("IGNIS_OBSERVER_CHECKER", raising=False)
+
+
+def _observer():
+    from ignis.torch._native import observer, observer_error
+    lib = observer()
+    if lib is None:
+        pytest.skip(f"the op observer cannot be built here: {observer_error()}")
+    return lib
+
+
+class Front:
+    """A front end on the observer with its direct path (as ``ignis run`` has it), whose ops
+    are queued on ``self.stream``."""
+
+    def __init__(self, mode: str = "collect") -> None:
+        self.lib = _observer()
+        self.stream = A
+        self.san = Sanitizer()
+        self.san.mode = mode
+        self.san.outputs_fresh = True
+        self.fe = TorchFrontEnd(self.san, device_type="cpu", stream_of=lambda t: self.stream, engine="observer")
+
+    def __enter__(self) -> "Front":
+        self.fe.enable()
+        assert self.fe._direct() is not None
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.fe.disable()
+
+    def c_held(self) -> int:
+        return self.lib.ignis_obs_c_held()
+
+    def backward_thread(self, x, y, reps: int = 1, free: int = 0) -> None:
+        """``x.add_(y)`` ``reps`` times on a thread with no Python frame (then a free of
+        ``free``), as the autograd engine's device thread runs a backward pass's ops."""
+        assert self.lib.ignis_obs_frameless_ops((x, y), reps, free, 0) == 0
+
+
+@contextmanager
+def _window(f: Front):
+    """A ``backward()`` call's window, opened here (this function's caller is its stack)."""
+    frames = capture_frames(1)
+    assert f.lib.ignis_obs_window_open(frames, 1 if last_from_library() else 0, f.stream) == 1
+    try:
+        yield
+    finally:
+        f.lib.ignis_obs_window_close()
+
+
+def _write_on_a(f: Front):
+    f.stream = A
+    return torch.ones(256)  # the write's site
+
+
+def _backward_on_b(f: Front, x, reps: int = 1, free: int = 0) -> None:
+    f.stream = B
+    with _window(f):  # the backward() call's site
+        f.backward_thread(x, torch.ones(256), reps, free)
+
+
+def test_a_backward_threads_op_is_held_without_the_gil_and_reported_with_the_backward_call():
+    with Front() as f:
+        x = _write_on_a(f)
+        before = f.c_held()
+        _backward_on_b(f, x)  # x.add_ on B, no wait for A's write: a race
+        assert f.c_held() == before + 1
+        [e] = f.san.reports
+    assert isinstance(e, ig.RaceError) and e.kind == "write-after-write race", str(e)
+    # The first side's stack is its op's; the second's is the backward() call's, its thread the
+    # autograd engine's (not the one that made the call).
+    assert "_write_on_a" in e.first["stack"] and "_backward_on_b" in e.second["stack"]
+    assert float(x[0]) == 2.0
+
+
+def test_the_same_program_ordered_is_silent():
+    with Front() as f:
+        x = _write_on_a(f)
+        f.san.on_stream_synchronize(A)  # the host waits for A first
+        _backward_on_b(f, x, reps=3)
+        assert f.san.reports == []
+        assert f.c_held() >= 3
+
+
+def test_held_calls_of_both_forms_are_made_in_the_order_they_happened():
+    # A write on A (held with the GIL), then the backward thread's on B, then a read on A: the
+    # read races B's write, not A's (which it follows in stream order).
+    with Front() as f:
+        x = _write_on_a(f)
+        f.san.on_stream_synchronize(A)
+        _backward_on_b(f, x)
+        f.stream = A
+        x.sum()  # the read's site
+        [e] = f.san.reports
+    assert e.kind == "read-after-write race", str(e)
+    assert "_backward_on_b" in e.first["stack"] and "test_held_calls_of_both_forms" in e.second["stack"]
+
+
+def test_the_checker_thread_makes_a_backward_passs_calls_while_it_goes_on():
+    with Front() as f:
+        assert f.lib.ignis_obs_checker() == 1
+        x = torch.zeros(256)
+        f.san.on_stream_synchronize(A)
+        before = f.san.checked_foreign
+        _backward_on_b(f, x, reps=300)
+        # The checker thread makes them (it wakes every 64): nothing on this thread asks.
+        deadline = time.monotonic() + 10
+        while f.san.checked_foreign - before < 256 and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert f.san.checked_foreign - before >= 256
+        assert float(x[0]) == 300.0
+    assert f.san.checked_foreign - before >= 300  # stop made the rest
+    assert f.lib.ignis_obs_checker() == 0  # stopped with the front end
+
+
+def test_without_the_checker_thread_the_backward_thread_makes_its_batch(monkeypatch):
+    monkeypatch.setenv("IGNIS_OBSERVER_CHECKER", "0")
+    with Front() as f:
+        assert f.lib.ignis_obs_checker() == 0
+        x = torch.zeros(256)
+        before = f.san.checked_foreign
+        _backward_on_b(f, x, reps=300)
+        assert f.san.checked_foreign - before >= 256  # a full batch, made on the way
+        assert f.lib.ignis_obs_held() < 256
+
+
+def test_stop_makes_the_calls_still_held():
+    with Front() as f:
+        x = torch.zeros(256)
+        before = f.san.checked_foreign
+        _backward_on_b(f, x, reps=5)  # under the checker's wake: held
+        assert f.lib.ignis_obs_held() >= 5
+    assert f.san.checked_foreign - before >= 5 and f.lib.ignis_obs_held() == 0
+
+
+def test_a_backward_threads_free_is_held_with_the_backward_calls_stack(monkeypatch):
+    lib = _observer()
+    import torch.cuda._gpu_trace as gt
+    torch._C._activate_gpu_trace()
+    monkeypatch.setattr(torch.cpu, "_gpu_trace", gt, raising=False)  # (CPU events: the CUDA registries)
+    kinds = TorchFrontEnd._TRACE_KINDS
+    with Front() as f:
+        handlers = tuple(f.san.extent_freed if k == "MemoryDeallocationCallbacks" else None for k in kinds)
+        assert lib.ignis_obs_trace_start(handlers, tuple(getattr(gt, k).callback_list for k in kinds)) == 0
+        try:
+            x = _write_on_a(f)
+            base = x.untyped_storage().data_ptr()
+            f.stream = B
+            x.sum()  # a read on B
+            before = f.c_held()
+            f.stream = A
+            with _window(f):  # freed on A by the backward thread, while B's read may run
+                f.backward_thread(torch.zeros(4), torch.zeros(4), 0, base)
+            assert f.c_held() == before + 1
+            found = f.san.reports
+        finally:
+            lib.ignis_obs_trace_stop()
+    frees = [e for e in found if e.second.get("op") == "free"]
+    assert len(frees) == 1, [str(e) for e in found]
+    assert "test_a_backward_threads_free" in frees[0].second["stack"]
+
+
+def test_nested_windows_make_every_call_the_python_form():
+    # Whose stack a thread with no frame has is not known inside two backward() calls at once.
+    with Front() as f:
+        x = torch.zeros(256)
+        before = f.c_held()
+        with _window(f), _window(f):
+            f.backward_thread(x, torch.ones(256), 2)
+        assert f.c_held() == before  # both made the GIL's way
+        f.backward_thread(x, torch.ones(256), 1)  # no window open
+        assert f.c_held() == before
+        with _window(f):
+            f.backward_thread(x, torch.ones(256), 1)
+        assert f.c_held() == before + 1
+        assert f.san.reports == []
+
+
+def test_backward_is_wrapped_while_checking_and_put_back_after():
+    import torch.autograd as autograd
+    import torch.autograd.graph as graph
+    orig = graph._engine_run_backward
+    assert autograd._engine_run_backward is orig
+    w = torch.ones(8, requires_grad=True)
+    with Front() as f:
+        assert graph._engine_run_backward is not orig and autograd._engine_run_backward is graph._engine_run_backward
+        assert graph._engine_run_backward.__wrapped__ is orig
+        (w * 3).sum().backward()
+        assert torch.equal(w.grad, torch.full((8,), 3.0))
+        # A backward() that fails closes its window: a backward thread's op after it is the
+        # Python form.
+        with pytest.raises(RuntimeError):
+            torch.ones(2).sum().backward()
+        before = f.c_held()
+        f.backward_thread(torch.zeros(4), torch.ones(4), 1)
+        assert f.c_held() == before
+        assert f.san.reports == []
+    assert graph._engine_run_backward is orig and autograd._engine_run_backward is orig
+
+
+def test_a_backward_from_another_thread_while_one_runs_makes_the_python_form():
+    # Two backward() calls at once (two Python threads): neither window's stack is the frameless
+    # thread's for sure.
+    with Front() as f:
+        x = torch.zeros(256)
+        before = f.c_held()
+        entered, release = threading.Event(), threading.Event()
+
+        def other():
+            with _window(f):
+                entered.set()
+                release.wait(10)
+
+        t = threading.Thread(target=other)
+        t.start()
+        assert entered.wait(10)
+        with _window(f):
+            f.backward_thread(x, torch.ones(256), 1)
+        release.set()
+        t.join()
+        assert f.c_held() == before
+
+
+@pytest.mark.parametrize("value", ["2", "yes", "", " 1"])
+def test_a_checker_setting_other_than_0_or_1_is_refused_with_what_to_set(monkeypatch, value):
+    monkeypatch.setenv("IGNIS_OBSERVER_CHECKER", value)
+    with pytest.raises(ValueError, match="IGNIS_OBSERVER_CHECKER must be 1"):
+        TorchFrontEnd(Sanitizer(), device_type="cpu", stream_of=lambda t: A, engine="observer")
