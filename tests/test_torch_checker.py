@@ -1,9 +1,10 @@
 """The op observer's checker thread: the ops and frees that PyTorch's autograd engine runs on
 its own threads inside ``backward()`` (threads with no Python frame) are held as C values,
-without the GIL, with the stack of the ``backward()`` call, and made into the sanitizer by a
-thread of the observer's own while the backward pass goes on. Made late, they must still be
-made exactly as the ops' own calls would have been: in order against every other call, with
-their stream, their stack and their thread.
+without the GIL, with the stack of the ``backward()`` call, and made into the sanitizer in
+batches: by the thread that holds a batch's last call, or (IGNIS_OBSERVER_CHECKER=1) by a thread
+of the observer's own while the backward pass goes on. Made late, they must still be made
+exactly as the ops' own calls would have been: in order against every other call, with their
+stream, their stack and their thread.
 
 CPU tensors stand for a device's (the front end's test mode). A C++ thread of the observer's
 test entry point (``ignis_obs_frameless_ops``) runs real PyTorch ops with no Python frame on it,
@@ -28,10 +29,15 @@ from ignis.torch._frontend import TorchFrontEnd  # noqa: E402
 A, B = 0x5A00, 0x5B00  # two streams' handles
 
 
-@pytest.fixture(autouse=True)
-def _defaults(monkeypatch):
+@pytest.fixture(autouse=True, params=["default", "checker thread"])
+def _defaults(monkeypatch, request):
+    """Every test both ways: the held calls made by the thread that holds a batch's last call
+    (the default), and by the checker thread (IGNIS_OBSERVER_CHECKER=1)."""
     monkeypatch.delenv("IGNIS_OBSERVER_BATCH", raising=False)
-    monkeypatch.delenv("IGNIS_OBSERVER_CHECKER", raising=False)
+    if request.param == "default":
+        monkeypatch.delenv("IGNIS_OBSERVER_CHECKER", raising=False)
+    else:
+        monkeypatch.setenv("IGNIS_OBSERVER_CHECKER", "1")
 
 
 def _observer():
@@ -130,7 +136,8 @@ def test_held_calls_of_both_forms_are_made_in_the_order_they_happened():
     assert "_backward_on_b" in e.first["stack"] and "test_held_calls_of_both_forms" in e.second["stack"]
 
 
-def test_the_checker_thread_makes_a_backward_passs_calls_while_it_goes_on():
+def test_the_checker_thread_makes_a_backward_passs_calls_while_it_goes_on(monkeypatch):
+    monkeypatch.setenv("IGNIS_OBSERVER_CHECKER", "1")
     with Front() as f:
         assert f.lib.ignis_obs_checker() == 1
         x = torch.zeros(256)
@@ -147,8 +154,12 @@ def test_the_checker_thread_makes_a_backward_passs_calls_while_it_goes_on():
     assert f.lib.ignis_obs_checker() == 0  # stopped with the front end
 
 
-def test_without_the_checker_thread_the_backward_thread_makes_its_batch(monkeypatch):
-    monkeypatch.setenv("IGNIS_OBSERVER_CHECKER", "0")
+@pytest.mark.parametrize("setting", [None, "0"])
+def test_without_the_checker_thread_the_backward_thread_makes_its_batch(monkeypatch, setting):
+    if setting is None:  # the default
+        monkeypatch.delenv("IGNIS_OBSERVER_CHECKER", raising=False)
+    else:
+        monkeypatch.setenv("IGNIS_OBSERVER_CHECKER", setting)
     with Front() as f:
         assert f.lib.ignis_obs_checker() == 0
         x = torch.zeros(256)
@@ -258,5 +269,5 @@ def test_a_backward_from_another_thread_while_one_runs_makes_the_python_form():
 @pytest.mark.parametrize("value", ["2", "yes", "", " 1"])
 def test_a_checker_setting_other_than_0_or_1_is_refused_with_what_to_set(monkeypatch, value):
     monkeypatch.setenv("IGNIS_OBSERVER_CHECKER", value)
-    with pytest.raises(ValueError, match="IGNIS_OBSERVER_CHECKER must be 1"):
+    with pytest.raises(ValueError, match="IGNIS_OBSERVER_CHECKER must be 0"):
         TorchFrontEnd(Sanitizer(), device_type="cpu", stream_of=lambda t: A, engine="observer")

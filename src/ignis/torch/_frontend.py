@@ -248,9 +248,9 @@ class TorchFrontEnd:
                              f"the op observer holds before it makes them; unset: 256), not {batch!r}")
         checker = os.environ.get("IGNIS_OBSERVER_CHECKER")  # (read by the observer when it starts)
         if checker is not None and checker not in ("0", "1"):
-            raise ValueError(f"ignis.torch: IGNIS_OBSERVER_CHECKER must be 1 (the default: the checks of a "
-                             f"backward pass's ops are made on a thread of their own) or 0 (on the backward "
-                             f"pass's thread), not {checker!r}")
+            raise ValueError(f"ignis.torch: IGNIS_OBSERVER_CHECKER must be 0 (the default: the checks of a "
+                             f"backward pass's ops are made on the backward pass's thread) or 1 (on a thread "
+                             f"of their own), not {checker!r}")
         self.san = san
         self.engine_asked = engine
         self.engine: str | None = None  # which one runs, once enabled

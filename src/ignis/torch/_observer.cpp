@@ -692,7 +692,8 @@ PyObject *g_trace_fn_free();  // the trace's free handler (below)
 // thread makes the held calls while the autograd thread goes on (the program's own thread that
 // called ``backward()`` waits for it meanwhile, the GIL let go), so that the backward pass's
 // checks cost its thread little more than measuring the tensors (RESULTS, AB2: a step is the
-// host's work, one thread at a time). The backlog (both forms, in the order they were held) is
+// host's work, one thread at a time); without it (the default), the thread that holds the batch's
+// last call makes the batch, as the Python form does. The backlog (both forms, in the order they were held) is
 // guarded by its own mutex, never held across a call into Python.
 enum HeldForm : int { F_PY, F_OP, F_FREE };
 struct Deferred {
@@ -762,7 +763,7 @@ std::mutex g_ck_mu;
 std::condition_variable g_ck_cv;
 bool g_ck_due = false, g_ck_quit = false;  // (under g_ck_mu)
 std::thread *g_checker = nullptr;          // (the GIL held)
-bool g_checker_on = true;                  // IGNIS_OBSERVER_CHECKER=0: no thread (the producer makes its batch)
+bool g_checker_on = false;                 // IGNIS_OBSERVER_CHECKER=1 (else no thread: the producer makes its batch)
 constexpr size_t CHECKER_WAKE = 64;        // C-form calls that wake it
 constexpr size_t BACKLOG_LIMIT = 8192;     // a producer past this makes the batch itself
 std::atomic<size_t> g_c_since{0};          // C-form calls held since the checker last woke
@@ -1004,12 +1005,14 @@ void checker_forked() {
   new (&g_ck_cv) std::condition_variable();
 }
 
-// Start the checker thread (the GIL held), unless IGNIS_OBSERVER_CHECKER=0.
+// Start the checker thread (the GIL held) where IGNIS_OBSERVER_CHECKER=1 asks for it. Not by
+// default: it takes 0.6-0.95 ms a step of checks off a real model's autograd thread, but the
+// steps did not read faster for it in lockstep runs on an H200 (RESULTS, AD2-AD5).
 void checker_start() {
   static bool at_fork = pthread_atfork(nullptr, nullptr, checker_forked) == 0;
   (void)at_fork;
   const char *v = std::getenv("IGNIS_OBSERVER_CHECKER");
-  g_checker_on = !(v != nullptr && v[0] == '0' && v[1] == '\0');
+  g_checker_on = v != nullptr && v[0] == '1' && v[1] == '\0';
   if (!g_checker_on || g_checker != nullptr) return;
   {
     std::lock_guard<std::mutex> g(g_ck_mu);
@@ -1018,7 +1021,7 @@ void checker_start() {
   g_c_since = 0;
   try {
     g_checker = new std::thread(checker_main);
-  } catch (...) {  // (no thread: the producers make their batches, as with IGNIS_OBSERVER_CHECKER=0)
+  } catch (...) {  // (no thread: the producers make their batches, as without IGNIS_OBSERVER_CHECKER=1)
     g_checker_on = false;
     g_errors++;
   }
