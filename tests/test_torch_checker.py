@@ -271,3 +271,19 @@ def test_a_checker_setting_other_than_0_or_1_is_refused_with_what_to_set(monkeyp
     monkeypatch.setenv("IGNIS_OBSERVER_CHECKER", value)
     with pytest.raises(ValueError, match="IGNIS_OBSERVER_CHECKER must be 0"):
         TorchFrontEnd(Sanitizer(), device_type="cpu", stream_of=lambda t: A, engine="observer")
+
+
+def test_backward_calls_from_one_site_share_one_window():
+    # The windows' table is small: the same call site (the same stack and stream, equal objects
+    # or not) must not take a new entry per backward() call, or a long run falls back to the
+    # Python form once it is full.
+    with Front() as f:
+        f.stream = B
+        x = torch.zeros(256)  # made on B, where the backward thread's ops run
+        before = f.c_held()
+        for _ in range(100):
+            f.stream = int(str(B))  # an equal handle, another object
+            with _window(f):  # one site
+                f.backward_thread(x, torch.ones(256), 1)
+        assert f.c_held() == before + 100
+        assert f.san.reports == []

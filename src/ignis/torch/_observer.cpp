@@ -1980,17 +1980,14 @@ IGNIS_API int ignis_obs_window_open(PyObject *frames, int lib, PyObject *stream)
   int found = -1;
   for (size_t i = 0; i < g_windows.size() && found < 0; i++) {
     const Window &w = g_windows[i];
-    if (w.lib != lib || w.stream != st) continue;
-    if (w.frames == frames) {
-      found = (int)i;
-    } else {
-      int eq = PyObject_RichCompareBool(w.frames, frames, Py_EQ);
-      if (eq < 0) {
-        PyErr_Clear();
-        continue;
-      }
-      if (eq) found = (int)i;
+    if (w.lib != lib || (w.stream == nullptr) != (st == nullptr)) continue;
+    int eq = w.frames == frames ? 1 : PyObject_RichCompareBool(w.frames, frames, Py_EQ);
+    if (eq == 1 && st != nullptr && w.stream != st) eq = PyObject_RichCompareBool(w.stream, st, Py_EQ);
+    if (eq < 0) {
+      PyErr_Clear();
+      continue;
     }
+    if (eq) found = (int)i;
   }
   if (found < 0 && g_windows.size() < WINDOWS) {
     Py_INCREF(frames);
