@@ -10,8 +10,6 @@ its ops are queued on. Real PyTorch, the real observer library, no GPU.
 
 from __future__ import annotations
 
-from contextlib import contextmanager
-
 import pytest
 
 torch = pytest.importorskip("torch")
@@ -19,45 +17,11 @@ torch = pytest.importorskip("torch")
 import ignis as ig  # noqa: E402
 from ignis.safety.sanitizer import Sanitizer  # noqa: E402
 from ignis.torch._frontend import TorchFrontEnd  # noqa: E402
-
-A, B = 0x5A00, 0x5B00  # two streams' handles
-
+from helpers.observer_front import A, B, Front, frees_held  # noqa: E402
 
 @pytest.fixture(autouse=True)
 def _default_batch(monkeypatch):
     monkeypatch.delenv("IGNIS_OBSERVER_BATCH", raising=False)  # (the diagnostic's: see the last test)
-
-
-def _observer():
-    from ignis.torch._native import observer, observer_error
-    lib = observer()
-    if lib is None:
-        pytest.skip(f"the op observer cannot be built here: {observer_error()}")
-    return lib
-
-
-class Front:
-    """A front end on the observer with its direct path (as ``ignis run`` has it), whose ops
-    are queued on ``self.stream``."""
-
-    def __init__(self, mode: str = "collect") -> None:
-        self.lib = _observer()
-        self.stream = A
-        self.san = Sanitizer()
-        self.san.mode = mode
-        self.san.outputs_fresh = True  # as with the GPU trace: an op's fresh output starts a lifetime
-        self.fe = TorchFrontEnd(self.san, device_type="cpu", stream_of=lambda t: self.stream, engine="observer")
-
-    def __enter__(self) -> "Front":
-        self.fe.enable()
-        assert self.fe._direct() is not None
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.fe.disable()
-
-    def held(self) -> int:
-        return self.lib.ignis_obs_held()
 
 
 def _write_on_a(f: Front):
@@ -133,28 +97,10 @@ def _free_here(lib, base: int) -> None:
     lib.ignis_obs_trace_fire(5, 0, base, 0, 0)  # the caching allocator's free (device type 0: this test's)
 
 
-@contextmanager
-def _frees_held(monkeypatch):
-    """A front end whose frees come through the observer's trace interpreter to the sanitizer's
-    own handler (held like ops), fired by ``_free_here``."""
-    lib = _observer()
-    import torch.cuda._gpu_trace as gt
-    torch._C._activate_gpu_trace()
-    monkeypatch.setattr(torch.cpu, "_gpu_trace", gt, raising=False)  # (CPU events: the CUDA registries)
-    kinds = TorchFrontEnd._TRACE_KINDS
-    with Front() as f:
-        handlers = tuple(f.san.extent_freed if k == "MemoryDeallocationCallbacks" else None for k in kinds)
-        assert lib.ignis_obs_trace_start(handlers, tuple(getattr(gt, k).callback_list for k in kinds)) == 0
-        try:
-            yield f
-        finally:
-            lib.ignis_obs_trace_stop()
-
-
 def test_a_held_free_keeps_the_stack_of_the_moment_it_happened(monkeypatch):
     # Frees reach the sanitizer's own handler through the observer's trace interpreter, and are
     # held like ops. A free that races a use on another stream is reported with its own stack.
-    with _frees_held(monkeypatch) as f:
+    with frees_held(monkeypatch) as f:
         x = _write_on_a(f)
         base = x.untyped_storage().data_ptr()
         _read_on_b(f, x)
@@ -267,7 +213,7 @@ def test_a_held_free_takes_its_stack_when_the_sanitizer_knows_another_stream(mon
     # Triton kernel's does). The free on A races it, and must carry the stack of its moment.
     from ignis.safety.frames import capture_frames
     from ignis.safety.sanitizer import READ
-    with _frees_held(monkeypatch) as f:
+    with frees_held(monkeypatch) as f:
         x = _write_on_a(f)
         base, n = x.untyped_storage().data_ptr(), x.untyped_storage().nbytes()
         f.san.foreign_access(B, "a kernel on B", capture_frames(1), [(base, n, base, base + n, 0, 0, READ)])

@@ -25,9 +25,8 @@ import ignis as ig  # noqa: E402
 from ignis.safety.frames import capture_frames, last_from_library  # noqa: E402
 from ignis.safety.sanitizer import Sanitizer  # noqa: E402
 from ignis.torch._frontend import TorchFrontEnd  # noqa: E402
-
-A, B = 0x5A00, 0x5B00  # two streams' handles
-
+from helpers.observer_front import A, B, frees_held  # noqa: E402
+from helpers.observer_front import Front as BaseFront  # noqa: E402
 
 @pytest.fixture(autouse=True, params=["default", "checker thread"])
 def _defaults(monkeypatch, request):
@@ -40,33 +39,8 @@ def _defaults(monkeypatch, request):
         monkeypatch.setenv("IGNIS_OBSERVER_CHECKER", "1")
 
 
-def _observer():
-    from ignis.torch._native import observer, observer_error
-    lib = observer()
-    if lib is None:
-        pytest.skip(f"the op observer cannot be built here: {observer_error()}")
-    return lib
-
-
-class Front:
-    """A front end on the observer with its direct path (as ``ignis run`` has it), whose ops
-    are queued on ``self.stream``."""
-
-    def __init__(self, mode: str = "collect") -> None:
-        self.lib = _observer()
-        self.stream = A
-        self.san = Sanitizer()
-        self.san.mode = mode
-        self.san.outputs_fresh = True
-        self.fe = TorchFrontEnd(self.san, device_type="cpu", stream_of=lambda t: self.stream, engine="observer")
-
-    def __enter__(self) -> "Front":
-        self.fe.enable()
-        assert self.fe._direct() is not None
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.fe.disable()
+class Front(BaseFront):
+    """The shared front end, with the autograd engine's kind of thread."""
 
     def c_held(self) -> int:
         return self.lib.ignis_obs_c_held()
@@ -179,27 +153,17 @@ def test_stop_makes_the_calls_still_held():
 
 
 def test_a_backward_threads_free_is_held_with_the_backward_calls_stack(monkeypatch):
-    lib = _observer()
-    import torch.cuda._gpu_trace as gt
-    torch._C._activate_gpu_trace()
-    monkeypatch.setattr(torch.cpu, "_gpu_trace", gt, raising=False)  # (CPU events: the CUDA registries)
-    kinds = TorchFrontEnd._TRACE_KINDS
-    with Front() as f:
-        handlers = tuple(f.san.extent_freed if k == "MemoryDeallocationCallbacks" else None for k in kinds)
-        assert lib.ignis_obs_trace_start(handlers, tuple(getattr(gt, k).callback_list for k in kinds)) == 0
-        try:
-            x = _write_on_a(f)
-            base = x.untyped_storage().data_ptr()
-            f.stream = B
-            x.sum()  # a read on B
-            before = f.c_held()
-            f.stream = A
-            with _window(f):  # freed on A by the backward thread, while B's read may run
-                f.backward_thread(torch.zeros(4), torch.zeros(4), 0, base)
-            assert f.c_held() == before + 1
-            found = f.san.reports
-        finally:
-            lib.ignis_obs_trace_stop()
+    with frees_held(monkeypatch, Front) as f:
+        x = _write_on_a(f)
+        base = x.untyped_storage().data_ptr()
+        f.stream = B
+        x.sum()  # a read on B
+        before = f.c_held()
+        f.stream = A
+        with _window(f):  # freed on A by the backward thread, while B's read may run
+            f.backward_thread(torch.zeros(4), torch.zeros(4), 0, base)
+        assert f.c_held() == before + 1
+        found = f.san.reports
     frees = [e for e in found if e.second.get("op") == "free"]
     assert len(frees) == 1, [str(e) for e in found]
     assert "test_a_backward_threads_free" in frees[0].second["stack"]
