@@ -102,7 +102,9 @@ def test_held_calls_of_both_forms_are_made_in_the_order_they_happened():
     with Front() as f:
         x = _write_on_a(f)
         f.san.on_stream_synchronize(A)
+        before = f.c_held()
         _backward_on_b(f, x)
+        assert f.c_held() == before + 1  # (the C form)
         f.stream = A
         x.sum()  # the read's site
         [e] = f.san.reports
@@ -117,14 +119,14 @@ def test_the_checker_thread_makes_a_backward_passs_calls_while_it_goes_on(monkey
         x = torch.zeros(256)
         f.san.on_stream_synchronize(A)
         before = f.san.checked_foreign
-        _backward_on_b(f, x, reps=300)
+        _backward_on_b(f, x, reps=300)  # (an output made here, then 300 ops of two accesses)
         # The checker thread makes them (it wakes every 64): nothing on this thread asks.
         deadline = time.monotonic() + 10
-        while f.san.checked_foreign - before < 256 and time.monotonic() < deadline:
+        while f.san.checked_foreign - before < 2 + 2 * 256 and time.monotonic() < deadline:
             time.sleep(0.01)
-        assert f.san.checked_foreign - before >= 256
+        assert f.san.checked_foreign - before >= 2 + 2 * 256
         assert float(x[0]) == 300.0
-    assert f.san.checked_foreign - before >= 300  # stop made the rest
+    assert f.san.checked_foreign - before == 2 + 2 * 300  # stop made the rest, each once
     assert f.lib.ignis_obs_checker() == 0  # stopped with the front end
 
 
@@ -139,8 +141,10 @@ def test_without_the_checker_thread_the_backward_thread_makes_its_batch(monkeypa
         x = torch.zeros(256)
         before = f.san.checked_foreign
         _backward_on_b(f, x, reps=300)
-        assert f.san.checked_foreign - before >= 256  # a full batch, made on the way
-        assert f.lib.ignis_obs_held() < 256
+        made = f.san.checked_foreign - before
+        assert made >= 2 * 255 and made % 2 == 0  # a full batch, made on the way
+        assert f.lib.ignis_obs_held() == 2 + 300 - made // 2 - 1 < 256
+    assert f.san.checked_foreign - before == 2 + 2 * 300
 
 
 def test_stop_makes_the_calls_still_held():
@@ -148,8 +152,8 @@ def test_stop_makes_the_calls_still_held():
         x = torch.zeros(256)
         before = f.san.checked_foreign
         _backward_on_b(f, x, reps=5)  # under the checker's wake: held
-        assert f.lib.ignis_obs_held() >= 5
-    assert f.san.checked_foreign - before >= 5 and f.lib.ignis_obs_held() == 0
+        assert f.lib.ignis_obs_held() == 2 + 5  # (x and the ones made here, then the five ops)
+    assert f.san.checked_foreign - before == 2 + 2 * 5 and f.lib.ignis_obs_held() == 0
 
 
 def test_a_backward_threads_free_is_held_with_the_backward_calls_stack(monkeypatch):
@@ -251,3 +255,200 @@ def test_backward_calls_from_one_site_share_one_window():
                 f.backward_thread(x, torch.ones(256), 1)
         assert f.c_held() == before + 100
         assert f.san.reports == []
+
+
+def _op_on_b_here(f: Front, x) -> None:
+    f.stream = B
+    x.add_(1)  # the op's own site
+
+
+def test_an_op_of_a_thread_with_python_frames_inside_a_window_keeps_its_own_stack():
+    with Front() as f:
+        x = _write_on_a(f)
+        before = f.c_held()
+        with _window(f):
+            _op_on_b_here(f, x)  # this thread runs Python: the Python form, its own stack
+        assert f.c_held() == before
+        [e] = f.san.reports
+    assert "_op_on_b_here" in e.second["stack"]
+
+
+def test_a_nested_window_closing_gives_the_outer_one_back():
+    # Reentrant checkpointing calls backward() inside a backward pass: the inner window's ops are
+    # the Python form; after it the outer pass's are the C form again.
+    with Front() as f:
+        f.stream = B
+        x = torch.zeros(256)
+        before = f.c_held()
+        with _window(f):
+            with _window(f):
+                f.backward_thread(x, torch.ones(256), 1)
+            assert f.c_held() == before
+            f.backward_thread(x, torch.ones(256), 1)
+            assert f.c_held() == before + 1
+        assert f.san.reports == []
+
+
+def test_past_the_table_of_windows_the_calls_are_the_python_form_and_still_checked():
+    with Front() as f:
+        f.stream = B
+        x = torch.zeros(256)
+        y = torch.ones(256)
+        frames = capture_frames(1)
+        before, items = f.c_held(), f.san.checked_foreign
+        for _ in range(70):  # seventy sites, as far as the table knows (stacks of their own)
+            assert f.lib.ignis_obs_window_open(tuple(list(frames)), 0, f.stream) == 1
+            try:
+                f.backward_thread(x, y, 1)
+            finally:
+                f.lib.ignis_obs_window_close()
+        assert f.c_held() == before + 64  # the table's 64, then the Python form
+        assert f.san.reports == []
+    assert f.san.checked_foreign - items == 2 + 2 * 70
+    assert float(x[0]) == 70.0
+
+
+class _SlowSanitizer(Sanitizer):
+    """A sanitizer whose checks of an op let the GIL go for a while (as any Python code a held
+    call runs may), once ``slow`` is set."""
+
+    slow = False
+
+    def foreign_access(self, *args, **kwargs):
+        if self.slow:
+            time.sleep(0.1)
+        return super().foreign_access(*args, **kwargs)
+
+
+def test_stop_waits_for_a_batch_another_thread_is_making():
+    san = _SlowSanitizer()
+    san.mode = "collect"
+    f = Front(san=san)
+    with f:
+        x = _write_on_a(f)
+        _backward_on_b(f, x, reps=3)  # three races with A's write, held
+        before = f.san.checked_foreign
+        san.slow = True
+        t = threading.Thread(target=san.drain)  # another thread's entry point makes the batch...
+        t.start()
+        time.sleep(0.05)  # ...and is inside its first call when checking stops
+    t.join()
+    assert f.san.checked_foreign - before == 1 + 1 + 2 * 3  # every held call made, once
+    assert len(f.san.reports) == 1 and f.san.reports[0].kind == "write-after-write race"
+
+
+def _free_on_a_here(f: Front, base: int) -> None:
+    f.stream = A
+    f.lib.ignis_obs_trace_fire(5, 0, base, 0, 0)  # the caching allocator's free, the free's site
+
+
+def _backward_thread_on_b(f: Front, x, y) -> None:
+    with _window(f):  # the backward() call's site
+        f.backward_thread(x, y, 1)
+
+
+def test_a_free_after_the_backward_threads_ops_on_another_stream_takes_its_stack(monkeypatch):
+    # The backward pass's ops on B are held as C values; the program then frees their memory
+    # on A. The free races them and must be reported with its own stack, though the free is
+    # held before the ops' calls are made.
+    with frees_held(monkeypatch, Front) as f:
+        x = _write_on_a(f)
+        y = torch.ones(256)  # (on A too: B is seen only through the held C values)
+        f.san.on_stream_synchronize(A)
+        f.stream = B
+        _backward_thread_on_b(f, x, y)
+        _free_on_a_here(f, x.untyped_storage().data_ptr())
+        found = f.san.reports
+    frees = [e for e in found if e.second.get("op") == "free"]
+    assert len(frees) == 1, [str(e) for e in found]
+    assert "_free_on_a_here" in frees[0].second["stack"] and "_backward_thread_on_b" in frees[0].first["stack"]
+
+
+def test_a_program_that_exits_without_stopping_the_checker_thread_ends(tmp_path):
+    import os
+    import subprocess
+    import sys
+    script = tmp_path / "exits.py"
+    script.write_text(
+        "import torch\n"
+        "from ignis.safety.sanitizer import Sanitizer\n"
+        "from ignis.torch._frontend import TorchFrontEnd\n"
+        "san = Sanitizer()\n"
+        "san.mode = 'collect'\n"
+        "fe = TorchFrontEnd(san, device_type='cpu', stream_of=lambda t: 0x5A00, engine='observer')\n"
+        "fe.enable()\n"
+        "assert fe._obs.ignis_obs_checker() == 1\n"
+        "w = torch.ones(4, requires_grad=True)\n"
+        "(w * 2).sum().backward()\n"
+        "print('exiting without disable', flush=True)\n")
+    env = dict(os.environ, IGNIS_OBSERVER_CHECKER="1")
+    r = subprocess.run([sys.executable, str(script)], env=env, capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert "exiting without disable" in r.stdout
+
+
+class _Spawn(torch.autograd.Function):
+    """An op whose backward runs ops on a thread with no Python frame (as a device's backward
+    ops run on the autograd engine's thread)."""
+
+    front: Front | None = None
+    tensors: tuple = ()
+
+    @staticmethod
+    def forward(ctx, w):
+        return w * 1
+
+    @staticmethod
+    def backward(ctx, g):
+        _Spawn.front.backward_thread(*_Spawn.tensors, 3)
+        return g
+
+
+def _run_backward_here(w) -> None:
+    _Spawn.apply(w).sum().backward()  # the backward() call's site
+
+
+def test_a_real_backward_opens_its_window_with_its_call_site():
+    with Front() as f:
+        x = _write_on_a(f)
+        f.stream = B
+        w = torch.ones(4, requires_grad=True)
+        _Spawn.front, _Spawn.tensors = f, (x, torch.ones(256))
+        before = f.c_held()
+        try:
+            _run_backward_here(w)
+        finally:
+            _Spawn.front, _Spawn.tensors = None, ()
+        assert f.c_held() == before + 3
+        found = f.san.reports
+    [e] = [e for e in found if "_write_on_a" in e.first["stack"]]
+    assert "_run_backward_here" in e.second["stack"]
+
+
+def test_a_wrapper_left_installed_by_another_patcher_makes_plain_calls():
+    import torch.autograd as autograd
+    import torch.autograd.graph as graph
+    orig = graph._engine_run_backward
+    try:
+        with Front():
+            ours = graph._engine_run_backward
+
+            def other(*args, **kwargs):  # another tool's wrapper, put on after ours...
+                return ours(*args, **kwargs)
+
+            graph._engine_run_backward = autograd._engine_run_backward = other
+        assert graph._engine_run_backward is other  # (ours could not be taken off)
+        graph._engine_run_backward = autograd._engine_run_backward = ours  # ...and taken off after
+        with Front() as f:
+            f.stream = B
+            x = torch.zeros(256)
+            _Spawn.front, _Spawn.tensors = f, (x, torch.ones(256))
+            before = f.c_held()
+            try:
+                _run_backward_here(torch.ones(4, requires_grad=True))
+            finally:
+                _Spawn.front, _Spawn.tensors = None, ()
+            assert f.c_held() == before + 3  # one window: the stale wrapper opened none
+            assert f.san.reports == []
+    finally:
+        graph._engine_run_backward = autograd._engine_run_backward = orig

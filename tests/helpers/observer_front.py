@@ -24,12 +24,12 @@ class Front:
     """A front end on the observer with its direct path, whose ops are queued on ``self.stream``
     (a context manager: enabled inside)."""
 
-    def __init__(self, mode: str = "collect") -> None:
+    def __init__(self, mode: str = "collect", san=None) -> None:
         from ignis.safety.sanitizer import Sanitizer
         from ignis.torch._frontend import TorchFrontEnd
         self.lib = observer()
         self.stream = A
-        self.san = Sanitizer()
+        self.san = Sanitizer() if san is None else san
         self.san.mode = mode
         self.san.outputs_fresh = True  # as with the GPU trace: an op's fresh output starts a lifetime
         self.fe = TorchFrontEnd(self.san, device_type="cpu", stream_of=lambda t: self.stream, engine="observer")

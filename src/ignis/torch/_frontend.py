@@ -124,6 +124,18 @@ Tensor = torch.Tensor
 capture_stack = _san_frames
 
 
+_exit_hooked: set = set()
+
+
+def _at_exit_stop_checker(lib: Any) -> None:
+    """At the interpreter's exit, stop the observer's checker thread (where it runs) while the
+    interpreter still runs: a program may exit without stopping the checks."""
+    if id(lib) not in _exit_hooked:
+        _exit_hooked.add(id(lib))
+        import atexit
+        atexit.register(lib.ignis_obs_checker_stop)
+
+
 # The observer library's measure of tensors (``_observer.cpp``: ``measure``), bound by
 # ``_bind_native`` when a front end starts: ``item(tensor, mode)`` -> one tensor's access, a
 # tuple (storage base, storage size, span lo, span hi, period, chunk, mode), or None for a tensor
@@ -1015,39 +1027,53 @@ class TorchFrontEnd:
     def _open_backward_windows(self) -> None:
         """Tell the op observer of each ``backward()`` call, with the user's stack there: the
         stack of every op and free the autograd engine's own threads run for it, which the
-        observer then holds without the GIL for its checker thread (``_observer.cpp``: the
-        backlog's C form). Through PyTorch's ``_engine_run_backward``, which
-        ``torch.autograd.backward`` and ``grad`` call (by the name in both modules, as
-        ``torch.compiler`` patches it); where it is not there, every call is the Python
-        form, as before."""
+        observer then holds without the GIL (``_observer.cpp``: the backlog's C form). Through
+        PyTorch's ``_engine_run_backward``, which ``torch.autograd.backward`` and ``grad`` call
+        (by the name in both modules, as ``torch.compiler`` patches it); where it is not there,
+        every call is the Python form, as before. A wrapper left over from an earlier session
+        (something wrapped it after this front end, and put it back later) is passed over."""
         import torch.autograd as autograd
         import torch.autograd.graph as graph
 
         orig = getattr(graph, "_engine_run_backward", None)
         if orig is None or self._obs is None:
             return
-        win_open, win_close = self._obs.ignis_obs_window_open, self._obs.ignis_obs_window_close
+        lib = self._obs
+        win_open, win_close = lib.ignis_obs_window_open, lib.ignis_obs_window_close
+        _at_exit_stop_checker(lib)
         stream_of = None if self._cuda else self.stream_of
+        fe = self
+        real = orig
+        while getattr(real, "_ignis_backward_window", False):  # (an earlier session's, still there)
+            real = real.__wrapped__
 
         def run_backward(*args: Any, **kwargs: Any) -> Any:
-            frames = capture_stack()
-            opened = win_open(frames, 1 if last_from_library() else 0,
-                              None if stream_of is None else stream_of(None))
+            mine = fe._backward_windows
+            if mine is None or mine[1] is not run_backward:  # (its session ended: a plain call)
+                return real(*args, **kwargs)
+            opened = 0
             try:
-                return orig(*args, **kwargs)
+                try:
+                    opened = win_open(capture_stack(), 1 if last_from_library() else 0,
+                                      None if stream_of is None else stream_of(None))
+                except Exception:  # (no window: the Python form, as before; the backward runs)
+                    opened = 0
+                return real(*args, **kwargs)
             finally:
                 if opened:
                     win_close()
 
-        run_backward.__wrapped__ = orig  # type: ignore[attr-defined]
-        run_backward.__doc__ = orig.__doc__
+        run_backward.__wrapped__ = real  # type: ignore[attr-defined]
+        run_backward._ignis_backward_window = True  # type: ignore[attr-defined]
+        run_backward.__doc__ = real.__doc__
+        self._backward_windows = (orig, run_backward)
         graph._engine_run_backward = run_backward
         if getattr(autograd, "_engine_run_backward", None) is orig:
             autograd._engine_run_backward = run_backward
-        self._backward_windows = (orig, run_backward)
 
     def _close_backward_windows(self) -> None:
-        """Put PyTorch's ``_engine_run_backward`` back (where it is still this front end's)."""
+        """Put PyTorch's ``_engine_run_backward`` back (where it is still this front end's; a
+        wrapper something else left installed makes plain calls from now on)."""
         if self._backward_windows is None:
             return
         import torch.autograd as autograd

@@ -118,6 +118,8 @@ def _load(path: str) -> ctypes.PyDLL:
     lib.ignis_obs_held.restype = ctypes.c_int
     lib.ignis_obs_checker.argtypes = []
     lib.ignis_obs_checker.restype = ctypes.c_int
+    lib.ignis_obs_checker_stop.argtypes = []
+    lib.ignis_obs_checker_stop.restype = None
     lib.ignis_obs_window_open.argtypes = [ctypes.py_object, ctypes.c_int, ctypes.py_object]
     lib.ignis_obs_window_open.restype = ctypes.c_int
     lib.ignis_obs_window_close.argtypes = []

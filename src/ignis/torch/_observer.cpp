@@ -523,7 +523,7 @@ long long stream_id(int device) {
   return (long long)impl->getStream(c10::Device(g_dev, (c10::DeviceIndex)device)).id();
 }
 
-void flush_backlog();  // (the backlog: below)
+void flush_backlog(bool force = false);  // (the backlog: below)
 
 // Call the front end (the GIL held); nothing if this context's session is over.
 void call_front_end(Ctx *c, const std::vector<c10::IValue> &outs, long long sid, bool synced) {
@@ -743,7 +743,9 @@ struct Window {
 };
 constexpr size_t WINDOWS = 64;
 std::vector<Window> g_windows;  // (the GIL held)
-int g_window_depth = 0;         // (the GIL held)
+// The windows open now, with the thread that opened each (the GIL held): the open one counts
+// only while it is the only one (a nested backward() closing gives the outer one back).
+std::vector<std::pair<unsigned long, int>> g_open;
 std::atomic<int> g_window{-1};
 
 // Whether this thread runs no Python code now: it never ran any, or no Python frame is on its
@@ -759,15 +761,22 @@ inline bool frameless() {
 }
 
 // ---- The checker thread: makes the C form's calls while the autograd thread goes on ----
-std::mutex g_ck_mu;
-std::condition_variable g_ck_cv;
+// (on the heap and never destroyed: a condition variable's destructor at exit would wait for a
+// checker thread still waiting on it, in a program that never stopped checking)
+std::mutex &g_ck_mu = *new std::mutex();
+std::condition_variable &g_ck_cv = *new std::condition_variable();
 bool g_ck_due = false, g_ck_quit = false;  // (under g_ck_mu)
 std::thread *g_checker = nullptr;          // (the GIL held)
 bool g_checker_on = false;                 // IGNIS_OBSERVER_CHECKER=1 (else no thread: the producer makes its batch)
 constexpr size_t CHECKER_WAKE = 64;        // C-form calls that wake it
 constexpr size_t BACKLOG_LIMIT = 8192;     // a producer past this makes the batch itself
 std::atomic<size_t> g_c_since{0};          // C-form calls held since the checker last woke
-std::atomic<uint64_t> g_c_held{0};         // C-form calls held (tests, diagnostics)
+std::atomic<uint64_t> g_c_held{0};         // C-form calls held since the library loaded (tests, diagnostics)
+// The C form's first stream (under g_backlog_mu), so that a free of the Python form takes its stack
+// once the two forms' calls show two streams (note_stream sees the C form's only when it is made).
+bool g_c_seen = false, g_c_streams = false, g_c_noted = false;  // any; more than one; the first noted
+int g_c_device = 0, g_c_win = -1;
+long long g_c_sid = 0;
 
 void note_stream(PyObject *h) {
   uint64_t v = PyLong_Check(h) ? (uint64_t)PyLong_AsUnsignedLongLongMask(h) : (uint64_t)(uintptr_t)h;
@@ -807,7 +816,10 @@ void make_call(Deferred &d, PyObject *pending, PyObject *error_type) {
 // Make one held call of the C form (the GIL held, no exception set), its arguments made now as
 // the Python form's were made then: the stream's handle from its id, the window's stack.
 void make_c_call(Deferred &d, const std::vector<Item> &arena, PyObject *pending, PyObject *error_type) {
-  if (d.window < 0 || (size_t)d.window >= g_windows.size()) return;
+  if (d.window < 0 || (size_t)d.window >= g_windows.size()) {  // (a stop cleared it: not made)
+    g_errors++;
+    return;
+  }
   const Window &win = g_windows[(size_t)d.window];
   Held frames(win.frames), win_stream(win.stream);  // (a stop while a call below runs Python clears the table)
   struct {
@@ -817,7 +829,10 @@ void make_c_call(Deferred &d, const std::vector<Item> &arena, PyObject *pending,
   Held san(g_san), stream(g_stream), raw_stream(g_raw_stream);
   Held fn(d.form == F_FREE ? g_trace_fn_free() : nullptr);
   PyObject *target = d.form == F_FREE ? fn.p : san.p;
-  if (target == nullptr || stream.p == nullptr) return;  // (stopped: the session's calls were made)
+  if (target == nullptr || stream.p == nullptr) {  // (stopped meanwhile: not made)
+    g_errors++;
+    return;
+  }
   PyObject *h;
   if (w.stream != nullptr) {
     h = w.stream;
@@ -888,8 +903,10 @@ PyMethodDef g_drain_def = {"ignis_observer_drain", py_drain, METH_NOARGS,
                            "Make the op observer's held calls into the sanitizer, in order."};
 
 // Make the held calls now, through the sanitizer (its lock held), before a call that is not held.
-void flush_backlog() {
-  if (g_held.load() == 0) return;
+// ``force``: even when none is held now (a stop or a start: another thread's drain may be making a
+// batch it took, letting the GIL go in it; the sanitizer's lock waits for it to end).
+void flush_backlog(bool force) {
+  if (!force && g_held.load() == 0) return;
   Held san(g_san);
   PyObject *r = nullptr;
   if (san.p != nullptr) {
@@ -911,6 +928,17 @@ size_t push_held(const Deferred &d, const Item *items, size_t n) {
   if (g_backlog == nullptr) g_backlog = new std::vector<Deferred>();
   if (g_arena == nullptr) g_arena = new std::vector<Item>();
   Deferred &x = g_backlog->emplace_back(d);
+  if (d.form != F_PY) {  // (the C form's streams: see hold_free)
+    if (!g_c_seen) {
+      g_c_seen = true;
+      g_c_device = d.device;
+      g_c_sid = d.sid;
+      g_c_win = d.window;
+    } else if (d.device != g_c_device || d.sid != g_c_sid ||
+               (g_dev == c10::DeviceType::CPU && d.window != g_c_win)) {
+      g_c_streams = true;
+    }
+  }
   if (n > 0) {
     x.first = (uint32_t)g_arena->size();
     x.count = (uint32_t)n;
@@ -964,7 +992,10 @@ bool hold_c(Deferred &d, const Item *items, size_t n) {
   }
   if (self && !finalizing()) {
     InPython py;
+    PyObject *et, *ev, *etb;  // (an error already set on this thread is its caller's: kept)
+    PyErr_Fetch(&et, &ev, &etb);
     flush_backlog();
+    PyErr_Restore(et, ev, etb);
   }
   return true;
 }
@@ -997,19 +1028,22 @@ void checker_main() {
 // the Python form there, the thread is forgotten and the locks are new.
 void checker_forked() {
   g_window.store(-1);
-  g_window_depth = 0;
   g_checker = nullptr;  // (not joined, not freed: it is not this process's)
   g_checker_on = false;
-  new (&g_backlog_mu) std::mutex();
+  g_backlog_mu.unlock();  // (taken by checker_forking: no vector half written)
   new (&g_ck_mu) std::mutex();
   new (&g_ck_cv) std::condition_variable();
 }
+
+// Around a fork: the backlog whole in both processes (no thread is inside a change of it).
+void checker_forking() { g_backlog_mu.lock(); }
+void checker_forked_parent() { g_backlog_mu.unlock(); }
 
 // Start the checker thread (the GIL held) where IGNIS_OBSERVER_CHECKER=1 asks for it. Not by
 // default: it takes 0.6-0.95 ms a step of checks off a real model's autograd thread, but the
 // steps did not read faster for it in lockstep runs on an H200 (RESULTS, AD2-AD5).
 void checker_start() {
-  static bool at_fork = pthread_atfork(nullptr, nullptr, checker_forked) == 0;
+  static bool at_fork = pthread_atfork(checker_forking, checker_forked_parent, checker_forked) == 0;
   (void)at_fork;
   const char *v = std::getenv("IGNIS_OBSERVER_CHECKER");
   g_checker_on = v != nullptr && v[0] == '1' && v[1] == '\0';
@@ -1029,7 +1063,9 @@ void checker_start() {
 
 // Stop it (the GIL held; let go while it finishes a batch it is making).
 void checker_stop() {
-  if (g_checker == nullptr) return;
+  std::thread *t = g_checker;
+  if (t == nullptr) return;
+  g_checker = nullptr;  // (first, the GIL held: a second stop meanwhile finds none)
   {
     std::lock_guard<std::mutex> g(g_ck_mu);
     g_ck_quit = true;
@@ -1038,21 +1074,20 @@ void checker_stop() {
   bool joined = true;
   Py_BEGIN_ALLOW_THREADS
   try {
-    g_checker->join();
+    t->join();
   } catch (...) {
     joined = false;
   }
   Py_END_ALLOW_THREADS
-  if (joined) delete g_checker;  // (else left as it is: a joinable thread's destructor ends the process)
+  if (joined) delete t;  // (else left as it is: a joinable thread's destructor ends the process)
   else g_errors++;
-  g_checker = nullptr;
 }
 
 // Close every window and let the table go (the GIL held; nothing can use it: the calls that
 // name it were made, or belong to a finished session and are dropped unmade).
 void windows_clear() {
   g_window.store(-1);
-  g_window_depth = 0;
+  g_open.clear();
   for (Window &w : g_windows) {
     Py_XDECREF(w.frames);
     Py_XDECREF(w.stream);
@@ -1062,8 +1097,49 @@ void windows_clear() {
 
 // A free of the caching allocator, held (``argv``: the pointer and the current stream's handle,
 // references taken over). Its stack is taken now where the free can need it (``g_free_stacks``).
+// The C form's stream, noted (the GIL held) as the Python form's are, once it has calls held:
+// else a free of the Python form between their holding and their making would not know of it.
+void note_c_stream() {
+  bool seen, multi, noted;
+  int dev, win;
+  long long sid;
+  {
+    std::lock_guard<std::mutex> g(g_backlog_mu);
+    seen = g_c_seen;
+    multi = g_c_streams;
+    noted = g_c_noted;
+    dev = g_c_device;
+    win = g_c_win;
+    sid = g_c_sid;
+    if (seen && !multi) g_c_noted = true;
+  }
+  if (multi) {
+    g_free_stacks = true;
+    return;
+  }
+  if (!seen || noted) return;
+  PyObject *h = nullptr;
+  if (g_dev == c10::DeviceType::CPU) {  // (the test mode: the window's stream)
+    if (win >= 0 && (size_t)win < g_windows.size() && g_windows[(size_t)win].stream != nullptr) {
+      h = g_windows[(size_t)win].stream;
+      Py_INCREF(h);
+    }
+  } else {
+    Held stream(g_stream), raw_stream(g_raw_stream);
+    if (stream.p != nullptr) h = stream_handle(dev, sid, (int)g_dev, true, stream.p, raw_stream.p);
+  }
+  if (h == nullptr) {  // (unsure: the stacks are taken)
+    PyErr_Clear();
+    g_free_stacks = true;
+    return;
+  }
+  note_stream(h);
+  Py_DECREF(h);
+}
+
 void hold_free(PyObject *fn, PyObject **argv) {
   note_stream(argv[1]);
+  if (!g_free_stacks) note_c_stream();
   Held san(g_san);
   if (!g_free_stacks && san.p != nullptr) {
     PyObject *v = PyObject_GetAttr(san.p, g_free_stacks_name);
@@ -1389,9 +1465,9 @@ struct TraceShim final : PyInterpreterVTable {
 
   // A free held in the C form (see the backlog), without the GIL, where this thread may.
   static bool hold_free_c(uintptr_t a) {
-    if (g_window.load(std::memory_order_relaxed) < 0) return false;
     Deferred d{};
-    d.generation = g_generation.load();
+    d.generation = g_generation.load();  // (first: a window read after it is of its session or later)
+    if (g_window.load(std::memory_order_acquire) < 0) return false;
     d.form = F_FREE;
     d.ptr = a;
     try {  // (c10 may throw: then the Python form, which reports it)
@@ -1792,7 +1868,7 @@ IGNIS_API int ignis_obs_start(PyObject *classify_fn, PyObject *on_op, PyObject *
     std::lock_guard<std::mutex> g(g_lock);
     g_specs.clear();
   }
-  flush_backlog();  // (anything still held is the last session's)
+  flush_backlog(true);  // (anything still held is the last session's)
   windows_clear();
   g_generation++;
   Py_INCREF(classify_fn);
@@ -1811,6 +1887,11 @@ IGNIS_API int ignis_obs_start(PyObject *classify_fn, PyObject *on_op, PyObject *
   }
   g_dev = (c10::DeviceType)device_type;
   g_stream_seen = g_free_stacks = false;
+  {
+    std::lock_guard<std::mutex> g(g_backlog_mu);
+    g_c_seen = g_c_streams = g_c_noted = false;
+    g_c_win = -1;
+  }
   g_backlog_max = 256;
   if (const char *b = std::getenv("IGNIS_OBSERVER_BATCH")) {
     long v = std::strtol(b, nullptr, 10);
@@ -1836,7 +1917,7 @@ IGNIS_API void ignis_obs_stop(void) {
   if (!g_on.load()) return;
   g_window.store(-1);  // (no more calls of the C form; those held are made below)
   checker_stop();
-  flush_backlog();  // (the held calls are this session's: made before anything is let go)
+  flush_backlog(true);  // (the held calls are this session's: made before anything is let go)
   trace_stop();  // (its free handler needs the direct path's callables)
   g_on = false;
   at::removeCallback(g_handle);
@@ -1922,6 +2003,7 @@ IGNIS_API int ignis_obs_trace_start(PyObject *handlers, PyObject *registries) {
     }
     g_trace_orig = cur;
   }
+  flush_backlog();  // (a held free is made with the handler of its moment: these are new)
   clear_trace_tables();
   for (int k = 0; k < T_KINDS; k++) {
     PyObject *fn = PyTuple_GET_ITEM(handlers, k);
@@ -1965,24 +2047,24 @@ IGNIS_API int ignis_obs_held(void) { return (int)g_held.load(); }
 IGNIS_API unsigned long long ignis_obs_c_held(void) { return g_c_held.load(); }
 IGNIS_API int ignis_obs_checker(void) { return g_checker != nullptr ? 1 : 0; }
 
+// Stop the checker thread, if it runs (the GIL held): at the interpreter's exit, before it ends,
+// in a program that never stopped checking (the calls it would make are made by the next drain).
+IGNIS_API void ignis_obs_checker_stop(void) { checker_stop(); }
+
 // Open a window (the GIL held): ``backward()`` is called from ``frames`` (``lib``: its innermost
 // frame is a library's; ``stream``: in the front end's test mode the current stream, else None).
 // Returns 1 if it counts (close it then), 0 if not (checking is off, or its calls are not the
 // observer's to make).
 IGNIS_API int ignis_obs_window_open(PyObject *frames, int lib, PyObject *stream) {
   if (!g_on.load() || g_san == nullptr) return 0;
-  g_window_depth++;
-  if (g_window_depth > 1) {  // nested, or two threads at once: whose stack is not known here
-    g_window.store(-1);
-    return 1;
-  }
   PyObject *st = stream == Py_None ? nullptr : stream;
   int found = -1;
+  // (a stack is interned: the same call site gives the same object; equal stacks of other objects
+  // could still differ in what they show, code objects of two files being equal)
   for (size_t i = 0; i < g_windows.size() && found < 0; i++) {
     const Window &w = g_windows[i];
-    if (w.lib != lib || (w.stream == nullptr) != (st == nullptr)) continue;
-    int eq = w.frames == frames ? 1 : PyObject_RichCompareBool(w.frames, frames, Py_EQ);
-    if (eq == 1 && st != nullptr && w.stream != st) eq = PyObject_RichCompareBool(w.stream, st, Py_EQ);
+    if (w.lib != lib || w.frames != frames || (w.stream == nullptr) != (st == nullptr)) continue;
+    int eq = st == nullptr || w.stream == st ? 1 : PyObject_RichCompareBool(w.stream, st, Py_EQ);
     if (eq < 0) {
       PyErr_Clear();
       continue;
@@ -1995,13 +2077,23 @@ IGNIS_API int ignis_obs_window_open(PyObject *frames, int lib, PyObject *stream)
     g_windows.push_back(Window{frames, lib, st});
     found = (int)g_windows.size() - 1;
   }
-  g_window.store(found, std::memory_order_release);  // (-1: the table is full: the Python form)
+  g_open.emplace_back(PyThread_get_thread_ident(), found);  // (-1: the table is full: the Python form)
+  // Only one open counts: nested, or from two threads at once, whose stack a thread with no frame
+  // has is not known here.
+  g_window.store(g_open.size() == 1 ? found : -1, std::memory_order_release);
   return 1;
 }
 
+// Close the window this thread opened last (the GIL held); the one left open, if it is the only
+// one, counts again. Nothing if this thread has none open (a session ended meanwhile).
 IGNIS_API void ignis_obs_window_close(void) {
-  if (g_window_depth <= 0) return;
-  if (--g_window_depth == 0) g_window.store(-1, std::memory_order_release);
+  unsigned long me = PyThread_get_thread_ident();
+  for (size_t i = g_open.size(); i-- > 0;) {
+    if (g_open[i].first != me) continue;
+    g_open.erase(g_open.begin() + (long)i);
+    g_window.store(g_open.size() == 1 ? g_open[0].second : -1, std::memory_order_release);
+    return;
+  }
 }
 
 // A test's thread with no Python frame, as PyTorch's autograd engine runs a device's backward
