@@ -125,6 +125,7 @@ capture_stack = _san_frames
 
 
 _exit_hooked: set = set()
+_backward_wrappers: weakref.WeakSet = weakref.WeakSet()  # the front ends' _engine_run_backward wrappers
 
 
 def _at_exit_stop_checker(lib: Any) -> None:
@@ -1042,13 +1043,14 @@ class TorchFrontEnd:
         win_open, win_close = lib.ignis_obs_window_open, lib.ignis_obs_window_close
         _at_exit_stop_checker(lib)
         stream_of = None if self._cuda else self.stream_of
-        fe = self
+        fe_ref = weakref.ref(self)  # (a wrapper left installed keeps no front end alive)
         real = orig
-        while getattr(real, "_ignis_backward_window", False):  # (an earlier session's, still there)
-            real = real.__wrapped__
+        while real in _backward_wrappers:  # (an earlier session's, still there: by identity, as a
+            real = real.__wrapped__        # functools.wraps of it carries its attributes too)
 
         def run_backward(*args: Any, **kwargs: Any) -> Any:
-            mine = fe._backward_windows
+            fe = fe_ref()
+            mine = None if fe is None else fe._backward_windows
             if mine is None or mine[1] is not run_backward:  # (its session ended: a plain call)
                 return real(*args, **kwargs)
             opened = 0
@@ -1064,8 +1066,8 @@ class TorchFrontEnd:
                     win_close()
 
         run_backward.__wrapped__ = real  # type: ignore[attr-defined]
-        run_backward._ignis_backward_window = True  # type: ignore[attr-defined]
         run_backward.__doc__ = real.__doc__
+        _backward_wrappers.add(run_backward)
         self._backward_windows = (orig, run_backward)
         graph._engine_run_backward = run_backward
         if getattr(autograd, "_engine_run_backward", None) is orig:

@@ -765,9 +765,16 @@ inline bool frameless() {
 // checker thread still waiting on it, in a program that never stopped checking)
 std::mutex &g_ck_mu = *new std::mutex();
 std::condition_variable &g_ck_cv = *new std::condition_variable();
-bool g_ck_due = false, g_ck_quit = false;  // (under g_ck_mu)
+bool g_ck_due = false;  // (under g_ck_mu)
 std::thread *g_checker = nullptr;          // (the GIL held)
-bool g_checker_on = false;                 // IGNIS_OBSERVER_CHECKER=1 (else no thread: the producer makes its batch)
+// IGNIS_OBSERVER_CHECKER=1, and the thread runs (else the producer makes its batch; read without the GIL)
+std::atomic<bool> g_checker_on{false};
+// A checker thread's own flag to end (under g_ck_mu): a new thread started while an old one is
+// being stopped has one of its own.
+struct CheckerState {
+  bool quit = false;
+};
+CheckerState *g_checker_state = nullptr;  // (the GIL held)
 constexpr size_t CHECKER_WAKE = 64;        // C-form calls that wake it
 constexpr size_t BACKLOG_LIMIT = 8192;     // a producer past this makes the batch itself
 std::atomic<size_t> g_c_since{0};          // C-form calls held since the checker last woke
@@ -1000,14 +1007,14 @@ bool hold_c(Deferred &d, const Item *items, size_t n) {
   return true;
 }
 
-void checker_main() {
+void checker_main(CheckerState *me) {
   PyGILState_STATE st = PyGILState_Ensure();  // (waits for the starting thread to let the GIL go)
   PyThreadState *ts = PyEval_SaveThread();
   for (;;) {
     {
       std::unique_lock<std::mutex> lk(g_ck_mu);
-      g_ck_cv.wait(lk, [] { return g_ck_due || g_ck_quit; });
-      if (g_ck_quit) break;
+      g_ck_cv.wait(lk, [me] { return g_ck_due || me->quit; });
+      if (me->quit) break;
       g_ck_due = false;
     }
     if (finalizing()) break;  // (the interpreter would end this thread at the GIL's taking)
@@ -1028,7 +1035,9 @@ void checker_main() {
 // the Python form there, the thread is forgotten and the locks are new.
 void checker_forked() {
   g_window.store(-1);
+  g_open.clear();  // (the windows of threads that are not in this process; no Python objects)
   g_checker = nullptr;  // (not joined, not freed: it is not this process's)
+  g_checker_state = nullptr;
   g_checker_on = false;
   g_backlog_mu.unlock();  // (taken by checker_forking: no vector half written)
   new (&g_ck_mu) std::mutex();
@@ -1046,16 +1055,19 @@ void checker_start() {
   static bool at_fork = pthread_atfork(checker_forking, checker_forked_parent, checker_forked) == 0;
   (void)at_fork;
   const char *v = std::getenv("IGNIS_OBSERVER_CHECKER");
-  g_checker_on = v != nullptr && v[0] == '1' && v[1] == '\0';
-  if (!g_checker_on || g_checker != nullptr) return;
-  {
-    std::lock_guard<std::mutex> g(g_ck_mu);
-    g_ck_due = g_ck_quit = false;
+  bool on = v != nullptr && v[0] == '1' && v[1] == '\0';
+  if (!on || g_checker != nullptr) {
+    g_checker_on = g_checker != nullptr;
+    return;
   }
   g_c_since = 0;
+  auto *state = new CheckerState();
   try {
-    g_checker = new std::thread(checker_main);
+    g_checker = new std::thread(checker_main, state);
+    g_checker_state = state;
+    g_checker_on = true;
   } catch (...) {  // (no thread: the producers make their batches, as without IGNIS_OBSERVER_CHECKER=1)
+    delete state;
     g_checker_on = false;
     g_errors++;
   }
@@ -1064,11 +1076,14 @@ void checker_start() {
 // Stop it (the GIL held; let go while it finishes a batch it is making).
 void checker_stop() {
   std::thread *t = g_checker;
+  CheckerState *state = g_checker_state;
   if (t == nullptr) return;
   g_checker = nullptr;  // (first, the GIL held: a second stop meanwhile finds none)
+  g_checker_state = nullptr;
+  g_checker_on = false;  // (from now on the producers make their batches themselves)
   {
     std::lock_guard<std::mutex> g(g_ck_mu);
-    g_ck_quit = true;
+    state->quit = true;
   }
   g_ck_cv.notify_all();
   bool joined = true;
@@ -1079,8 +1094,12 @@ void checker_stop() {
     joined = false;
   }
   Py_END_ALLOW_THREADS
-  if (joined) delete t;  // (else left as it is: a joinable thread's destructor ends the process)
-  else g_errors++;
+  if (joined) {
+    delete t;
+    delete state;
+  } else {  // (left as they are: a joinable thread's destructor ends the process)
+    g_errors++;
+  }
 }
 
 // Close every window and let the table go (the GIL held; nothing can use it: the calls that
@@ -1111,7 +1130,6 @@ void note_c_stream() {
     dev = g_c_device;
     win = g_c_win;
     sid = g_c_sid;
-    if (seen && !multi) g_c_noted = true;
   }
   if (multi) {
     g_free_stacks = true;
@@ -1135,6 +1153,8 @@ void note_c_stream() {
   }
   note_stream(h);
   Py_DECREF(h);
+  std::lock_guard<std::mutex> g(g_backlog_mu);  // (after: the handle's lookup may let the GIL go)
+  g_c_noted = true;
 }
 
 void hold_free(PyObject *fn, PyObject **argv) {
@@ -1868,7 +1888,8 @@ IGNIS_API int ignis_obs_start(PyObject *classify_fn, PyObject *on_op, PyObject *
     std::lock_guard<std::mutex> g(g_lock);
     g_specs.clear();
   }
-  flush_backlog(true);  // (anything still held is the last session's)
+  flush_backlog();  // (anything still held came after the last session's stop: dropped unmade, or
+                    // made into its own sanitizer, whichever form holds it)
   windows_clear();
   g_generation++;
   Py_INCREF(classify_fn);
@@ -1914,7 +1935,9 @@ IGNIS_API int ignis_obs_start(PyObject *classify_fn, PyObject *on_op, PyObject *
 // callables are released. A call in flight on another thread still ends in on_end,
 // which finds the observer off (this code is never unloaded).
 IGNIS_API void ignis_obs_stop(void) {
-  if (!g_on.load()) return;
+  static bool stopping = false;  // (the GIL held: a second stop while the first waits is nothing)
+  if (!g_on.load() || stopping) return;
+  stopping = true;
   g_window.store(-1);  // (no more calls of the C form; those held are made below)
   checker_stop();
   flush_backlog(true);  // (the held calls are this session's: made before anything is let go)
@@ -1928,6 +1951,7 @@ IGNIS_API void ignis_obs_stop(void) {
   Py_CLEAR(g_on_collective);
   clear_direct();
   windows_clear();
+  stopping = false;
 }
 
 // The front end's callable for collectives (see g_on_collective); set after ignis_obs_start, cleared
@@ -2055,15 +2079,34 @@ IGNIS_API void ignis_obs_checker_stop(void) { checker_stop(); }
 // frame is a library's; ``stream``: in the front end's test mode the current stream, else None).
 // Returns 1 if it counts (close it then), 0 if not (checking is off, or its calls are not the
 // observer's to make).
+// Whether two captured stacks ((code, line) pairs) name the same frames: the same code objects at
+// equal lines (a capture is interned only while the interner keeps it; equal code objects of two
+// files would show different stacks, so codes are compared by identity).
+static bool same_stack(PyObject *a, PyObject *b) {
+  if (a == b) return true;
+  if (!PyTuple_Check(a) || !PyTuple_Check(b) || PyTuple_GET_SIZE(a) != PyTuple_GET_SIZE(b)) return false;
+  for (Py_ssize_t i = 0; i < PyTuple_GET_SIZE(a); i++) {
+    PyObject *x = PyTuple_GET_ITEM(a, i), *y = PyTuple_GET_ITEM(b, i);
+    if (x == y) continue;
+    if (!PyTuple_Check(x) || !PyTuple_Check(y) || PyTuple_GET_SIZE(x) != 2 || PyTuple_GET_SIZE(y) != 2 ||
+        PyTuple_GET_ITEM(x, 0) != PyTuple_GET_ITEM(y, 0))
+      return false;
+    int eq = PyObject_RichCompareBool(PyTuple_GET_ITEM(x, 1), PyTuple_GET_ITEM(y, 1), Py_EQ);
+    if (eq != 1) {
+      if (eq < 0) PyErr_Clear();
+      return false;
+    }
+  }
+  return true;
+}
+
 IGNIS_API int ignis_obs_window_open(PyObject *frames, int lib, PyObject *stream) {
   if (!g_on.load() || g_san == nullptr) return 0;
   PyObject *st = stream == Py_None ? nullptr : stream;
   int found = -1;
-  // (a stack is interned: the same call site gives the same object; equal stacks of other objects
-  // could still differ in what they show, code objects of two files being equal)
   for (size_t i = 0; i < g_windows.size() && found < 0; i++) {
     const Window &w = g_windows[i];
-    if (w.lib != lib || w.frames != frames || (w.stream == nullptr) != (st == nullptr)) continue;
+    if (w.lib != lib || !same_stack(w.frames, frames) || (w.stream == nullptr) != (st == nullptr)) continue;
     int eq = st == nullptr || w.stream == st ? 1 : PyObject_RichCompareBool(w.stream, st, Py_EQ);
     if (eq < 0) {
       PyErr_Clear();
