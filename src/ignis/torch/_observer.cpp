@@ -693,8 +693,8 @@ PyObject *g_trace_fn_free();  // the trace's free handler (below)
 // called ``backward()`` waits for it meanwhile, the GIL let go), so that the backward pass's
 // checks cost its thread little more than measuring the tensors (RESULTS, AB2: a step is the
 // host's work, one thread at a time); without it (the default), the thread that holds the batch's
-// last call makes the batch, as the Python form does. The backlog (both forms, in the order they were held) is
-// guarded by its own mutex, never held across a call into Python.
+// last call makes the batch, as the Python form does. The backlog (both forms, in the order they
+// were held) is guarded by its own mutex, never held across a call into Python.
 enum HeldForm : int { F_PY, F_OP, F_FREE };
 struct Deferred {
   PyObject *target;   // the Python form: the Sanitizer (``name`` its method) or a handler (``name`` nullptr)
@@ -733,9 +733,9 @@ uint64_t g_first_stream = 0;
 // The front end opens one around each ``backward()`` (PyTorch's _engine_run_backward) with the
 // user's stack there: what a capture on the autograd engine's threads gives (the calling
 // thread's frames, waiting in ``backward()``). The windows' (stack, library flag, stream) are
-// kept in a small table for the session (the same call site opens the same one: a stack is
-// interned); ``g_window`` names the open one, or -1: none open, more than one (nested, or from
-// two threads at once), or the table full. Then every call is the Python form, as before.
+// kept in a small table for the session (the same call site opens the same one: same_stack);
+// ``g_window`` names the open one, or -1: none open, more than one (nested, or from two threads
+// at once), or the table full. Then every call is the Python form, as before.
 struct Window {
   PyObject *frames;
   int lib;
@@ -1114,8 +1114,6 @@ void windows_clear() {
   g_windows.clear();
 }
 
-// A free of the caching allocator, held (``argv``: the pointer and the current stream's handle,
-// references taken over). Its stack is taken now where the free can need it (``g_free_stacks``).
 // The C form's stream, noted (the GIL held) as the Python form's are, once it has calls held:
 // else a free of the Python form between their holding and their making would not know of it.
 void note_c_stream() {
@@ -1157,6 +1155,8 @@ void note_c_stream() {
   g_c_noted = true;
 }
 
+// A free of the caching allocator, held (``argv``: the pointer and the current stream's handle,
+// references taken over). Its stack is taken now where the free can need it (``g_free_stacks``).
 void hold_free(PyObject *fn, PyObject **argv) {
   note_stream(argv[1]);
   if (!g_free_stacks) note_c_stream();
@@ -2067,7 +2067,8 @@ IGNIS_API PyObject *ignis_obs_drainer(void) { return PyCFunction_New(&g_drain_de
 // Calls held in the backlog now (tests, diagnostics; the GIL held).
 IGNIS_API int ignis_obs_held(void) { return (int)g_held.load(); }
 
-// Calls held in the C form this session, and whether the checker thread runs (tests, diagnostics).
+// Calls held in the C form since the library loaded, and whether the checker thread runs (tests,
+// diagnostics).
 IGNIS_API unsigned long long ignis_obs_c_held(void) { return g_c_held.load(); }
 IGNIS_API int ignis_obs_checker(void) { return g_checker != nullptr ? 1 : 0; }
 
@@ -2075,10 +2076,6 @@ IGNIS_API int ignis_obs_checker(void) { return g_checker != nullptr ? 1 : 0; }
 // in a program that never stopped checking (the calls it would make are made by the next drain).
 IGNIS_API void ignis_obs_checker_stop(void) { checker_stop(); }
 
-// Open a window (the GIL held): ``backward()`` is called from ``frames`` (``lib``: its innermost
-// frame is a library's; ``stream``: in the front end's test mode the current stream, else None).
-// Returns 1 if it counts (close it then), 0 if not (checking is off, or its calls are not the
-// observer's to make).
 // Whether two captured stacks ((code, line) pairs) name the same frames: the same code objects at
 // equal lines (a capture is interned only while the interner keeps it; equal code objects of two
 // files would show different stacks, so codes are compared by identity).
@@ -2100,6 +2097,10 @@ static bool same_stack(PyObject *a, PyObject *b) {
   return true;
 }
 
+// Open a window (the GIL held): ``backward()`` is called from ``frames`` (``lib``: its innermost
+// frame is a library's; ``stream``: in the front end's test mode the current stream, else None).
+// Returns 1 if it counts (close it then), 0 if not (checking is off, or its calls are not the
+// observer's to make).
 IGNIS_API int ignis_obs_window_open(PyObject *frames, int lib, PyObject *stream) {
   if (!g_on.load() || g_san == nullptr) return 0;
   PyObject *st = stream == Py_None ? nullptr : stream;
