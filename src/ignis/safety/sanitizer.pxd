@@ -54,6 +54,7 @@ cdef class Sanitizer:
     cdef public bint outputs_fresh
     cdef readonly object _drainer    # a front end's deferred calls (set_drainer)
     cdef readonly bint _draining
+    cdef object _entered             # (with self._entered: _enter, then the lock given back)
     cdef object _caller
     cdef readonly object _backend
     cdef readonly bint _atexit
@@ -75,6 +76,7 @@ cdef class Sanitizer:
 
     cdef long long _sid(self, object handle) except -1
     cdef int _drain(self) except -1
+    cdef int _enter(self) except -1
     @cython.locals(vc=Clock)
     cdef Clock _vc_of(self, long long sid)
     cdef int _host_join(self, Clock vc) except -1
@@ -106,3 +108,8 @@ cdef class Sanitizer:
     cdef _Extent _first_sight(self, _Extent ext, object base, object size, long long mode, long long sid,
                               object frames, str op, long long lo=*, long long hi=*, long long per=*, Clock vc=*,
                               bint from_lib=*)
+
+
+cdef class _Entered:
+    cdef Sanitizer san
+

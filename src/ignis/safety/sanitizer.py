@@ -258,6 +258,20 @@ class _Capture:
         self.managed = False                # its inputs are kept in place by its capturer (graph trees)
 
 
+class _Entered:
+    """``with sanitizer._entered:``: the sanitizer's ``_enter`` (its lock, then a front end's
+    deferred calls), and its lock given back at the end."""
+
+    def __init__(self, san: "Sanitizer") -> None:
+        self.san = san
+
+    def __enter__(self) -> None:
+        self.san._enter()
+
+    def __exit__(self, *exc: object) -> None:
+        self.san._lock.give()
+
+
 class Sanitizer:
     """One process-wide checker (``ignis.sanitizer``).
 
@@ -288,6 +302,7 @@ class Sanitizer:
         # A front end that defers its calls (``set_drainer``): run before anything else here.
         self._drainer: Callable[[], Any] | None = None
         self._draining = False
+        self._entered = _Entered(self)  # ``with self._entered:``: ``_enter`` ... ``_lock.give()``
         self._caller = 0  # the thread of the foreign access being checked (0: the calling one)
         self._backend: Any = None
         self._reset()
@@ -360,13 +375,22 @@ class Sanitizer:
             finally:
                 self._draining = False
 
-    def drain(self) -> None:
-        """Run a front end's deferred calls now (``set_drainer``); nothing if there are none."""
+    def _enter(self) -> None:
+        """Every entry point's start: take the lock, then make a front end's deferred calls
+        (``set_drainer``), so that nothing is checked, reported or read before them. A new entry
+        point takes the lock here (``_enter`` ... ``_lock.give()``, or ``with self._entered:``),
+        never through ``_lock`` alone."""
         self._lock.take()
         try:
             self._drain()
-        finally:
+        except BaseException:
             self._lock.give()
+            raise
+
+    def drain(self) -> None:
+        """Run a front end's deferred calls now (``set_drainer``); nothing if there are none."""
+        self._enter()
+        self._lock.give()
 
     @property
     def reports(self) -> list:
@@ -383,9 +407,8 @@ class Sanitizer:
 
     @mode.setter
     def mode(self, mode: str) -> None:
-        self._lock.take()
+        self._enter()
         try:
-            self._drain()
             self._mode = mode
         finally:
             self._lock.give()
@@ -399,8 +422,7 @@ class Sanitizer:
 
     def set_stream_label(self, handle: int, label: str) -> None:
         """How reports name the stream ``handle`` in foreign accesses."""
-        with self._lock:
-            self._drain()
+        with self._entered:
             self._labels[self._sid(handle)] = label
 
     def _vc_of(self, sid: int) -> Clock:
@@ -440,9 +462,8 @@ class Sanitizer:
     def on_event_record(self, event: int, stream: int) -> None:
         """``event`` was recorded on ``stream``: it snapshots the stream's clock (on a capturing
         stream it is a node of the graph: a stream that waits for it joins the capture)."""
-        self._lock.take()
+        self._enter()
         try:
-            self._drain()
             sid = self._sid(stream)
             if self._capturing and sid in self._capturing:
                 self._cap_events[event] = self._capturing[sid]
@@ -455,9 +476,8 @@ class Sanitizer:
 
     def on_event_wait(self, event: int, stream: int) -> None:
         """``on_stream_wait_event`` in PyTorch's trace argument order (PyTorch's callback)."""
-        self._lock.take()
+        self._enter()
         try:
-            self._drain()
             if self._cap_events:
                 cap = self._cap_events.get(event)
                 if cap is not None:
@@ -478,9 +498,8 @@ class Sanitizer:
 
     def on_stream_synchronize(self, stream: int) -> None:
         """The host waited for ``stream`` (or saw it idle)."""
-        self._lock.take()
+        self._enter()
         try:
-            self._drain()
             self.syncs += 1
             self._host_join(self._vc_of(self._sid(stream)))
         finally:
@@ -488,9 +507,8 @@ class Sanitizer:
 
     def on_event_synchronize(self, event: int) -> None:
         """The host waited for ``event`` (or saw it complete)."""
-        self._lock.take()
+        self._enter()
         try:
-            self._drain()
             self.syncs += 1
             snap = self._events.get(event)
             if snap is not None:
@@ -501,8 +519,7 @@ class Sanitizer:
     def on_device_synchronize(self, ordinal: int | None = None) -> None:
         """The host waited for every stream (of device ``ordinal``; all are joined, which
         only ever orders more)."""
-        with self._lock:
-            self._drain()
+        with self._entered:
             self.syncs += 1
             for vc in list(self._clock.values()):
                 self._host_join(vc)
@@ -513,8 +530,7 @@ class Sanitizer:
         Args:
             stream: the driver's stream handle.
         """
-        with self._lock:
-            self._drain()
+        with self._entered:
             self._sids.pop(stream, None)  # a new stream may get the same handle
 
     def on_event_destroyed(self, event: int) -> None:
@@ -523,9 +539,8 @@ class Sanitizer:
         Args:
             event: the driver's event handle.
         """
-        self._lock.take()
+        self._enter()
         try:
-            self._drain()
             self._events.pop(event, None)
         finally:
             self._lock.give()
@@ -596,9 +611,8 @@ class Sanitizer:
             raise ValueError(f"ignis sanitizer: block {block.ptr:#x} ({op}, bytes [{lo:#x}, {hi:#x})) is not an "
                              f"address range below 2**63 (every device and host pointer is)")
         frames = user_frames()
-        self._lock.take()
+        self._enter()
         try:
-            self._drain()
             self.checked += 1
             sid = self._by_id.get(stream.id)
             if sid is None:  # identities follow Stream objects, so a closed stream keeps its clock
@@ -668,8 +682,7 @@ class Sanitizer:
         if addr_of(base) < 0:
             raise ValueError(f"ignis sanitizer: an allocation at {base!r} is not at an address: an address is an "
                              f"integer in [0, 2**63) (every device and host pointer is)")
-        with self._lock:
-            self._drain()
+        with self._entered:
             old = self._live.take(base)
             if old is not None and old.end is not None:  # its free was not seen: retire it quietly
                 self._retire(old, None)
@@ -713,9 +726,8 @@ class Sanitizer:
         b = addr_of(base)
         if b < 0:  # (not an address: nothing lives there)
             return None
-        self._lock.take()
+        self._enter()
         try:
-            self._drain()
             if self._capturing:
                 for cap in self._capturing.values():
                     if base in cap.private:  # freed into the graph's pool, within the capture
@@ -771,9 +783,8 @@ class Sanitizer:
         issuing stream's, or its free would race every later owner there. Extents already
         known are left as they are; an item's ``OUTPUT`` bit makes the lifetime fresh (its reads
         before a write are uninitialized), as at an op's first sight."""
-        self._lock.take()
+        self._enter()
         try:
-            self._drain()
             sid = self._sid(stream)
             if self._capturing and sid in self._capturing:  # queued into a graph: its own rules
                 return
@@ -798,9 +809,8 @@ class Sanitizer:
         the memory until the work on ``stream`` is done (PyTorch's collectives keep their
         tensors on their ``Work``), so no free comes before then, unless the memory is
         taken from under the holder (``extent_release``)."""
-        self._lock.take()
+        self._enter()
         try:
-            self._drain()
             ext = self._live.get(base)
             if ext is not None:
                 self._add_rs(ext, self._sid(stream), held)
@@ -826,9 +836,8 @@ class Sanitizer:
         resized to 0 bytes, or moved, while a collective still uses it): the streams they
         held it for (``extent_record_stream(..., held=True)``) no longer delay the free, so
         their unfinished uses race it."""
-        self._lock.take()
+        self._enter()
         try:
-            self._drain()
             ext = self._live.get(base)
             if ext is not None and ext.held:
                 self._drop_held(ext)
@@ -842,8 +851,7 @@ class Sanitizer:
 
     def extent_dropped(self, base: int) -> None:
         """Forget a pinned host extent (its memory died; the host allocator orders its reuse)."""
-        with self._lock:
-            self._drain()
+        with self._entered:
             ext = self._live.get(base)
             if ext is not None and ext.pinned:
                 self._live.put(base, None, ext.gen + 1)
@@ -851,9 +859,8 @@ class Sanitizer:
 
     def knows(self, base: int) -> bool:
         """Whether ``base`` is a foreign extent whose size is known."""
-        self._lock.take()
+        self._enter()
         try:
-            self._drain()
             ext = self._live.get(base)
             return ext is not None and ext.end is not None
         finally:
@@ -922,9 +929,8 @@ class Sanitizer:
                                  f"bytes every {sp}) over the byte span [{lo_:#x}, {hi_:#x}): a pattern is (0, 0) "
                                  f"for contiguous bytes, else a chunk of at most its period, at most the span")
         found: list | None = None
-        self._lock.take()
+        self._enter()
         try:
-            self._drain()
             sid = self._sid(stream)
             self._caller = thread  # (read by _first_sight: 0 is the calling thread)
             if self._capturing and sid in self._capturing:  # queued into a CUDA graph: nothing runs now
@@ -1048,8 +1054,7 @@ class Sanitizer:
         on what is queued on it is recorded into the returned capture (see the module's
         description), until ``capture_end``. ``managed``: the graph's inputs are kept in place
         by the code that captures it (CUDA graph trees): its replays check no generation."""
-        with self._lock:
-            self._drain()
+        with self._entered:
             sid = self._sid(stream)
             if sid in self._capturing:
                 raise ValueError(f"ignis sanitizer: stream {stream:#x} is capturing already")
@@ -1065,15 +1070,13 @@ class Sanitizer:
     def pool_begin(self) -> None:
         """This thread allocates into a CUDA graph pool from now on, outside a capture (CUDA
         graph trees' warm-up): memory first seen as an output here is a graph pool's."""
-        with self._lock:
-            self._drain()
+        with self._entered:
             t = threading.get_ident()
             self._pool_threads[t] = self._pool_threads.get(t, 0) + 1
 
     def pool_end(self) -> None:
         """The end of this thread's ``pool_begin``."""
-        with self._lock:
-            self._drain()
+        with self._entered:
             t = threading.get_ident()
             n = self._pool_threads.get(t, 0) - 1
             if n > 0:
@@ -1084,8 +1087,7 @@ class Sanitizer:
     def capture_end(self, stream: int) -> _Capture | None:
         """``stream``'s capture ended: returns it, made ready to replay (None when the stream
         was not capturing)."""
-        with self._lock:
-            self._drain()
+        with self._entered:
             sid = self._sids.get(stream)
             cap = self._capturing.get(sid) if sid is not None else None
             if cap is None:
@@ -1165,8 +1167,7 @@ class Sanitizer:
             return
         bad: list[tuple] = []
         if not cap.managed:
-            with self._lock:
-                self._drain()
+            with self._entered:
                 live = self._live
                 for base, (gen, at) in cap.gens.items():
                     # (a block no lifetime was known for at the capture has nothing to compare)
@@ -1278,8 +1279,7 @@ class Sanitizer:
         if mode not in ("raise", "collect"):
             raise ValueError(f"sanitizer mode must be 'raise' or 'collect', got {mode!r}")
         from ..backends import get_backend
-        with self._lock:
-            self._drain()
+        with self._entered:
             b = backend or get_backend()
             if self.active and self._backend is not b:
                 self._uninstall()
@@ -1296,8 +1296,7 @@ class Sanitizer:
 
     def disable(self) -> None:
         """Stop checking and forget all state (reports are kept)."""
-        with self._lock:
-            self._drain()
+        with self._entered:
             _set_checker(None)
             self._uninstall()
             self._reset()
@@ -1305,8 +1304,7 @@ class Sanitizer:
 
     def clear(self) -> list:
         """Return and forget the collected reports."""
-        with self._lock:
-            self._drain()
+        with self._entered:
             out, self._reports = self._reports, []
             self._groups = {}
             return out

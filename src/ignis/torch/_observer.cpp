@@ -820,6 +820,23 @@ void make_call(Deferred &d, PyObject *pending, PyObject *error_type) {
   Py_XDECREF(r);
 }
 
+// The handle of a C-form call's stream (the GIL held; a new reference, or nullptr with the error
+// set): the stream current at its window's opening where the window names one (the front end's
+// test mode), else the stream ``sid`` of ``device``.
+PyObject *c_stream_handle(int device, long long sid, int window) {
+  if (window >= 0 && (size_t)window < g_windows.size() && g_windows[(size_t)window].stream != nullptr) {
+    PyObject *h = g_windows[(size_t)window].stream;
+    Py_INCREF(h);
+    return h;
+  }
+  Held stream(g_stream), raw_stream(g_raw_stream);
+  if (stream.p == nullptr) {
+    PyErr_SetString(PyExc_RuntimeError, "ignis.torch: the op observer is off");
+    return nullptr;
+  }
+  return stream_handle(device, sid, (int)g_dev, true, stream.p, raw_stream.p);
+}
+
 // Make one held call of the C form (the GIL held, no exception set), its arguments made now as
 // the Python form's were made then: the stream's handle from its id, the window's stack.
 void make_c_call(Deferred &d, const std::vector<Item> &arena, PyObject *pending, PyObject *error_type) {
@@ -828,25 +845,16 @@ void make_c_call(Deferred &d, const std::vector<Item> &arena, PyObject *pending,
     return;
   }
   const Window &win = g_windows[(size_t)d.window];
-  Held frames(win.frames), win_stream(win.stream);  // (a stop while a call below runs Python clears the table)
-  struct {
-    PyObject *frames, *stream;
-    int lib;
-  } w{frames.p, win_stream.p, win.lib};
-  Held san(g_san), stream(g_stream), raw_stream(g_raw_stream);
+  Held frames(win.frames);  // (a stop while a call below runs Python clears the table)
+  int lib = win.lib;
+  Held san(g_san), stream(g_stream);
   Held fn(d.form == F_FREE ? g_trace_fn_free() : nullptr);
   PyObject *target = d.form == F_FREE ? fn.p : san.p;
   if (target == nullptr || stream.p == nullptr) {  // (stopped meanwhile: not made)
     g_errors++;
     return;
   }
-  PyObject *h;
-  if (w.stream != nullptr) {
-    h = w.stream;
-    Py_INCREF(h);
-  } else {
-    h = stream_handle(d.device, d.sid, (int)g_dev, true, stream.p, raw_stream.p);
-  }
+  PyObject *h = c_stream_handle(d.device, d.sid, d.window);
   if (h == nullptr) {
     sanitizer_failed(stream.p, pending, error_type);
     return;
@@ -856,18 +864,18 @@ void make_c_call(Deferred &d, const std::vector<Item> &arena, PyObject *pending,
   if (d.form == F_OP) {
     PyObject *items = PyBytes_FromStringAndSize(reinterpret_cast<const char *>(arena.data() + d.first),
                                                 (Py_ssize_t)(d.count * sizeof(Item)));
-    PyObject *lib = PyLong_FromLong(w.lib), *thread = PyLong_FromUnsignedLong(d.thread);
-    if (items != nullptr && lib != nullptr && thread != nullptr) {
-      PyObject *argv[8] = {san.p, h, d.spec->name, w.frames, items, d.synced ? Py_True : Py_False, lib, thread};
+    PyObject *from_lib = PyLong_FromLong(lib), *thread = PyLong_FromUnsignedLong(d.thread);
+    if (items != nullptr && from_lib != nullptr && thread != nullptr) {
+      PyObject *argv[8] = {san.p, h, d.spec->name, frames.p, items, d.synced ? Py_True : Py_False, from_lib, thread};
       r = PyObject_VectorcallMethod(g_foreign_name, argv, 8 | PY_VECTORCALL_ARGUMENTS_OFFSET, nullptr);
     }
     Py_XDECREF(items);
-    Py_XDECREF(lib);
+    Py_XDECREF(from_lib);
     Py_XDECREF(thread);
   } else {
     PyObject *ptr = PyLong_FromUnsignedLongLong(d.ptr);
     if (ptr != nullptr) {
-      PyObject *argv[3] = {ptr, h, w.frames};
+      PyObject *argv[3] = {ptr, h, frames.p};
       r = PyObject_Vectorcall(fn.p, argv, 3, nullptr);
     }
     Py_XDECREF(ptr);
@@ -1134,16 +1142,7 @@ void note_c_stream() {
     return;
   }
   if (!seen || noted) return;
-  PyObject *h = nullptr;
-  if (g_dev == c10::DeviceType::CPU) {  // (the test mode: the window's stream)
-    if (win >= 0 && (size_t)win < g_windows.size() && g_windows[(size_t)win].stream != nullptr) {
-      h = g_windows[(size_t)win].stream;
-      Py_INCREF(h);
-    }
-  } else {
-    Held stream(g_stream), raw_stream(g_raw_stream);
-    if (stream.p != nullptr) h = stream_handle(dev, sid, (int)g_dev, true, stream.p, raw_stream.p);
-  }
+  PyObject *h = c_stream_handle(dev, sid, win);
   if (h == nullptr) {  // (unsure: the stacks are taken)
     PyErr_Clear();
     g_free_stacks = true;
